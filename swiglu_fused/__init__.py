@@ -1,0 +1,19 @@
+"""swiglu-fused: one GEMM for the gate and up projections of gated MLPs, with SiLU·up in its epilogue.
+
+Public API:
+    convert, verify, inspect           offline checkpoint packing (swiglu_fused.weight_packing)
+    FusedSwiGLUMLP                     the gated MLP on packed weights
+    PackedConfig, validate, FORMAT_VERSION, WEIGHT_FORMATS   the packed format (swiglu_fused.formats)
+"""
+
+from .formats import FORMAT_VERSION, WEIGHT_FORMATS, FormatError, PackedConfig, validate
+from .layer import FusedSwiGLUMLP
+from .weight_packing.convert import ConvertReport, convert
+from .weight_packing.verify import inspect, verify
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "FORMAT_VERSION", "WEIGHT_FORMATS", "FormatError", "PackedConfig", "validate",
+    "FusedSwiGLUMLP", "ConvertReport", "convert", "inspect", "verify", "__version__",
+]

@@ -1,0 +1,105 @@
+"""The ``swiglu-fused`` command: a thin shell over the Python API (same parameter names)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from . import formats
+
+EPILOG = """examples:
+  swiglu-fused demo
+  swiglu-fused convert ./Llama-3-8B ./Llama-3-8B-fused --format fp8_block128
+  swiglu-fused convert ./Qwen3-8B-FP8 ./Qwen3-8B-fused --format fp8_block128   # repacks bit-exactly
+  swiglu-fused verify ./Llama-3-8B-fused --against ./Llama-3-8B
+  swiglu-fused inspect ./Llama-3-8B-fused
+"""
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="swiglu-fused",
+        description="Pack the gated MLPs of LLaMA-family and Flux.2 checkpoints for one fused gate_up GEMM "
+                    "(interleaved gate/up rows, optional FP8 or NVFP4 quantization).",
+        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    c = sub.add_parser("convert", help="convert a Hugging Face / diffusers checkpoint into the packed format",
+                       description="Convert SRC (a directory with config.json and safetensors, single or sharded) "
+                                   "into a packed checkpoint in DST. Existing fine-grained FP8 and NVFP4 checkpoints "
+                                   "are repacked by moving bytes; other weights are quantized. Non-MLP tensors and "
+                                   "other files are copied unchanged. DST appears only when complete.")
+    c.add_argument("src", help="source checkpoint directory")
+    c.add_argument("dst", help="output directory (must not exist unless --force)")
+    c.add_argument("--format", dest="weight_format", choices=sorted(formats.WEIGHT_FORMATS), default="fp8_block128",
+                   help="packed weight format (default: fp8_block128)")
+    c.add_argument("--interleave", type=int, default=formats.DEFAULT_INTERLEAVE, metavar="G",
+                   help="interleave granularity g in rows; must divide the intermediate size, and be a multiple "
+                        "of 128 for fp8_block128 (default: 128)")
+    c.add_argument("--source-format", choices=["auto", "dense", "fp8_block128", "nvfp4"], default="auto",
+                   help="what SRC holds; auto reads its quantization_config (default: auto)")
+    c.add_argument("--force", action="store_true", help="replace DST if it exists")
+    c.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+    v = sub.add_parser("verify", help="validate a packed checkpoint, optionally against its source",
+                       description="Re-read DST and report every format violation; with --against SRC also compare "
+                                   "every MLP weight with the source (bit-exact where bytes were moved, within the "
+                                   "format's error bound where quantized). Exit status 1 on any failure.")
+    v.add_argument("dst", help="packed checkpoint directory")
+    v.add_argument("--against", metavar="SRC", help="the source checkpoint DST was converted from")
+
+    i = sub.add_parser("inspect", help="print a per-MLP table of a packed checkpoint",
+                       description="Print format, interleave, shapes and bytes of every packed MLP in DST.")
+    i.add_argument("dst", help="packed checkpoint directory")
+
+    d = sub.add_parser("demo", help="convert a tiny random LLaMA to every format and compare outputs (CPU, offline)",
+                       description="Build a tiny LLaMA with random weights (no download), convert it to each format, "
+                                   "run the reference MLP on the CPU and print errors against the original model.")
+    d.add_argument("--format", dest="weight_formats", action="append", choices=sorted(formats.WEIGHT_FORMATS),
+                   help="format to run (repeatable; default: all)")
+    d.add_argument("--seed", type=int, default=0)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    from .formats import FormatError
+    from .weight_packing.safetensors_io import CheckpointError
+
+    try:
+        return _run(args)
+    except (FormatError, CheckpointError, FileExistsError, FileNotFoundError) as e:
+        print(f"swiglu-fused {args.command}: error: {e}", file=sys.stderr)
+        return 2
+
+
+def _run(args) -> int:
+    if args.command == "convert":
+        from .weight_packing.convert import convert
+
+        report = convert(args.src, args.dst, weight_format=args.weight_format, interleave=args.interleave,
+                         source_format=args.source_format, force=args.force, progress=not args.no_progress)
+        print(report.summary())
+        if report.dropped:
+            print(f"dropped {len(report.dropped)} activation-scale tensors the weight-only packed format does not "
+                  f"use (first: {report.dropped[0]})")
+        return 0
+    if args.command == "verify":
+        from .weight_packing.verify import verify
+
+        report = verify(args.dst, against=args.against)
+        print(report.summary())
+        return 0 if report.ok else 1
+    if args.command == "inspect":
+        from .weight_packing.verify import format_table, inspect
+
+        print(format_table(*inspect(args.dst)))
+        return 0
+    from .demo import run_demo
+
+    run_demo(tuple(args.weight_formats or formats.WEIGHT_FORMATS), seed=args.seed)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,79 @@
+"""FusedSwiGLUMLP: the whole gated MLP on packed weights, y = down(act(x·gate^T) · (x·up^T))."""
+
+from __future__ import annotations
+
+from typing import Mapping
+
+import torch
+from torch import nn
+
+from . import formats
+from .kernels import reference
+from .weight_packing import pack
+
+
+class _PackedProjection(nn.Module):
+    """Holds one projection's packed tensors as buffers named by their format suffix, so the
+    module's state_dict keys are the checkpoint's (``gate_up_proj.weight_scale_inv``, ...)."""
+
+    def __init__(self, tensors: Mapping[str, torch.Tensor]):
+        super().__init__()
+        for suffix, t in tensors.items():
+            self.register_buffer(suffix, t)
+
+    def tensors(self) -> dict[str, torch.Tensor]:
+        return dict(self.named_buffers())
+
+
+class FusedSwiGLUMLP(nn.Module):
+    def __init__(self, gate_up: Mapping[str, torch.Tensor], down: Mapping[str, torch.Tensor], *,
+                 weight_format: str, interleave: int = formats.DEFAULT_INTERLEAVE, activation: str = "silu",
+                 global_scale_kind: str | None = None):
+        super().__init__()
+        fmt = formats.weight_format(weight_format)
+        reference.activation(activation)  # fail early on an unknown name
+        problems = formats.module_problems(
+            {**{f"m.{formats.GATE_UP}.{k}": v for k, v in gate_up.items()},
+             **{f"m.{formats.DOWN}.{k}": v for k, v in down.items()}},
+            "m", formats.PackedConfig(weight_format, interleave, activation, ("m",), global_scale_kind))
+        if problems:
+            raise formats.FormatError("FusedSwiGLUMLP: " + "; ".join(str(p).replace("m.", "", 1) for p in problems))
+        self.weight_format, self.interleave, self.activation = fmt.name, interleave, activation
+        self.global_scale_kind = global_scale_kind if fmt.name == "nvfp4" else None
+        self.gate_up_proj = _PackedProjection(gate_up)
+        self.down_proj = _PackedProjection(down)
+
+    @classmethod
+    def from_linear(cls, gate: nn.Linear | torch.Tensor, up: nn.Linear | torch.Tensor, down: nn.Linear | torch.Tensor,
+                    *, weight_format: str = "fp8_block128", interleave: int = formats.DEFAULT_INTERLEAVE,
+                    activation: str = "silu") -> "FusedSwiGLUMLP":
+        """Quantize and pack plain gate / up / down projections (modules or weights)."""
+        w = [m.weight.detach() if isinstance(m, nn.Module) else m for m in (gate, up, down)]
+        kind = "divisor" if weight_format == "nvfp4" else None
+        g, u, d = (pack.quantize(t.float(), weight_format, name, kind) for t, name in zip(w, ("gate", "up", "down")))
+        formats.check_interleave(w[0].shape[0], interleave, formats.weight_format(weight_format), "FusedSwiGLUMLP")
+        return cls(pack.pack_gate_up(g, u, interleave), d.tensors, weight_format=weight_format,
+                   interleave=interleave, activation=activation, global_scale_kind=kind)
+
+    @classmethod
+    def from_packed(cls, checkpoint, module: str) -> "FusedSwiGLUMLP":
+        """One MLP of a ``weight_packing.packed.PackedCheckpoint``."""
+        cfg = checkpoint.config
+        gate_up, down = checkpoint.module(module)
+        return cls(gate_up, down, weight_format=cfg.weight_format, interleave=cfg.interleave,
+                   activation=cfg.activation, global_scale_kind=cfg.global_scale_kind)
+
+    @property
+    def backend(self) -> str:
+        return "reference"
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return reference.mlp(x, self.gate_up_proj.tensors(), self.down_proj.tensors(),
+                             weight_format=self.weight_format, interleave=self.interleave, act=self.activation,
+                             global_scale_kind=self.global_scale_kind)
+
+    def extra_repr(self) -> str:
+        w = self.gate_up_proj.tensors()[formats.weight_format(self.weight_format).weight_name()]
+        hidden = formats.weight_format(self.weight_format).cols_of(w)
+        return (f"hidden={hidden}, intermediate={w.shape[0] // 2}, format={self.weight_format}, "
+                f"g={self.interleave}, activation={self.activation}, backend={self.backend}")

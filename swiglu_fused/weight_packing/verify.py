@@ -1,0 +1,151 @@
+"""Check a packed checkpoint (``verify``) and describe it (``inspect``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from .. import formats
+from . import adapters, pack
+from . import safetensors_io as sio
+from .convert import declared_source_format, read_config
+from .packed import PackedCheckpoint
+
+
+@dataclass
+class Check:
+    module: str
+    projection: str  # "gate", "up" or "down"
+    mode: str  # "bit-exact" or "within bound"
+    error: float  # relative Frobenius error of the dequantized weights (0 for bit-exact)
+    bound: float
+    ok: bool
+
+
+@dataclass
+class VerifyReport:
+    path: Path
+    violations: list[formats.Violation] = field(default_factory=list)
+    checks: list[Check] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.violations and all(c.ok for c in self.checks)
+
+    def summary(self) -> str:
+        lines = [f"{self.path}: {'OK' if self.ok else 'FAILED'}"]
+        lines += [f"  violation: {v}" for v in self.violations]
+        if self.checks:
+            exact = sum(c.mode == "bit-exact" and c.ok for c in self.checks)
+            bounded = [c for c in self.checks if c.mode == "within bound"]
+            lines.append(f"  {exact} projections bit-exact against the source")
+            if bounded:
+                worst = max(bounded, key=lambda c: c.error / c.bound)
+                lines.append(f"  {len(bounded)} projections re-quantized; worst relative error "
+                             f"{worst.error:.4f} ({worst.module} {worst.projection}, bound {worst.bound})")
+            lines += [f"  MISMATCH {c.module} {c.projection}: {c.mode}, error {c.error:.4g} (bound {c.bound})"
+                      for c in self.checks if not c.ok]
+        return "\n".join(lines)
+
+
+def _same_bytes(a: torch.Tensor, b: torch.Tensor) -> bool:
+    if a.shape != b.shape or a.dtype != b.dtype:
+        return False
+    return torch.equal(a.contiguous().view(torch.uint8), b.contiguous().view(torch.uint8))
+
+
+def _compare(module: str, name: str, packed: pack.Projection, source: pack.Projection, fmt: str) -> Check:
+    kept_format = pack.to_format(source, fmt, packed.kind)[1] if source.format != pack.DENSE or fmt == "bf16" else False
+    if kept_format:
+        ok = packed.tensors.keys() == source.tensors.keys() and all(
+            _same_bytes(packed.tensors[k], source.tensors[k].to(packed.tensors[k].dtype)
+                        if k == "weight_scale_inv" else source.tensors[k]) for k in packed.tensors)
+        return Check(module, name, "bit-exact", 0.0 if ok else float("nan"), 0.0, ok)
+    ref = pack.dequantize(source)
+    err = ((pack.dequantize(packed) - ref).norm() / ref.norm().clamp_min(1e-30)).item()
+    bound = formats.ROUNDTRIP_BOUND[fmt]
+    return Check(module, name, "within bound", err, bound, err <= bound)
+
+
+def verify(dst: str | Path, against: str | Path | None = None) -> VerifyReport:
+    """Validate ``dst``; with ``against``, also compare every MLP weight with the source checkpoint:
+    bit-exact where bytes were moved, within formats.ROUNDTRIP_BOUND where re-quantized."""
+    report = VerifyReport(Path(dst), violations=formats.validate(dst))
+    if report.violations or against is None:
+        return report
+    ckpt = PackedCheckpoint(dst)
+    cfg = ckpt.config
+    src = Path(against)
+    src_config = read_config(src)
+    declared_source_format(src_config, src)
+    adapter = adapters.for_config(src_config)
+    files = sio.checkpoint_files(src)
+    file_of = {n: f for f in files for n in sio.read_header(f).entries}
+    mlps = {m.module: m for m in adapter.find_mlps(list(file_of))}
+    missing = sorted(set(cfg.modules) ^ set(mlps))
+    if missing:
+        report.violations.append(formats.Violation(str(dst), None, formats.K_MODULES,
+                                                   f"modules differ from the source's MLPs: {missing}"))
+        return report
+    for module in cfg.modules:
+        mlp = mlps[module]
+        names = [n for n in file_of if n.rsplit(".", 1)[0] in mlp.projections]
+        src_t = {}
+        for f in sorted({file_of[n] for n in names}):
+            src_t.update(sio.load_file(f, [n for n in names if file_of[n] == f]))
+        if mlp.fused:
+            s_gate, s_up = pack.split_fused(pack.read_projection(src_t.get, mlp.fused))
+        else:
+            s_gate, s_up = pack.read_projection(src_t.get, mlp.gate), pack.read_projection(src_t.get, mlp.up)
+        s_down = pack.read_projection(src_t.get, mlp.down)
+        gu, dn = ckpt.module(module)
+        p_gate, p_up = pack.unpack_gate_up(gu, cfg.weight_format, cfg.interleave, cfg.global_scale_kind)
+        p_down = pack.Projection(cfg.weight_format, dn, "down", cfg.global_scale_kind)
+        for name, p, s in (("gate", p_gate, s_gate), ("up", p_up, s_up), ("down", p_down, s_down)):
+            report.checks.append(_compare(module, name, p, s, cfg.weight_format))
+    return report
+
+
+@dataclass
+class InspectRow:
+    module: str
+    weight_format: str
+    interleave: int
+    gate_up_shape: tuple[int, int]
+    down_shape: tuple[int, int]
+    nbytes: int
+
+
+def inspect(dst: str | Path) -> tuple[formats.PackedConfig, list[InspectRow]]:
+    """Per-MLP description of a packed checkpoint, read from headers only."""
+    ckpt = PackedCheckpoint(dst)
+    cfg = ckpt.config
+    fmt = formats.weight_format(cfg.weight_format)
+    entries = {n: e for h in ckpt.headers.values() for n, e in h.entries.items()}
+    rows = []
+    for module in cfg.modules:
+        def shape(proj):
+            e = entries[f"{module}.{proj}.{fmt.weight_name()}"]
+            return (e.shape[0], e.shape[1] * (2 if fmt.name == "nvfp4" else 1))
+        nbytes = sum(e.nbytes for n, e in entries.items() if n.startswith(module + "."))
+        rows.append(InspectRow(module, cfg.weight_format, cfg.interleave, shape(formats.GATE_UP),
+                               shape(formats.DOWN), nbytes))
+    return cfg, rows
+
+
+def format_table(cfg: formats.PackedConfig, rows: list[InspectRow]) -> str:
+    head = ("module", "format", "g", "gate_up [2I, H]", "down [H, I]", "bytes")
+    body = [(r.module, r.weight_format, str(r.interleave), "x".join(map(str, r.gate_up_shape)),
+             "x".join(map(str, r.down_shape)), f"{r.nbytes:,}") for r in rows]
+    widths = [max(len(x) for x in col) for col in zip(head, *body)]
+    fmt_row = lambda cells: "  ".join(c.ljust(w) for c, w in zip(cells, widths))  # noqa: E731
+    total = sum(r.nbytes for r in rows)
+    lines = [f"format v{cfg.format_version}: weight_format={cfg.weight_format} interleave={cfg.interleave} "
+             f"activation={cfg.activation} h_format={cfg.h_format}"
+             + (f" global_scale_kind={cfg.global_scale_kind}" if cfg.global_scale_kind else ""),
+             fmt_row(head), fmt_row(["-" * w for w in widths])]
+    lines += [fmt_row(b) for b in body]
+    lines.append(f"{len(rows)} MLPs, {total:,} bytes of MLP weights")
+    return "\n".join(lines)
