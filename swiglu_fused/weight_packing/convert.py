@@ -298,8 +298,9 @@ def _write(src: Path, tmp: Path, plan: _Plan, cfg: formats.PackedConfig, kind, r
     with bar:
         for path, header in zip(plan.files, plan.headers):
             out = packer.shard(sio.load_file(path))
-            sio.write_file(out, tmp / path.name, metadata)
-            weight_map.update({n: path.name for n in out})
+            if out:  # a shard holding only halves that wait for their partner becomes nothing
+                sio.write_file(out, tmp / path.name, metadata)
+                weight_map.update({n: path.name for n in out})
             bar.update(header.data_bytes)
     if packer.waiting:
         missing = ", ".join(sorted(packer.waiting))

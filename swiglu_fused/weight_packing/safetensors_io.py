@@ -20,7 +20,6 @@ from typing import Mapping
 
 import torch
 from safetensors import safe_open
-from safetensors.torch import save_file
 
 from .. import formats
 
@@ -30,6 +29,7 @@ DTYPES: dict[str, torch.dtype] = {
     "BOOL": torch.bool, "F8_E4M3": torch.float8_e4m3fn, "F8_E5M2": torch.float8_e5m2,
     "F8_E8M0": torch.float8_e8m0fnu, "U16": torch.uint16, "U32": torch.uint32, "U64": torch.uint64,
 }
+_DTYPE_NAMES = {v: k for k, v in DTYPES.items()}
 MAX_HEADER = 100 * 1024 * 1024  # the safetensors library's own limit
 
 
@@ -129,9 +129,30 @@ def load_file(path: str | Path, names: list[str] | None = None) -> dict[str, tor
 
 
 def write_file(tensors: Mapping[str, torch.Tensor], path: str | Path, metadata: Mapping[str, str] | None) -> None:
-    """Write contiguous CPU tensors. safetensors orders the data deterministically (by dtype
-    alignment, then name), so the same tensors give the same bytes."""
-    save_file({k: v.contiguous() for k, v in tensors.items()}, str(path), metadata=dict(metadata or {}))
+    """Write CPU tensors as safetensors, byte-for-byte reproducibly.
+
+    The safetensors library keeps ``__metadata__`` in a hash map whose order changes from process
+    to process, so the same checkpoint would not give the same bytes twice; the format is simple
+    enough to write here with sorted keys. Tensors are laid out widest dtype first (then by name)
+    so every tensor stays aligned to its element size, as the library does.
+    """
+    names = sorted(tensors, key=lambda n: (-tensors[n].dtype.itemsize, n))
+    header: dict = {"__metadata__": dict(sorted((metadata or {}).items()))} if metadata else {}
+    offset = 0
+    for n in names:
+        t = tensors[n]
+        nbytes = t.numel() * t.dtype.itemsize
+        header[n] = {"dtype": _DTYPE_NAMES[t.dtype], "shape": list(t.shape), "data_offsets": [offset, offset + nbytes]}
+        offset += nbytes
+    raw = json.dumps(header, separators=(",", ":")).encode()
+    raw += b" " * (-len(raw) % 8)  # the data section starts 8-byte aligned
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(raw)))
+        f.write(raw)
+        for n in names:
+            t = tensors[n].detach().cpu().contiguous()
+            if t.numel():
+                f.write(t.reshape(-1).view(torch.uint8).numpy().data)
 
 
 # ---------------------------------------------------------------- directories

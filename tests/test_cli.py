@@ -1,0 +1,55 @@
+"""The command line: a thin shell over the API, with help that explains and errors that exit 2."""
+
+import subprocess
+import sys
+
+import pytest
+
+from swiglu_fused.cli import main
+
+
+def test_help_lists_commands_and_examples(capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["--help"])
+    assert e.value.code == 0
+    out = capsys.readouterr().out
+    for word in ("convert", "verify", "inspect", "demo", "examples:"):
+        assert word in out
+
+
+def test_convert_help_explains_interleave(capsys):
+    with pytest.raises(SystemExit):
+        main(["convert", "--help"])
+    out = capsys.readouterr().out
+    assert "--interleave" in out and "multiple" in out and "--force" in out
+
+
+def test_convert_verify_inspect(tmp_path, tiny_llama, capsys):
+    src, _ = tiny_llama
+    dst = tmp_path / "packed"
+    assert main(["convert", str(src), str(dst), "--format", "nvfp4", "--no-progress"]) == 0
+    assert "2 MLPs" in capsys.readouterr().out
+    assert main(["verify", str(dst), "--against", str(src)]) == 0
+    assert "OK" in capsys.readouterr().out
+    assert main(["inspect", str(dst)]) == 0
+    assert "model.layers.0.mlp" in capsys.readouterr().out
+    assert main(["convert", str(src), str(dst)]) == 2
+    assert "already exists; pass force=True (--force)" in capsys.readouterr().err
+
+
+def test_errors_exit_2_with_the_reason(tmp_path, capsys):
+    assert main(["convert", str(tmp_path), str(tmp_path / "out")]) == 2
+    assert "config.json: missing" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
+
+
+def test_verify_fails_with_exit_1(tmp_path, tiny_llama, capsys):
+    src, _ = tiny_llama
+    assert main(["verify", str(src)]) == 1
+    assert "not a swiglu-fused checkpoint" in capsys.readouterr().out
+
+
+def test_console_script_demo_runs_offline():
+    out = subprocess.run([sys.executable, "-m", "swiglu_fused.cli", "demo", "--format", "fp8_block128"],
+                         capture_output=True, text=True, check=True).stdout
+    assert "fp8_block128" in out and "top-1 agree" in out
