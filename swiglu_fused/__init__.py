@@ -7,13 +7,29 @@ Public API:
 """
 
 from .formats import FORMAT_VERSION, WEIGHT_FORMATS, FormatError, PackedConfig, validate
+from .integrations.transformers import PatchReport, patch_model
 from .layer import FusedSwiGLUMLP
 from .weight_packing.convert import ConvertReport, convert
 from .weight_packing.verify import inspect, verify
 
 __version__ = "0.1.0"
 
+
+def _register_with_transformers() -> None:
+    """Make ``from_pretrained(packed_dir)`` work after ``import swiglu_fused`` (transformers has no
+    entry-point discovery for quantization methods)."""
+    import importlib.util
+
+    if importlib.util.find_spec("transformers") is None:
+        return
+    from .integrations.transformers import register
+
+    register()
+
+
+_register_with_transformers()
+
 __all__ = [
     "FORMAT_VERSION", "WEIGHT_FORMATS", "FormatError", "PackedConfig", "validate",
-    "FusedSwiGLUMLP", "ConvertReport", "convert", "inspect", "verify", "__version__",
+    "FusedSwiGLUMLP", "patch_model", "ConvertReport", "convert", "inspect", "verify", "__version__",
 ]

@@ -56,6 +56,22 @@ class FusedSwiGLUMLP(nn.Module):
                    interleave=interleave, activation=activation, global_scale_kind=kind)
 
     @classmethod
+    def empty(cls, hidden: int, intermediate: int, *, weight_format: str, interleave: int = formats.DEFAULT_INTERLEAVE,
+              activation: str = "silu", global_scale_kind: str | None = None,
+              device: torch.device | str = "meta") -> "FusedSwiGLUMLP":
+        """A module with the right tensors, shapes and dtypes but no values (a loader fills them)."""
+        fmt = formats.weight_format(weight_format)
+        formats.check_interleave(intermediate, interleave, fmt, "FusedSwiGLUMLP")
+        if fmt.name == "nvfp4" and global_scale_kind is None:
+            global_scale_kind = "divisor"
+
+        def make(rows, cols, halves):
+            return {k: torch.empty(shape, dtype=dtype, device=device)
+                    for k, (dtype, shape) in fmt.tensors(rows, cols, halves).items()}
+        return cls(make(2 * intermediate, hidden, 2), make(hidden, intermediate, 1), weight_format=weight_format,
+                   interleave=interleave, activation=activation, global_scale_kind=global_scale_kind)
+
+    @classmethod
     def from_packed(cls, checkpoint, module: str) -> "FusedSwiGLUMLP":
         """One MLP of a ``weight_packing.packed.PackedCheckpoint``."""
         cfg = checkpoint.config
@@ -68,6 +84,8 @@ class FusedSwiGLUMLP(nn.Module):
         return "reference"
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.numel() == 0:
+            return x.new_empty(x.shape)
         return reference.mlp(x, self.gate_up_proj.tensors(), self.down_proj.tensors(),
                              weight_format=self.weight_format, interleave=self.interleave, act=self.activation,
                              global_scale_kind=self.global_scale_kind)

@@ -1,0 +1,184 @@
+"""Hugging Face transformers: patch a loaded model, or load a packed checkpoint directly.
+
+* ``patch_model(model, weight_format=…, interleave=…)`` swaps every gated MLP of a loaded model for
+  a FusedSwiGLUMLP, quantizing on the fly, and reports what it swapped and what it could not.
+* ``register()`` (run by ``import swiglu_fused`` when transformers is installed) registers the
+  ``swiglu_fused`` quantization method, so ``AutoModelForCausalLM.from_pretrained(packed_dir)``
+  builds FusedSwiGLUMLP modules before the weights load and fills them straight from the packed
+  tensors (no bf16 detour); ``save_pretrained`` writes a packed checkpoint that loads again.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+from .. import formats
+from ..formats import FormatError
+from ..layer import FusedSwiGLUMLP
+from ..weight_packing import adapters
+
+# activation module class names (transformers.activations) → our activation names
+_ACT_CLASSES = {"SiLU": "silu", "SiLUActivation": "silu", "PytorchGELUTanh": "gelu_tanh", "GELUTanh": "gelu_tanh",
+                "NewGELUActivation": "gelu_tanh", "GELUPytorchTanh": "gelu_tanh"}
+
+
+@dataclass
+class PatchReport:
+    swapped: list[str] = field(default_factory=list)
+    skipped: dict[str, str] = field(default_factory=dict)  # module → why it was left as it was
+    bytes_before: int = 0
+    bytes_after: int = 0
+
+    @property
+    def bytes_saved(self) -> int:
+        return self.bytes_before - self.bytes_after
+
+    def __str__(self) -> str:
+        lines = [f"swapped {len(self.swapped)} MLPs, {self.bytes_before / 2**20:.1f} MiB → "
+                 f"{self.bytes_after / 2**20:.1f} MiB of MLP weights"]
+        lines += [f"  left as is: {name}: {why}" for name, why in self.skipped.items()]
+        return "\n".join(lines)
+
+
+def _projections(module: nn.Module):
+    """(gate, up, down) weights of a gated MLP module, or None if it is not one."""
+    lin = lambda n: getattr(module, n, None) if isinstance(getattr(module, n, None), nn.Linear) else None  # noqa: E731
+    down = lin("down_proj")
+    if down is None:
+        return None
+    if lin("gate_proj") is not None and lin("up_proj") is not None:
+        return (module.gate_proj, module.up_proj, down)
+    if lin("gate_up_proj") is not None:
+        return (module.gate_up_proj, None, down)
+    return None
+
+
+def _activation(module: nn.Module, config) -> str:
+    act = getattr(module, "act_fn", None) or getattr(module, "activation_fn", None)
+    name = _ACT_CLASSES.get(type(act).__name__)
+    if name is None and isinstance(act, nn.GELU) and act.approximate == "tanh":
+        name = "gelu_tanh"
+    if name is None:
+        try:
+            name = adapters.for_config(config.to_dict()).activation(config.to_dict())
+        except FormatError as e:
+            raise FormatError(f"activation {type(act).__name__} is not supported ({e})") from None
+    return name
+
+
+def _swap(model: nn.Module, name: str, new: nn.Module) -> None:
+    parent_name, _, child = name.rpartition(".")
+    setattr(model.get_submodule(parent_name) if parent_name else model, child, new)
+
+
+def _nbytes(*tensors: torch.Tensor) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
+def patch_model(model: nn.Module, weight_format: str = "fp8_block128",
+                interleave: int = formats.DEFAULT_INTERLEAVE) -> PatchReport:
+    """Replace every gated MLP (gate/up/down or Phi-3's gate_up/down) with a FusedSwiGLUMLP."""
+    formats.weight_format(weight_format)
+    report = PatchReport()
+    config = getattr(model, "config", None)
+    candidates = [(n, m) for n, m in model.named_modules() if _projections(m) is not None]
+    for name, module in candidates:
+        gate, up, down = _projections(module)
+        try:
+            if any(p is not None and p.bias is not None for p in (gate, up, down)):
+                raise FormatError("projections with a bias are not supported")
+            weights = ([gate.weight, up.weight] if up is not None
+                       else list(gate.weight.chunk(2, dim=0))) + [down.weight]
+            fused = FusedSwiGLUMLP.from_linear(*weights, weight_format=weight_format, interleave=interleave,
+                                               activation=_activation(module, config))
+        except FormatError as e:
+            report.skipped[name] = str(e)
+            continue
+        fused.to(down.weight.device)
+        report.bytes_before += _nbytes(*(p.weight for p in (gate, up, down) if p is not None))
+        report.bytes_after += _nbytes(*fused.buffers())
+        _swap(model, name, fused)
+        report.swapped.append(name)
+    return report
+
+
+# ---------------------------------------------------------------- from_pretrained / save_pretrained
+_REGISTERED = False
+
+
+def register() -> None:
+    """Register the ``swiglu_fused`` quantization method with transformers (idempotent)."""
+    global _REGISTERED
+    if _REGISTERED:
+        return
+    from transformers.quantizers import auto
+
+    config_cls, quantizer_cls = _classes()
+    if formats.QUANT_METHOD not in auto.AUTO_QUANTIZATION_CONFIG_MAPPING:
+        auto.register_quantization_config(formats.QUANT_METHOD)(config_cls)
+    if formats.QUANT_METHOD not in auto.AUTO_QUANTIZER_MAPPING:
+        auto.register_quantizer(formats.QUANT_METHOD)(quantizer_cls)
+    _REGISTERED = True
+
+
+def _classes():
+    from transformers.quantizers.base import HfQuantizer
+    from transformers.utils.quantization_config import QuantizationConfigMixin
+
+    class SwigluFusedConfig(QuantizationConfigMixin):
+        """The packed checkpoint's quantization_config (formats.PackedConfig) as transformers wants it."""
+
+        def __init__(self, **kwargs):
+            kwargs.setdefault(formats.K_QUANT_METHOD, formats.QUANT_METHOD)
+            kwargs.pop(formats.K_H_FORMAT, None)  # derived from the weight format
+            self.packed = formats.PackedConfig.from_dict(kwargs, "quantization_config")
+            self.quant_method = formats.QUANT_METHOD
+
+        def to_dict(self):
+            return self.packed.to_dict()
+
+        def __iter__(self):
+            yield from self.to_dict().items()
+
+    class SwigluFusedHfQuantizer(HfQuantizer):
+        """Builds FusedSwiGLUMLP modules (empty, on meta) where the packed checkpoint has MLPs."""
+
+        requires_calibration = True  # only loads packed checkpoints; patch_model quantizes live models
+
+        def validate_environment(self, *args, **kwargs):
+            pass
+
+        def _process_model_before_weight_loading(self, model, **kwargs):
+            cfg = self.quantization_config.packed
+            for name in cfg.modules:
+                try:
+                    module = model.get_submodule(name)
+                except AttributeError:
+                    raise FormatError(f"quantization_config.modules names {name}, which {type(model).__name__} "
+                                      "does not have") from None
+                projections = _projections(module)
+                if projections is None:
+                    raise FormatError(f"{name} ({type(module).__name__}) is not a gated MLP")
+                gate, up, _ = projections
+                inter = gate.out_features if up is not None else gate.out_features // 2
+                _swap(model, name, FusedSwiGLUMLP.empty(
+                    gate.in_features, inter, weight_format=cfg.weight_format, interleave=cfg.interleave,
+                    activation=cfg.activation, global_scale_kind=cfg.global_scale_kind))
+            return model
+
+        def get_state_dict_and_metadata(self, model):
+            metadata = self.quantization_config.packed.file_metadata()
+            metadata.pop("format")
+            return None, metadata
+
+        def is_serializable(self):
+            return True
+
+        @property
+        def is_trainable(self) -> bool:
+            return False
+
+    return SwigluFusedConfig, SwigluFusedHfQuantizer

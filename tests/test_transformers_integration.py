@@ -1,0 +1,90 @@
+"""transformers: patch a loaded model; load and save a packed checkpoint with from_pretrained."""
+
+import pytest
+import torch
+
+import swiglu_fused  # noqa: F401  (registers the swiglu_fused quantization method)
+from swiglu_fused import FusedSwiGLUMLP, convert, patch_model
+
+from conftest import make_causal_lm
+
+LOGITS_BOUND = {"fp8_block128": 0.08, "nvfp4": 0.25}  # relative Frobenius error of logits vs unpatched
+
+
+def _rel(a, b):
+    return ((a.float() - b.float()).norm() / b.float().norm()).item()
+
+
+def _tokens(seed=0):
+    return torch.randint(0, 128, (2, 12), generator=torch.Generator().manual_seed(seed))
+
+
+def _generate(model, tokens):
+    with torch.no_grad():
+        return model.generate(tokens, max_new_tokens=8, do_sample=False, pad_token_id=0)
+
+
+@pytest.mark.parametrize("family", ["llama", "mistral", "qwen2", "qwen3", "gemma", "phi3"])
+def test_patched_bf16_generates_the_same_tokens(tmp_path, family):
+    model = make_causal_lm(tmp_path / "m", family)
+    tokens = _tokens()
+    expected = _generate(model, tokens)
+    report = patch_model(model, weight_format="bf16")
+    assert report.swapped == ["model.layers.0.mlp", "model.layers.1.mlp"] and not report.skipped
+    assert all(isinstance(layer.mlp, FusedSwiGLUMLP) for layer in model.model.layers)
+    if family == "gemma":
+        assert model.model.layers[0].mlp.activation == "gelu_tanh"
+    assert torch.equal(_generate(model, tokens), expected)
+
+
+@pytest.mark.parametrize("fmt", ["fp8_block128", "nvfp4"])
+def test_patched_quantized_logits_within_tolerance(tmp_path, fmt):
+    model = make_causal_lm(tmp_path / "m", "llama")
+    tokens = _tokens()
+    with torch.no_grad():
+        expected = model(tokens).logits
+    report = patch_model(model, weight_format=fmt)
+    assert report.bytes_saved > 0 and "swapped 2 MLPs" in str(report)
+    with torch.no_grad():
+        got = model(tokens).logits
+    assert _rel(got, expected) < LOGITS_BOUND[fmt]
+    assert "format=" + fmt in repr(model.model.layers[0].mlp)
+
+
+def test_modules_it_cannot_handle_are_listed(tmp_path):
+    model = make_causal_lm(tmp_path / "m", "llama", inter=320)  # 320 is no multiple of 128
+    report = patch_model(model, weight_format="fp8_block128")
+    assert report.swapped == []
+    assert set(report.skipped) == {"model.layers.0.mlp", "model.layers.1.mlp"}
+    assert "not a multiple of --interleave 128" in report.skipped["model.layers.0.mlp"]
+
+
+@pytest.mark.parametrize("fmt", ["bf16", "fp8_block128", "nvfp4"])
+def test_from_pretrained_loads_packed_checkpoint_and_saves_it_again(tmp_path, fmt):
+    from transformers import AutoModelForCausalLM
+
+    src, dst = tmp_path / "src", tmp_path / "packed"
+    make_causal_lm(src, "qwen3")
+    convert(src, dst, weight_format=fmt, progress=False)
+    # the unpacked model as transformers loads it (a model built in fp32 and cast to bf16 differs
+    # slightly: its rotary inv_freq buffer is cast too)
+    model = AutoModelForCausalLM.from_pretrained(src, dtype=torch.bfloat16)
+    loaded = AutoModelForCausalLM.from_pretrained(dst, dtype=torch.bfloat16)
+    assert loaded.model.embed_tokens.weight.dtype == torch.bfloat16
+    mlp = loaded.model.layers[1].mlp
+    assert isinstance(mlp, FusedSwiGLUMLP) and mlp.weight_format == fmt
+    packed = swiglu_fused.weight_packing.packed.PackedCheckpoint(dst)
+    for name, t in packed.module("model.layers.1.mlp")[0].items():  # loaded as stored, no bf16 detour
+        got = getattr(mlp.gate_up_proj, name)
+        assert got.dtype == t.dtype and torch.equal(got.view(torch.uint8), t.view(torch.uint8))
+    tokens = _tokens(1)
+    with torch.no_grad():
+        expected, got = model(tokens).logits, loaded(tokens).logits
+    assert _rel(got, expected) < LOGITS_BOUND.get(fmt, 0.01)
+    if fmt == "bf16":
+        assert torch.equal(_generate(loaded, tokens), _generate(model, tokens))
+    loaded.save_pretrained(tmp_path / "again")
+    assert swiglu_fused.verify(tmp_path / "again").ok
+    again = AutoModelForCausalLM.from_pretrained(tmp_path / "again")
+    with torch.no_grad():
+        assert torch.equal(again(tokens).logits, got)
