@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 from . import formats
-from .kernels import reference
+from .kernels import ops, reference
 from .weight_packing import pack
 
 
@@ -81,14 +81,17 @@ class FusedSwiGLUMLP(nn.Module):
 
     @property
     def backend(self) -> str:
-        return "reference"
+        """Where forward runs: "sm90" (CuTe DSL kernels for quant_x and gate_up) or "reference"."""
+        w = self.gate_up_proj.tensors()[formats.weight_format(self.weight_format).weight_name()]
+        kernel_format = self.weight_format in ("fp8_block128", "bf16") and self.interleave == formats.FP8_BLOCK
+        return "sm90" if kernel_format and ops.sm90_kernels_usable(w.device) else "reference"
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.numel() == 0:
             return x.new_empty(x.shape)
         return reference.mlp(x, self.gate_up_proj.tensors(), self.down_proj.tensors(),
                              weight_format=self.weight_format, interleave=self.interleave, act=self.activation,
-                             global_scale_kind=self.global_scale_kind)
+                             global_scale_kind=self.global_scale_kind, ops=ops)
 
     def extra_repr(self) -> str:
         w = self.gate_up_proj.tensors()[formats.weight_format(self.weight_format).weight_name()]

@@ -63,6 +63,7 @@ def quantize_fp8_block(w: torch.Tensor, block: int = formats.FP8_BLOCK) -> tuple
     n, k = w.shape
     blocks = _blocks(w.float(), block, block)
     amax = blocks.abs().amax(dim=(1, 3))
+    # The very expression transformers' Fp8Quantize evaluates, so the same device gives the same bytes.
     scale = torch.where(amax > 0, FP8_MAX / amax, torch.ones_like(amax))
     scale = torch.where(amax.isnan(), amax, scale)
     q = (blocks * scale[:, None, :, None]).clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE)
@@ -82,7 +83,9 @@ def quantize_fp8_groups(x: torch.Tensor, group: int = formats.FP8_BLOCK) -> tupl
     m, k = x.shape
     groups = _blocks(x.float(), 1, group).view(m, -1, group)
     amax = groups.abs().amax(dim=2)
-    s = torch.where(amax > 0, amax / FP8_MAX, torch.ones_like(amax))
+    # Tensor / tensor is a true division on every device (with a scalar divisor torch's CUDA kernel
+    # multiplies by the reciprocal, an ulp away); the sm90 kernels divide exactly too (div.rn).
+    s = torch.where(amax > 0, amax / torch.full_like(amax, FP8_MAX), torch.ones_like(amax))
     s = torch.where(amax.isnan(), amax, s)
     q = to_e4m3(groups / s[:, :, None]).view(m, -1)[:, :k].contiguous()
     return q, s

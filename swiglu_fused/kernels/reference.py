@@ -17,6 +17,7 @@ The operand format follows from the weight's dtype:
 
 from __future__ import annotations
 
+import sys
 from typing import Callable, Mapping
 
 import torch
@@ -103,7 +104,7 @@ def gate_up(
     w = dequant_weight(weight, weight_scale, gs)
     acc = _dequant_operand(x, x_scale, "x") @ w.t()
     gate, up = deinterleave_rows(acc.t(), interleave)
-    h = activation(act)(gate.t()) * up.t()
+    h = (activation(act)(gate) * up).t().contiguous()
     return _store_h(h, h_format)
 
 
@@ -141,8 +142,14 @@ def mlp(
     act: str = "silu",
     global_scale_kind: str | None = "divisor",
     residual: torch.Tensor | None = None,
+    ops=None,
 ) -> torch.Tensor:
-    """The whole gated MLP on packed tensors (keys as in formats.py), x [..., H] → y [..., H]."""
+    """The whole gated MLP on packed tensors (keys as in formats.py), x [..., H] → y [..., H].
+
+    ``ops`` supplies quant_x / gate_up / down (default: this module; ``kernels.ops`` dispatches
+    to the sm90 kernels), so the reference and the fast path compose the same three calls.
+    """
+    ops = ops or sys.modules[__name__]
     fmt = formats.weight_format(weight_format)
     lead, hidden = x.shape[:-1], x.shape[-1]
     x2 = x.reshape(-1, hidden)
@@ -155,11 +162,11 @@ def mlp(
     gw, gscale, ggs = args(gate_up_tensors)
     x_scale = None
     if fmt.name == "fp8_block128":
-        x2, x_scale = quant_x(x2)
+        x2, x_scale = ops.quant_x(x2.to(torch.bfloat16))
     else:
         x2 = x2.to(torch.bfloat16)
-    h, h_scale = gate_up(x2, gw, gscale, x_scale, ggs, interleave=interleave, act=act, h_format=fmt.h_format)
+    h, h_scale = ops.gate_up(x2, gw, gscale, x_scale, ggs, interleave=interleave, act=act, h_format=fmt.h_format)
     dw, dscale, dgs = args(down_tensors)
     res = None if residual is None else residual.reshape(-1, hidden)
-    y = down(h, dw, dscale, h_scale, dgs, residual=res, out_dtype=x.dtype)
+    y = ops.down(h, dw, dscale, h_scale, dgs, residual=res, out_dtype=x.dtype)
     return y.reshape(*lead, y.shape[-1])

@@ -1,0 +1,197 @@
+"""gate_up fp8_block128 benchmark: the fused sm90 kernel against cuBLAS block-scaled GEMM
+(torch._scaled_mm, 1x128 / 128x128 scales) followed by the best separate SiLU·up + group-quant
+(torch.compile). Peers run in the same process on the same inputs; every timing is a CUDA graph of
+``REPS`` launches (so Python launch cost is excluded for both), median of ``--iters`` replays.
+
+    python benchmarks/bench_gate_up.py [--shapes 4096x14336,...] [--m 16,64,1024,4096] [--json out.json]
+
+Prints a table (µs, TFLOP/s, fused/separate speed-up) and writes JSON when asked.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+
+import torch
+
+sys.path.insert(0, ".")
+from swiglu_fused import quant  # noqa: E402
+from swiglu_fused.kernels import reference  # noqa: E402
+from swiglu_fused.kernels.sm90 import gate_up as k  # noqa: E402
+
+FP8 = torch.float8_e4m3fn
+REPS = 10
+# one compiled graph per (M, shape): allow more than dynamo's default 8 recompilations, or the
+# separate epilogue silently falls back to eager for the later shapes
+for _name in ("recompile_limit", "cache_size_limit"):
+    if hasattr(torch._dynamo.config, _name):
+        setattr(torch._dynamo.config, _name, 1024)
+
+
+def operands(m, hidden, inter, seed=0):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    x = torch.randn(m, hidden, device="cuda", generator=g).to(torch.bfloat16)
+    w = torch.randn(2 * inter, hidden, device="cuda", generator=g) * 0.05
+    xq, xs = reference.quant_x(x)
+    wq, ws = quant.quantize_fp8_block(w)
+    return xq, xs, wq, ws
+
+
+def _scaled_mm_candidates(xq, xs, wq, ws, out_dtype):
+    """torch._scaled_mm wants the 1x128 scales outer-dim-major; try the layouts torch versions accept."""
+    yield lambda: torch._scaled_mm(xq, wq.t(), scale_a=xs.t().contiguous().t(), scale_b=ws.t(), out_dtype=out_dtype)
+    yield lambda: torch._scaled_mm(xq, wq.t(), scale_a=xs.t().contiguous().t(), scale_b=ws, out_dtype=out_dtype)
+    yield lambda: torch._scaled_mm(xq, wq.t(), scale_a=xs, scale_b=ws.t(), out_dtype=out_dtype)
+
+
+def cublas_gemm(xq, xs, wq, ws, out_dtype=torch.bfloat16):
+    """A callable computing the packed [M, 2I] bf16 GEMM with cuBLAS block scales, checked once."""
+    ref = reference.dequant_weight(wq, ws)
+    ref = reference._dequant_operand(xq, xs, "x") @ ref.t()
+    errors = []
+    for fn in _scaled_mm_candidates(xq, xs, wq, ws, out_dtype):
+        try:
+            y = fn()
+        except Exception as e:  # layout not accepted by this torch
+            errors.append(str(e).splitlines()[0][:160])
+            continue
+        err = ((y.float() - ref).norm() / ref.norm()).item()
+        if err < 1e-2:
+            return fn, err
+        errors.append(f"wrong result (rel err {err:.2e})")
+    raise RuntimeError("torch._scaled_mm block-scaled: no layout worked: " + " | ".join(errors))
+
+
+def act_quant(y: torch.Tensor):
+    """Packed gate/up GEMM output [M, 2I] (g = 128) → e4m3 h [M, I] + scales [M, I/128]."""
+    m = y.shape[0]
+    y = y.view(m, -1, 2, 128).float()
+    h = torch.nn.functional.silu(y[:, :, 0]) * y[:, :, 1]
+    amax = h.abs().amax(-1)
+    s = torch.where(amax > 0, amax / 448.0, torch.ones_like(amax))
+    q = (h / s[..., None]).clamp(-448.0, 448.0).to(FP8)
+    return q.view(m, -1), s
+
+
+def act_mul_bf16(y: torch.Tensor):
+    """Packed [M, 2I] bf16 GEMM output → bf16 h [M, I] (the bf16 format's separate epilogue)."""
+    m = y.shape[0]
+    y = y.view(m, -1, 2, 128).float()
+    return (torch.nn.functional.silu(y[:, :, 0]) * y[:, :, 1]).to(torch.bfloat16).view(m, -1)
+
+
+def graph_time_us(fn, iters):
+    """Median µs per call of fn, from CUDA-graph replays of REPS calls."""
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(s)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(REPS):
+            fn()
+    for _ in range(3):
+        graph.replay()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(iters):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        graph.replay()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b) * 1e3 / REPS)
+    return statistics.median(times)
+
+
+def bench_quant_x(iters):
+    """quant_x kernel vs torch.compile'd reference quantization: µs and GB/s (bytes read + written)."""
+    from swiglu_fused.kernels.sm90 import quant_x as kq
+
+    ref_c = torch.compile(reference.quant_x, dynamic=False)
+    print(f"{'M':>6} {'K':>6} {'kernel us':>10} {'GB/s':>7} {'compiled us':>12} {'GB/s':>7}")
+    rows = []
+    for m, kk in ((16, 4096), (4096, 4096), (4096, 8192), (16384, 4096)):
+        x = torch.randn(m, kk, device="cuda").to(torch.bfloat16)
+        nbytes = x.nbytes + x.numel() + m * quant.cdiv(kk, 128) * 4
+        t_k = graph_time_us(lambda: kq.quant_x(x), iters)
+        t_c = graph_time_us(lambda: ref_c(x), iters)
+        rows.append(dict(m=m, k=kk, kernel_us=t_k, compiled_us=t_c, kernel_gbs=nbytes / t_k / 1e3))
+        print(f"{m:>6} {kk:>6} {t_k:>10.1f} {nbytes / t_k / 1e3:>7.0f} {t_c:>12.1f} {nbytes / t_c / 1e3:>7.0f}", flush=True)
+    return rows
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--shapes", default="4096x14336,8192x3584,2048x8192,576x1536")
+    p.add_argument("--m", default="16,64,1024,4096")
+    p.add_argument("--iters", type=int, default=30)
+    p.add_argument("--json", default=None)
+    p.add_argument("--mainloop", default="fp8_block128", choices=["fp8_block128", "bf16"],
+                   help="bf16: bf16 x and weight, bf16 h; peers torch.mm (cuBLAS) + compiled SiLU·up")
+    p.add_argument("--quant-x", action="store_true", help="benchmark quant_x instead of gate_up")
+    a = p.parse_args()
+    if a.quant_x:
+        rows = bench_quant_x(a.iters)
+        if a.json:
+            with open(a.json, "w") as f:
+                json.dump(dict(device=torch.cuda.get_device_name(), torch=torch.__version__, quant_x=rows), f, indent=1)
+        return
+    act_quant_c = torch.compile(act_quant if a.mainloop == "fp8_block128" else act_mul_bf16, dynamic=False)
+    rows = []
+    print(f"{'M':>6} {'H':>6} {'I':>6} {'config':>34} {'fused us':>9} {'TF/s':>6} {'gemm us':>8} "
+          f"{'actq us':>8} {'sep us':>8} {'speedup':>7} {'floor us':>8}")
+    for shape in a.shapes.split(","):
+        hidden, inter = map(int, shape.split("x"))
+        for m in map(int, a.m.split(",")):
+            xq, xs, wq, ws = operands(m, hidden, inter)
+            if a.mainloop == "bf16":
+                g = torch.Generator(device="cuda").manual_seed(1)
+                xq = torch.randn(m, hidden, device="cuda", generator=g).to(torch.bfloat16)
+                wq = (torch.randn(2 * inter, hidden, device="cuda", generator=g) * 0.05).to(torch.bfloat16)
+                xs = ws = None
+                cfg = k.select_config(xq, wq, None, None, act="silu", h_format="bf16")
+                gemm, gemm_err = (lambda: xq @ wq.t()), 0.0
+            else:
+                cfg = k.select_config(xq, wq, ws, xs, act="silu", h_format="fp8_group128")
+                try:
+                    gemm, gemm_err = cublas_gemm(xq, xs, wq, ws)
+                except RuntimeError as e:  # cuBLAS block scaling does not take every M (e.g. M = 1)
+                    print(f"  (M={m}: no cuBLAS peer: {str(e)[:90]})")
+                    gemm, gemm_err = None, float("nan")
+            fused = lambda: k.gate_up(cfg, xq, wq, ws, xs)  # noqa: E731
+            t_fused = graph_time_us(fused, a.iters)
+            if gemm is not None:
+                y = gemm()
+                t_gemm = graph_time_us(gemm, a.iters)
+                t_actq = graph_time_us(lambda: act_quant_c(y), a.iters)
+                t_sep = graph_time_us(lambda: act_quant_c(gemm()), a.iters)
+                del y
+            else:
+                t_gemm = t_actq = t_sep = float("nan")
+            flops = 2 * m * 2 * inter * hidden
+            # weight-bandwidth floor at the measured 2.96 TB/s copy rate (DESIGN §6)
+            floor = (wq.nbytes + (ws.nbytes if ws is not None else 0) + xq.nbytes
+                     + m * inter * (1 if a.mainloop == "fp8_block128" else 2)) / 2.96e12 * 1e6
+            r = dict(mainloop=a.mainloop, m=m, hidden=hidden, inter=inter, config=str(cfg), fused_us=t_fused, gemm_us=t_gemm,
+                     act_quant_us=t_actq, separate_us=t_sep, fused_tflops=flops / t_fused / 1e6,
+                     speedup=t_sep / t_fused, floor_us=floor, cublas_rel_err=gemm_err)
+            rows.append(r)
+            print(f"{m:>6} {hidden:>6} {inter:>6} {f'tile_m={cfg.tile_m},stages={cfg.stages}':>34} "
+                  f"{t_fused:>9.1f} {r['fused_tflops']:>6.0f} {t_gemm:>8.1f} {t_actq:>8.1f} {t_sep:>8.1f} "
+                  f"{r['speedup']:>7.2f} {floor:>8.1f}", flush=True)
+            del xq, xs, wq, ws
+            torch.cuda.empty_cache()
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(dict(device=torch.cuda.get_device_name(), torch=torch.__version__, rows=rows), f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,51 @@
+"""Charts from the benchmarks' JSON: python benchmarks/plot.py RESULT.json [...] (writes RESULT.png).
+
+Understands bench_gate_up.py output (fused vs separate, per shape) and bench_mlp.py output (every
+peer, per shape); x = tokens M (log), y = µs (log).
+"""
+
+import json
+import sys
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+
+def _shapes(rows):
+    return sorted({(r["hidden"], r["inter"]) for r in rows})
+
+
+def plot(path: Path) -> Path:
+    data = json.loads(path.read_text())
+    rows = data["rows"]
+    if "fused_us" in rows[0]:
+        series = {"ours (fused)": "fused_us", "cuBLAS GEMM + separate act·quant": "separate_us",
+                  "weight-bandwidth floor": "floor_us"}
+        title = f"gate_up, {rows[0]['mainloop']} mainloop"
+    else:
+        series = {k: f"{k}_us" for k in ("hf_bf16", "hf_compiled", "fp8_unfused", "ours_fp8", "ours_bf16")}
+        title = "whole gated MLP"
+    shapes = _shapes(rows)
+    fig, axes = plt.subplots(1, len(shapes), figsize=(5.5 * len(shapes), 4.2), squeeze=False)
+    for ax, (h, i) in zip(axes[0], shapes):
+        sel = sorted((r for r in rows if (r["hidden"], r["inter"]) == (h, i)), key=lambda r: r["m"])
+        for label, key in series.items():
+            pts = [(r["m"], r[key]) for r in sel if r.get(key) == r.get(key) and r.get(key) is not None]
+            if pts:
+                ax.plot(*zip(*pts), marker="o", label=label, linestyle="--" if "floor" in label else "-")
+        ax.set(xscale="log", yscale="log", xlabel="tokens M", ylabel="µs", title=f"H={h}, I={i}")
+        ax.grid(True, which="both", alpha=0.3)
+    axes[0][0].legend(fontsize=8)
+    fig.suptitle(f"{title} — {data.get('device', '')}, torch {data.get('torch', '')}")
+    fig.tight_layout()
+    out = path.with_suffix(".png")
+    fig.savefig(out, dpi=110)
+    return out
+
+
+if __name__ == "__main__":
+    for arg in sys.argv[1:]:
+        print("wrote", plot(Path(arg)))

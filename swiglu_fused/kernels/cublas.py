@@ -1,0 +1,53 @@
+"""down on CUDA through cuBLAS, until the CuTe DSL down kernel lands.
+
+fp8_block128: ``torch._scaled_mm`` with 1×128 activation scales and 128×128 weight scales (cuBLAS
+block scaling, Hopper and later); bf16: a plain cuBLAS GEMM. Both give the reference's numbers up
+to fp32 summation order (the residual is added after the bf16 rounding, a second rounding the
+tolerance of DESIGN §4 covers).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .. import formats
+
+FP8 = torch.float8_e4m3fn
+# cuBLAS' block-scaled heuristics reject some row counts (M = 1 and M = 10 seen on the H100, while
+# 16, 64 and 300 run); rows are padded to a multiple of this, which costs a copy of h only then.
+ROWS = 16
+
+
+def _pad_rows(h: torch.Tensor, h_scale: torch.Tensor, pad: int) -> tuple[torch.Tensor, torch.Tensor]:
+    if pad == 0:
+        return h, h_scale
+    zeros = torch.zeros(pad, h.shape[1], dtype=torch.uint8, device=h.device)
+    h = torch.cat([h.view(torch.uint8), zeros]).view(FP8)
+    return h, torch.cat([h_scale, h_scale.new_ones(pad, h_scale.shape[1])])
+
+
+def supports_down(h: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor | None,
+                  h_scale: torch.Tensor | None, global_scale: torch.Tensor | None) -> bool:
+    """Whether cuBLAS can run this down projection (else the reference does)."""
+    if h.device.type != "cuda" or global_scale is not None:
+        return False
+    if weight.dtype == torch.bfloat16:
+        return h.dtype == torch.bfloat16
+    n, k = weight.shape
+    return (weight.dtype == FP8 and h.dtype == FP8 and weight_scale is not None and h_scale is not None
+            and weight_scale.dtype == torch.float32 and n % formats.FP8_BLOCK == 0 and k % formats.FP8_BLOCK == 0
+            and torch.cuda.get_device_capability(h.device) >= (9, 0))
+
+
+def down(h, weight, weight_scale, h_scale, residual, out_dtype):
+    if weight.dtype == torch.bfloat16:
+        y = h @ weight.t()
+    else:
+        m = h.shape[0]
+        h, h_scale = _pad_rows(h, h_scale, -m % ROWS)
+        # cuBLAS wants the 1×128 scales M-major and the weight K-major (its transpose is a view).
+        y = torch._scaled_mm(h, weight.t(), scale_a=h_scale.t().contiguous().t(), scale_b=weight_scale.t(),
+                             out_dtype=torch.bfloat16)[:m]
+    if residual is not None:
+        y = y + residual
+    return y.to(out_dtype)

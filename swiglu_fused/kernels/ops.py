@@ -1,0 +1,262 @@
+"""torch.library custom ops and dispatch: the sm_90a kernel where it applies, else the reference.
+
+    swiglu_fused::quant_x(x)                                   → (xq, x_scale)
+    swiglu_fused::gate_up(x, weight, weight_scale, x_scale, global_scale, interleave, act, h_format)
+                                                               → (h, h_scale)
+    swiglu_fused::down(h, weight, weight_scale, h_scale, global_scale, residual, out_dtype) → y
+
+The Python wrappers below (``quant_x``, ``gate_up``, ``down``) take exactly the arguments of
+``reference.py`` (STYLE §1) and validate them with errors that name the argument. Each op has a
+fake (meta) implementation, so torch.compile and CUDA graphs see shapes without running anything.
+
+Dispatch: a CUDA tensor on an sm_90 device with a configuration the sm90 kernels implement runs
+the kernel; everything else (CPU, other GPUs, formats without a kernel yet) runs the reference.
+``down`` runs cuBLAS on CUDA (block-scaled ``torch._scaled_mm`` for fp8, a bf16 GEMM for bf16)
+until its CuTe DSL kernel lands, and the reference elsewhere (CPU, nvfp4).
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+
+import torch
+
+from .. import formats, quant
+from . import cublas, reference
+
+FP8 = torch.float8_e4m3fn
+GROUP = formats.FP8_BLOCK
+
+# Set SWIGLU_FUSED_DISABLE_KERNELS=1 to force the reference path everywhere (debugging).
+_DISABLED = os.environ.get("SWIGLU_FUSED_DISABLE_KERNELS", "") not in ("", "0")
+
+
+# ---------------------------------------------------------------- availability
+@functools.lru_cache(maxsize=None)
+def _cutlass_available() -> bool:
+    try:
+        import cutlass  # noqa: F401
+        import cutlass.cute  # noqa: F401
+    except Exception:
+        return False
+    return True
+
+
+@functools.lru_cache(maxsize=None)
+def _is_sm90(index: int) -> bool:
+    return torch.cuda.get_device_capability(index) == (9, 0)
+
+
+def sm90_kernels_usable(device: torch.device) -> bool:
+    """True when tensors on ``device`` can run the sm_90a kernels."""
+    if _DISABLED or device.type != "cuda" or not _cutlass_available():
+        return False
+    return _is_sm90(device.index if device.index is not None else torch.cuda.current_device())
+
+
+# ---------------------------------------------------------------- validation helpers
+def _check_2d(name: str, t: torch.Tensor) -> None:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
+    if t.dim() != 2:
+        raise ValueError(f"{name}: expected a 2-D tensor [rows, cols], got shape {tuple(t.shape)}")
+
+
+def _check_same_device(ref_name: str, ref: torch.Tensor, **others: torch.Tensor | None) -> None:
+    for name, t in others.items():
+        if t is not None and t.device != ref.device:
+            raise ValueError(f"{name}: is on {t.device} but {ref_name} is on {ref.device}; move both to one device")
+
+
+def _check_dtype(name: str, t: torch.Tensor, allowed: tuple[torch.dtype, ...]) -> None:
+    if t.dtype not in allowed:
+        raise TypeError(f"{name}: dtype {t.dtype} is not supported; expected one of {[str(d) for d in allowed]}")
+
+
+def _check_shape(name: str, t: torch.Tensor, expected: tuple[int, ...], why: str) -> None:
+    if tuple(t.shape) != tuple(expected):
+        raise ValueError(f"{name}: expected shape {tuple(expected)} ({why}), got {tuple(t.shape)}")
+
+
+def _kernel_layout_ok(name: str, t: torch.Tensor, k_multiple: int) -> None:
+    """Constraints of the sm90 kernels' 16-byte accesses, raised only on the kernel path."""
+    if not t.is_contiguous():
+        raise ValueError(f"{name}: the sm90 kernel needs a contiguous tensor (row stride = cols); call .contiguous()")
+    if t.data_ptr() % 16:
+        raise ValueError(f"{name}: the sm90 kernel needs a 16-byte aligned data pointer, got address % 16 = {t.data_ptr() % 16}")
+    if t.shape[-1] % k_multiple:
+        raise ValueError(
+            f"{name}: the sm90 kernel needs the last dimension to be a multiple of {k_multiple} "
+            f"(16-byte rows), got {t.shape[-1]}; pad it with zeros to {-(-t.shape[-1] // k_multiple) * k_multiple}"
+        )
+
+
+# ---------------------------------------------------------------- quant_x
+@torch.library.custom_op("swiglu_fused::quant_x", mutates_args=())
+def _quant_x_op(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    if x.dtype == torch.bfloat16 and sm90_kernels_usable(x.device):
+        _kernel_layout_ok("x", x, 8)
+        from .sm90 import quant_x as k
+
+        with torch.cuda.device(x.device):
+            return k.quant_x(x)
+    return reference.quant_x(x)
+
+
+@_quant_x_op.register_fake
+def _(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    m, k = x.shape
+    return x.new_empty((m, k), dtype=FP8), x.new_empty((m, quant.cdiv(k, GROUP)), dtype=torch.float32)
+
+
+def quant_x(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """bf16/fp16/fp32 x [M, K] → (e4m3 [M, K], x_scale fp32 [M, ceil(K/128)]), s = amax/448."""
+    _check_2d("x", x)
+    _check_dtype("x", x, (torch.bfloat16, torch.float16, torch.float32))
+    return _quant_x_op(x)
+
+
+# ---------------------------------------------------------------- gate_up
+def _gate_up_kernel_config(x, weight, weight_scale, x_scale, global_scale, interleave, act, h_format):
+    """The sm90 GateUpConfig that runs these arguments, or None (→ reference)."""
+    if not sm90_kernels_usable(x.device) or global_scale is not None or interleave != GROUP:
+        return None
+    try:
+        from .sm90 import gate_up as k
+    except ImportError:
+        return None
+    return k.select_config(x, weight, weight_scale, x_scale, act=act, h_format=h_format)
+
+
+@torch.library.custom_op("swiglu_fused::gate_up", mutates_args=())
+def _gate_up_op(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    weight_scale: torch.Tensor | None,
+    x_scale: torch.Tensor | None,
+    global_scale: torch.Tensor | None,
+    interleave: int,
+    act: str,
+    h_format: str,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    cfg = _gate_up_kernel_config(x, weight, weight_scale, x_scale, global_scale, interleave, act, h_format)
+    if cfg is not None:
+        _kernel_layout_ok("x", x, 16 if x.dtype == FP8 else 8)
+        _kernel_layout_ok("weight", weight, 16 if weight.dtype == FP8 else 8)
+        for name, t in (("weight_scale", weight_scale), ("x_scale", x_scale)):
+            if t is not None and not t.is_contiguous():
+                raise ValueError(f"{name}: the sm90 kernel needs a contiguous tensor; call .contiguous()")
+        from .sm90 import gate_up as k
+
+        with torch.cuda.device(x.device):
+            h, h_scale = k.gate_up(cfg, x, weight, weight_scale, x_scale)
+    else:
+        h, h_scale = reference.gate_up(
+            x, weight, weight_scale, x_scale, global_scale, interleave=interleave, act=act, h_format=h_format
+        )
+    if h_scale is None:
+        h_scale = h.new_empty((h.shape[0], 0), dtype=torch.float32)
+    return h.contiguous(), h_scale
+
+
+@_gate_up_op.register_fake
+def _(x, weight, weight_scale, x_scale, global_scale, interleave, act, h_format):
+    m, i = x.shape[0], weight.shape[0] // 2
+    if h_format == "fp8_group128":
+        return x.new_empty((m, i), dtype=FP8), x.new_empty((m, quant.cdiv(i, GROUP)), dtype=torch.float32)
+    return x.new_empty((m, i), dtype=torch.bfloat16), x.new_empty((m, 0), dtype=torch.float32)
+
+
+def _validate_gate_up(x, weight, weight_scale, x_scale, global_scale, interleave, act, h_format):
+    _check_2d("x", x)
+    _check_2d("weight", weight)
+    _check_same_device("x", x, weight=weight, weight_scale=weight_scale, x_scale=x_scale, global_scale=global_scale)
+    reference.activation(act)  # raises naming act
+    if h_format not in formats.H_FORMATS:
+        raise ValueError(f"h_format: unknown output format {h_format!r}; expected one of {list(formats.H_FORMATS)}")
+    n, k_w = weight.shape
+    if weight.dtype == torch.uint8:
+        k_w *= 2
+    if x.shape[1] != k_w:
+        raise ValueError(f"x: has {x.shape[1]} columns but weight has K = {k_w}; x must be [M, K] for weight [2I, K]")
+    if n % (2 * interleave):
+        raise ValueError(
+            f"weight: {n} rows is not a multiple of 2 * interleave = {2 * interleave}; a packed gate_up "
+            f"weight has 2I rows in chunks of 2g (check --interleave)"
+        )
+    if weight.dtype == FP8:
+        if weight_scale is None:
+            raise ValueError("weight_scale: an e4m3 weight needs its [ceil(2I/128), ceil(K/128)] block scale grid")
+        _check_dtype("weight_scale", weight_scale, (torch.float32, torch.float8_e8m0fnu))
+        _check_shape("weight_scale", weight_scale, (quant.cdiv(n, GROUP), quant.cdiv(k_w, GROUP)),
+                     "one multiplier per 128x128 weight block")
+        if x.dtype == FP8:
+            if x_scale is None:
+                raise ValueError("x_scale: an e4m3 x needs its per-token-group-128 scales; get both from quant_x(x)")
+            _check_dtype("x_scale", x_scale, (torch.float32,))
+            _check_shape("x_scale", x_scale, (x.shape[0], quant.cdiv(k_w, GROUP)), "one scale per row per 128 columns of x")
+    else:
+        _check_dtype("weight", weight, (torch.bfloat16, torch.uint8))
+        _check_dtype("x", x, (torch.bfloat16, torch.float16, torch.float32))
+
+
+def gate_up(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    weight_scale: torch.Tensor | None = None,
+    x_scale: torch.Tensor | None = None,
+    global_scale: torch.Tensor | None = None,
+    *,
+    interleave: int = formats.DEFAULT_INTERLEAVE,
+    act: str = "silu",
+    h_format: str = "bf16",
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """h = act(x @ gate^T) · (x @ up^T) from the interleaved packed weight [2I, K] (see reference.gate_up)."""
+    _validate_gate_up(x, weight, weight_scale, x_scale, global_scale, interleave, act, h_format)
+    h, h_scale = _gate_up_op(x, weight, weight_scale, x_scale, global_scale, interleave, act, h_format)
+    return h, (h_scale if h_format == "fp8_group128" else None)
+
+
+# ---------------------------------------------------------------- down (cuBLAS on CUDA, else reference)
+@torch.library.custom_op("swiglu_fused::down", mutates_args=())
+def _down_op(
+    h: torch.Tensor,
+    weight: torch.Tensor,
+    weight_scale: torch.Tensor | None,
+    h_scale: torch.Tensor | None,
+    global_scale: torch.Tensor | None,
+    residual: torch.Tensor | None,
+    out_dtype: torch.dtype,
+) -> torch.Tensor:
+    if cublas.supports_down(h, weight, weight_scale, h_scale, global_scale) and not _DISABLED:
+        return cublas.down(h, weight, weight_scale, h_scale, residual, out_dtype)
+    return reference.down(h, weight, weight_scale, h_scale, global_scale, residual=residual, out_dtype=out_dtype)
+
+
+@_down_op.register_fake
+def _(h, weight, weight_scale, h_scale, global_scale, residual, out_dtype):
+    return h.new_empty((h.shape[0], weight.shape[0]), dtype=out_dtype)
+
+
+def down(
+    h: torch.Tensor,
+    weight: torch.Tensor,
+    weight_scale: torch.Tensor | None = None,
+    h_scale: torch.Tensor | None = None,
+    global_scale: torch.Tensor | None = None,
+    *,
+    residual: torch.Tensor | None = None,
+    out_dtype: torch.dtype = torch.bfloat16,
+) -> torch.Tensor:
+    """y = h @ down^T (+ residual) (see reference.down): cuBLAS on CUDA where it applies, else the reference."""
+    _check_2d("h", h)
+    _check_2d("weight", weight)
+    _check_same_device("h", h, weight=weight, weight_scale=weight_scale, h_scale=h_scale,
+                       global_scale=global_scale, residual=residual)
+    k_w = weight.shape[1] * (2 if weight.dtype == torch.uint8 else 1)
+    if h.shape[1] != k_w:
+        raise ValueError(f"h: has {h.shape[1]} columns but weight has K = {k_w}; h must be [M, I] for weight [H, I]")
+    if residual is not None:
+        _check_shape("residual", residual, (h.shape[0], weight.shape[0]), "the output's shape [M, H]")
+    return _down_op(h, weight, weight_scale, h_scale, global_scale, residual, out_dtype)

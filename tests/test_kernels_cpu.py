@@ -1,0 +1,128 @@
+"""CPU tests (CI): the ops dispatch to the reference off-GPU, validate their arguments, have working
+fake implementations; and every shipped sm_90a kernel configuration compiles (CuTe DSL compiles
+for sm_90a without a GPU; skipped only where nvidia-cutlass-dsl is not installed)."""
+
+import pytest
+import torch
+
+from swiglu_fused import quant
+from swiglu_fused.kernels import ops, reference
+
+
+def _fp8_operands(m=5, hidden=200, inter=256, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(m, hidden, generator=g).to(torch.bfloat16)
+    w = torch.randn(2 * inter, hidden, generator=g) * 0.05
+    xq, xs = reference.quant_x(x)
+    wq, ws = quant.quantize_fp8_block(w)
+    return dict(x=xq, weight=wq, weight_scale=ws, x_scale=xs)
+
+
+# ---------------------------------------------------------------- dispatch on CPU = reference
+def test_quant_x_cpu_is_reference():
+    x = torch.randn(3, 300).to(torch.bfloat16)
+    q, s = ops.quant_x(x)
+    q_ref, s_ref = reference.quant_x(x)
+    assert torch.equal(q.view(torch.uint8), q_ref.view(torch.uint8)) and torch.equal(s, s_ref)
+
+
+@pytest.mark.parametrize("act", ["silu", "gelu_tanh"])
+@pytest.mark.parametrize("h_format", ["bf16", "fp8_group128"])
+def test_gate_up_cpu_is_reference(act, h_format):
+    args = _fp8_operands()
+    h, hs = ops.gate_up(**args, act=act, h_format=h_format)
+    h_ref, hs_ref = reference.gate_up(**args, act=act, h_format=h_format)
+    assert h.is_contiguous() and torch.equal(h.view(torch.uint8), h_ref.contiguous().view(torch.uint8))
+    assert (hs is None) == (hs_ref is None) and (hs is None or torch.equal(hs, hs_ref))
+
+
+def test_gate_up_bf16_cpu_is_reference():
+    x = torch.randn(4, 64).to(torch.bfloat16)
+    w = torch.randn(256, 64).to(torch.bfloat16)
+    h, hs = ops.gate_up(x, w)
+    assert hs is None and torch.equal(h, reference.gate_up(x, w)[0])
+
+
+def test_down_cpu_is_reference():
+    h = torch.randn(3, 256).to(torch.bfloat16)
+    w = torch.randn(64, 256).to(torch.bfloat16)
+    r = torch.randn(3, 64).to(torch.bfloat16)
+    assert torch.equal(ops.down(h, w, residual=r), reference.down(h, w, residual=r))
+
+
+# ---------------------------------------------------------------- argument validation
+def test_gate_up_errors_name_the_argument():
+    args = _fp8_operands()
+    with pytest.raises(ValueError, match="x_scale"):
+        ops.gate_up(args["x"], args["weight"], args["weight_scale"], None)
+    with pytest.raises(ValueError, match="weight_scale"):
+        ops.gate_up(args["x"], args["weight"], args["weight_scale"][:, :1], args["x_scale"])
+    with pytest.raises(ValueError, match="^x: "):
+        ops.gate_up(args["x"][:, :100], args["weight"], args["weight_scale"], args["x_scale"])
+    with pytest.raises(ValueError, match="^act: "):
+        ops.gate_up(**args, act="relu")
+    with pytest.raises(ValueError, match="^h_format: "):
+        ops.gate_up(**args, h_format="nvfp4")
+    with pytest.raises(ValueError, match="^weight: .*interleave"):
+        ops.gate_up(torch.randn(2, 64).bfloat16(), torch.randn(200, 64).bfloat16())
+    with pytest.raises(TypeError, match="^x: "):
+        ops.quant_x(torch.zeros(2, 8, dtype=torch.int32))
+
+
+def test_down_errors_name_the_argument():
+    with pytest.raises(ValueError, match="^h: "):
+        ops.down(torch.randn(2, 100).bfloat16(), torch.randn(64, 256).bfloat16())
+    with pytest.raises(ValueError, match="^residual: "):
+        ops.down(torch.randn(2, 256).bfloat16(), torch.randn(64, 256).bfloat16(), residual=torch.randn(2, 63))
+
+
+# ---------------------------------------------------------------- fake (meta) implementations
+def test_ops_opcheck():
+    args = _fp8_operands(m=4, hidden=128, inter=128)
+    # e4m3 outputs: torch's schema checker cannot compare e4m3 on the CPU, so fake-tensor checks only
+    fake_only = ("test_faketensor",)
+    torch.library.opcheck(torch.ops.swiglu_fused.quant_x.default, (torch.randn(4, 136).bfloat16(),),
+                          test_utils=fake_only)
+    torch.library.opcheck(
+        torch.ops.swiglu_fused.gate_up.default,
+        (args["x"], args["weight"], args["weight_scale"], args["x_scale"], None, 128, "silu", "fp8_group128"),
+        test_utils=fake_only,
+    )
+    torch.library.opcheck(
+        torch.ops.swiglu_fused.gate_up.default,
+        (torch.randn(4, 64).bfloat16(), torch.randn(256, 64).bfloat16(), None, None, None, 128, "gelu_tanh", "bf16"),
+    )
+    torch.library.opcheck(
+        torch.ops.swiglu_fused.down.default,
+        (torch.randn(2, 256).bfloat16(), torch.randn(64, 256).bfloat16(), None, None, None, None, torch.bfloat16),
+    )
+
+
+def test_fake_shapes():
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode():
+        x = torch.empty(7, 576, dtype=torch.float8_e4m3fn)
+        w = torch.empty(2 * 1536, 576, dtype=torch.float8_e4m3fn)
+        h, hs = torch.ops.swiglu_fused.gate_up(x, w, torch.empty(24, 5), torch.empty(7, 5), None, 128, "silu",
+                                               "fp8_group128")
+        assert h.shape == (7, 1536) and h.dtype == torch.float8_e4m3fn and hs.shape == (7, 12)
+        q, s = torch.ops.swiglu_fused.quant_x(torch.empty(7, 576, dtype=torch.bfloat16))
+        assert q.shape == (7, 576) and s.shape == (7, 5)
+
+
+# ---------------------------------------------------------------- sm_90a compile check
+def _shipped():
+    cutlass = pytest.importorskip("cutlass")  # noqa: F841
+    from swiglu_fused.kernels.sm90 import gate_up, quant_x
+
+    return [("quant_x", c, quant_x.compile_quant_x) for c in [quant_x.QuantXConfig()]] + [
+        ("gate_up", c, gate_up.compile_gate_up) for c in gate_up.shipped_configs()
+    ]
+
+
+def test_every_shipped_sm90_config_compiles():
+    """Every configuration the dispatch can pick compiles for sm_90a (ptxas included)."""
+    for family, cfg, compile_fn in _shipped():
+        fn = compile_fn(cfg)
+        assert fn is not None, (family, cfg)
