@@ -1,7 +1,8 @@
 """Charts from the benchmarks' JSON: python benchmarks/plot.py RESULT.json [...] (writes RESULT.png).
 
-Understands bench_gate_up.py output (fused vs separate, per shape) and bench_mlp.py output (every
-peer, per shape); x = tokens M (log), y = µs (log).
+Understands bench_gate_up.py output (fused vs separate, per shape), bench_down.py output (kernel vs
+cuBLAS, with and without residual) and bench_mlp.py output (every peer, per shape); x = tokens M
+(log), y = µs (log).
 """
 
 import json
@@ -25,6 +26,10 @@ def plot(path: Path) -> Path:
         series = {"ours (fused)": "fused_us", "cuBLAS GEMM + separate act·quant": "separate_us",
                   "weight-bandwidth floor": "floor_us"}
         title = f"gate_up, {rows[0]['mainloop']} mainloop"
+    elif "kernel_us" in rows[0]:
+        series = {"ours": "kernel_us", "cuBLAS": "cublas_us", "ours + residual (fused)": "kernel_res_us",
+                  "cuBLAS + residual add": "cublas_res_us", "weight-bandwidth floor": "floor_us"}
+        title = f"down, {rows[0].get('mainloop', 'fp8_block128')} mainloop"
     else:
         series = {k: f"{k}_us" for k in ("hf_bf16", "hf_compiled", "fp8_unfused", "ours_fp8", "ours_bf16")}
         title = "whole gated MLP"

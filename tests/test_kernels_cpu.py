@@ -74,6 +74,37 @@ def test_down_errors_name_the_argument():
         ops.down(torch.randn(2, 100).bfloat16(), torch.randn(64, 256).bfloat16())
     with pytest.raises(ValueError, match="^residual: "):
         ops.down(torch.randn(2, 256).bfloat16(), torch.randn(64, 256).bfloat16(), residual=torch.randn(2, 63))
+    hq, hs = reference.quant_x(torch.randn(2, 256))
+    wq, ws = quant.quantize_fp8_block(torch.randn(576, 256))
+    with pytest.raises(ValueError, match="^h_scale: "):
+        ops.down(hq, wq, ws, None)
+    with pytest.raises(ValueError, match="^h_scale: "):
+        ops.down(hq, wq, ws, hs[:, :1])
+    with pytest.raises(ValueError, match="^weight_scale: "):
+        ops.down(hq, wq, None, hs)
+    with pytest.raises(ValueError, match="^weight_scale: "):
+        ops.down(hq, wq, ws[:4], hs)
+
+
+def test_down_configs():
+    pytest.importorskip("cutlass")
+    from swiglu_fused.kernels.sm90 import down
+
+    hq, hs = reference.quant_x(torch.randn(100, 256))
+    wq, ws = quant.quantize_fp8_block(torch.randn(576, 256))
+    cfg = down.select_config(hq, wq, ws, hs, None, torch.bfloat16)
+    assert cfg == down.DownConfig(tile_m=128, stages=4, mainloop="fp8_block128", residual=False)
+    assert cfg in down.shipped_configs()
+    res = torch.zeros(3, 576, dtype=torch.bfloat16)
+    assert down.select_config(hq[:3], wq, ws, hs[:3], res, torch.bfloat16).residual
+    assert down.select_config(hq, wq, ws, hs, None, torch.float16) is None  # y is bf16 only
+    assert down.select_config(hq, wq[:570], ws, hs, None, torch.bfloat16) is None  # H % 8
+    # ops.down prefers cuBLAS (where it takes the shape) when the kernel's tiles cannot fill the SMs
+    prefill = down.DownConfig(tile_m=128, stages=4)
+    assert down.fills_gpu(prefill, 1024, 4096, 132) and not down.fills_gpu(prefill, 256, 4096, 132)
+    assert not down.fills_gpu(down.DownConfig(tile_m=64, stages=5), 16, 8192, 132)
+    with pytest.raises(ValueError, match="DownConfig.stages"):
+        down.DownConfig(stages=5)
 
 
 # ---------------------------------------------------------------- fake (meta) implementations
@@ -114,11 +145,13 @@ def test_fake_shapes():
 # ---------------------------------------------------------------- sm_90a compile check
 def _shipped():
     cutlass = pytest.importorskip("cutlass")  # noqa: F841
-    from swiglu_fused.kernels.sm90 import gate_up, quant_x
+    from swiglu_fused.kernels.sm90 import down, gate_up, quant_x
 
-    return [("quant_x", c, quant_x.compile_quant_x) for c in [quant_x.QuantXConfig()]] + [
-        ("gate_up", c, gate_up.compile_gate_up) for c in gate_up.shipped_configs()
-    ]
+    return (
+        [("quant_x", c, quant_x.compile_quant_x) for c in [quant_x.QuantXConfig()]]
+        + [("gate_up", c, gate_up.compile_gate_up) for c in gate_up.shipped_configs()]
+        + [("down", c, down.compile_down) for c in down.shipped_configs()]
+    )
 
 
 def test_every_shipped_sm90_config_compiles():

@@ -11,8 +11,12 @@ fake (meta) implementation, so torch.compile and CUDA graphs see shapes without 
 
 Dispatch: a CUDA tensor on an sm_90 device with a configuration the sm90 kernels implement runs
 the kernel; everything else (CPU, other GPUs, formats without a kernel yet) runs the reference.
-``down`` runs cuBLAS on CUDA (block-scaled ``torch._scaled_mm`` for fp8, a bf16 GEMM for bf16)
-until its CuTe DSL kernel lands, and the reference elsewhere (CPU, nvfp4).
+``down`` runs its sm90 kernel (fp8_block128 or bf16, bf16 output, H a multiple of 8) when its
+tiles fill the GPU (ceil(M/128)·ceil(H/256) ≥ 0.9 × SMs, e.g. M ≥ 1024 at H = 4096), and below
+that only where cuBLAS does not take the shape (cuBLAS is faster there until the kernel has
+split-K); it falls back to cuBLAS on other CUDA devices or cases the kernel does not take (block-scaled
+``torch._scaled_mm`` for fp8, a bf16 GEMM for bf16; see cublas.py), and the reference elsewhere
+(CPU, nvfp4).
 """
 
 from __future__ import annotations
@@ -218,7 +222,24 @@ def gate_up(
     return h, (h_scale if h_format == "fp8_group128" else None)
 
 
-# ---------------------------------------------------------------- down (cuBLAS on CUDA, else reference)
+# ---------------------------------------------------------------- down
+def _down_kernel_config(h, weight, weight_scale, h_scale, global_scale, residual, out_dtype):
+    """The sm90 DownConfig that runs these arguments, or None (→ cuBLAS on CUDA, else the reference)."""
+    if not sm90_kernels_usable(h.device) or global_scale is not None:
+        return None
+    try:
+        from .sm90 import down as k
+    except ImportError:
+        return None
+    cfg = k.select_config(h, weight, weight_scale, h_scale, residual, out_dtype)
+    if (cfg is not None and cublas.supports_down(h, weight, weight_scale, h_scale, None)
+            and not k.fills_gpu(cfg, h.shape[0], weight.shape[0], k.sm_count(h.device))):
+        # too few tiles for the SMs (decode, small M; no split-K yet): cuBLAS was measured faster
+        # there (sm90/down.py MIN_WAVE), so it keeps the shapes it supports
+        return None
+    return cfg
+
+
 @torch.library.custom_op("swiglu_fused::down", mutates_args=())
 def _down_op(
     h: torch.Tensor,
@@ -229,6 +250,19 @@ def _down_op(
     residual: torch.Tensor | None,
     out_dtype: torch.dtype,
 ) -> torch.Tensor:
+    cfg = _down_kernel_config(h, weight, weight_scale, h_scale, global_scale, residual, out_dtype)
+    if cfg is not None:
+        _kernel_layout_ok("h", h, 16 if h.dtype == FP8 else 8)
+        _kernel_layout_ok("weight", weight, 16 if weight.dtype == FP8 else 8)
+        if residual is not None:
+            _kernel_layout_ok("residual", residual, 8)
+        for name, t in (("weight_scale", weight_scale), ("h_scale", h_scale)):
+            if t is not None and not t.is_contiguous():
+                raise ValueError(f"{name}: the sm90 kernel needs a contiguous tensor; call .contiguous()")
+        from .sm90 import down as k
+
+        with torch.cuda.device(h.device):
+            return k.down(cfg, h, weight, weight_scale, h_scale, residual)
     if cublas.supports_down(h, weight, weight_scale, h_scale, global_scale) and not _DISABLED:
         return cublas.down(h, weight, weight_scale, h_scale, residual, out_dtype)
     return reference.down(h, weight, weight_scale, h_scale, global_scale, residual=residual, out_dtype=out_dtype)
@@ -237,6 +271,30 @@ def _down_op(
 @_down_op.register_fake
 def _(h, weight, weight_scale, h_scale, global_scale, residual, out_dtype):
     return h.new_empty((h.shape[0], weight.shape[0]), dtype=out_dtype)
+
+
+def _validate_down(h, weight, weight_scale, h_scale, global_scale, residual):
+    _check_2d("h", h)
+    _check_2d("weight", weight)
+    _check_same_device("h", h, weight=weight, weight_scale=weight_scale, h_scale=h_scale,
+                       global_scale=global_scale, residual=residual)
+    n = weight.shape[0]
+    k_w = weight.shape[1] * (2 if weight.dtype == torch.uint8 else 1)
+    if h.shape[1] != k_w:
+        raise ValueError(f"h: has {h.shape[1]} columns but weight has K = {k_w}; h must be [M, I] for weight [H, I]")
+    if weight.dtype == FP8:
+        if weight_scale is None:
+            raise ValueError("weight_scale: an e4m3 weight needs its [ceil(H/128), ceil(I/128)] block scale grid")
+        _check_dtype("weight_scale", weight_scale, (torch.float32, torch.float8_e8m0fnu))
+        _check_shape("weight_scale", weight_scale, (quant.cdiv(n, GROUP), quant.cdiv(k_w, GROUP)),
+                     "one multiplier per 128x128 weight block")
+    if h.dtype == FP8:
+        if h_scale is None:
+            raise ValueError("h_scale: an e4m3 h needs its per-row per-128-column scales; gate_up(..., h_format='fp8_group128') returns both")
+        _check_dtype("h_scale", h_scale, (torch.float32,))
+        _check_shape("h_scale", h_scale, (h.shape[0], quant.cdiv(k_w, GROUP)), "one scale per row per 128 columns of h")
+    if residual is not None:
+        _check_shape("residual", residual, (h.shape[0], n), "the output's shape [M, H]")
 
 
 def down(
@@ -249,14 +307,7 @@ def down(
     residual: torch.Tensor | None = None,
     out_dtype: torch.dtype = torch.bfloat16,
 ) -> torch.Tensor:
-    """y = h @ down^T (+ residual) (see reference.down): cuBLAS on CUDA where it applies, else the reference."""
-    _check_2d("h", h)
-    _check_2d("weight", weight)
-    _check_same_device("h", h, weight=weight, weight_scale=weight_scale, h_scale=h_scale,
-                       global_scale=global_scale, residual=residual)
-    k_w = weight.shape[1] * (2 if weight.dtype == torch.uint8 else 1)
-    if h.shape[1] != k_w:
-        raise ValueError(f"h: has {h.shape[1]} columns but weight has K = {k_w}; h must be [M, I] for weight [H, I]")
-    if residual is not None:
-        _check_shape("residual", residual, (h.shape[0], weight.shape[0]), "the output's shape [M, H]")
+    """y = h @ down^T (+ residual) (see reference.down): the sm90 kernel where it applies, else
+    cuBLAS on CUDA, else the reference."""
+    _validate_down(h, weight, weight_scale, h_scale, global_scale, residual)
     return _down_op(h, weight, weight_scale, h_scale, global_scale, residual, out_dtype)

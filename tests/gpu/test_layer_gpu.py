@@ -48,7 +48,7 @@ def test_leading_dims_fp16_and_empty_input():
 
 
 @pytest.mark.parametrize("m,residual", [(1, False), (10, True), (300, False), (300, True)])
-def test_down_on_cublas_matches_the_reference(m, residual):
+def test_ops_down_matches_the_reference(m, residual):
     g = torch.Generator(device="cuda").manual_seed(0)
     h = torch.randn(m, 3584, device="cuda", generator=g)
     hq, hs = reference.quant_x(h)

@@ -1,4 +1,9 @@
-"""Epilogue pieces of gate_up, chosen at compile time by name (STYLE §4).
+"""Epilogue pieces of the sm90 GEMM (gemm256.py), chosen at compile time by name (STYLE §4).
+
+An epilogue is what the kernel does with a finished 256-row tile (two 128-column halves):
+"swiglu" (gate_up: h = act(half 0) · half 1, quantized or bf16) or "linear" (down: both halves
+as bf16 output columns, + an optional bf16 residual); the store code lives with the fragment
+layout in gemm256.py.
 
 An activation is a function of one fp32 gate value; the kernel computes h = act(gate) · up in
 fp32. An output format turns a thread's h values into stores (see gate_up.py for the fragment
@@ -28,7 +33,9 @@ def gelu_tanh(g: Float32) -> Float32:
 
 ACTIVATIONS = {"silu": silu, "gelu_tanh": gelu_tanh}
 
-# h output formats the kernel implements (the store code lives with the fragment layout in gate_up.py)
+EPILOGUES = ("swiglu", "linear")
+
+# h output formats the swiglu epilogue implements (the store code lives with the fragment layout in gemm256.py)
 H_FORMATS = ("bf16", "fp8_group128")
 
 

@@ -4,6 +4,7 @@
   q = x/s are bit-identical to torch's fp32 arithmetic in ``quant.quantize_fp8_groups``.
 * ``cvt_e4m3x4``: four fp32 → four e4m3 bytes packed little-endian in one 32-bit word
   (``cvt.rn.satfinite.e4m3x2.f32``: round to nearest even, saturate to ±448, NaN stays NaN).
+* ``bf16_lo_to_f32`` / ``bf16_hi_to_f32``: one half of a word of two bf16 (a residual pair) as fp32.
 """
 
 from __future__ import annotations
@@ -73,6 +74,38 @@ def cvt_e4m3x2(a: Float32, b: Float32, *, loc=None, ip=None) -> cutlass.Int16:
             [Float32(b).ir_value(loc=loc, ip=ip), Float32(a).ir_value(loc=loc, ip=ip)],
             "cvt.rn.satfinite.e4m3x2.f32 $0, $1, $2;",
             "=h,f,f",
+            has_side_effects=False,
+            is_align_stack=False,
+            asm_dialect=llvm.AsmDialect.AD_ATT,
+        )
+    )
+
+
+@dsl_user_op
+def bf16_lo_to_f32(w: Int32, *, loc=None, ip=None) -> Float32:
+    """The bf16 in the low half of a 32-bit word, as fp32 (exact)."""
+    return Float32(
+        llvm.inline_asm(
+            T.f32(),
+            [Int32(w).ir_value(loc=loc, ip=ip)],
+            "{\n\t.reg .b32 t;\n\tshl.b32 t, $1, 16;\n\tmov.b32 $0, t;\n\t}",
+            "=f,r",
+            has_side_effects=False,
+            is_align_stack=False,
+            asm_dialect=llvm.AsmDialect.AD_ATT,
+        )
+    )
+
+
+@dsl_user_op
+def bf16_hi_to_f32(w: Int32, *, loc=None, ip=None) -> Float32:
+    """The bf16 in the high half of a 32-bit word, as fp32 (exact)."""
+    return Float32(
+        llvm.inline_asm(
+            T.f32(),
+            [Int32(w).ir_value(loc=loc, ip=ip)],
+            "{\n\t.reg .b32 t;\n\tand.b32 t, $1, 0xffff0000;\n\tmov.b32 $0, t;\n\t}",
+            "=f,r",
             has_side_effects=False,
             is_align_stack=False,
             asm_dialect=llvm.AsmDialect.AD_ATT,

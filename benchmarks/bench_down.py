@@ -1,0 +1,77 @@
+"""down benchmark: the sm90 kernel (gemm256 with the linear epilogue) against cuBLAS block-scaled
+GEMM (torch._scaled_mm, 1x128 / 128x128 scales, as kernels/cublas.py calls it), with and without
+the residual (cuBLAS: GEMM then a separate add). Same process, same inputs; every timing is a CUDA
+graph of REPS launches, median of --iters replays (bench_gate_up.graph_time_us).
+
+    python benchmarks/bench_down.py [--shapes 4096x14336,8192x3584] [--m 16,1024,4096] [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+import torch
+
+sys.path.insert(0, ".")
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import bench_gate_up as b  # noqa: E402
+from swiglu_fused import quant  # noqa: E402
+from swiglu_fused.kernels import cublas, reference  # noqa: E402
+from swiglu_fused.kernels.sm90 import down as k  # noqa: E402
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--shapes", default="4096x14336,8192x3584")  # H x I
+    p.add_argument("--m", default="1,16,64,256,1024,4096")
+    p.add_argument("--iters", type=int, default=30)
+    p.add_argument("--json", default=None)
+    p.add_argument("--mainloop", default="fp8_block128", choices=["fp8_block128", "bf16"],
+                   help="bf16: bf16 h and weight; peer torch.mm (cuBLAS)")
+    a = p.parse_args()
+    bf16 = a.mainloop == "bf16"
+    rows = []
+    print(f"{'M':>6} {'H':>6} {'I':>6} {'tile_m':>6} {'kernel us':>10} {'TF/s':>6} {'cuBLAS us':>10} {'TF/s':>6} "
+          f"{'k+res us':>9} {'cB+res us':>10} {'cuBLAS/k':>8} {'floor us':>8} {'err k':>8} {'err cB':>8}")
+    for shape in a.shapes.split(","):
+        hidden, inter = map(int, shape.split("x"))
+        g = torch.Generator(device="cuda").manual_seed(0)
+        w = torch.randn(hidden, inter, device="cuda", generator=g) * 0.05
+        wq, ws = (w.to(torch.bfloat16), None) if bf16 else quant.quantize_fp8_block(w)
+        del w
+        for m in map(int, a.m.split(",")):
+            hb = torch.randn(m, inter, device="cuda", generator=g).to(torch.bfloat16)
+            hq, hs = (hb, None) if bf16 else reference.quant_x(hb)
+            res = torch.randn(m, hidden, device="cuda", generator=g).to(torch.bfloat16)
+            cfg = k.select_config(hq, wq, ws, hs, None, torch.bfloat16)
+            cfg_r = k.select_config(hq, wq, ws, hs, res, torch.bfloat16)
+            y_ref = reference.down(hq, wq, ws, hs)
+            y_k = k.down(cfg, hq, wq, ws, hs)
+            y_c = cublas.down(hq, wq, ws, hs, None, torch.bfloat16)
+            err_k = ((y_k.float() - y_ref.float()).norm() / y_ref.float().norm()).item()
+            err_c = ((y_c.float() - y_ref.float()).norm() / y_ref.float().norm()).item()
+            t_k = b.graph_time_us(lambda: k.down(cfg, hq, wq, ws, hs), a.iters)
+            t_kr = b.graph_time_us(lambda: k.down(cfg_r, hq, wq, ws, hs, res), a.iters)
+            t_c = b.graph_time_us(lambda: cublas.down(hq, wq, ws, hs, None, torch.bfloat16), a.iters)
+            t_cr = b.graph_time_us(lambda: cublas.down(hq, wq, ws, hs, res, torch.bfloat16), a.iters)
+            flops = 2 * m * hidden * inter
+            floor = (wq.nbytes + hq.nbytes + m * hidden * 2 + (0 if bf16 else ws.nbytes + hs.nbytes)) / 2.96e12 * 1e6
+            r = dict(mainloop=a.mainloop, m=m, hidden=hidden, inter=inter, config=str(cfg), kernel_us=t_k, kernel_res_us=t_kr,
+                     cublas_us=t_c, cublas_res_us=t_cr, floor_us=floor, err_kernel=err_k, err_cublas=err_c)
+            rows.append(r)
+            print(f"{m:>6} {hidden:>6} {inter:>6} {cfg.tile_m:>6} {t_k:>10.1f} {flops / t_k / 1e6:>6.0f} {t_c:>10.1f} "
+                  f"{flops / t_c / 1e6:>6.0f} {t_kr:>9.1f} {t_cr:>10.1f} {t_c / t_k:>8.2f} {floor:>8.1f} "
+                  f"{err_k:>8.1e} {err_c:>8.1e}", flush=True)
+            del hq, hs, hb, res, y_ref, y_k, y_c
+        del wq, ws
+        torch.cuda.empty_cache()
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(dict(device=torch.cuda.get_device_name(), torch=torch.__version__, rows=rows), f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,136 @@
+"""down on sm_90a: y = h @ W_down^T (+ residual), bf16, in the gate_up GEMM with its "linear" epilogue.
+
+Operands (ground truth: reference.down):
+
+    mainloop fp8_block128   h e4m3 [M, I] + h_scale fp32 [M, I/128]   (what gate_up writes)
+                            weight e4m3 [H, I] + weight_scale fp32 [ceil(H/128), I/128]
+    mainloop bf16           h bf16 [M, I], weight bf16 [H, I]
+    residual                bf16 [M, H] or none (compile-time: DownConfig.residual)
+    y                       bf16 [M, H]
+
+The kernel is gemm256.Gemm256Kernel: a tile of 256 weight rows (two 128-row blocks, each with its
+own 128×128 scale) is output columns [256n, 256n+256). H needs only be a multiple of 8 (16-byte
+output rows): the last tile's weight rows ≥ H are TMA zero-fill, its scale rows are clamped to
+ceil(H/128) - 1, and the stores skip columns ≥ H. The residual is added in fp32 before the single
+rounding to bf16 (as reference.down does).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import cuda.bindings.driver as cuda
+import cutlass
+import cutlass.cute as cute
+from cutlass import Float32, Int32
+
+from .gemm256 import MAINLOOPS, N_ALIGN, Gemm256Kernel, TileConfig, sm_count
+
+
+@dataclass(frozen=True)
+class DownConfig(TileConfig):
+    """Compile-time configuration of down (the cache key; benchmarks print it)."""
+
+    residual: bool = False  # y = h @ W^T + residual
+
+    epilogue = "linear"
+    out_bytes = 2  # bf16 y
+
+
+def compile_down(config: DownConfig):
+    """Compile for sm_90a (no GPU needed: fake pointers, runtime Int32 sizes)."""
+    from . import compile_cache
+    from .compile_cache import fake_ptr, null_stream
+
+    ab = cutlass.Float8E4M3FN if config.fp8 else cutlass.BFloat16
+    return cute.compile(
+        Gemm256Kernel(config),
+        fake_ptr(ab, 16), fake_ptr(ab, 16),
+        fake_ptr(Float32, 4), fake_ptr(Float32, 4),
+        fake_ptr(cutlass.BFloat16, 16), fake_ptr(cutlass.BFloat16, 16),
+        Int32(1), Int32(1), Int32(1), Int32(1),
+        null_stream(),
+        options=compile_cache.COMPILE_OPTIONS,
+    )
+
+
+# Shipped configurations: what select_config can return (and what CI compile-checks).
+DECODE_M = 64  # M ≤ this uses the 64-row tile
+
+
+def shipped_configs() -> list[DownConfig]:
+    return [
+        DownConfig(tile_m=tile_m, stages=stages, mainloop=mainloop, residual=residual)
+        for mainloop in MAINLOOPS
+        for residual in (False, True)
+        for tile_m, stages in ((128, 4), (64, 5))
+    ]
+
+
+def select_config(h, weight, weight_scale, h_scale, residual, out_dtype) -> DownConfig | None:
+    """The config for these operands, or None when the sm90 kernel does not implement them
+    (then ops.down uses cuBLAS or the reference)."""
+    import torch
+
+    fp8 = torch.float8_e4m3fn
+    if out_dtype != torch.bfloat16:
+        return None
+    if weight.dtype == fp8 and h.dtype == fp8:
+        if weight_scale is None or h_scale is None or weight_scale.dtype != torch.float32 or h_scale.dtype != torch.float32:
+            return None
+        mainloop, k_align = "fp8_block128", 16
+    elif weight.dtype == torch.bfloat16 and h.dtype == torch.bfloat16:
+        mainloop, k_align = "bf16", 8
+    else:
+        return None
+    if residual is not None and residual.dtype != torch.bfloat16:
+        return None
+    if weight.shape[0] % N_ALIGN or weight.shape[1] % k_align:
+        return None
+    tile_m, stages = (64, 5) if h.shape[0] <= DECODE_M else (128, 4)
+    return DownConfig(tile_m=tile_m, stages=stages, mainloop=mainloop, residual=residual is not None)
+
+
+# Below this fraction of one wave of CTAs (tiles / SMs), cuBLAS beats the kernel where it takes the
+# shape: 16–64 tiles (M ≤ 256 at H = 4096, M ≤ 64 at H = 8192) measured 1.4–2.3× slower, a full
+# wave (128 tiles at M = 1024, H = 4096) at parity (benchmarks/NOTES.md). Split-K would fix it.
+MIN_WAVE = 0.9
+
+
+def fills_gpu(config: DownConfig, m: int, n: int, sms: int) -> bool:
+    """Whether the kernel's ceil(M/tile_m) · ceil(H/256) tiles fill at least MIN_WAVE of the SMs."""
+    tiles = -(-m // config.tile_m) * -(-n // config.tile_n)
+    return tiles >= MIN_WAVE * sms
+
+
+def down(config: DownConfig, h, weight, weight_scale=None, h_scale=None, residual=None, *, out=None):
+    """Run the kernel (operands validated by ops.py). Returns y bf16 [M, H]; ``out`` = y writes
+    into a given tensor (the tests poison it first)."""
+    import torch
+
+    from . import compile_cache
+
+    m, k = h.shape
+    n = weight.shape[0]
+    if (residual is not None) != config.residual:
+        raise ValueError(f"residual: {config} was compiled {'with' if config.residual else 'without'} a residual")
+    y = torch.empty((m, n), dtype=torch.bfloat16, device=h.device) if out is None else out
+    if m == 0:
+        return y
+    fn = compile_cache.get("down", config, lambda: compile_down(config))
+    ab = cutlass.Float8E4M3FN if config.fp8 else cutlass.BFloat16
+    stream = cuda.CUstream(torch.cuda.current_stream(h.device).cuda_stream)
+    fn(
+        compile_cache.ptr(ab, h, 16),
+        compile_cache.ptr(ab, weight, 16),
+        compile_cache.ptr(Float32, h_scale if config.fp8 else y, 4),  # unused scale pointers: a valid allocation
+        compile_cache.ptr(Float32, weight_scale if config.fp8 else y, 4),
+        compile_cache.ptr(cutlass.BFloat16, y, 16),
+        compile_cache.ptr(cutlass.BFloat16, residual if config.residual else y, 16),
+        Int32(m),
+        Int32(k // config.k_align),
+        Int32(n // N_ALIGN),
+        Int32(sm_count(h.device)),
+        stream,
+    )
+    return y

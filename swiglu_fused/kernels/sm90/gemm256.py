@@ -1,0 +1,562 @@
+"""The sm_90a GEMM behind gate_up and down: a persistent, warp-specialized, block-scaled fp8 (or
+bf16) GEMM over tiles of 256 weight rows, with the epilogue chosen at compile time
+(``TileConfig.epilogue``, STYLE §4):
+
+    "swiglu"  gate_up:  h = act(x @ gate^T) · (x @ up^T)            (gate_up.py: GateUpConfig)
+    "linear"  down:     y = h @ W_down^T (+ residual), bf16          (down.py: DownConfig)
+
+Operands: A [M, K] (x, or h) and W [N, K] (the packed gate_up weight with N = 2I, or W_down with
+N = H, any N that is a multiple of 8):
+
+    mainloop fp8_block128   A e4m3 [M, K] + a_scale fp32 [M, ceil(K/128)]  (per row per 128 K)
+                            W e4m3 [N, K] + w_scale fp32 [ceil(N/128), ceil(K/128)] (128×128 blocks)
+    mainloop bf16           A bf16 [M, K], W bf16 [N, K]
+
+CTA tile (tile_m × 256 weight rows × tile_k), one TMA producer warpgroup and tile_m/64 consumer
+warpgroups (64 rows each); grid = min(#tiles, #SMs), CTA b takes tiles b, b + grid, … (m fastest),
+the producer running ahead into the next tile during the epilogue. A tile's 256 weight rows are
+two 128-row halves, each with its own 128×128 weight scale per k block:
+
+    tile n:  W rows [256n, 256n+128)       → B half 0   (gate_up: gate rows [128n, 128n+128))
+             W rows [256n+128, 256n+256)   → B half 1   (gate_up: up rows   [128n, 128n+128))
+
+so for gate_up (interleave g = 128) the tile yields h columns [128n, 128n+128): exactly one fp8
+scale group; for down it is output columns [256n, 256n+256). Rows ≥ N of a partial last tile are
+TMA zero-fill; their weight-scale row is clamped to the last one (ceil(N/128) - 1), so no scale is
+read out of bounds, and the linear epilogue masks columns ≥ N.
+
+Mainloop (fp8_block128), per 128-wide k block kb and per B half:
+
+    temp  = wgmma(A_kb, B_half_kb)                 (64×128 per warpgroup, fp32, fresh)
+    acc[half] += temp · a_scale[row, kb] · w_scale[2n + half, kb]     (promotion, fp32 FMA)
+
+acc holds both halves (128 fp32 registers per thread) and temp one half (64), so a 64×256
+warpgroup tile fits the 232-register budget. The bf16 mainloop accumulates straight into acc.
+
+wgmma C fragment of one warpgroup for one 64×128 half (value v = 0..63 of thread t, lane = t%32,
+warp = t/32):  ((2,2,16)):((1 col, 8 rows, 8 cols))
+
+    row(v) = 16·warp + lane/4 + 8·((v/2)%2)
+    col(v) =  8·(v/4) + 2·(lane%4) + v%2          (the same for half 0 and half 1)
+
+so gate column c and up column c are the same register index of the two halves: act(gate)·up
+is register-local, and a row's 128 h columns live in the 4 threads of a quad (32 each):
+amax = in-thread max over 32 values + two butterfly shuffles (xor 1, xor 2).
+
+Stores: each warpgroup writes a 64 × 128-column slab into smem in fragment order (rows padded by
+16 bytes: the 8 rows × 4 lanes of one store hit distinct banks), then copies it out
+row-contiguous, 16 bytes per thread per step (masked at M, and for "linear" at N). "swiglu" stages
+one slab (h), "linear" two in turn (the two halves; the residual, when compiled in, is first
+copied into the slab the same way in reverse, then added in fp32 in fragment order before the
+single rounding to bf16, as reference.down does).
+Performance and accuracy measurements: benchmarks/NOTES.md.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import cuda.bindings.driver as cuda
+import cutlass
+import cutlass.cute as cute
+import cutlass.pipeline as pipeline
+import cutlass.utils as utils
+import cutlass.utils.hopper_helpers as sm90_utils
+from cutlass import Float32, Int32
+from cutlass.pipeline import pipeline_init_arrive, pipeline_init_wait
+
+from . import epilogue
+from .ptx import bf16_hi_to_f32, bf16_lo_to_f32, cvt_bf16x2, cvt_e4m3x2, div_rn
+
+FP8_MAX = 448.0
+G = 128  # weight block = half tile = gate_up's interleave granularity and h scale group
+SMEM_BYTES = 227 * 1024
+MAINLOOPS = ("fp8_block128", "bf16")
+N_ALIGN = 8  # weight rows (N) must be a multiple of this: 16-byte rows of a bf16 output
+
+
+@dataclass(frozen=True)
+class TileConfig:
+    """Mainloop part of a compile-time configuration; subclasses name the epilogue."""
+
+    tile_m: int = 128  # 128 (prefill: 2 consumer warpgroups) or 64 (decode: 1)
+    tile_n: int = 256  # weight rows per tile = two 128-row halves
+    stages: int = 4
+    mainloop: str = "fp8_block128"
+    promote_k: int = 128  # fp8: K elements per wgmma chain before promotion into the fp32 accumulator
+
+    # the epilogue and the bytes per element of the staged output (set by subclasses)
+    epilogue = "swiglu"
+    out_bytes = 2
+
+    def __post_init__(self):
+        name = type(self).__name__
+        if self.tile_m not in (64, 128):
+            raise ValueError(f"{name}.tile_m: expected 64 or 128, got {self.tile_m}")
+        if self.tile_n != 2 * G:
+            raise ValueError(f"{name}.tile_n: expected {2 * G} (two 128-row weight blocks), got {self.tile_n}")
+        if self.mainloop not in MAINLOOPS:
+            raise ValueError(f"{name}.mainloop: expected one of {MAINLOOPS}, got {self.mainloop!r}")
+        if self.promote_k not in (32, 64, 128):
+            raise ValueError(f"{name}.promote_k: expected 32, 64 or 128, got {self.promote_k}")
+        if self.epilogue not in epilogue.EPILOGUES:
+            raise ValueError(f"{name}.epilogue: expected one of {epilogue.EPILOGUES}, got {self.epilogue!r}")
+        stage_bytes = (self.tile_m + self.tile_n) * self.tile_k * self.elem_bytes
+        fixed = self.out_stage_bytes + 64 * self.stages  # output staging + mbarriers (16 B a stage; 64 reserved)
+        if self.stages < 2 or self.stages * stage_bytes + fixed > SMEM_BYTES:
+            raise ValueError(
+                f"{name}.stages: {self.stages} stages of {stage_bytes} B plus {self.out_stage_bytes} B of "
+                f"output staging do not fit in {SMEM_BYTES} B of shared memory "
+                f"(at most {(SMEM_BYTES - fixed) // stage_bytes})"
+            )
+
+    @property
+    def out_row_words(self) -> int:
+        """32-bit words per row of the smem staging slab: 128 output columns + 16 bytes of padding,
+        so that a warp's 8 rows × 4 lanes of fragment stores hit distinct banks and rows stay
+        16-byte aligned for the vector copy-out."""
+        return (G * self.out_bytes + 16) // 4
+
+    @property
+    def out_stage_bytes(self) -> int:
+        return self.tile_m * self.out_row_words * 4
+
+    @property
+    def fp8(self) -> bool:
+        return self.mainloop == "fp8_block128"
+
+    @property
+    def elem_bytes(self) -> int:
+        return 1 if self.fp8 else 2
+
+    @property
+    def tile_k(self) -> int:
+        return 128 if self.fp8 else 64  # 128 bytes of K per row: one 128B-swizzle atom
+
+    @property
+    def k_align(self) -> int:
+        return 16 // self.elem_bytes  # TMA: 16-byte row stride
+
+
+class Gemm256Kernel:
+    def __init__(self, config: TileConfig):
+        self.cfg = config
+        self.ab_dtype = cutlass.Float8E4M3FN if config.fp8 else cutlass.BFloat16
+        self.acc_dtype = Float32
+        self.num_mma_wg = config.tile_m // 64
+        self.threads = 128 * (1 + self.num_mma_wg)
+        self.tile_mnk = (config.tile_m, config.tile_n, config.tile_k)
+        if config.epilogue == "swiglu":
+            self.act = epilogue.activation(config.act)
+
+    # ------------------------------------------------------------------ host
+    @cute.jit
+    def __call__(
+        self,
+        a_ptr: cute.Pointer,  # x (gate_up) / h (down)
+        w_ptr: cute.Pointer,
+        as_ptr: cute.Pointer,  # a_scale
+        ws_ptr: cute.Pointer,
+        out_ptr: cute.Pointer,  # h (swiglu) / y (linear)
+        aux_ptr: cute.Pointer,  # h_scale (swiglu) / residual (linear)
+        m: Int32,
+        k_units: Int32,  # K / k_align
+        n_units: Int32,  # N / 8 (weight rows)
+        max_ctas: Int32,  # persistent grid size (the SM count)
+        stream: cuda.CUstream,
+    ):
+        cfg = self.cfg
+        k = cute.assume(k_units * cfg.k_align, divby=cfg.k_align)  # 16-byte rows
+        n = cute.assume(n_units * N_ALIGN, divby=N_ALIGN)
+        n_tiles = (n + cfg.tile_n - 1) // cfg.tile_n
+        kb = (k + G - 1) // G
+        mA = cute.make_tensor(a_ptr, cute.make_layout((m, k), stride=(k, 1)))
+        mB = cute.make_tensor(w_ptr, cute.make_layout((n, k), stride=(k, 1)))
+        mAS = cute.make_tensor(as_ptr, cute.make_layout((m, kb), stride=(kb, 1)))
+        mWS = cute.make_tensor(ws_ptr, cute.make_layout(((n + G - 1) // G, kb), stride=(kb, 1)))
+        # outputs as 32-bit words (4 e4m3 or 2 bf16 each), written 16 bytes at a time
+        if cutlass.const_expr(cfg.epilogue == "swiglu"):
+            out_words = cute.assume(n_tiles * (G * cfg.out_bytes // 4), divby=G * cfg.out_bytes // 4)
+        else:
+            out_words = cute.assume(n_units * (N_ALIGN // 2), divby=N_ALIGN // 2)
+        mOut = cute.make_tensor(
+            cute.recast_ptr(out_ptr, dtype=Int32), cute.make_layout((m, out_words), stride=(out_words, 1))
+        )
+        if cutlass.const_expr(cfg.epilogue == "swiglu"):
+            mAux = cute.make_tensor(aux_ptr, cute.make_layout((m, n_tiles), stride=(n_tiles, 1)))
+        else:  # residual, bf16 pairs as words like y
+            mAux = cute.make_tensor(
+                cute.recast_ptr(aux_ptr, dtype=Int32), cute.make_layout((m, out_words), stride=(out_words, 1))
+            )
+
+        major = cute.nvgpu.warpgroup.OperandMajorMode.K
+        tiled_mma = sm90_utils.make_trivial_tiled_mma(
+            self.ab_dtype, self.ab_dtype, major, major, self.acc_dtype,
+            (self.num_mma_wg, 1, 1), tiler_mn=(64, G),
+        )
+        a_layout = self._smem_layout(cfg.tile_m)
+        b_layout = self._smem_layout(cfg.tile_n)
+        tma_a, tma_tA = cute.nvgpu.cpasync.make_tiled_tma_atom(
+            cute.nvgpu.cpasync.CopyBulkTensorTileG2SOp(), mA,
+            cute.slice_(a_layout, (None, None, 0)), (cfg.tile_m, cfg.tile_k),
+        )
+        tma_b, tma_tB = cute.nvgpu.cpasync.make_tiled_tma_atom(
+            cute.nvgpu.cpasync.CopyBulkTensorTileG2SOp(), mB,
+            cute.slice_(b_layout, (None, None, 0)), (cfg.tile_n, cfg.tile_k),
+        )
+
+        @cute.struct
+        class SharedStorage:
+            sA: cute.struct.Align[cute.struct.MemRange[self.ab_dtype, cute.cosize(a_layout)], 1024]
+            sB: cute.struct.Align[cute.struct.MemRange[self.ab_dtype, cute.cosize(b_layout)], 1024]
+            sO: cute.struct.Align[cute.struct.MemRange[Int32, cfg.tile_m * cfg.out_row_words], 16]
+            mbar: cute.struct.MemRange[cutlass.Int64, cfg.stages * 2]
+
+        self.shared_storage = SharedStorage
+
+        grid_m = (m + cfg.tile_m - 1) // cfg.tile_m
+        grid = cutlass.min(grid_m * n_tiles, max_ctas)  # persistent: at most one CTA per SM
+        self.kernel(
+            tma_a, tma_tA, tma_b, tma_tB, mAS, mWS, mOut, mAux, tiled_mma, a_layout, b_layout, m, n, n_tiles,
+        ).launch(grid=[grid, 1, 1], block=[self.threads, 1, 1], stream=stream)
+
+    def _smem_layout(self, rows: int):
+        cfg = self.cfg
+        atom = cute.nvgpu.warpgroup.make_smem_layout_atom(
+            sm90_utils.get_smem_layout_atom(utils.LayoutEnum.ROW_MAJOR, self.ab_dtype, cfg.tile_k),
+            self.ab_dtype,
+        )
+        return cute.tile_to_shape(atom, (rows, cfg.tile_k, cfg.stages), order=(0, 1, 2))
+
+    # ------------------------------------------------------------------ device
+    @cute.kernel
+    def kernel(
+        self,
+        tma_a: cute.CopyAtom,
+        mA: cute.Tensor,
+        tma_b: cute.CopyAtom,
+        mB: cute.Tensor,
+        mAS: cute.Tensor,
+        mWS: cute.Tensor,
+        mOut: cute.Tensor,
+        mAux: cute.Tensor,
+        tiled_mma: cute.TiledMma,
+        a_layout: cute.ComposedLayout,
+        b_layout: cute.ComposedLayout,
+        m: Int32,
+        n: Int32,
+        n_tiles: Int32,
+    ):
+        cfg = self.cfg
+        tidx, _, _ = cute.arch.thread_idx()
+        bidx, _, _ = cute.arch.block_idx()
+        warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
+        wg_idx = cute.arch.make_warp_uniform(tidx // 128)
+
+        if warp_idx == 0:
+            cute.nvgpu.cpasync.prefetch_descriptor(tma_a)
+            cute.nvgpu.cpasync.prefetch_descriptor(tma_b)
+
+        smem = cutlass.utils.SmemAllocator()
+        storage = smem.allocate(self.shared_storage)
+        stage_bytes = cute.size_in_bytes(self.ab_dtype, cute.slice_(a_layout, (None, None, 0))) + cute.size_in_bytes(
+            self.ab_dtype, cute.slice_(b_layout, (None, None, 0))
+        )
+        mainloop = pipeline.PipelineTmaAsync.create(
+            barrier_storage=storage.mbar.data_ptr(),
+            num_stages=cfg.stages,
+            producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread),
+            consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, self.num_mma_wg * 4),
+            tx_count=stage_bytes,
+            cta_layout_vmnk=cute.make_layout((1, 1, 1, 1)),
+            defer_sync=True,
+        )
+        pipeline_init_arrive(cluster_shape_mn=(1, 1), is_relaxed=True)
+
+        sA = storage.sA.get_tensor(a_layout.outer, swizzle=a_layout.inner)
+        sB = storage.sB.get_tensor(b_layout.outer, swizzle=b_layout.inner)
+
+        # (bM, bK, RestM, RestK) and (bN, bK, RestN, RestK)
+        gA = cute.local_tile(mA, (cfg.tile_m, cfg.tile_k), (None, None))
+        gB = cute.local_tile(mB, (cfg.tile_n, cfg.tile_k), (None, None))
+        k_tiles = cute.size(gA, mode=[3])
+        tAsA, tAgA = cute.nvgpu.cpasync.tma_partition(
+            tma_a, 0, cute.make_layout(1), cute.group_modes(sA, 0, 2), cute.group_modes(gA, 0, 2)
+        )
+        tBsB, tBgB = cute.nvgpu.cpasync.tma_partition(
+            tma_b, 0, cute.make_layout(1), cute.group_modes(sB, 0, 2), cute.group_modes(gB, 0, 2)
+        )
+
+        pipeline_init_wait(cluster_shape_mn=(1, 1))
+
+        # persistent static schedule: CTA b takes tiles b, b + grid, ...; m varies fastest so the
+        # CTAs running together share a few weight tiles (read once from HBM) and all of A
+        nctas, _, _ = cute.arch.grid_dim()
+        grid_m = (m + cfg.tile_m - 1) // cfg.tile_m
+        total_tiles = grid_m * n_tiles
+        ws_last = (n + G - 1) // G - 1  # last weight-scale row (a partial last tile reads no further)
+
+        if wg_idx == 0:
+            # ---------------- producer warpgroup: one warp issues the TMA loads
+            cute.arch.setmaxregister_decrease(40)
+            if warp_idx == 0:
+                state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, cfg.stages)
+                for tile in cutlass.range(bidx, total_tiles, nctas, unroll=1):
+                    tm = tile % grid_m
+                    tn = tile // grid_m
+                    for kt in cutlass.range(k_tiles, unroll=1):
+                        mainloop.producer_acquire(state)
+                        bar = mainloop.producer_get_barrier(state)
+                        cute.copy(tma_a, tAgA[(None, tm, kt)], tAsA[(None, state.index)], tma_bar_ptr=bar)
+                        cute.copy(tma_b, tBgB[(None, tn, kt)], tBsB[(None, state.index)], tma_bar_ptr=bar)
+                        mainloop.producer_commit(state)
+                        state.advance()
+                mainloop.producer_tail(state)
+        else:
+            # ---------------- consumer warpgroups: wgmma, promotion, epilogue
+            cute.arch.setmaxregister_increase(232)
+            thr_mma = tiled_mma.get_slice(tidx - 128)
+            tCsA = thr_mma.partition_A(sA)
+            tCrA = tiled_mma.make_fragment_A(tCsA)  # (MMA, 1, MMA_K, STAGES)
+            tCrB = tiled_mma.make_fragment_B(thr_mma.partition_B(sB))  # (MMA, 2, MMA_K, STAGES): both halves
+            # the two halves of B on their own, (MMA, 1, MMA_K, STAGES) each
+            tCrB_half = [
+                tiled_mma.make_fragment_B(
+                    thr_mma.partition_B(cute.local_tile(sB, (G, cfg.tile_k, cfg.stages), (h, 0, 0)))
+                )
+                for h in range(2)
+            ]
+            num_k_blocks = cute.size(tCrA, mode=[2])
+
+            cC = cute.make_identity_tensor((cfg.tile_m, cfg.tile_n))
+            tCcC = thr_mma.partition_C(cC)  # (MMA, 1, 2) coordinates of this thread's values
+            acc = cute.make_rmem_tensor(tCcC.shape, self.acc_dtype)
+            n_vals = cute.size(tCcC, mode=[0])  # 64 values per half
+            # this thread's two rows in the tile (value v has row r0 + 8·((v/2)%2)) and first column
+            crd0 = tCcC[(0, 0, 0)]
+            r0 = crd0[0]
+            col0 = crd0[1]
+            temp = cute.make_rmem_tensor(
+                thr_mma.partition_C(cute.make_identity_tensor((cfg.tile_m, G))).shape, self.acc_dtype
+            )  # (MMA, 1, 1): one half
+            mmas_per_promotion = cfg.promote_k // cute.size(tiled_mma.shape_mnk, mode=[2])
+            # output staging slab in smem: (tile_m rows, out_row_words) 32-bit words; each warpgroup owns its 64 rows
+            sO = storage.sO.get_tensor(cute.make_layout((cfg.tile_m, cfg.out_row_words), stride=(cfg.out_row_words, 1)))
+
+            state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, cfg.stages)
+            release = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, cfg.stages)
+            for tile in cutlass.range(bidx, total_tiles, nctas, unroll=1):
+                tm = tile % grid_m
+                tn = tile // grid_m
+                row_a = tm * cfg.tile_m + r0
+                row_b = row_a + 8
+                acc.fill(0.0)
+                if cutlass.const_expr(cfg.fp8):
+                    # rows past M read the last row's scale (their A rows are TMA zero-fill)
+                    arow_a = cutlass.min(row_a, m - 1)
+                    arow_b = cutlass.min(row_b, m - 1)
+                    # weight rows past N (partial last tile) read the last scale row (their B rows are zero-fill)
+                    wrow_0 = cutlass.min(2 * tn, ws_last)
+                    wrow_1 = cutlass.min(2 * tn + 1, ws_last)
+                    # scales of k block kt are loaded one iteration ahead (global-load latency)
+                    na_a = mAS[arow_a, 0]
+                    na_b = mAS[arow_b, 0]
+                    nw_0 = mWS[wrow_0, 0]
+                    nw_1 = mWS[wrow_1, 0]
+                    for kt in cutlass.range(k_tiles, unroll=1):
+                        as_a = na_a
+                        as_b = na_b
+                        ws_0 = nw_0
+                        ws_1 = nw_1
+                        kn = cutlass.min(kt + 1, k_tiles - 1)
+                        na_a = mAS[arow_a, kn]
+                        na_b = mAS[arow_b, kn]
+                        nw_0 = mWS[wrow_0, kn]
+                        nw_1 = mWS[wrow_1, kn]
+                        mainloop.consumer_wait(state)
+                        for half in cutlass.range_constexpr(2):
+                            ws = ws_0 if half == 0 else ws_1
+                            sc_a = as_a * ws
+                            sc_b = as_b * ws
+                            for grp in cutlass.range_constexpr(num_k_blocks // mmas_per_promotion):
+                                cute.nvgpu.warpgroup.fence()
+                                tiled_mma.set(cute.nvgpu.warpgroup.Field.ACCUMULATE, False)
+                                for j in cutlass.range_constexpr(mmas_per_promotion):
+                                    kk = grp * mmas_per_promotion + j
+                                    cute.gemm(
+                                        tiled_mma, temp,
+                                        tCrA[(None, None, kk, state.index)],
+                                        tCrB_half[half][(None, None, kk, state.index)],
+                                        temp,
+                                    )
+                                    tiled_mma.set(cute.nvgpu.warpgroup.Field.ACCUMULATE, True)
+                                cute.nvgpu.warpgroup.commit_group()
+                                cute.nvgpu.warpgroup.wait_group(0)
+                                for v in cutlass.range_constexpr(n_vals):
+                                    if cutlass.const_expr((v // 2) % 2 == 0):
+                                        acc[(v, 0, half)] = acc[(v, 0, half)] + temp[(v, 0, 0)] * sc_a
+                                    else:
+                                        acc[(v, 0, half)] = acc[(v, 0, half)] + temp[(v, 0, 0)] * sc_b
+                        mainloop.consumer_release(state)
+                        state.advance()
+                else:
+                    # one wgmma group in flight: stage kt-1 is released once group kt is issued
+                    tiled_mma.set(cute.nvgpu.warpgroup.Field.ACCUMULATE, True)
+                    for kt in cutlass.range(k_tiles, unroll=1):
+                        mainloop.consumer_wait(state)
+                        cute.nvgpu.warpgroup.fence()
+                        for kk in cutlass.range_constexpr(num_k_blocks):
+                            cute.gemm(
+                                tiled_mma, acc,
+                                tCrA[(None, None, kk, state.index)],
+                                tCrB[(None, None, kk, state.index)],
+                                acc,
+                            )
+                        cute.nvgpu.warpgroup.commit_group()
+                        cute.nvgpu.warpgroup.wait_group(1)
+                        if kt > 0:
+                            mainloop.consumer_release(release)
+                            release.advance()
+                        state.advance()
+                    cute.nvgpu.warpgroup.wait_group(0)
+                    mainloop.consumer_release(release)
+                    release.advance()
+                if cutlass.const_expr(cfg.epilogue == "swiglu"):
+                    self._epilogue_swiglu(acc, n_vals, r0, col0, tm, tn, m, sO, mOut, mAux, wg_idx - 1, tidx % 128)
+                else:
+                    self._epilogue_linear(acc, n_vals, r0, col0, tm, tn, m, n, sO, mOut, mAux, wg_idx - 1, tidx % 128)
+
+    # ------------------------------------------------------------------ epilogues
+    @cute.jit
+    def _epilogue_swiglu(self, acc, n_vals: cutlass.Constexpr, r0, col0, tm, tn, m, sH, mH, mHS, wg, tid):
+        """h = act(gate) · up in place in the gate half; quantize (fp8) or round (bf16); stage the
+        warpgroup's 64 × 128 h slab in smem (fragment order), then copy it out."""
+        cfg = self.cfg
+        for v in cutlass.range_constexpr(n_vals):
+            acc[(v, 0, 0)] = self.act(acc[(v, 0, 0)]) * acc[(v, 0, 1)]
+        ra = r0  # tile-local rows of values with (v/2)%2 == 0 / 1
+        rb = r0 + 8
+        row_a = tm * cfg.tile_m + ra
+        row_b = row_a + 8
+        bar = pipeline.NamedBarrier(barrier_id=1 + wg, num_threads=128)
+        bar.arrive_and_wait()  # the previous tile's copy-out of this slab is done
+        if cutlass.const_expr(cfg.h_format == "fp8_group128"):
+            amax_a = Float32(0.0)
+            amax_b = Float32(0.0)
+            for v in cutlass.range_constexpr(n_vals):
+                if cutlass.const_expr((v // 2) % 2 == 0):
+                    amax_a = cute.arch.fmax(amax_a, abs(acc[(v, 0, 0)]), nan=True)
+                else:
+                    amax_b = cute.arch.fmax(amax_b, abs(acc[(v, 0, 0)]), nan=True)
+            for off in cutlass.range_constexpr(2):  # the quad holds the row's 128 columns
+                amax_a = cute.arch.fmax(amax_a, cute.arch.shuffle_sync_bfly(amax_a, offset=1 << off), nan=True)
+                amax_b = cute.arch.fmax(amax_b, cute.arch.shuffle_sync_bfly(amax_b, offset=1 << off), nan=True)
+            s_a = div_rn(amax_a, Float32(FP8_MAX))
+            if amax_a == Float32(0.0):
+                s_a = Float32(1.0)
+            s_b = div_rn(amax_b, Float32(FP8_MAX))
+            if amax_b == Float32(0.0):
+                s_b = Float32(1.0)
+            # q = h · (1/s): differs from h / s only on e4m3 rounding ties (≤ 1 ulp, DESIGN §4)
+            inv_a = div_rn(Float32(1.0), s_a)
+            inv_b = div_rn(Float32(1.0), s_b)
+            sH16 = cute.make_tensor(
+                cute.recast_ptr(sH.iterator, dtype=cutlass.Int16),
+                cute.make_layout((cfg.tile_m, 2 * cfg.out_row_words), stride=(2 * cfg.out_row_words, 1)),
+            )
+            for v in cutlass.range_constexpr(0, n_vals, 2):
+                c2 = (col0 + 8 * (v // 4)) // 2  # 16-bit word (column pair) in the row
+                if cutlass.const_expr((v // 2) % 2 == 0):
+                    sH16[ra, c2] = cvt_e4m3x2(acc[(v, 0, 0)] * inv_a, acc[(v + 1, 0, 0)] * inv_a)
+                else:
+                    sH16[rb, c2] = cvt_e4m3x2(acc[(v, 0, 0)] * inv_b, acc[(v + 1, 0, 0)] * inv_b)
+            if col0 == 0:
+                if row_a < m:
+                    mHS[row_a, tn] = s_a
+                if row_b < m:
+                    mHS[row_b, tn] = s_b
+        else:
+            for v in cutlass.range_constexpr(0, n_vals, 2):
+                c2 = (col0 + 8 * (v // 4)) // 2  # 32-bit word (bf16 pair) in the row
+                word = cvt_bf16x2(acc[(v, 0, 0)], acc[(v + 1, 0, 0)])
+                if cutlass.const_expr((v // 2) % 2 == 0):
+                    sH[ra, c2] = word
+                else:
+                    sH[rb, c2] = word
+        bar.arrive_and_wait()
+        self._copy_slab(sH, mH, tm, tn, m, Int32(0), wg, tid, False)
+
+    @cute.jit
+    def _epilogue_linear(self, acc, n_vals: cutlass.Constexpr, r0, col0, tm, tn, m, n, sY, mY, mR, wg, tid):
+        """y = acc (+ residual) rounded once to bf16, half by half: output columns
+        [256·tn + 128·half, +128), staged through the slab and copied out masked at M and N. The
+        residual slab is first copied into the same smem slab (16-byte coalesced loads, same mask),
+        then each thread adds the pairs it is about to overwrite (fragment order, no race)."""
+        ra = r0
+        rb = r0 + 8
+        n_chunks = n // N_ALIGN
+        bar = pipeline.NamedBarrier(barrier_id=1 + wg, num_threads=128)
+        for half in cutlass.range_constexpr(2):
+            bar.arrive_and_wait()  # the previous copy-out of this slab is done
+            if cutlass.const_expr(self.cfg.residual):
+                self._copy_slab(sY, mR, tm, 2 * tn + half, m, n_chunks, wg, tid, True)
+                bar.arrive_and_wait()  # the residual slab is in smem
+            for v in cutlass.range_constexpr(0, n_vals, 2):
+                c2 = (col0 + 8 * (v // 4)) // 2  # 32-bit word (bf16 pair) in the slab row
+                r = rb
+                if cutlass.const_expr((v // 2) % 2 == 0):
+                    r = ra
+                lo = acc[(v, 0, half)]
+                hi = acc[(v + 1, 0, half)]
+                if cutlass.const_expr(self.cfg.residual):
+                    res = sY[r, c2]
+                    lo = lo + bf16_lo_to_f32(res)
+                    hi = hi + bf16_hi_to_f32(res)
+                sY[r, c2] = cvt_bf16x2(lo, hi)
+            bar.arrive_and_wait()
+            self._copy_slab(sY, mY, tm, 2 * tn + half, m, n_chunks, wg, tid, False)
+
+    @cute.jit
+    def _copy_slab(self, sO, mO, tm, slab, m, n_chunks, wg, tid, into_smem: cutlass.Constexpr):
+        """Copy the warpgroup's 64 × 128-column slab to (or, into_smem, from) global columns
+        [128·slab, 128·slab + 128), 16 bytes per thread per step, row-contiguous; rows ≥ M skipped,
+        and for the linear epilogue 16-byte chunks ≥ n_chunks (its column mask at N)."""
+        cfg = self.cfg
+        chunks = G * cfg.out_bytes // 16
+        gO = cute.zipped_divide(mO, (1, 4))  # ((1, 4), (M, words / 4))
+        sOv = cute.zipped_divide(sO, (1, 4))
+        copy16 = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), Int32, num_bits_per_copy=128)
+        rO = cute.make_rmem_tensor(cute.make_layout(4), Int32)
+        for q in cutlass.range_constexpr(64 * chunks // 128):
+            c = tid + 128 * q
+            rl = wg * 64 + c // chunks
+            ch = c % chunks
+            grow = tm * cfg.tile_m + rl
+            gch = slab * chunks + ch
+            if grow < m:
+                if cutlass.const_expr(cfg.epilogue == "linear"):
+                    if gch < n_chunks:
+                        self._copy16(copy16, sOv[((0, None), (rl, ch))], gO[((0, None), (grow, gch))], rO, into_smem)
+                else:
+                    self._copy16(copy16, sOv[((0, None), (rl, ch))], gO[((0, None), (grow, gch))], rO, into_smem)
+
+    @cute.jit
+    def _copy16(self, copy16, s, g, r, into_smem: cutlass.Constexpr):
+        if cutlass.const_expr(into_smem):
+            cute.copy(copy16, g, r)
+            cute.copy(copy16, r, s)
+        else:
+            cute.copy(copy16, s, r)
+            cute.copy(copy16, r, g)
+
+
+_SM_COUNT: dict = {}
+
+
+def sm_count(device) -> int:
+    import torch
+
+    idx = device.index if device.index is not None else torch.cuda.current_device()
+    if idx not in _SM_COUNT:
+        _SM_COUNT[idx] = torch.cuda.get_device_properties(idx).multi_processor_count
+    return _SM_COUNT[idx]

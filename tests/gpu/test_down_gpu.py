@@ -1,0 +1,112 @@
+"""down sm_90a kernel against reference.down (DESIGN §4: bf16 y within 1e-2 relative Frobenius),
+y poisoned with NaN before the kernel runs."""
+
+import zlib
+
+import pytest
+import torch
+
+from swiglu_fused import quant
+from swiglu_fused.kernels import ops, reference
+from .tolerance import assert_bf16_close
+
+pytest.importorskip("cutlass")
+
+M_ALL = [1, 3, 16, 64, 100, 1024, 4096]
+SHAPES = [(4096, 14336), (8192, 3584), (576, 1536), (2048, 8192)]  # (H, I)
+
+
+def make_operands(m, hidden, inter, mainloop, residual, seed):
+    """h as gate_up writes it (e4m3 + per-row per-128-column scales, or bf16) and W_down [H, I];
+    per-row and per-block magnitudes vary over 2^±3 so that a wrong scale index shows up."""
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    h = torch.randn(m, inter, device="cuda", generator=g)
+    h = h * torch.exp2(torch.randint(-3, 4, (m, 1), device="cuda", generator=g).float())
+    w = torch.randn(hidden, inter, device="cuda", generator=g) * 0.05
+    nb, kb = quant.cdiv(hidden, 128), quant.cdiv(inter, 128)
+    block_mag = torch.exp2(torch.randint(-3, 4, (nb, kb), device="cuda", generator=g).float())
+    w = w * block_mag.repeat_interleave(128, 0).repeat_interleave(128, 1)[:hidden, :inter]
+    res = None
+    if residual:
+        res = (torch.randn(m, hidden, device="cuda", generator=g) * 4).to(torch.bfloat16)
+    if mainloop == "bf16":
+        return dict(h=h.to(torch.bfloat16), weight=w.to(torch.bfloat16), residual=res)
+    hq, hs = reference.quant_x(h.to(torch.bfloat16))
+    wq, ws = quant.quantize_fp8_block(w)
+    return dict(h=hq, weight=wq, weight_scale=ws, h_scale=hs, residual=res)
+
+
+def check(mainloop, m, hidden, inter, residual):
+    from swiglu_fused.kernels.sm90 import down as k
+
+    seed = zlib.crc32(repr(("down", mainloop, m, hidden, inter, residual)).encode())  # reproducible
+    args = make_operands(m, hidden, inter, mainloop, residual, seed)
+    cfg = k.select_config(args["h"], args["weight"], args.get("weight_scale"), args.get("h_scale"),
+                          args["residual"], torch.bfloat16)
+    assert cfg is not None and cfg.mainloop == mainloop and cfg.residual == residual
+    y = torch.full((m, hidden), float("nan"), dtype=torch.bfloat16, device="cuda")
+    k.down(cfg, args["h"], args["weight"], args.get("weight_scale"), args.get("h_scale"), args["residual"], out=y)
+    y_ref = reference.down(**args)
+    assert_bf16_close(y, y_ref)
+
+
+@pytest.mark.parametrize("residual", [False, True])
+@pytest.mark.parametrize("hidden,inter", SHAPES)
+@pytest.mark.parametrize("m", M_ALL)
+def test_down_fp8_block128(m, hidden, inter, residual):
+    check("fp8_block128", m, hidden, inter, residual)
+
+
+@pytest.mark.parametrize("residual", [False, True])
+@pytest.mark.parametrize("hidden,inter", [(4096, 14336), (576, 1536)])
+@pytest.mark.parametrize("m", [3, 64, 100, 1024])
+def test_down_bf16_mainloop(m, hidden, inter, residual):
+    check("bf16", m, hidden, inter, residual)
+
+
+def test_down_does_not_write_past_h():
+    """H = 576 (a partial last N tile, half of it past H): nothing is written past the end of y."""
+    from swiglu_fused.kernels.sm90 import down as k
+
+    args = make_operands(100, 576, 1536, "fp8_block128", True, seed=3)
+    cfg = k.select_config(args["h"], args["weight"], args["weight_scale"], args["h_scale"], args["residual"],
+                          torch.bfloat16)
+    # the kernel writes a contiguous [M, H]: run it into the first 100·576 elements of a larger buffer
+    flat = torch.full((100 * 576 + 1024,), 7.0, dtype=torch.bfloat16, device="cuda")
+    flat[: 100 * 576] = float("nan")
+    y = flat[: 100 * 576].view(100, 576)
+    k.down(cfg, args["h"], args["weight"], args["weight_scale"], args["h_scale"], args["residual"], out=y)
+    assert torch.all(flat[100 * 576:] == 7.0), "the kernel wrote past the end of y"
+    assert_bf16_close(y, reference.down(**args))
+
+
+def test_ops_down_dispatch(monkeypatch):
+    """ops.down runs the kernel when its tiles fill the SMs (M = 1024, H = 4096), and below that
+    only where cuBLAS does not take the shape (H = 576); cuBLAS keeps small-M shapes it supports
+    (faster there, benchmarks/NOTES.md)."""
+    def no_fallback(*a, **kw):
+        raise AssertionError("ops.down did not run the sm90 kernel on an sm_90 GPU")
+
+    cases = [
+        make_operands(100, 576, 1536, "fp8_block128", True, seed=1),
+        make_operands(3, 576, 1536, "fp8_block128", False, seed=4),
+        make_operands(1024, 4096, 1536, "fp8_block128", True, seed=6),
+        make_operands(1024, 4096, 1536, "bf16", False, seed=2),
+    ]
+    monkeypatch.setattr(ops.reference, "down", no_fallback)
+    monkeypatch.setattr(ops.cublas, "down", no_fallback)
+    ys = [ops.down(c["h"], c["weight"], c.get("weight_scale"), c.get("h_scale"), residual=c["residual"]) for c in cases]
+    monkeypatch.undo()
+    for y, c in zip(ys, cases):
+        assert_bf16_close(y, reference.down(**c))
+    # an fp16 output is not the kernel's, nor small M on a shape cuBLAS takes: cuBLAS runs them
+    calls = []
+    real = ops.cublas.down
+    monkeypatch.setattr(ops.cublas, "down", lambda *a: calls.append(1) or real(*a))
+    bf16 = cases[3]
+    y16 = ops.down(bf16["h"], bf16["weight"], out_dtype=torch.float16)
+    dec = make_operands(256, 4096, 1536, "fp8_block128", False, seed=5)
+    yd = ops.down(dec["h"], dec["weight"], dec["weight_scale"], dec["h_scale"])
+    assert len(calls) == 2 and y16.dtype == torch.float16
+    assert_bf16_close(y16, reference.down(**bf16, out_dtype=torch.float16))
+    assert_bf16_close(yd, reference.down(**dec))

@@ -1,0 +1,95 @@
+"""The on-disk compiled-kernel cache (DESIGN §5): a second process loads what the first compiled,
+without calling the compiler; corrupt entries are rebuilt; the key follows the kernel source.
+Runs on the CPU (CuTe DSL compiles and exports sm_90a objects without a GPU); skipped where
+nvidia-cutlass-dsl is not installed."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("cutlass")
+
+ROOT = Path(__file__).resolve().parents[1]
+PIN = "5" * 64  # stands in for the source hash (see _CHILD)
+
+# compiles (or loads) the shipped quant_x config; with FORBID_COMPILE set, cute.compile raises
+_CHILD = r"""
+import json, os, sys, time
+import cutlass.cute as cute
+from swiglu_fused.kernels.sm90 import compile_cache, quant_x
+
+# the kernel sources may be edited while the test runs (that rightly changes the key): pin it
+compile_cache._source_hash = os.environ["PIN_SOURCE_HASH"]
+if os.environ.get("FORBID_COMPILE"):
+    def _no_compile(*a, **k):
+        raise AssertionError("cute.compile called although the disk cache should have served")
+    cute.compile = _no_compile
+t = time.perf_counter()
+cfg = quant_x.QuantXConfig()
+fn = compile_cache.get("quant_x", cfg, lambda: quant_x.compile_quant_x(cfg))
+dt = time.perf_counter() - t
+assert fn is not None and callable(fn)
+print(json.dumps(dict(compile_cache.stats, seconds=dt, path=str(compile_cache.entry_path("quant_x", cfg)))))
+"""
+
+
+def _run(cache_dir, **env):
+    e = dict(os.environ, SWIGLU_FUSED_CACHE_DIR=str(cache_dir), PIN_SOURCE_HASH=PIN, **env)
+    e.pop("SWIGLU_FUSED_DISK_CACHE", None)
+    e["PYTHONPATH"] = str(ROOT) + os.pathsep + e.get("PYTHONPATH", "")
+    p = subprocess.run([sys.executable, "-c", _CHILD], env=e, cwd=ROOT, capture_output=True, text=True,
+                       timeout=120)
+    assert p.returncode == 0, p.stderr[-3000:]
+    return json.loads(p.stdout.strip().splitlines()[-1]), p.stderr
+
+
+def test_second_process_loads_without_compiling(tmp_path):
+    first, _ = _run(tmp_path)
+    assert first["built"] == 1 and first["disk_writes"] == 1 and first["disk_loads"] == 0
+    entry = Path(first["path"])
+    assert entry.is_file() and entry.parent.parent == tmp_path
+    assert not [p for p in entry.parent.iterdir() if p != entry]  # no temp files left behind
+
+    second, _ = _run(tmp_path, FORBID_COMPILE="1")
+    assert second["built"] == 0 and second["disk_loads"] == 1 and second["disk_errors"] == 0
+    assert second["path"] == first["path"]
+
+
+def test_corrupt_entry_is_rebuilt(tmp_path, monkeypatch):
+    from swiglu_fused.kernels.sm90 import compile_cache as cc
+    from swiglu_fused.kernels.sm90.quant_x import QuantXConfig
+
+    monkeypatch.setenv("SWIGLU_FUSED_CACHE_DIR", str(tmp_path))
+    monkeypatch.delenv("SWIGLU_FUSED_DISK_CACHE", raising=False)
+    monkeypatch.setattr(cc, "_source_hash", PIN)
+    entry = cc.entry_path("quant_x", QuantXConfig())
+    entry.parent.mkdir(parents=True)
+    entry.write_bytes(cc.MAGIC + b"\0" * 32 + b"\x7fELF truncated")  # e.g. a torn write from elsewhere
+    again, err = _run(tmp_path)
+    assert again["path"] == str(entry)
+    assert again["disk_errors"] == 1 and again["built"] == 1 and again["disk_writes"] == 1
+    assert "ignoring unusable entry" in err
+    third, _ = _run(tmp_path, FORBID_COMPILE="1")  # the rebuilt entry replaced the corrupt one
+    assert third["disk_loads"] == 1 and third["built"] == 0 and third["disk_errors"] == 0
+
+
+def test_key_follows_source_config_and_dir(tmp_path, monkeypatch):
+    from swiglu_fused.kernels.sm90 import compile_cache as cc
+    from swiglu_fused.kernels.sm90.quant_x import QuantXConfig
+
+    monkeypatch.setenv("SWIGLU_FUSED_CACHE_DIR", str(tmp_path))
+    monkeypatch.delenv("SWIGLU_FUSED_DISK_CACHE", raising=False)
+    p = cc.entry_path("quant_x", QuantXConfig())
+    assert p.parent == tmp_path / "kernels" and p.name.startswith("quant_x-")
+    assert cc.entry_key("gate_up", QuantXConfig()) != cc.entry_key("quant_x", QuantXConfig())
+    monkeypatch.setattr(cc, "_source_hash", None)
+    assert cc.source_hash() == cc.source_hash() and len(cc.source_hash()) == 64
+    p = cc.entry_path("quant_x", QuantXConfig())
+    monkeypatch.setattr(cc, "_source_hash", "0" * 64)  # an edited kernel source
+    assert cc.entry_path("quant_x", QuantXConfig()) != p
+    monkeypatch.setenv("SWIGLU_FUSED_DISK_CACHE", "0")
+    assert cc.entry_path("quant_x", QuantXConfig()) is None
