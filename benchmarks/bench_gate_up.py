@@ -1,7 +1,9 @@
 """gate_up fp8_block128 benchmark: the fused sm90 kernel against cuBLAS block-scaled GEMM
 (torch._scaled_mm, 1x128 / 128x128 scales) followed by the best separate SiLU·up + group-quant
 (torch.compile). Peers run in the same process on the same inputs; every timing is a CUDA graph of
-``REPS`` launches (so Python launch cost is excluded for both), median of ``--iters`` replays.
+``REPS`` launches (so Python launch cost is excluded for both), median of ``--iters`` replays. Operands
+rotate over enough independent sets that one pass moves more than twice the 50 MB L2 (``rotated_sets``
+in the JSON), so small shapes are not timed from cache.
 
     python benchmarks/bench_gate_up.py [--shapes 4096x14336,...] [--m 16,64,1024,4096] [--json out.json]
 
@@ -11,6 +13,7 @@ Prints a table (µs, TFLOP/s, fused/separate speed-up) and writes JSON when aske
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import statistics
 import sys
@@ -24,6 +27,7 @@ from swiglu_fused.kernels.sm90 import gate_up as k  # noqa: E402
 
 FP8 = torch.float8_e4m3fn
 REPS = 10
+L2_BYTES = 50 * 2**20  # H100
 # one compiled graph per (M, shape): allow more than dynamo's default 8 recompilations, or the
 # separate epilogue silently falls back to eager for the later shapes
 for _name in ("recompile_limit", "cache_size_limit"):
@@ -48,11 +52,12 @@ def _scaled_mm_candidates(xq, xs, wq, ws, out_dtype):
 
 
 def cublas_gemm(xq, xs, wq, ws, out_dtype=torch.bfloat16):
-    """A callable computing the packed [M, 2I] bf16 GEMM with cuBLAS block scales, checked once."""
+    """A callable (xq, xs, wq, ws) → the packed [M, 2I] bf16 GEMM with cuBLAS block scales, with the
+    scale layout this torch accepts (checked once, on these operands), and its relative error."""
     ref = reference.dequant_weight(wq, ws)
     ref = reference._dequant_operand(xq, xs, "x") @ ref.t()
     errors = []
-    for fn in _scaled_mm_candidates(xq, xs, wq, ws, out_dtype):
+    for i, fn in enumerate(_scaled_mm_candidates(xq, xs, wq, ws, out_dtype)):
         try:
             y = fn()
         except Exception as e:  # layout not accepted by this torch
@@ -60,9 +65,22 @@ def cublas_gemm(xq, xs, wq, ws, out_dtype=torch.bfloat16):
             continue
         err = ((y.float() - ref).norm() / ref.norm()).item()
         if err < 1e-2:
-            return fn, err
+            return (lambda *ops: list(_scaled_mm_candidates(*ops, out_dtype))[i]()), err
         errors.append(f"wrong result (rel err {err:.2e})")
     raise RuntimeError("torch._scaled_mm block-scaled: no layout worked: " + " | ".join(errors))
+
+
+def rotation(make, one_set_bytes):
+    """Enough operand sets (``make(seed)``) that one pass over them moves more than twice the L2,
+    so no peer is timed on operands the previous launch left in cache."""
+    n = max(1, -(-2 * L2_BYTES // one_set_bytes))
+    return [make(seed) for seed in range(n)]
+
+
+def cycling(fn, sets):
+    """A no-argument callable running ``fn`` on the next operand set at each call."""
+    it = itertools.cycle(sets)
+    return lambda: fn(*next(it))
 
 
 def act_quant(y: torch.Tensor):
@@ -83,8 +101,8 @@ def act_mul_bf16(y: torch.Tensor):
     return (torch.nn.functional.silu(y[:, :, 0]) * y[:, :, 1]).to(torch.bfloat16).view(m, -1)
 
 
-def graph_time_us(fn, iters):
-    """Median µs per call of fn, from CUDA-graph replays of REPS calls."""
+def graph_time_us(fn, iters, reps=REPS):
+    """Median µs per call of fn, from CUDA-graph replays of ``reps`` calls."""
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(s):
@@ -94,7 +112,7 @@ def graph_time_us(fn, iters):
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        for _ in range(REPS):
+        for _ in range(reps):
             fn()
     for _ in range(3):
         graph.replay()
@@ -106,7 +124,7 @@ def graph_time_us(fn, iters):
         graph.replay()
         b.record()
         b.synchronize()
-        times.append(a.elapsed_time(b) * 1e3 / REPS)
+        times.append(a.elapsed_time(b) * 1e3 / reps)
     return statistics.median(times)
 
 
@@ -130,7 +148,7 @@ def bench_quant_x(iters):
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--shapes", default="4096x14336,8192x3584,2048x8192,576x1536")
-    p.add_argument("--m", default="16,64,1024,4096")
+    p.add_argument("--m", default="1,16,64,256,1024,4096,16384")
     p.add_argument("--iters", type=int, default=30)
     p.add_argument("--json", default=None)
     p.add_argument("--mainloop", default="fp8_block128", choices=["fp8_block128", "bf16"],
@@ -150,43 +168,52 @@ def main():
     for shape in a.shapes.split(","):
         hidden, inter = map(int, shape.split("x"))
         for m in map(int, a.m.split(",")):
-            xq, xs, wq, ws = operands(m, hidden, inter)
             if a.mainloop == "bf16":
-                g = torch.Generator(device="cuda").manual_seed(1)
-                xq = torch.randn(m, hidden, device="cuda", generator=g).to(torch.bfloat16)
-                wq = (torch.randn(2 * inter, hidden, device="cuda", generator=g) * 0.05).to(torch.bfloat16)
-                xs = ws = None
-                cfg = k.select_config(xq, wq, None, None, act="silu", h_format="bf16")
-                gemm, gemm_err = (lambda: xq @ wq.t()), 0.0
+                def make(seed):
+                    g = torch.Generator(device="cuda").manual_seed(seed)
+                    return (torch.randn(m, hidden, device="cuda", generator=g).to(torch.bfloat16), None,
+                            (torch.randn(2 * inter, hidden, device="cuda", generator=g) * 0.05).to(torch.bfloat16),
+                            None)
             else:
-                cfg = k.select_config(xq, wq, ws, xs, act="silu", h_format="fp8_group128")
+                def make(seed):
+                    return operands(m, hidden, inter, seed)
+            first = make(0)
+            sets = rotation(make, sum(t.nbytes for t in first if t is not None))
+            xq, xs, wq, ws = sets[0]
+            reps = max(REPS, len(sets))
+            h_format = "bf16" if a.mainloop == "bf16" else "fp8_group128"
+            cfg = k.select_config(xq, wq, ws, xs, act="silu", h_format=h_format)
+            if a.mainloop == "bf16":
+                gemm_fn, gemm_err = (lambda x, _xs, w, _ws: x @ w.t()), 0.0
+            else:
                 try:
-                    gemm, gemm_err = cublas_gemm(xq, xs, wq, ws)
+                    gemm_fn, gemm_err = cublas_gemm(xq, xs, wq, ws)
                 except RuntimeError as e:  # cuBLAS block scaling does not take every M (e.g. M = 1)
                     print(f"  (M={m}: no cuBLAS peer: {str(e)[:90]})")
-                    gemm, gemm_err = None, float("nan")
-            fused = lambda: k.gate_up(cfg, xq, wq, ws, xs)  # noqa: E731
-            t_fused = graph_time_us(fused, a.iters)
-            if gemm is not None:
-                y = gemm()
-                t_gemm = graph_time_us(gemm, a.iters)
-                t_actq = graph_time_us(lambda: act_quant_c(y), a.iters)
-                t_sep = graph_time_us(lambda: act_quant_c(gemm()), a.iters)
-                del y
+                    gemm_fn, gemm_err = None, float("nan")
+            t_fused = graph_time_us(cycling(lambda x, xs, w, ws: k.gate_up(cfg, x, w, ws, xs), sets),
+                                    a.iters, reps)
+            if gemm_fn is not None:
+                ys = [(gemm_fn(*ops),) for ops in sets]
+                t_gemm = graph_time_us(cycling(gemm_fn, sets), a.iters, reps)
+                t_actq = graph_time_us(cycling(act_quant_c, ys), a.iters, reps)
+                t_sep = graph_time_us(cycling(lambda *ops: act_quant_c(gemm_fn(*ops)), sets), a.iters, reps)
+                del ys
             else:
                 t_gemm = t_actq = t_sep = float("nan")
             flops = 2 * m * 2 * inter * hidden
             # weight-bandwidth floor at the measured 2.96 TB/s copy rate (DESIGN §6)
             floor = (wq.nbytes + (ws.nbytes if ws is not None else 0) + xq.nbytes
                      + m * inter * (1 if a.mainloop == "fp8_block128" else 2)) / 2.96e12 * 1e6
-            r = dict(mainloop=a.mainloop, m=m, hidden=hidden, inter=inter, config=str(cfg), fused_us=t_fused, gemm_us=t_gemm,
+            r = dict(mainloop=a.mainloop, m=m, hidden=hidden, inter=inter, config=str(cfg), rotated_sets=len(sets),
+                     fused_us=t_fused, gemm_us=t_gemm,
                      act_quant_us=t_actq, separate_us=t_sep, fused_tflops=flops / t_fused / 1e6,
                      speedup=t_sep / t_fused, floor_us=floor, cublas_rel_err=gemm_err)
             rows.append(r)
             print(f"{m:>6} {hidden:>6} {inter:>6} {f'tile_m={cfg.tile_m},stages={cfg.stages}':>34} "
                   f"{t_fused:>9.1f} {r['fused_tflops']:>6.0f} {t_gemm:>8.1f} {t_actq:>8.1f} {t_sep:>8.1f} "
                   f"{r['speedup']:>7.2f} {floor:>8.1f}", flush=True)
-            del xq, xs, wq, ws
+            del xq, xs, wq, ws, sets, first
             torch.cuda.empty_cache()
     if a.json:
         with open(a.json, "w") as f:
