@@ -21,6 +21,8 @@ def _shapes(rows):
 
 def plot(path: Path) -> Path:
     data = json.loads(path.read_text())
+    if "rows" not in data:
+        raise SystemExit(f"{path}: no 'rows' (quant_x results are a table only)")
     rows = data["rows"]
     if "fused_us" in rows[0]:
         series = {"ours (fused)": "fused_us", "cuBLAS GEMM + separate act·quant": "separate_us",
@@ -37,13 +39,14 @@ def plot(path: Path) -> Path:
     fig, axes = plt.subplots(1, len(shapes), figsize=(5.5 * len(shapes), 4.2), squeeze=False)
     for ax, (h, i) in zip(axes[0], shapes):
         sel = sorted((r for r in rows if (r["hidden"], r["inter"]) == (h, i)), key=lambda r: r["m"])
-        for label, key in series.items():
+        for n, (label, key) in enumerate(series.items()):  # fixed colour per series across panels
             pts = [(r["m"], r[key]) for r in sel if r.get(key) == r.get(key) and r.get(key) is not None]
             if pts:
-                ax.plot(*zip(*pts), marker="o", label=label, linestyle="--" if "floor" in label else "-")
+                ax.plot(*zip(*pts), marker="o", label=label, color=f"C{n}",
+                        linestyle="--" if "floor" in label else "-")
+        ax.legend(fontsize=7)
         ax.set(xscale="log", yscale="log", xlabel="tokens M", ylabel="µs", title=f"H={h}, I={i}")
         ax.grid(True, which="both", alpha=0.3)
-    axes[0][0].legend(fontsize=8)
     fig.suptitle(f"{title} — {data.get('device', '')}, torch {data.get('torch', '')}")
     fig.tight_layout()
     out = path.with_suffix(".png")
