@@ -50,7 +50,7 @@ def plot(path: Path) -> Path:
     fig.suptitle(f"{title} — {data.get('device', '')}, torch {data.get('torch', '')}")
     fig.tight_layout()
     out = path.with_suffix(".png")
-    fig.savefig(out, dpi=110)
+    fig.savefig(out, dpi=60)
     return out
 
 
