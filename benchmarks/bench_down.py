@@ -9,7 +9,6 @@ graph of REPS launches, median of --iters replays (bench_gate_up.graph_time_us).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 
@@ -68,9 +67,7 @@ def main():
             del hq, hs, hb, res, y_ref, y_k, y_c
         del wq, ws
         torch.cuda.empty_cache()
-    if a.json:
-        with open(a.json, "w") as f:
-            json.dump(dict(device=torch.cuda.get_device_name(), torch=torch.__version__, rows=rows), f, indent=1)
+    b.write_json(a.json, rows=rows)
 
 
 if __name__ == "__main__":

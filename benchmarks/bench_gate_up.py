@@ -156,10 +156,7 @@ def main():
     p.add_argument("--quant-x", action="store_true", help="benchmark quant_x instead of gate_up")
     a = p.parse_args()
     if a.quant_x:
-        rows = bench_quant_x(a.iters)
-        if a.json:
-            with open(a.json, "w") as f:
-                json.dump(dict(device=torch.cuda.get_device_name(), torch=torch.__version__, quant_x=rows), f, indent=1)
+        write_json(a.json, quant_x=bench_quant_x(a.iters))
         return
     act_quant_c = torch.compile(act_quant if a.mainloop == "fp8_block128" else act_mul_bf16, dynamic=False)
     rows = []
@@ -215,9 +212,14 @@ def main():
                   f"{r['speedup']:>7.2f} {floor:>8.1f}", flush=True)
             del xq, xs, wq, ws, sets, first
             torch.cuda.empty_cache()
-    if a.json:
-        with open(a.json, "w") as f:
-            json.dump(dict(device=torch.cuda.get_device_name(), torch=torch.__version__, rows=rows), f, indent=1)
+    write_json(a.json, rows=rows)
+
+
+def write_json(path, **results):
+    """Results with the device and torch version they were measured with (nothing if no path)."""
+    if path:
+        with open(path, "w") as f:
+            json.dump(dict(device=torch.cuda.get_device_name(), torch=torch.__version__, **results), f, indent=1)
 
 
 if __name__ == "__main__":
