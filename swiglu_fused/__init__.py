@@ -31,5 +31,5 @@ _register_with_transformers()
 
 __all__ = [
     "FORMAT_VERSION", "WEIGHT_FORMATS", "FormatError", "PackedConfig", "validate",
-    "FusedSwiGLUMLP", "patch_model", "ConvertReport", "convert", "inspect", "verify", "__version__",
+    "FusedSwiGLUMLP", "patch_model", "PatchReport", "ConvertReport", "convert", "inspect", "verify", "__version__",
 ]

@@ -8,7 +8,6 @@ import textwrap
 
 import pytest
 import torch
-from safetensors import safe_open
 
 import swiglu_fused
 from swiglu_fused import FusedSwiGLUMLP, formats

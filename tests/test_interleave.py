@@ -5,7 +5,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from swiglu_fused.formats import FP8_BLOCK, FormatError
+from swiglu_fused.formats import FormatError
 from swiglu_fused.weight_packing import interleave as il
 from swiglu_fused.weight_packing import pack
 from swiglu_fused import quant

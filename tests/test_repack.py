@@ -4,7 +4,6 @@ import json
 import shutil
 import types
 
-import pytest
 import torch
 
 from swiglu_fused.weight_packing import pack
