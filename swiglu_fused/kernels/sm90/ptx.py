@@ -15,17 +15,20 @@ from cutlass.cutlass_dsl import T, dsl_user_op
 from cutlass._mlir.dialects import llvm
 
 
+def _asm(result_type, operands, asm: str, constraints: str):
+    """One pure inline-PTX instruction sequence (no side effects) returning one register."""
+    return llvm.inline_asm(result_type, operands, asm, constraints, has_side_effects=False,
+                           is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT)
+
+
 @dsl_user_op
 def div_rn(a: Float32, b: Float32, *, loc=None, ip=None) -> Float32:
     return Float32(
-        llvm.inline_asm(
+        _asm(
             T.f32(),
             [Float32(a).ir_value(loc=loc, ip=ip), Float32(b).ir_value(loc=loc, ip=ip)],
             "div.rn.f32 $0, $1, $2;",
             "=f,f,f",
-            has_side_effects=False,
-            is_align_stack=False,
-            asm_dialect=llvm.AsmDialect.AD_ATT,
         )
     )
 
@@ -34,7 +37,7 @@ def div_rn(a: Float32, b: Float32, *, loc=None, ip=None) -> Float32:
 def cvt_e4m3x4(a: Float32, b: Float32, c: Float32, d: Float32, *, loc=None, ip=None) -> Int32:
     """Byte 0 ← a, byte 1 ← b, byte 2 ← c, byte 3 ← d (memory order on a little-endian store)."""
     return Int32(
-        llvm.inline_asm(
+        _asm(
             T.i32(),
             [Float32(x).ir_value(loc=loc, ip=ip) for x in (a, b, c, d)],
             "{\n\t.reg .b16 lo, hi;\n\t"
@@ -42,9 +45,6 @@ def cvt_e4m3x4(a: Float32, b: Float32, c: Float32, d: Float32, *, loc=None, ip=N
             "cvt.rn.satfinite.e4m3x2.f32 hi, $4, $3;\n\t"
             "mov.b32 $0, {lo, hi};\n\t}",
             "=r,f,f,f,f",
-            has_side_effects=False,
-            is_align_stack=False,
-            asm_dialect=llvm.AsmDialect.AD_ATT,
         )
     )
 
@@ -53,14 +53,11 @@ def cvt_e4m3x4(a: Float32, b: Float32, c: Float32, d: Float32, *, loc=None, ip=N
 def cvt_bf16x2(a: Float32, b: Float32, *, loc=None, ip=None) -> Int32:
     """Two fp32 → two bf16 (round to nearest even) in one word, a in the low half."""
     return Int32(
-        llvm.inline_asm(
+        _asm(
             T.i32(),
             [Float32(b).ir_value(loc=loc, ip=ip), Float32(a).ir_value(loc=loc, ip=ip)],
             "cvt.rn.bf16x2.f32 $0, $1, $2;",
             "=r,f,f",
-            has_side_effects=False,
-            is_align_stack=False,
-            asm_dialect=llvm.AsmDialect.AD_ATT,
         )
     )
 
@@ -69,14 +66,11 @@ def cvt_bf16x2(a: Float32, b: Float32, *, loc=None, ip=None) -> Int32:
 def cvt_e4m3x2(a: Float32, b: Float32, *, loc=None, ip=None) -> cutlass.Int16:
     """Two fp32 → two e4m3 bytes in one 16-bit word, a in the low byte."""
     return cutlass.Int16(
-        llvm.inline_asm(
+        _asm(
             T.i16(),
             [Float32(b).ir_value(loc=loc, ip=ip), Float32(a).ir_value(loc=loc, ip=ip)],
             "cvt.rn.satfinite.e4m3x2.f32 $0, $1, $2;",
             "=h,f,f",
-            has_side_effects=False,
-            is_align_stack=False,
-            asm_dialect=llvm.AsmDialect.AD_ATT,
         )
     )
 
@@ -85,14 +79,11 @@ def cvt_e4m3x2(a: Float32, b: Float32, *, loc=None, ip=None) -> cutlass.Int16:
 def bf16_lo_to_f32(w: Int32, *, loc=None, ip=None) -> Float32:
     """The bf16 in the low half of a 32-bit word, as fp32 (exact)."""
     return Float32(
-        llvm.inline_asm(
+        _asm(
             T.f32(),
             [Int32(w).ir_value(loc=loc, ip=ip)],
             "{\n\t.reg .b32 t;\n\tshl.b32 t, $1, 16;\n\tmov.b32 $0, t;\n\t}",
             "=f,r",
-            has_side_effects=False,
-            is_align_stack=False,
-            asm_dialect=llvm.AsmDialect.AD_ATT,
         )
     )
 
@@ -101,13 +92,10 @@ def bf16_lo_to_f32(w: Int32, *, loc=None, ip=None) -> Float32:
 def bf16_hi_to_f32(w: Int32, *, loc=None, ip=None) -> Float32:
     """The bf16 in the high half of a 32-bit word, as fp32 (exact)."""
     return Float32(
-        llvm.inline_asm(
+        _asm(
             T.f32(),
             [Int32(w).ir_value(loc=loc, ip=ip)],
             "{\n\t.reg .b32 t;\n\tand.b32 t, $1, 0xffff0000;\n\tmov.b32 $0, t;\n\t}",
             "=f,r",
-            has_side_effects=False,
-            is_align_stack=False,
-            asm_dialect=llvm.AsmDialect.AD_ATT,
         )
     )
