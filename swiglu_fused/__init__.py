@@ -15,19 +15,12 @@ from .weight_packing.verify import inspect, verify
 __version__ = "0.1.0"
 
 
-def _register_with_transformers() -> None:
-    """Make ``from_pretrained(packed_dir)`` work after ``import swiglu_fused`` (transformers has no
-    entry-point discovery for quantization methods)."""
-    import importlib.util
+# transformers has no entry-point discovery for quantization methods: register "swiglu_fused" so
+# that from_pretrained(packed_dir) works after `import swiglu_fused` (deferred until transformers
+# loads its quantizer registry, so that importing us does not import transformers).
+from .integrations.transformers import register_when_imported  # noqa: E402
 
-    if importlib.util.find_spec("transformers") is None:
-        return
-    from .integrations.transformers import register
-
-    register()
-
-
-_register_with_transformers()
+register_when_imported()
 
 __all__ = [
     "FORMAT_VERSION", "WEIGHT_FORMATS", "FormatError", "PackedConfig", "validate",

@@ -88,3 +88,25 @@ def test_from_pretrained_loads_packed_checkpoint_and_saves_it_again(tmp_path, fm
     again = AutoModelForCausalLM.from_pretrained(tmp_path / "again")
     with torch.no_grad():
         assert torch.equal(again(tokens).logits, got)
+
+
+def test_import_registers_without_importing_transformers(tmp_path):
+    """`import swiglu_fused` does not pay for importing transformers, yet from_pretrained of a packed
+    checkpoint in the same process builds the fused modules (registration on transformers' import)."""
+    import subprocess
+    import sys
+
+    src, dst = tmp_path / "src", tmp_path / "packed"
+    make_causal_lm(src, "llama")
+    convert(src, dst, weight_format="fp8_block128", progress=False)
+    code = f"""
+import sys
+import swiglu_fused
+assert "transformers" not in sys.modules, "import swiglu_fused imported transformers"
+from transformers import AutoModelForCausalLM
+model = AutoModelForCausalLM.from_pretrained({str(dst)!r})
+print(type(model.model.layers[0].mlp).__name__)
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split()[-1] == "FusedSwiGLUMLP"
