@@ -139,11 +139,16 @@ def quantize(w: torch.Tensor, fmt: str, name: str, kind: str | None = None) -> P
                       name, kind or "divisor")
 
 
+def keeps_bytes(p: Projection, fmt: str, kind: str | None) -> bool:
+    """Whether ``p`` is already in ``fmt`` (nvfp4: with the same global-scale kind), so that
+    converting it moves bytes only."""
+    return (p.format == fmt and (fmt != "nvfp4" or p.kind == kind)) or (
+        fmt == "bf16" and p.format == DENSE and p.tensors["weight"].dtype == torch.bfloat16)
+
+
 def to_format(p: Projection, fmt: str, kind: str | None) -> tuple[Projection, bool]:
     """Return (projection in ``fmt``, whether its bytes were kept as they were)."""
-    same = (p.format == fmt and (fmt != "nvfp4" or p.kind == kind)) or (
-        fmt == "bf16" and p.format == DENSE and p.tensors["weight"].dtype == torch.bfloat16)
-    if same:
+    if keeps_bytes(p, fmt, kind):
         return Projection(fmt, p.tensors, p.name, p.kind, p.dropped), True
     return quantize(dequantize(p), fmt, p.name, kind), False
 

@@ -57,8 +57,7 @@ def _same_bytes(a: torch.Tensor, b: torch.Tensor) -> bool:
 
 
 def _compare(module: str, name: str, packed: pack.Projection, source: pack.Projection, fmt: str) -> Check:
-    kept_format = pack.to_format(source, fmt, packed.kind)[1] if source.format != pack.DENSE or fmt == "bf16" else False
-    if kept_format:
+    if pack.keeps_bytes(source, fmt, packed.kind):
         ok = packed.tensors.keys() == source.tensors.keys() and all(
             _same_bytes(packed.tensors[k], source.tensors[k].to(packed.tensors[k].dtype)
                         if k == "weight_scale_inv" else source.tensors[k]) for k in packed.tensors)
