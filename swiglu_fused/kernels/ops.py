@@ -83,6 +83,24 @@ def _check_shape(name: str, t: torch.Tensor, expected: tuple[int, ...], why: str
         raise ValueError(f"{name}: expected shape {tuple(expected)} ({why}), got {tuple(t.shape)}")
 
 
+def _check_block_scales(weight_scale, n: int, k: int, grid: str) -> None:
+    """The 128x128 block-scale grid of an e4m3 weight [n, k]."""
+    if weight_scale is None:
+        raise ValueError(f"weight_scale: an e4m3 weight needs its {grid} block scale grid")
+    _check_dtype("weight_scale", weight_scale, (torch.float32, torch.float8_e8m0fnu))
+    _check_shape("weight_scale", weight_scale, (quant.cdiv(n, GROUP), quant.cdiv(k, GROUP)),
+                 "one multiplier per 128x128 weight block")
+
+
+def _check_group_scales(name: str, a: torch.Tensor, scale, k: int, how: str, what: str) -> None:
+    """The per-row per-128-column scales of an e4m3 activation ``name`` [M, k]."""
+    if scale is None:
+        raise ValueError(f"{name}_scale: an e4m3 {name} needs its {what}; {how}")
+    _check_dtype(f"{name}_scale", scale, (torch.float32,))
+    _check_shape(f"{name}_scale", scale, (a.shape[0], quant.cdiv(k, GROUP)),
+                 f"one scale per row per 128 columns of {name}")
+
+
 def _kernel_layout_ok(name: str, t: torch.Tensor, k_multiple: int) -> None:
     """Constraints of the sm90 kernels' 16-byte accesses, raised only on the kernel path."""
     if not t.is_contiguous():
@@ -190,16 +208,9 @@ def _validate_gate_up(x, weight, weight_scale, x_scale, global_scale, interleave
             f"weight has 2I rows in chunks of 2g (check --interleave)"
         )
     if weight.dtype == FP8:
-        if weight_scale is None:
-            raise ValueError("weight_scale: an e4m3 weight needs its [ceil(2I/128), ceil(K/128)] block scale grid")
-        _check_dtype("weight_scale", weight_scale, (torch.float32, torch.float8_e8m0fnu))
-        _check_shape("weight_scale", weight_scale, (quant.cdiv(n, GROUP), quant.cdiv(k_w, GROUP)),
-                     "one multiplier per 128x128 weight block")
+        _check_block_scales(weight_scale, n, k_w, "[ceil(2I/128), ceil(K/128)]")
         if x.dtype == FP8:
-            if x_scale is None:
-                raise ValueError("x_scale: an e4m3 x needs its per-token-group-128 scales; get both from quant_x(x)")
-            _check_dtype("x_scale", x_scale, (torch.float32,))
-            _check_shape("x_scale", x_scale, (x.shape[0], quant.cdiv(k_w, GROUP)), "one scale per row per 128 columns of x")
+            _check_group_scales("x", x, x_scale, k_w, "get both from quant_x(x)", "per-token-group-128 scales")
     else:
         _check_dtype("weight", weight, (torch.bfloat16, torch.uint8))
         _check_dtype("x", x, (torch.bfloat16, torch.float16, torch.float32))
@@ -283,16 +294,10 @@ def _validate_down(h, weight, weight_scale, h_scale, global_scale, residual):
     if h.shape[1] != k_w:
         raise ValueError(f"h: has {h.shape[1]} columns but weight has K = {k_w}; h must be [M, I] for weight [H, I]")
     if weight.dtype == FP8:
-        if weight_scale is None:
-            raise ValueError("weight_scale: an e4m3 weight needs its [ceil(H/128), ceil(I/128)] block scale grid")
-        _check_dtype("weight_scale", weight_scale, (torch.float32, torch.float8_e8m0fnu))
-        _check_shape("weight_scale", weight_scale, (quant.cdiv(n, GROUP), quant.cdiv(k_w, GROUP)),
-                     "one multiplier per 128x128 weight block")
+        _check_block_scales(weight_scale, n, k_w, "[ceil(H/128), ceil(I/128)]")
     if h.dtype == FP8:
-        if h_scale is None:
-            raise ValueError("h_scale: an e4m3 h needs its per-row per-128-column scales; gate_up(..., h_format='fp8_group128') returns both")
-        _check_dtype("h_scale", h_scale, (torch.float32,))
-        _check_shape("h_scale", h_scale, (h.shape[0], quant.cdiv(k_w, GROUP)), "one scale per row per 128 columns of h")
+        _check_group_scales("h", h, h_scale, k_w, "gate_up(..., h_format='fp8_group128') returns both",
+                            "per-row per-128-column scales")
     if residual is not None:
         _check_shape("residual", residual, (h.shape[0], n), "the output's shape [M, H]")
 
