@@ -159,3 +159,19 @@ def test_every_shipped_sm90_config_compiles():
     for family, cfg, compile_fn in _shipped():
         fn = compile_fn(cfg)
         assert fn is not None, (family, cfg)
+
+
+def test_eager_calls_skip_the_dispatcher_only_when_safe():
+    """Plain eager calls run the op's implementation directly (the dispatcher's host cost matters
+    at decode); compile, fake tensors and autograd inputs go through the registered op."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    x = torch.randn(3, 256, dtype=torch.bfloat16)
+    assert ops._direct(x, None)
+    assert not ops._direct(x.requires_grad_(True))
+    x = x.detach()
+    with FakeTensorMode() as mode:
+        assert not ops._direct(mode.from_tensor(x))
+    xq, xs = ops.quant_x(x)
+    xq2, xs2 = torch.ops.swiglu_fused.quant_x(x)
+    assert torch.equal(xq.view(torch.uint8), xq2.view(torch.uint8)) and torch.equal(xs, xs2)

@@ -114,9 +114,21 @@ def _kernel_layout_ok(name: str, t: torch.Tensor, k_multiple: int) -> None:
         )
 
 
+# ---------------------------------------------------------------- eager fast path
+def _direct(*tensors: torch.Tensor | None) -> bool:
+    """Whether the wrappers may call the op's implementation directly rather than through
+    torch.library's dispatcher: the same function runs either way, but the dispatcher costs about
+    40-50 µs of host time per op on torch 2.11 (benchmarks/host_overhead.py), which is most of an
+    eager decode step's budget. Only for plain eager calls: under torch.compile, inside a dispatch
+    mode (FakeTensorMode, ...), with tensor subclasses or with inputs that require grad (the ops have
+    no autograd formula, and the dispatcher says so) the registered op runs."""
+    if torch.compiler.is_compiling() or torch.utils._python_dispatch._get_current_dispatch_mode() is not None:
+        return False
+    return all(t is None or (type(t) is torch.Tensor and not t.requires_grad) for t in tensors)
+
+
 # ---------------------------------------------------------------- quant_x
-@torch.library.custom_op("swiglu_fused::quant_x", mutates_args=())
-def _quant_x_op(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def _quant_x_impl(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     if x.dtype == torch.bfloat16 and sm90_kernels_usable(x.device):
         _kernel_layout_ok("x", x, 8)
         from .sm90 import quant_x as k
@@ -124,6 +136,9 @@ def _quant_x_op(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         with torch.cuda.device(x.device):
             return k.quant_x(x)
     return reference.quant_x(x)
+
+
+_quant_x_op = torch.library.custom_op("swiglu_fused::quant_x", mutates_args=())(_quant_x_impl)
 
 
 @_quant_x_op.register_fake
@@ -136,7 +151,7 @@ def quant_x(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """bf16/fp16/fp32 x [M, K] → (e4m3 [M, K], x_scale fp32 [M, ceil(K/128)]), s = amax/448."""
     _check_2d("x", x)
     _check_dtype("x", x, (torch.bfloat16, torch.float16, torch.float32))
-    return _quant_x_op(x)
+    return (_quant_x_impl if _direct(x) else _quant_x_op)(x)
 
 
 # ---------------------------------------------------------------- gate_up
@@ -151,8 +166,7 @@ def _gate_up_kernel_config(x, weight, weight_scale, x_scale, global_scale, inter
     return k.select_config(x, weight, weight_scale, x_scale, act=act, h_format=h_format)
 
 
-@torch.library.custom_op("swiglu_fused::gate_up", mutates_args=())
-def _gate_up_op(
+def _gate_up_impl(
     x: torch.Tensor,
     weight: torch.Tensor,
     weight_scale: torch.Tensor | None,
@@ -180,6 +194,9 @@ def _gate_up_op(
     if h_scale is None:
         h_scale = h.new_empty((h.shape[0], 0), dtype=torch.float32)
     return h.contiguous(), h_scale
+
+
+_gate_up_op = torch.library.custom_op("swiglu_fused::gate_up", mutates_args=())(_gate_up_impl)
 
 
 @_gate_up_op.register_fake
@@ -229,7 +246,8 @@ def gate_up(
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """h = act(x @ gate^T) · (x @ up^T) from the interleaved packed weight [2I, K] (see reference.gate_up)."""
     _validate_gate_up(x, weight, weight_scale, x_scale, global_scale, interleave, act, h_format)
-    h, h_scale = _gate_up_op(x, weight, weight_scale, x_scale, global_scale, interleave, act, h_format)
+    op = _gate_up_impl if _direct(x, weight, weight_scale, x_scale, global_scale) else _gate_up_op
+    h, h_scale = op(x, weight, weight_scale, x_scale, global_scale, interleave, act, h_format)
     return h, (h_scale if h_format == "fp8_group128" else None)
 
 
@@ -251,8 +269,7 @@ def _down_kernel_config(h, weight, weight_scale, h_scale, global_scale, residual
     return cfg
 
 
-@torch.library.custom_op("swiglu_fused::down", mutates_args=())
-def _down_op(
+def _down_impl(
     h: torch.Tensor,
     weight: torch.Tensor,
     weight_scale: torch.Tensor | None,
@@ -277,6 +294,9 @@ def _down_op(
     if cublas.supports_down(h, weight, weight_scale, h_scale, global_scale) and not _DISABLED:
         return cublas.down(h, weight, weight_scale, h_scale, residual, out_dtype)
     return reference.down(h, weight, weight_scale, h_scale, global_scale, residual=residual, out_dtype=out_dtype)
+
+
+_down_op = torch.library.custom_op("swiglu_fused::down", mutates_args=())(_down_impl)
 
 
 @_down_op.register_fake
@@ -315,4 +335,5 @@ def down(
     """y = h @ down^T (+ residual) (see reference.down): the sm90 kernel where it applies, else
     cuBLAS on CUDA, else the reference."""
     _validate_down(h, weight, weight_scale, h_scale, global_scale, residual)
-    return _down_op(h, weight, weight_scale, h_scale, global_scale, residual, out_dtype)
+    op = _down_impl if _direct(h, weight, weight_scale, h_scale, global_scale, residual) else _down_op
+    return op(h, weight, weight_scale, h_scale, global_scale, residual, out_dtype)

@@ -24,7 +24,7 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Int32
 
-from .gemm256 import MAINLOOPS, N_ALIGN, Gemm256Kernel, TileConfig, sm_count
+from .gemm256 import MAINLOOPS, N_ALIGN, Gemm256Kernel, TileConfig, launch_plan, sm_count  # noqa: F401 (ops.py)
 
 
 @dataclass(frozen=True)
@@ -48,7 +48,8 @@ def compile_down(config: DownConfig):
         fake_ptr(ab, 16), fake_ptr(ab, 16),
         fake_ptr(Float32, 4), fake_ptr(Float32, 4),
         fake_ptr(cutlass.BFloat16, 16), fake_ptr(cutlass.BFloat16, 16),
-        Int32(1), Int32(1), Int32(1), Int32(1),
+        fake_ptr(Float32, 4), fake_ptr(Int32, 4),
+        Int32(1), Int32(1), Int32(1), Int32(1), Int32(0),
         null_stream(),
         options=compile_cache.COMPILE_OPTIONS,
     )
@@ -120,17 +121,21 @@ def down(config: DownConfig, h, weight, weight_scale=None, h_scale=None, residua
     fn = compile_cache.get("down", config, lambda: compile_down(config))
     ab = cutlass.Float8E4M3FN if config.fp8 else cutlass.BFloat16
     stream = cuda.CUstream(torch.cuda.current_stream(h.device).cuda_stream)
+    ctas, sk_tiles, parts, ctr = launch_plan(config, m, n, k, h.device)
     fn(
         compile_cache.ptr(ab, h, 16),
         compile_cache.ptr(ab, weight, 16),
-        compile_cache.ptr(Float32, h_scale if config.fp8 else y, 4),  # unused scale pointers: a valid allocation
+        compile_cache.ptr(Float32, h_scale if config.fp8 else y, 4),  # unused pointers: a valid allocation
         compile_cache.ptr(Float32, weight_scale if config.fp8 else y, 4),
         compile_cache.ptr(cutlass.BFloat16, y, 16),
         compile_cache.ptr(cutlass.BFloat16, residual if config.residual else y, 16),
+        compile_cache.ptr(Float32, y if parts is None else parts, 4),
+        compile_cache.ptr(Int32, y if ctr is None else ctr, 4),
         Int32(m),
         Int32(k // config.k_align),
         Int32(n // N_ALIGN),
-        Int32(sm_count(h.device)),
+        Int32(ctas),
+        Int32(sk_tiles),
         stream,
     )
     return y

@@ -25,7 +25,7 @@ import cutlass.cute as cute
 from cutlass import Float32, Int32
 
 from . import epilogue
-from .gemm256 import G, MAINLOOPS, Gemm256Kernel, TileConfig, sm_count
+from .gemm256 import G, MAINLOOPS, Gemm256Kernel, TileConfig, launch_plan
 
 GateUpKernel = Gemm256Kernel  # the kernel class; GateUpConfig selects its swiglu epilogue
 
@@ -67,7 +67,8 @@ def compile_gate_up(config: GateUpConfig):
         fake_ptr(ab, 16), fake_ptr(ab, 16),
         fake_ptr(Float32, 4), fake_ptr(Float32, 4),
         fake_ptr(h, 16), fake_ptr(Float32, 4),
-        Int32(1), Int32(1), Int32(1), Int32(1),
+        fake_ptr(Float32, 4), fake_ptr(Int32, 4),
+        Int32(1), Int32(1), Int32(1), Int32(1), Int32(0),
         null_stream(),
         options=COMPILE_OPTIONS,
     )
@@ -130,6 +131,7 @@ def gate_up(config: GateUpConfig, x, weight, weight_scale=None, x_scale=None, *,
     h_dt = cutlass.Float8E4M3FN if fp8_out else cutlass.BFloat16
     dummy = h  # unused scale pointers (bf16 mainloop / bf16 h) point at a valid allocation
     stream = cuda.CUstream(torch.cuda.current_stream(x.device).cuda_stream)
+    ctas, sk_tiles, parts, ctr = launch_plan(config, m, n, k, x.device)
     fn(
         compile_cache.ptr(ab, x, 16),
         compile_cache.ptr(ab, weight, 16),
@@ -137,10 +139,13 @@ def gate_up(config: GateUpConfig, x, weight, weight_scale=None, x_scale=None, *,
         compile_cache.ptr(Float32, weight_scale if config.fp8 else dummy, 4),
         compile_cache.ptr(h_dt, h, 16),
         compile_cache.ptr(Float32, hs if fp8_out else dummy, 4),
+        compile_cache.ptr(Float32, dummy if parts is None else parts, 4),
+        compile_cache.ptr(Int32, dummy if ctr is None else ctr, 4),
         Int32(m),
         Int32(k // config.k_align),
         Int32(n // 8),  # weight rows / 8
-        Int32(sm_count(x.device)),
+        Int32(ctas),
+        Int32(sk_tiles),
         stream,
     )
     return h, hs

@@ -13,8 +13,12 @@ N = H, any N that is a multiple of 8):
     mainloop bf16           A bf16 [M, K], W bf16 [N, K]
 
 CTA tile (tile_m × 256 weight rows × tile_k), one TMA producer warpgroup and tile_m/64 consumer
-warpgroups (64 rows each); grid = min(#tiles, #SMs), CTA b takes tiles b, b + grid, … (m fastest),
-the producer running ahead into the next tile during the epilogue. A tile's 256 weight rows are
+warpgroups (64 rows each); persistent: grid ≤ #SMs, CTA b takes whole tiles b, b + grid, …
+(m fastest), the producer running ahead into the next tile during the epilogue. Where whole tiles
+would leave SMs idle (decode: 28 tiles for I = 3584; M = 1024: 3.4 waves) the last tiles go
+stream-K (plan()): their k iterations are dealt out evenly over the CTAs, a CTA finishing part of a
+tile stores its fp32 accumulator to a workspace, and the last of the tile's CTAs to arrive (an
+atomic counter per tile) sums the partials in CTA order and runs the epilogue (_fixup). A tile's 256 weight rows are
 two 128-row halves, each with its own 128×128 weight scale per k block:
 
     tile n:  W rows [256n, 256n+128)       → B half 0   (gate_up: gate rows [128n, 128n+128))
@@ -159,10 +163,14 @@ class Gemm256Kernel:
         ws_ptr: cute.Pointer,
         out_ptr: cute.Pointer,  # h (swiglu) / y (linear)
         aux_ptr: cute.Pointer,  # h_scale (swiglu) / residual (linear)
+        part_ptr: cute.Pointer,  # fp32 stream-K partials [ctas · 2 slots, 128 values, consumer threads]
+        ctr_ptr: cute.Pointer,  # int32 stream-K arrival counters [sk_tiles], zero on entry, zero on exit
         m: Int32,
         k_units: Int32,  # K / k_align
         n_units: Int32,  # N / 8 (weight rows)
-        max_ctas: Int32,  # persistent grid size (the SM count)
+        ctas: Int32,  # persistent grid size (plan(): at most the SM count)
+        sk_tiles: Int32,  # the last sk_tiles tiles are shared out by K iterations (stream-K); needs
+        # ctas ≤ sk_tiles · k_tiles (every CTA gets a k tile, so every contributor arrives)
         stream: cuda.CUstream,
     ):
         cfg = self.cfg
@@ -211,14 +219,19 @@ class Gemm256Kernel:
             sB: cute.struct.Align[cute.struct.MemRange[self.ab_dtype, cute.cosize(b_layout)], 1024]
             sO: cute.struct.Align[cute.struct.MemRange[Int32, cfg.tile_m * cfg.out_row_words], 16]
             mbar: cute.struct.MemRange[cutlass.Int64, cfg.stages * 2]
+            flag: cute.struct.MemRange[Int32, 4]  # stream-K: the arrival count seen by this CTA
 
         self.shared_storage = SharedStorage
 
-        grid_m = (m + cfg.tile_m - 1) // cfg.tile_m
-        grid = cutlass.min(grid_m * n_tiles, max_ctas)  # persistent: at most one CTA per SM
+        consumers = 128 * self.num_mma_wg
+        mPart = cute.make_tensor(
+            part_ptr, cute.make_layout((ctas * 2, G, consumers), stride=(G * consumers, consumers, 1))
+        )
+        mCtr = cute.make_tensor(ctr_ptr, cute.make_layout(sk_tiles + 1))
         self.kernel(
-            tma_a, tma_tA, tma_b, tma_tB, mAS, mWS, mOut, mAux, tiled_mma, a_layout, b_layout, m, n, n_tiles,
-        ).launch(grid=[grid, 1, 1], block=[self.threads, 1, 1], stream=stream)
+            tma_a, tma_tA, tma_b, tma_tB, mAS, mWS, mOut, mAux, mPart, mCtr, tiled_mma, a_layout, b_layout,
+            m, n, n_tiles, sk_tiles,
+        ).launch(grid=[ctas, 1, 1], block=[self.threads, 1, 1], stream=stream)
 
     def _smem_layout(self, rows: int):
         cfg = self.cfg
@@ -240,12 +253,15 @@ class Gemm256Kernel:
         mWS: cute.Tensor,
         mOut: cute.Tensor,
         mAux: cute.Tensor,
+        mPart: cute.Tensor,
+        mCtr: cute.Tensor,
         tiled_mma: cute.TiledMma,
         a_layout: cute.ComposedLayout,
         b_layout: cute.ComposedLayout,
         m: Int32,
         n: Int32,
         n_tiles: Int32,
+        sk_tiles: Int32,
     ):
         cfg = self.cfg
         tidx, _, _ = cute.arch.thread_idx()
@@ -289,11 +305,19 @@ class Gemm256Kernel:
 
         pipeline_init_wait(cluster_shape_mn=(1, 1))
 
-        # persistent static schedule: CTA b takes tiles b, b + grid, ...; m varies fastest so the
-        # CTAs running together share a few weight tiles (read once from HBM) and all of A
+        # persistent schedule (see plan()): CTA b first takes whole tiles b, b + grid, ... < dp_tiles
+        # (m varies fastest so the CTAs running together share a few weight tiles, read once from
+        # HBM, and all of A), then its equal share of the K iterations of the last sk_tiles tiles.
+        # Both warpgroup roles walk the same segments (tile, k tiles [kb0, kb1)) with a cursor over
+        # this CTA's k iterations (not named v: the value loops below rebind v at trace time).
         nctas, _, _ = cute.arch.grid_dim()
         grid_m = (m + cfg.tile_m - 1) // cfg.tile_m
-        total_tiles = grid_m * n_tiles
+        dp_tiles = grid_m * n_tiles - sk_tiles
+        sk_iters = sk_tiles * k_tiles
+        it_begin = sk_iter_begin(bidx, nctas, sk_iters)
+        it_end = sk_iter_begin(bidx + 1, nctas, sk_iters)
+        dp_iters = (dp_tiles - bidx + nctas - 1) // nctas * k_tiles
+        cursor_end = dp_iters + it_end - it_begin
         ws_last = (n + G - 1) // G - 1  # last weight-scale row (a partial last tile reads no further)
 
         if wg_idx == 0:
@@ -301,10 +325,13 @@ class Gemm256Kernel:
             cute.arch.setmaxregister_decrease(40)
             if warp_idx == 0:
                 state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, cfg.stages)
-                for tile in cutlass.range(bidx, total_tiles, nctas, unroll=1):
+                cursor = Int32(0)
+                while cursor < cursor_end:
+                    tile, kb0, kb1 = self._segment(cursor, bidx, nctas, dp_iters, k_tiles, dp_tiles, it_begin, it_end)
                     tm = tile % grid_m
                     tn = tile // grid_m
-                    for kt in cutlass.range(k_tiles, unroll=1):
+                    cursor += kb1 - kb0
+                    for kt in cutlass.range(kb0, kb1, unroll=1):
                         mainloop.producer_acquire(state)
                         bar = mainloop.producer_get_barrier(state)
                         cute.copy(tma_a, tAgA[(None, tm, kt)], tAsA[(None, state.index)], tma_bar_ptr=bar)
@@ -343,11 +370,16 @@ class Gemm256Kernel:
             # output staging slab in smem: (tile_m rows, out_row_words) 32-bit words; each warpgroup owns its 64 rows
             sO = storage.sO.get_tensor(cute.make_layout((cfg.tile_m, cfg.out_row_words), stride=(cfg.out_row_words, 1)))
 
+            sFlag = storage.flag.get_tensor(cute.make_layout(4))
+
             state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, cfg.stages)
             release = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, cfg.stages)
-            for tile in cutlass.range(bidx, total_tiles, nctas, unroll=1):
+            cursor = Int32(0)
+            while cursor < cursor_end:
+                tile, kb0, kb1 = self._segment(cursor, bidx, nctas, dp_iters, k_tiles, dp_tiles, it_begin, it_end)
                 tm = tile % grid_m
                 tn = tile // grid_m
+                cursor += kb1 - kb0
                 row_a = tm * cfg.tile_m + r0
                 row_b = row_a + 8
                 acc.fill(0.0)
@@ -359,16 +391,16 @@ class Gemm256Kernel:
                     wrow_0 = cutlass.min(2 * tn, ws_last)
                     wrow_1 = cutlass.min(2 * tn + 1, ws_last)
                     # scales of k block kt are loaded one iteration ahead (global-load latency)
-                    na_a = mAS[arow_a, 0]
-                    na_b = mAS[arow_b, 0]
-                    nw_0 = mWS[wrow_0, 0]
-                    nw_1 = mWS[wrow_1, 0]
-                    for kt in cutlass.range(k_tiles, unroll=1):
+                    na_a = mAS[arow_a, kb0]
+                    na_b = mAS[arow_b, kb0]
+                    nw_0 = mWS[wrow_0, kb0]
+                    nw_1 = mWS[wrow_1, kb0]
+                    for kt in cutlass.range(kb0, kb1, unroll=1):
                         as_a = na_a
                         as_b = na_b
                         ws_0 = nw_0
                         ws_1 = nw_1
-                        kn = cutlass.min(kt + 1, k_tiles - 1)
+                        kn = cutlass.min(kt + 1, kb1 - 1)
                         na_a = mAS[arow_a, kn]
                         na_b = mAS[arow_b, kn]
                         nw_0 = mWS[wrow_0, kn]
@@ -402,7 +434,7 @@ class Gemm256Kernel:
                 else:
                     # one wgmma group in flight: stage kt-1 is released once group kt is issued
                     tiled_mma.set(cute.nvgpu.warpgroup.Field.ACCUMULATE, True)
-                    for kt in cutlass.range(k_tiles, unroll=1):
+                    for kt in cutlass.range(kb0, kb1, unroll=1):
                         mainloop.consumer_wait(state)
                         cute.nvgpu.warpgroup.fence()
                         for kk in cutlass.range_constexpr(num_k_blocks):
@@ -414,17 +446,98 @@ class Gemm256Kernel:
                             )
                         cute.nvgpu.warpgroup.commit_group()
                         cute.nvgpu.warpgroup.wait_group(1)
-                        if kt > 0:
+                        if kt > kb0:
                             mainloop.consumer_release(release)
                             release.advance()
                         state.advance()
                     cute.nvgpu.warpgroup.wait_group(0)
                     mainloop.consumer_release(release)
                     release.advance()
-                if cutlass.const_expr(cfg.epilogue == "swiglu"):
-                    self._epilogue_swiglu(acc, n_vals, r0, col0, tm, tn, m, sO, mOut, mAux, wg_idx - 1, tidx % 128)
-                else:
-                    self._epilogue_linear(acc, n_vals, r0, col0, tm, tn, m, n, sO, mOut, mAux, wg_idx - 1, tidx % 128)
+                # a stream-K tile shared with other CTAs: only the last to finish runs the epilogue
+                epi = Int32(1)
+                if tile >= dp_tiles:
+                    s = tile - dp_tiles
+                    c_first = sk_cta_of(s * k_tiles, nctas, sk_iters)
+                    c_last = sk_cta_of(s * k_tiles + k_tiles - 1, nctas, sk_iters)
+                    if c_first != c_last:
+                        epi = self._fixup(
+                            acc, n_vals, tm * cfg.tile_m + r0, m, s, c_first, c_last, bidx, nctas, sk_iters,
+                            k_tiles, mPart, mCtr, sFlag, tidx - 128,
+                        )
+                if epi != 0:
+                    if cutlass.const_expr(cfg.epilogue == "swiglu"):
+                        self._epilogue_swiglu(acc, n_vals, r0, col0, tm, tn, m, sO, mOut, mAux, wg_idx - 1, tidx % 128)
+                    else:
+                        self._epilogue_linear(acc, n_vals, r0, col0, tm, tn, m, n, sO, mOut, mAux, wg_idx - 1, tidx % 128)
+
+    # ------------------------------------------------------------------ stream-K
+    @cute.jit
+    def _segment(self, cursor, bidx, nctas, dp_iters, k_tiles, dp_tiles, it_begin, it_end):
+        """The work at this CTA's cursor: (tile, kb0, kb1), k tiles [kb0, kb1) of one tile."""
+        tile = bidx + cursor // k_tiles * nctas
+        kb0 = Int32(0)
+        kb1 = k_tiles
+        if cursor >= dp_iters:
+            it = it_begin + cursor - dp_iters
+            s = it // k_tiles
+            tile = dp_tiles + s
+            kb0 = it - s * k_tiles
+            kb1 = cutlass.min(k_tiles, kb0 + it_end - it)
+        return tile, kb0, kb1
+
+    @cute.jit
+    def _fixup(self, acc, n_vals: cutlass.Constexpr, row_a, m, s, c_first, c_last, bidx, nctas, sk_iters,
+               k_tiles, mPart, mCtr, sFlag, t):
+        """Stream-K tile s is shared by CTAs c_first..c_last. Store this CTA's fp32 partial (rows
+        < M only), count arrivals on mCtr[s]; the last to arrive sums every partial in CTA order
+        (deterministic whatever the arrival order) into acc, re-zeroes the counter for the next
+        launch and returns 1 (run the epilogue); the others return 0."""
+        bar = pipeline.NamedBarrier(barrier_id=3, num_threads=128 * self.num_mma_wg)
+        row_b = row_a + 8
+        slot = self._sk_slot(bidx, s, nctas, sk_iters, k_tiles)
+        self._partial(acc, n_vals, row_a < m, row_b < m, mPart, bidx * 2 + slot, t, False)
+        # Memory order (the pattern of CUTLASS's split-K semaphore): the CTA barrier orders every
+        # thread's partial stores before thread 0's gpu-scope acq_rel atomic, whose release is
+        # cumulative; on the last CTA the atomic's acquire, then the barrier, order the loads after.
+        # (A fence in every thread as well measured 1 µs slower and changes nothing.)
+        bar.arrive_and_wait()
+        if t == 0:
+            sFlag[0] = cute.arch.atomic_add(mCtr.iterator + s, Int32(1), sem="acq_rel", scope="gpu")
+        bar.arrive_and_wait()
+        last = Int32(0)
+        if sFlag[0] == c_last - c_first:
+            last = Int32(1)
+            acc.fill(0.0)
+            for c in cutlass.range(c_first, c_last + 1, unroll=1):
+                slot_c = self._sk_slot(c, s, nctas, sk_iters, k_tiles)
+                self._partial(acc, n_vals, row_a < m, row_b < m, mPart, c * 2 + slot_c, t, True)
+            if t == 0:
+                mCtr[s] = Int32(0)
+        return last
+
+    @cute.jit
+    def _sk_slot(self, c, s, nctas, sk_iters, k_tiles):
+        """CTA c keeps its partial of stream-K tile s in slot 0 if s is its first tile, else 1
+        (a CTA shares at most its first and its last tile with others)."""
+        slot = Int32(1)
+        if sk_iter_begin(c, nctas, sk_iters) // k_tiles == s:
+            slot = Int32(0)
+        return slot
+
+    @cute.jit
+    def _partial(self, acc, n_vals: cutlass.Constexpr, ok_a, ok_b, mPart, idx, t, add: cutlass.Constexpr):
+        """acc → mPart[idx] (or acc += mPart[idx]) for this thread's rows < M; [idx, value, thread]
+        so that a warp's 32 threads touch 128 contiguous bytes per value."""
+        for half in cutlass.range_constexpr(2):
+            for par in cutlass.range_constexpr(2):  # values of row_a (par 0) / row_b (par 1)
+                ok = ok_a if par == 0 else ok_b
+                if ok:
+                    for v in cutlass.range_constexpr(n_vals):
+                        if cutlass.const_expr((v // 2) % 2 == par):
+                            if cutlass.const_expr(add):
+                                acc[(v, 0, half)] = acc[(v, 0, half)] + mPart[idx, half * n_vals + v, t]
+                            else:
+                                mPart[idx, half * n_vals + v, t] = acc[(v, 0, half)]
 
     # ------------------------------------------------------------------ epilogues
     @cute.jit
@@ -548,6 +661,76 @@ class Gemm256Kernel:
         else:
             cute.copy(copy16, s, r)
             cute.copy(copy16, r, g)
+
+
+# ---------------------------------------------------------------- schedule (host and device)
+# Whole tiles leave SMs idle when there are few of them: decode with I = 3584 has 28 gate_up tiles
+# for 132 SMs, and each CTA then streams its weights at one SM's rate (~55 GB/s), far below HBM's.
+# Stream-K deals the K iterations of all tiles out evenly over more CTAs instead; a CTA finishing
+# part of a tile stores an fp32 partial and the last to arrive sums them and runs the epilogue
+# (Gemm256Kernel._fixup). That fix-up is not free (partials through L2, an arrival counter, the
+# epilogue serialized behind the last contributor: 4-16 µs measured, growing with the number of
+# CTAs per tile), so plan() uses it only where a cost model, fitted to the H100 measurements in
+# benchmarks/NOTES.md, predicts a clear gain, and with about enough CTAs to saturate HBM.
+# The integer formulas below run both in the kernel (Int32) and on the host (int, tests).
+SK_MIN_ITERS = 4  # k tiles per CTA, at least
+# One CTA's time per 32 KB weight k tile when few CTAs run (whole tiles, measured): decode tile,
+# and the 128-row tile (two consumer warpgroups, more MMA per byte)
+ITER_US = {64: 0.59, 128: 0.84}
+HBM_BYTES_PER_US = 2.6e6  # what many CTAs together reach (2.96e6 for a plain copy)
+FIXUP_US = (4.0, 2.5)  # fix-up cost: base + per CTA sharing a tile
+SK_MIN_GAIN = 1.15  # stream-K only when predicted this much faster
+
+
+def sk_iter_begin(c, ctas, sk_iters):
+    """First stream-K iteration of CTA c: CTA c takes iterations [begin(c), begin(c + 1)), where
+    iteration it is k tile it % k_tiles of stream-K tile it // k_tiles."""
+    return c * sk_iters // ctas
+
+
+def sk_cta_of(it, ctas, sk_iters):
+    """The CTA whose stream-K range holds iteration it (the inverse of sk_iter_begin)."""
+    return ((it + 1) * ctas + sk_iters - 1) // sk_iters - 1
+
+
+def plan(tiles: int, k_tiles: int, sms: int, grid_m: int = 1, iter_bytes: int = 32768,
+         iter_us: float = ITER_US[64]) -> tuple[int, int]:
+    """(grid, sk_tiles) for ``tiles`` output tiles (``grid_m`` of them along M, sharing weight
+    tiles) of ``k_tiles`` k tiles, each reading ``iter_bytes`` of weights in ``iter_us`` per CTA:
+    whole tiles (sk_tiles = 0), or all tiles stream-K split ``split`` ways. Stream-K is considered
+    only while weights dominate (grid_m ≤ 2: with more M tiles, CTAs on different K ranges no
+    longer share weight tiles in L2, measured 1.6× slower at M = 1024), with about the CTAs that
+    keep HBM busy, and only where the cost model predicts SK_MIN_GAIN."""
+    whole = (max(1, min(tiles, sms)), 0)
+    if tiles <= 0 or grid_m > 2 or k_tiles < 2 * SK_MIN_ITERS:
+        return whole
+    t_hbm = tiles // grid_m * k_tiles * iter_bytes / HBM_BYTES_PER_US  # each weight byte read once
+    t_whole = max(-(-tiles // sms) * k_tiles * iter_us, t_hbm)
+    hbm_ctas = HBM_BYTES_PER_US * iter_us / iter_bytes * grid_m
+    split = int(min(-(-hbm_ctas // tiles), k_tiles // SK_MIN_ITERS, sms // tiles))
+    if split < 2:
+        return whole
+    t_sk = max(-(-k_tiles // split) * iter_us, t_hbm) + FIXUP_US[0] + FIXUP_US[1] * split
+    return (tiles * split, tiles) if t_whole > SK_MIN_GAIN * t_sk else whole
+
+
+def launch_plan(config: TileConfig, m: int, n: int, k: int, device):
+    """(ctas, sk_tiles, partials, counters) for one launch. The workspace is allocated per call
+    (the caching allocator makes that cheap, and it is capture-safe); counters start at zero and
+    the kernel leaves them at zero, so a tensor is never shared between concurrent launches."""
+    import torch
+
+    grid_m = -(-m // config.tile_m)
+    tiles = grid_m * -(-n // config.tile_n)
+    iter_bytes = config.tile_n * config.tile_k * config.elem_bytes
+    iter_us = ITER_US[config.tile_m] * iter_bytes / 32768
+    ctas, sk_tiles = plan(tiles, -(-k // config.tile_k), sm_count(device), grid_m, iter_bytes, iter_us)
+    if sk_tiles == 0:
+        return ctas, 0, None, None
+    # per CTA two slots (its first and last tile) of 128 fp32 per consumer thread (2 · tile_m threads)
+    parts = torch.empty(ctas * 2 * G * 2 * config.tile_m, dtype=torch.float32, device=device)
+    ctr = torch.zeros(sk_tiles + 1, dtype=torch.int32, device=device)
+    return ctas, sk_tiles, parts, ctr
 
 
 _SM_COUNT: dict = {}

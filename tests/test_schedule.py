@@ -1,0 +1,114 @@
+"""The persistent stream-K schedule of the sm90 GEMM (gemm256.plan / sk_iter_begin / sk_cta_of),
+checked on the host: the kernel evaluates the same integer formulas in Int32, and walks the
+segments that `segments` below lists (Gemm256Kernel._segment)."""
+
+import itertools
+
+import pytest
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
+
+pytest.importorskip("cutlass")
+from swiglu_fused.kernels.sm90 import gemm256 as g  # noqa: E402
+
+
+def segments(b, ctas, tiles, sk_tiles, k_tiles):
+    """CTA b's work as the kernel walks it: [(tile, kb0, kb1)]."""
+    dp_tiles = tiles - sk_tiles
+    sk_iters = sk_tiles * k_tiles
+    it_begin, it_end = g.sk_iter_begin(b, ctas, sk_iters), g.sk_iter_begin(b + 1, ctas, sk_iters)
+    dp_iters = (dp_tiles - b + ctas - 1) // ctas * k_tiles
+    out, v = [], 0
+    while v < dp_iters + it_end - it_begin:
+        if v < dp_iters:
+            seg = (b + v // k_tiles * ctas, 0, k_tiles)
+        else:
+            it = it_begin + v - dp_iters
+            s = it // k_tiles
+            kb0 = it - s * k_tiles
+            seg = (dp_tiles + s, kb0, min(k_tiles, kb0 + it_end - it))
+        out.append(seg)
+        v += seg[2] - seg[1]
+    return out
+
+
+def check_schedule(ctas, tiles, sk_tiles, k_tiles):
+    """Every k tile of every tile done exactly once; shared tiles' contributors found by
+    sk_cta_of; their partial slots distinct. Returns each CTA's k-tile count."""
+    dp_tiles = tiles - sk_tiles
+    sk_iters = sk_tiles * k_tiles
+    covered = {}
+    work = []
+    for b in range(ctas):
+        segs = segments(b, ctas, tiles, sk_tiles, k_tiles)
+        work.append(sum(k1 - k0 for _, k0, k1 in segs))
+        shared = []
+        for tile, k0, k1 in segs:
+            assert 0 <= tile < tiles and 0 <= k0 < k1 <= k_tiles
+            for kt in range(k0, k1):
+                assert (tile, kt) not in covered
+                covered[(tile, kt)] = b
+            if (k0, k1) != (0, k_tiles):
+                shared.append(tile)
+        # only the first and the last stream-K tile of a CTA can be shared: two partial slots suffice
+        sk = [tile for tile, _, _ in segs if tile >= dp_tiles]
+        assert len(shared) <= 2 and all(t in (sk[0], sk[-1]) for t in shared)
+    assert len(covered) == tiles * k_tiles  # every k tile of every tile exactly once
+    slots = set()
+    for s in range(sk_tiles):
+        tile = dp_tiles + s
+        owners = sorted({covered[(tile, kt)] for kt in range(k_tiles)})
+        c_first = g.sk_cta_of(s * k_tiles, ctas, sk_iters)
+        c_last = g.sk_cta_of(s * k_tiles + k_tiles - 1, ctas, sk_iters)
+        assert owners == list(range(c_first, c_last + 1))
+        if c_first != c_last:
+            for c in owners:  # the fix-up finds each partial where its CTA stored it
+                slot = 0 if g.sk_iter_begin(c, ctas, sk_iters) // k_tiles == s else 1
+                assert (c, slot) not in slots
+                slots.add((c, slot))
+    return work
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.integers(1, 140), st.integers(1, 600), st.integers(0, 600), st.integers(1, 200))
+def test_schedule_covers_every_k_tile_once(ctas, tiles, sk_tiles, k_tiles):
+    """Any split between whole tiles and stream-K tiles the kernel can be launched with (plan()
+    uses all-or-nothing, the kernel does not depend on that). Precondition of the kernel: every CTA
+    gets at least one stream-K k tile (ctas ≤ sk_tiles · k_tiles), or a shared tile's contributor
+    range would include a CTA that never arrives."""
+    sk_tiles = min(sk_tiles, tiles)
+    assume(sk_tiles == 0 or ctas <= sk_tiles * k_tiles)
+    check_schedule(ctas, tiles, sk_tiles, k_tiles)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.integers(1, 2000), st.integers(1, 300), st.integers(1, 140), st.integers(1, 4))
+def test_plan_is_a_valid_balanced_schedule(tiles, k_tiles, sms, grid_m):
+    ctas, sk_tiles = g.plan(tiles, k_tiles, sms, grid_m)
+    assert 1 <= ctas <= sms and sk_tiles in (0, tiles)
+    work = check_schedule(ctas, tiles, sk_tiles, k_tiles)
+    if sk_tiles:
+        assert max(work) - min(work) <= 1 and min(work) >= g.SK_MIN_ITERS
+
+
+@given(st.integers(1, 10**4), st.integers(1, 200))
+def test_sk_cta_of_inverts_sk_iter_begin(sk_iters, ctas):
+    for it in itertools.islice(range(sk_iters), 0, sk_iters, max(1, sk_iters // 97)):
+        c = g.sk_cta_of(it, ctas, sk_iters)
+        assert g.sk_iter_begin(c, ctas, sk_iters) <= it < g.sk_iter_begin(c + 1, ctas, sk_iters)
+
+
+@pytest.mark.parametrize(
+    "tiles,k_tiles,grid_m,expect_ctas",
+    [
+        (28, 64, 1, 56),  # gate_up decode, H 8192, I 3584: 28 tiles, each split in 2
+        (16, 112, 1, 48),  # down decode, H 4096, I 14336: 16 tiles split in 3
+        (112, 32, 1, 112),  # gate_up decode, H 4096, I 14336: 112 CTAs already saturate HBM
+        (32, 28, 1, 32),  # down decode, H 8192, I 3584: K too short for the fix-up to pay
+        (224, 64, 8, 132),  # gate_up M = 1024, H 8192: more than 2 M tiles, whole tiles only
+        (12, 5, 1, 12),  # K = 640: too few k tiles to share
+    ],
+)
+def test_plan_picks_stream_k_where_it_pays(tiles, k_tiles, grid_m, expect_ctas):
+    ctas, sk_tiles = g.plan(tiles, k_tiles, 132, grid_m)
+    assert ctas == expect_ctas and (sk_tiles > 0) == (ctas > tiles)
