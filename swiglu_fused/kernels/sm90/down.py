@@ -92,9 +92,11 @@ def select_config(h, weight, weight_scale, h_scale, residual, out_dtype) -> Down
     return DownConfig(tile_m=tile_m, stages=stages, mainloop=mainloop, residual=residual is not None)
 
 
-# Below this fraction of one wave of CTAs (tiles / SMs), cuBLAS beats the kernel where it takes the
-# shape: 16–64 tiles (M ≤ 256 at H = 4096, M ≤ 64 at H = 8192) measured 1.4–2.3× slower, a full
-# wave (128 tiles at M = 1024, H = 4096) at parity (benchmarks/NOTES.md). Split-K would fix it.
+# Below this fraction of one wave of CTAs (tiles / SMs), cuBLAS takes the shapes it supports: with
+# whole tiles the kernel measured 1.4–2.3× slower there; with stream-K (gemm256.plan) it is close
+# at H = 4096 (0.92–1.21× cuBLAS at M = 16–256) but still 1.3–1.5× slower at H = 8192, whose short
+# K (3584) does not pay for the fix-up. A full wave (M = 1024, H = 4096) is at parity
+# (benchmarks/NOTES.md).
 MIN_WAVE = 0.9
 
 
