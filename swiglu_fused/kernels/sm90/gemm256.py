@@ -14,12 +14,13 @@ N = H, any N that is a multiple of 8):
 
 CTA tile (tile_m × 256 weight rows × tile_k), one TMA producer warpgroup and tile_m/64 consumer
 warpgroups (64 rows each); persistent: grid ≤ #SMs, CTA b takes whole tiles b, b + grid, …
-(m fastest), the producer running ahead into the next tile during the epilogue. Where whole tiles
-would leave SMs idle (decode: 28 tiles for I = 3584; M = 1024: 3.4 waves) the last tiles go
-stream-K (plan()): their k iterations are dealt out evenly over the CTAs, a CTA finishing part of a
-tile stores its fp32 accumulator to a workspace, and the last of the tile's CTAs to arrive (an
-atomic counter per tile) sums the partials in CTA order and runs the epilogue (_fixup). A tile's 256 weight rows are
-two 128-row halves, each with its own 128×128 weight scale per k block:
+(m fastest), the producer running ahead into the next tile during the epilogue. Where a few
+whole tiles would leave HBM idle (decode with I = 3584: 28 tiles for 132 SMs) the tiles go
+stream-K instead (plan()): their k iterations are dealt out evenly over more CTAs, a CTA finishing
+part of a tile stores its fp32 accumulator to a workspace, and the last of the tile's CTAs to
+arrive (an atomic counter per tile) sums the partials in CTA order and runs the epilogue (_fixup).
+A tile's 256 weight rows are two 128-row halves, each with its own 128×128 weight scale per k
+block:
 
     tile n:  W rows [256n, 256n+128)       → B half 0   (gate_up: gate rows [128n, 128n+128))
              W rows [256n+128, 256n+256)   → B half 1   (gate_up: up rows   [128n, 128n+128))
@@ -715,9 +716,11 @@ def plan(tiles: int, k_tiles: int, sms: int, grid_m: int = 1, iter_bytes: int = 
 
 
 def launch_plan(config: TileConfig, m: int, n: int, k: int, device):
-    """(ctas, sk_tiles, partials, counters) for one launch. The workspace is allocated per call
-    (the caching allocator makes that cheap, and it is capture-safe); counters start at zero and
-    the kernel leaves them at zero, so a tensor is never shared between concurrent launches."""
+    """(ctas, sk_tiles, partials, counters) for one launch. Both are allocated per call, so no two
+    launches (concurrent streams, CUDA graphs) ever share them: the partials cost nothing to
+    allocate, the zeroed counters one small memset (1–1.5 µs, benchmarks/NOTES.md). The kernel
+    leaves its counters at zero again, which would let a cached tensor be reused safely on one
+    stream."""
     import torch
 
     grid_m = -(-m // config.tile_m)
