@@ -119,11 +119,12 @@ def _kernel_layout_ok(name: str, t: torch.Tensor, k_multiple: int) -> None:
 def _direct(*tensors: torch.Tensor | None) -> bool:
     """Whether the wrappers may call the op's implementation directly rather than through
     torch.library's dispatcher: the same function runs either way, but the dispatcher costs about
-    40-50 µs of host time per op on torch 2.11 (benchmarks/host_overhead.py), which is most of an
-    eager decode step's budget. Only for plain eager calls: under torch.compile, inside a dispatch
+    40-50 µs of host time per op on torch 2.11 (benchmarks/host_overhead.py), and eager decode is
+    host-bound. Only for plain eager calls: under torch.compile, inside a dispatch
     mode (FakeTensorMode, ...), with tensor subclasses or with inputs that require grad (the ops have
     no autograd formula, and the dispatcher says so) the registered op runs."""
-    if torch.compiler.is_compiling() or torch.utils._python_dispatch._get_current_dispatch_mode() is not None:
+    mode = getattr(getattr(torch.utils, "_python_dispatch", None), "_get_current_dispatch_mode", None)  # private
+    if mode is None or mode() is not None or torch.compiler.is_compiling():
         return False
     return all(t is None or (type(t) is torch.Tensor and not t.requires_grad) for t in tensors)
 
