@@ -5,7 +5,7 @@ segments that `segments` below lists (Gemm256Kernel._segment)."""
 import itertools
 
 import pytest
-from hypothesis import assume, given, settings
+from hypothesis import assume, example, given, settings
 from hypothesis import strategies as st
 
 pytest.importorskip("cutlass")
@@ -112,3 +112,34 @@ def test_sk_cta_of_inverts_sk_iter_begin(sk_iters, ctas):
 def test_plan_picks_stream_k_where_it_pays(tiles, k_tiles, grid_m, expect_ctas):
     ctas, sk_tiles = g.plan(tiles, k_tiles, 132, grid_m)
     assert ctas == expect_ctas and (sk_tiles > 0) == (ctas > tiles)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(1, 5000), st.sampled_from([576, 2048, 4096, 8192, 14336, 28672]),
+       st.sampled_from([1024, 2048, 4096, 7168, 8192, 28672]), st.sampled_from(["gate_up", "down"]),
+       st.sampled_from(["fp8_block128", "bf16"]))
+@example(16, 8192, 7168, "gate_up", "fp8_block128")  # stream-K: gate_up decode, I = 3584
+@example(100, 14336, 4096, "down", "bf16")  # stream-K: down, 128-row tile
+@example(4096, 4096, 28672, "gate_up", "fp8_block128")  # whole tiles
+def test_launch_plan_meets_the_kernels_preconditions(m, k, n, op, mainloop):
+    """What the host hands the kernel for every shipped tile: a grid within the SMs, every CTA with
+    a stream-K k tile, and a workspace of exactly two slots of 128 fp32 per consumer thread."""
+    from unittest import mock
+
+    import torch
+    from swiglu_fused.kernels.sm90 import down, gate_up
+
+    mod = gate_up if op == "gate_up" else down
+    decode = m <= mod.DECODE_M
+    cfg = next(c for c in mod.shipped_configs() if c.mainloop == mainloop and (c.tile_m == 64) == decode)
+    with mock.patch.object(g, "sm_count", lambda device: 132):
+        ctas, sk_tiles, parts, ctr = g.launch_plan(cfg, m, n, k, torch.device("cpu"))
+    tiles = -(-m // cfg.tile_m) * -(-n // cfg.tile_n)
+    k_tiles = -(-k // cfg.tile_k)
+    assert 1 <= ctas <= 132
+    if sk_tiles == 0:
+        assert parts is None and ctr is None and ctas == min(tiles, 132)
+    else:
+        assert sk_tiles == tiles and ctas <= sk_tiles * k_tiles
+        assert parts.numel() == ctas * 2 * 128 * (2 * cfg.tile_m) and parts.dtype == torch.float32
+        assert ctr.numel() == sk_tiles + 1 and not ctr.any()
