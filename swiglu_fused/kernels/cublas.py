@@ -1,7 +1,7 @@
 """down on CUDA through cuBLAS: the fallback of ops.down where the sm90 down kernel (sm90/down.py)
-does not run — small M (too few tiles to fill the SMs, where cuBLAS is faster until the kernel
-has split-K; sm90/down.py fills_gpu), fp16/fp32
-outputs, non-bf16 residuals, GPUs other than sm_90, SWIGLU_FUSED_DISABLE_KERNELS=1.
+does not run — small M (too few tiles to fill the SMs, where cuBLAS's split-K is as fast or
+faster than the kernel's stream-K; sm90/down.py fills_gpu), fp16/fp32 outputs, non-bf16 residuals,
+GPUs other than sm_90, SWIGLU_FUSED_DISABLE_KERNELS=1.
 
 fp8_block128: ``torch._scaled_mm`` with 1×128 activation scales and 128×128 weight scales (cuBLAS
 block scaling, Hopper and later); bf16: a plain cuBLAS GEMM. Both give the reference's numbers up

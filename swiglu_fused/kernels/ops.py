@@ -102,6 +102,17 @@ def _check_group_scales(name: str, a: torch.Tensor, scale, k: int, how: str, wha
                  f"one scale per row per 128 columns of {name}")
 
 
+def _kernel_operands_ok(operands: dict, scales: dict) -> None:
+    """The sm90 kernels' layout constraints, raised only on the kernel path: matrix operands with
+    16-byte rows (``_kernel_layout_ok``), contiguous scales; None entries are absent operands."""
+    for name, t in operands.items():
+        if t is not None:
+            _kernel_layout_ok(name, t, 16 // t.element_size())
+    for name, t in scales.items():
+        if t is not None and not t.is_contiguous():
+            raise ValueError(f"{name}: the sm90 kernel needs a contiguous tensor; call .contiguous()")
+
+
 def _kernel_layout_ok(name: str, t: torch.Tensor, k_multiple: int) -> None:
     """Constraints of the sm90 kernels' 16-byte accesses, raised only on the kernel path."""
     if not t.is_contiguous():
@@ -180,11 +191,7 @@ def _gate_up_impl(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     cfg = _gate_up_kernel_config(x, weight, weight_scale, x_scale, global_scale, interleave, act, h_format)
     if cfg is not None:
-        _kernel_layout_ok("x", x, 16 if x.dtype == FP8 else 8)
-        _kernel_layout_ok("weight", weight, 16 if weight.dtype == FP8 else 8)
-        for name, t in (("weight_scale", weight_scale), ("x_scale", x_scale)):
-            if t is not None and not t.is_contiguous():
-                raise ValueError(f"{name}: the sm90 kernel needs a contiguous tensor; call .contiguous()")
+        _kernel_operands_ok(dict(x=x, weight=weight), dict(weight_scale=weight_scale, x_scale=x_scale))
         from .sm90 import gate_up as k
 
         with torch.cuda.device(x.device):
@@ -259,12 +266,12 @@ def _down_kernel_config(h, weight, weight_scale, h_scale, global_scale, residual
     if not sm90_kernels_usable(h.device) or global_scale is not None:
         return None
     try:
-        from .sm90 import down as k
+        from .sm90 import down as k, gemm256
     except ImportError:
         return None
     cfg = k.select_config(h, weight, weight_scale, h_scale, residual, out_dtype)
     if (cfg is not None and cublas.supports_down(h, weight, weight_scale, h_scale, None)
-            and not k.fills_gpu(cfg, h.shape[0], weight.shape[0], k.sm_count(h.device))):
+            and not k.fills_gpu(cfg, h.shape[0], weight.shape[0], gemm256.sm_count(h.device))):
         # too few tiles for the SMs (decode, small M): cuBLAS's split-K was measured as fast or
         # faster there (sm90/down.py MIN_WAVE), so it keeps the shapes it supports
         return None
@@ -282,13 +289,8 @@ def _down_impl(
 ) -> torch.Tensor:
     cfg = _down_kernel_config(h, weight, weight_scale, h_scale, global_scale, residual, out_dtype)
     if cfg is not None:
-        _kernel_layout_ok("h", h, 16 if h.dtype == FP8 else 8)
-        _kernel_layout_ok("weight", weight, 16 if weight.dtype == FP8 else 8)
-        if residual is not None:
-            _kernel_layout_ok("residual", residual, 8)
-        for name, t in (("weight_scale", weight_scale), ("h_scale", h_scale)):
-            if t is not None and not t.is_contiguous():
-                raise ValueError(f"{name}: the sm90 kernel needs a contiguous tensor; call .contiguous()")
+        _kernel_operands_ok(dict(h=h, weight=weight, residual=residual),
+                            dict(weight_scale=weight_scale, h_scale=h_scale))
         from .sm90 import down as k
 
         with torch.cuda.device(h.device):

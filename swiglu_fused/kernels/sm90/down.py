@@ -24,7 +24,7 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Int32
 
-from .gemm256 import MAINLOOPS, N_ALIGN, Gemm256Kernel, TileConfig, launch_plan, sm_count  # noqa: F401 (ops.py)
+from .gemm256 import MAINLOOPS, N_ALIGN, Gemm256Kernel, TileConfig, launch_plan
 
 
 @dataclass(frozen=True)
