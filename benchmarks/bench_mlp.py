@@ -9,7 +9,8 @@ Peers, in one process on the same inputs, each timed as a CUDA graph (median of 
   ours_bf16      FusedSwiGLUMLP bf16: fused gate_up kernel (bf16 mainloop), down on cuBLAS
 
     python benchmarks/bench_mlp.py [--shapes 4096x14336,8192x3584] [--m 1,16,...] [--json out.json]
-    python benchmarks/bench_mlp.py --generate      # tokens/s of generate(), patched vs unpatched
+    python benchmarks/bench_mlp.py --generate      # also tokens/s of generate(), patched vs unpatched
+    python benchmarks/bench_mlp.py --generate-only # only that
 
 Writes JSON; benchmarks/plot.py turns it into a PNG.
 """
@@ -107,10 +108,15 @@ def bench_generate(layers=8, new_tokens=64, rounds=2):
         base = LlamaForCausalLM(cfg).to(torch.bfloat16).eval()
     patched = copy.deepcopy(base)
     print(patch_model(patched, weight_format="fp8_block128"))
+    no_graphs = copy.deepcopy(patched)  # the fused ops launched one by one (eager_graph_rows = 0)
+    for m in no_graphs.modules():
+        if hasattr(m, "eager_graph_rows"):
+            m.eager_graph_rows = 0
     prompt = torch.randint(0, 32000, (1, 128), device="cuda")
-    out = {"unpatched": [], "patched_fp8": []}
+    models = {"unpatched": base, "patched_fp8": patched, "patched_fp8_no_graphs": no_graphs}
+    out = {name: [] for name in models}
     for _ in range(rounds):
-        for name, model in (("unpatched", base), ("patched_fp8", patched)):
+        for name, model in models.items():
             with torch.no_grad():
                 model.generate(prompt, max_new_tokens=4, do_sample=False)  # warm-up
                 torch.cuda.synchronize()
@@ -128,13 +134,15 @@ def main():
     p.add_argument("--m", default="1,16,64,256,1024,4096,16384")
     p.add_argument("--iters", type=int, default=30)
     p.add_argument("--generate", action="store_true", help="also measure generate() tokens/s")
+    p.add_argument("--generate-only", action="store_true", help="only measure generate() tokens/s")
     p.add_argument("--json", default=None)
     a = p.parse_args()
     torch._dynamo.config.cache_size_limit = 1024
     shapes = [tuple(map(int, s.split("x"))) for s in a.shapes.split(",")]
-    result = dict(device=torch.cuda.get_device_name(), torch=torch.__version__, date=time.strftime("%Y-%m-%d"),
-                  rows=bench_shapes(shapes, [int(m) for m in a.m.split(",")], a.iters))
-    if a.generate:
+    result = dict(device=torch.cuda.get_device_name(), torch=torch.__version__, date=time.strftime("%Y-%m-%d"))
+    if not a.generate_only:
+        result["rows"] = bench_shapes(shapes, [int(m) for m in a.m.split(",")], a.iters)
+    if a.generate or a.generate_only:
         result["generate"] = bench_generate()
     if a.json:
         with open(a.json, "w") as f:

@@ -7,7 +7,7 @@ from typing import Mapping
 import torch
 from torch import nn
 
-from . import formats
+from . import eager_graphs, formats
 from .kernels import ops, reference
 from .weight_packing import pack
 
@@ -26,6 +26,14 @@ class _PackedProjection(nn.Module):
 
 
 class FusedSwiGLUMLP(nn.Module):
+    """The gated MLP on packed weights: forward = quant_x → gate_up → down (kernels.ops).
+
+    ``eager_graph_rows``: plain eager calls on the sm90 backend with at most this many rows (all
+    leading dimensions together) run as a cached CUDA graph (``eager_graphs.py``: eager decode is
+    host-bound otherwise); 0 turns that off. Under torch.compile or inside another graph capture
+    the ops run as usual.
+    """
+
     def __init__(self, gate_up: Mapping[str, torch.Tensor], down: Mapping[str, torch.Tensor], *,
                  weight_format: str, interleave: int = formats.DEFAULT_INTERLEAVE, activation: str = "silu",
                  global_scale_kind: str | None = None):
@@ -42,6 +50,8 @@ class FusedSwiGLUMLP(nn.Module):
         self.global_scale_kind = global_scale_kind if fmt.name == "nvfp4" else None
         self.gate_up_proj = _PackedProjection(gate_up)
         self.down_proj = _PackedProjection(down)
+        kernel_format = fmt.name in ("fp8_block128", "bf16") and interleave == formats.FP8_BLOCK
+        self.eager_graph_rows = eager_graphs.MAX_ROWS if kernel_format else 0
 
     @classmethod
     def from_linear(cls, gate: nn.Linear | torch.Tensor, up: nn.Linear | torch.Tensor, down: nn.Linear | torch.Tensor,
@@ -89,6 +99,14 @@ class FusedSwiGLUMLP(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.numel() == 0:
             return x.new_empty(x.shape)
+        y = None
+        if self.eager_graph_rows and not torch.compiler.is_compiling() and ops.sm90_kernels_usable(x.device):
+            y = eager_graphs.run(self, x.reshape(-1, x.shape[-1]), self._ops_forward)
+        if y is None:
+            return self._ops_forward(x)
+        return y.reshape(*x.shape[:-1], y.shape[-1])
+
+    def _ops_forward(self, x: torch.Tensor) -> torch.Tensor:
         return reference.mlp(x, self.gate_up_proj.tensors(), self.down_proj.tensors(),
                              weight_format=self.weight_format, interleave=self.interleave, act=self.activation,
                              global_scale_kind=self.global_scale_kind, ops=ops)
@@ -97,4 +115,5 @@ class FusedSwiGLUMLP(nn.Module):
         w = self.gate_up_proj.tensors()[formats.weight_format(self.weight_format).weight_name()]
         hidden = formats.weight_format(self.weight_format).cols_of(w)
         return (f"hidden={hidden}, intermediate={w.shape[0] // 2}, format={self.weight_format}, "
-                f"g={self.interleave}, activation={self.activation}, backend={self.backend}")
+                f"g={self.interleave}, activation={self.activation}, backend={self.backend}"
+                + (f", eager_graph_rows={self.eager_graph_rows}" if self.eager_graph_rows and self.backend == "sm90" else ""))

@@ -175,3 +175,17 @@ def test_eager_calls_skip_the_dispatcher_only_when_safe():
     xq, xs = ops.quant_x(x)
     xq2, xs2 = torch.ops.swiglu_fused.quant_x(x)
     assert torch.equal(xq.view(torch.uint8), xq2.view(torch.uint8)) and torch.equal(xs, xs2)
+
+
+@pytest.mark.parametrize("fmt", ["fp8_block128", "bf16"])
+def test_layer_traces_whole_under_torch_compile(fmt):
+    """fullgraph=True: nothing on the forward path (eager-call checks included) breaks the graph;
+    the eager backend keeps this a tracing test, cheap enough for CI."""
+    from swiglu_fused import FusedSwiGLUMLP
+
+    g = torch.Generator().manual_seed(0)
+    w = [torch.randn(*s, generator=g) / s[1] ** 0.5 for s in ((256, 128), (256, 128), (128, 256))]
+    mlp = FusedSwiGLUMLP.from_linear(*w, weight_format=fmt)
+    x = torch.randn(2, 3, 128, generator=g).to(torch.bfloat16)
+    torch._dynamo.reset()
+    assert torch.equal(torch.compile(mlp, fullgraph=True, backend="eager")(x), mlp(x))

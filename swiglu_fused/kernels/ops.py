@@ -134,8 +134,10 @@ def _direct(*tensors: torch.Tensor | None) -> bool:
     host-bound. Only for plain eager calls: under torch.compile, inside a dispatch
     mode (FakeTensorMode, ...), with tensor subclasses or with inputs that require grad (the ops have
     no autograd formula, and the dispatcher says so) the registered op runs."""
+    if torch.compiler.is_compiling():  # first: dynamo cannot trace the dispatch-mode query
+        return False
     mode = getattr(getattr(torch.utils, "_python_dispatch", None), "_get_current_dispatch_mode", None)  # private
-    if mode is None or mode() is not None or torch.compiler.is_compiling():
+    if mode is None or mode() is not None:
         return False
     return all(t is None or (type(t) is torch.Tensor and not t.requires_grad) for t in tensors)
 

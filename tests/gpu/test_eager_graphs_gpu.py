@@ -1,0 +1,114 @@
+"""FusedSwiGLUMLP's cached CUDA graphs for eager small-M calls (swiglu_fused/eager_graphs.py)."""
+
+import pytest
+import torch
+
+from swiglu_fused import FusedSwiGLUMLP, eager_graphs
+
+from .tolerance import assert_bf16_close
+from .test_layer_gpu import _mlp, _reference
+
+
+def _direct(mlp, x):
+    """The module's ops run directly (no graph) on x padded with zero rows to the graph's bucket:
+    the same GEMM shapes the graph runs, so cuBLAS picks the same algorithm."""
+    x2 = x.reshape(-1, x.shape[-1])
+    rows = eager_graphs.bucket(x2.shape[0])
+    pad = torch.cat([x2, x2.new_zeros(rows - x2.shape[0], x2.shape[1])])
+    return mlp._ops_forward(pad)[: x2.shape[0]].reshape(*x.shape[:-1], -1)
+
+
+@pytest.mark.parametrize("fmt", ["fp8_block128", "bf16"])
+@pytest.mark.parametrize("shape", [(1, 576), (3, 576), (2, 8, 576), (64, 576)])
+def test_graph_replay_equals_the_direct_ops(fmt, shape):
+    mlp = _mlp(576, 1536, fmt, seed=1)
+    before = dict(eager_graphs.stats)
+    for seed in range(3):  # capture, then replays on fresh inputs
+        x = torch.randn(*shape, generator=torch.Generator().manual_seed(seed)).cuda().to(torch.bfloat16)
+        y = mlp(x)
+        assert y.shape == x.shape and y.dtype == x.dtype
+        assert torch.equal(y, _direct(mlp, x))
+        assert_bf16_close(y, _reference(mlp, x).cuda())
+    assert eager_graphs.stats["captures"] == before["captures"] + 1
+    assert eager_graphs.stats["replays"] == before["replays"] + 3
+
+
+def test_rows_above_the_limit_and_disabled_modules_run_directly():
+    mlp = _mlp(576, 1536, "fp8_block128")
+    before = dict(eager_graphs.stats)
+    x = torch.randn(65, 576, device="cuda").to(torch.bfloat16)
+    assert_bf16_close(mlp(x), _reference(mlp, x).cuda())
+    mlp.eager_graph_rows = 0
+    x = torch.randn(4, 576, device="cuda").to(torch.bfloat16)
+    assert_bf16_close(mlp(x), _reference(mlp, x).cuda())
+    assert eager_graphs.stats == before
+
+
+def test_replaced_weights_are_captured_again():
+    mlp, other = _mlp(576, 1536, "fp8_block128", seed=1), _mlp(576, 1536, "fp8_block128", seed=2)
+    x = torch.randn(2, 576, device="cuda").to(torch.bfloat16)
+    mlp(x)
+    before = dict(eager_graphs.stats)
+    mlp.load_state_dict(other.state_dict())  # copies in place: same pointers, the graph reads new values
+    assert torch.equal(mlp(x), other(x))
+    assert eager_graphs.stats["invalidations"] == before["invalidations"]
+    for name, t in other.down_proj.tensors().items():  # new tensors: new pointers
+        setattr(mlp.down_proj, name, t.clone())
+    assert torch.equal(mlp(x), other(x))
+    assert eager_graphs.stats["invalidations"] == before["invalidations"] + 1
+
+
+def test_inside_an_outer_capture_the_ops_are_captured_directly():
+    mlp = _mlp(576, 1536, "fp8_block128")
+    x = torch.randn(5, 576, device="cuda").to(torch.bfloat16)
+    mlp(x)  # warm-up (and the module's own graph for 5 rows)
+    before = dict(eager_graphs.stats)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        y = mlp(x)
+    assert eager_graphs.stats == before  # nested capture would have raised; nothing replayed at capture
+    x.copy_(torch.randn(5, 576, device="cuda"))
+    g.replay()
+    assert_bf16_close(y, _reference(mlp, x).cuda())
+
+
+def test_each_stream_gets_its_own_graph():
+    mlp = _mlp(576, 1536, "fp8_block128")
+    x = torch.randn(3, 576, device="cuda").to(torch.bfloat16)
+    y0 = mlp(x)
+    before = dict(eager_graphs.stats)
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        y1 = mlp(x)
+    torch.cuda.current_stream().wait_stream(s)
+    assert eager_graphs.stats["captures"] == before["captures"] + 1
+    assert torch.equal(y0, y1)
+
+
+def test_inference_mode_then_no_grad_and_grad_inputs():
+    mlp = _mlp(576, 1536, "bf16")
+    x = torch.randn(2, 576, device="cuda").to(torch.bfloat16)
+    with torch.inference_mode():
+        y0 = mlp(x)
+    with torch.no_grad():
+        y1 = mlp(x)
+    assert torch.equal(y0, y1)
+    before = dict(eager_graphs.stats)
+    try:  # the registered ops run (they have no autograd formula; torch decides when to say so)
+        mlp(x.clone().requires_grad_())
+    except RuntimeError:
+        pass
+    assert eager_graphs.stats == before
+
+
+def test_generate_style_loop_uses_one_graph_per_module():
+    layers = torch.nn.Sequential(*(_mlp(576, 1536, "fp8_block128", seed=s) for s in range(3)))
+    before = dict(eager_graphs.stats)
+    x = torch.randn(1, 1, 576, device="cuda").to(torch.bfloat16)
+    outs = [layers(x) for _ in range(4)]
+    assert eager_graphs.stats["captures"] == before["captures"] + 3
+    assert eager_graphs.stats["replays"] == before["replays"] + 12
+    assert all(torch.equal(o, outs[0]) for o in outs)
+    assert "eager_graph_rows=64" in repr(layers[0])
+    assert isinstance(layers[0], FusedSwiGLUMLP)
