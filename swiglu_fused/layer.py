@@ -58,7 +58,9 @@ class FusedSwiGLUMLP(nn.Module):
                     *, weight_format: str = "fp8_block128", interleave: int = formats.DEFAULT_INTERLEAVE,
                     activation: str = "silu") -> "FusedSwiGLUMLP":
         """Quantize and pack plain gate / up / down projections (modules or weights)."""
-        w = [m.weight.detach() if isinstance(m, nn.Module) else m for m in (gate, up, down)]
+        # detached: packed buffers must not carry an autograd graph (it would keep the bf16
+        # weights alive and send every call through the dispatcher, see ops._direct)
+        w = [(m.weight if isinstance(m, nn.Module) else m).detach() for m in (gate, up, down)]
         kind = "divisor" if weight_format == "nvfp4" else None
         g, u, d = (pack.quantize(t.float(), weight_format, name, kind) for t, name in zip(w, ("gate", "up", "down")))
         formats.check_interleave(w[0].shape[0], interleave, formats.weight_format(weight_format), "FusedSwiGLUMLP")

@@ -1,5 +1,7 @@
 """transformers: patch a loaded model; load and save a packed checkpoint with from_pretrained."""
 
+import copy
+
 import pytest
 import torch
 
@@ -49,6 +51,12 @@ def test_patched_quantized_logits_within_tolerance(tmp_path, fmt):
         got = model(tokens).logits
     assert _rel(got, expected) < LOGITS_BOUND[fmt]
     assert "format=" + fmt in repr(model.model.layers[0].mlp)
+    # plain buffers: no autograd graph back to the bf16 weights (it kept them alive), so the
+    # patched model deep-copies and its eager calls take the ops' direct path
+    for name, b in model.model.layers[0].mlp.named_buffers():
+        assert b.grad_fn is None and not b.requires_grad, name
+    with torch.no_grad():
+        assert torch.equal(copy.deepcopy(model)(tokens).logits, got)
 
 
 def test_modules_it_cannot_handle_are_listed(tmp_path):
