@@ -27,7 +27,15 @@ from cutlass import Float32, Int32
 from . import epilogue
 from .gemm256 import G, MAINLOOPS, Gemm256Kernel, TileConfig, launch_plan
 
-GateUpKernel = Gemm256Kernel  # the kernel class; GateUpConfig selects its swiglu epilogue
+
+
+def kernel_class(config: "GateUpConfig"):
+    """Gemm256Kernel with the swiglu epilogue; its swap-AB subclass for the 16/32-token tiles."""
+    if config.swap_ab:
+        from .swap_ab import SwapABKernel
+
+        return SwapABKernel
+    return Gemm256Kernel
 
 
 @dataclass(frozen=True)
@@ -63,7 +71,7 @@ def compile_gate_up(config: GateUpConfig):
     ab = cutlass.Float8E4M3FN if config.fp8 else cutlass.BFloat16
     h = cutlass.Float8E4M3FN if config.h_format == "fp8_group128" else cutlass.BFloat16
     return cute.compile(
-        Gemm256Kernel(config),
+        kernel_class(config)(config),
         fake_ptr(ab, 16), fake_ptr(ab, 16),
         fake_ptr(Float32, 4), fake_ptr(Float32, 4),
         fake_ptr(h, 16), fake_ptr(Float32, 4),
@@ -76,6 +84,7 @@ def compile_gate_up(config: GateUpConfig):
 
 # Shipped configurations: what select_config can return (and what CI compile-checks).
 DECODE_M = 64  # M ≤ this uses the 64-row tile
+SWAP_TILES = ((16, 6), (32, 6))  # (tokens, stages) of the fp8 swap-AB tiles (swap_ab.py), M ≤ 32
 
 
 def shipped_configs() -> list[GateUpConfig]:
@@ -83,7 +92,8 @@ def shipped_configs() -> list[GateUpConfig]:
     for mainloop in MAINLOOPS:
         for act in epilogue.ACTIVATIONS:
             for h_format in epilogue.H_FORMATS:
-                for tile_m, stages in ((128, 4), (64, 5)):
+                tiles = ((128, 4), (64, 5)) + (SWAP_TILES if mainloop == "fp8_block128" else ())
+                for tile_m, stages in tiles:
                     out.append(GateUpConfig(tile_m=tile_m, stages=stages, act=act, h_format=h_format, mainloop=mainloop))
     return out
 
@@ -105,6 +115,8 @@ def select_config(x, weight, weight_scale, x_scale, *, act: str, h_format: str) 
     if weight.shape[0] % (2 * G):
         return None
     tile_m, stages = (64, 5) if x.shape[0] <= DECODE_M else (128, 4)
+    if mainloop == "fp8_block128":
+        tile_m, stages = next(((t, s) for t, s in SWAP_TILES if x.shape[0] <= t), (tile_m, stages))
     return GateUpConfig(tile_m=tile_m, stages=stages, act=act, h_format=h_format, mainloop=mainloop)
 
 

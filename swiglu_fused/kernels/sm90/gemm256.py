@@ -84,7 +84,7 @@ N_ALIGN = 8  # weight rows (N) must be a multiple of this: 16-byte rows of a bf1
 class TileConfig:
     """Mainloop part of a compile-time configuration; subclasses name the epilogue."""
 
-    tile_m: int = 128  # 128 (prefill: 2 consumer warpgroups) or 64 (decode: 1)
+    tile_m: int = 128  # 128 (prefill: 2 consumer warpgroups), 64 (decode: 1), 16 or 32 (swap-AB, swap_ab.py)
     tile_n: int = 256  # weight rows per tile = two 128-row halves
     stages: int = 4
     mainloop: str = "fp8_block128"
@@ -96,8 +96,11 @@ class TileConfig:
 
     def __post_init__(self):
         name = type(self).__name__
-        if self.tile_m not in (64, 128):
-            raise ValueError(f"{name}.tile_m: expected 64 or 128, got {self.tile_m}")
+        if self.tile_m not in (16, 32, 64, 128):
+            raise ValueError(f"{name}.tile_m: expected 16, 32 (swap-AB), 64 or 128, got {self.tile_m}")
+        if self.swap_ab and (self.mainloop != "fp8_block128" or self.epilogue != "swiglu"):
+            raise ValueError(f"{name}.tile_m: the swap-AB tiles (16, 32) implement the fp8_block128 mainloop "
+                             f"and the swiglu epilogue only, got {self.mainloop} / {self.epilogue}")
         if self.tile_n != 2 * G:
             raise ValueError(f"{name}.tile_n: expected {2 * G} (two 128-row weight blocks), got {self.tile_n}")
         if self.mainloop not in MAINLOOPS:
@@ -107,7 +110,8 @@ class TileConfig:
         if self.epilogue not in epilogue.EPILOGUES:
             raise ValueError(f"{name}.epilogue: expected one of {epilogue.EPILOGUES}, got {self.epilogue!r}")
         stage_bytes = (self.tile_m + self.tile_n) * self.tile_k * self.elem_bytes
-        fixed = self.out_stage_bytes + 64 * self.stages  # output staging + mbarriers (16 B a stage; 64 reserved)
+        # output staging + the swap-AB amax exchange + mbarriers (16 B a stage; 64 reserved)
+        fixed = self.out_stage_bytes + 4 * self.red_words + 64 * self.stages
         if self.stages < 2 or self.stages * stage_bytes + fixed > SMEM_BYTES:
             raise ValueError(
                 f"{name}.stages: {self.stages} stages of {stage_bytes} B plus {self.out_stage_bytes} B of "
@@ -125,6 +129,20 @@ class TileConfig:
     @property
     def out_stage_bytes(self) -> int:
         return self.tile_m * self.out_row_words * 4
+
+    @property
+    def swap_ab(self) -> bool:
+        """Tokens on the wgmma N side, weights on its M side (swap_ab.py): the decode tiles."""
+        return self.tile_m < 64
+
+    @property
+    def consumer_threads(self) -> int:
+        return 128 * max(1, self.tile_m // 64)
+
+    @property
+    def red_words(self) -> int:
+        """fp32 words of smem for the swap-AB epilogue's cross-warp amax (4 warps × tokens)."""
+        return 4 * self.tile_m if self.swap_ab else 4
 
     @property
     def fp8(self) -> bool:
@@ -148,7 +166,7 @@ class Gemm256Kernel:
         self.cfg = config
         self.ab_dtype = cutlass.Float8E4M3FN if config.fp8 else cutlass.BFloat16
         self.acc_dtype = Float32
-        self.num_mma_wg = config.tile_m // 64
+        self.num_mma_wg = config.consumer_threads // 128
         self.threads = 128 * (1 + self.num_mma_wg)
         self.tile_mnk = (config.tile_m, config.tile_n, config.tile_k)
         if config.epilogue == "swiglu":
@@ -198,11 +216,7 @@ class Gemm256Kernel:
                 cute.recast_ptr(aux_ptr, dtype=Int32), cute.make_layout((m, out_words), stride=(out_words, 1))
             )
 
-        major = cute.nvgpu.warpgroup.OperandMajorMode.K
-        tiled_mma = sm90_utils.make_trivial_tiled_mma(
-            self.ab_dtype, self.ab_dtype, major, major, self.acc_dtype,
-            (self.num_mma_wg, 1, 1), tiler_mn=(64, G),
-        )
+        tiled_mma = self._tiled_mma()
         a_layout = self._smem_layout(cfg.tile_m)
         b_layout = self._smem_layout(cfg.tile_n)
         tma_a, tma_tA = cute.nvgpu.cpasync.make_tiled_tma_atom(
@@ -221,6 +235,7 @@ class Gemm256Kernel:
             sO: cute.struct.Align[cute.struct.MemRange[Int32, cfg.tile_m * cfg.out_row_words], 16]
             mbar: cute.struct.MemRange[cutlass.Int64, cfg.stages * 2]
             flag: cute.struct.MemRange[Int32, 4]  # stream-K: the arrival count seen by this CTA
+            red: cute.struct.MemRange[Float32, cfg.red_words]  # swap-AB: cross-warp amax
 
         self.shared_storage = SharedStorage
 
@@ -233,6 +248,13 @@ class Gemm256Kernel:
             tma_a, tma_tA, tma_b, tma_tB, mAS, mWS, mOut, mAux, mPart, mCtr, tiled_mma, a_layout, b_layout,
             m, n, n_tiles, sk_tiles,
         ).launch(grid=[ctas, 1, 1], block=[self.threads, 1, 1], stream=stream)
+
+    def _tiled_mma(self):
+        """64 rows of A × 128 weight rows per warpgroup (one B half per wgmma chain)."""
+        major = cute.nvgpu.warpgroup.OperandMajorMode.K
+        return sm90_utils.make_trivial_tiled_mma(
+            self.ab_dtype, self.ab_dtype, major, major, self.acc_dtype, (self.num_mma_wg, 1, 1), tiler_mn=(64, G)
+        )
 
     def _smem_layout(self, rows: int):
         cfg = self.cfg
@@ -325,21 +347,8 @@ class Gemm256Kernel:
             # ---------------- producer warpgroup: one warp issues the TMA loads
             cute.arch.setmaxregister_decrease(40)
             if warp_idx == 0:
-                state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, cfg.stages)
-                cursor = Int32(0)
-                while cursor < cursor_end:
-                    tile, kb0, kb1 = self._segment(cursor, bidx, nctas, dp_iters, k_tiles, dp_tiles, it_begin, it_end)
-                    tm = tile % grid_m
-                    tn = tile // grid_m
-                    cursor += kb1 - kb0
-                    for kt in cutlass.range(kb0, kb1, unroll=1):
-                        mainloop.producer_acquire(state)
-                        bar = mainloop.producer_get_barrier(state)
-                        cute.copy(tma_a, tAgA[(None, tm, kt)], tAsA[(None, state.index)], tma_bar_ptr=bar)
-                        cute.copy(tma_b, tBgB[(None, tn, kt)], tBsB[(None, state.index)], tma_bar_ptr=bar)
-                        mainloop.producer_commit(state)
-                        state.advance()
-                mainloop.producer_tail(state)
+                self._produce(mainloop, tma_a, tAgA, tAsA, tma_b, tBgB, tBsB, cursor_end, bidx, nctas, dp_iters,
+                              k_tiles, dp_tiles, it_begin, it_end, grid_m)
         else:
             # ---------------- consumer warpgroups: wgmma, promotion, epilogue
             cute.arch.setmaxregister_increase(232)
@@ -470,6 +479,26 @@ class Gemm256Kernel:
                         self._epilogue_swiglu(acc, n_vals, r0, col0, tm, tn, m, sO, mOut, mAux, wg_idx - 1, tidx % 128)
                     else:
                         self._epilogue_linear(acc, n_vals, r0, col0, tm, tn, m, n, sO, mOut, mAux, wg_idx - 1, tidx % 128)
+
+    @cute.jit
+    def _produce(self, mainloop, tma_a, tAgA, tAsA, tma_b, tBgB, tBsB, cursor_end, bidx, nctas, dp_iters,
+                 k_tiles, dp_tiles, it_begin, it_end, grid_m):
+        """The producer warp: TMA loads of A and W k tiles for this CTA's segments, in order."""
+        state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.cfg.stages)
+        cursor = Int32(0)
+        while cursor < cursor_end:
+            tile, kb0, kb1 = self._segment(cursor, bidx, nctas, dp_iters, k_tiles, dp_tiles, it_begin, it_end)
+            tm = tile % grid_m
+            tn = tile // grid_m
+            cursor += kb1 - kb0
+            for kt in cutlass.range(kb0, kb1, unroll=1):
+                mainloop.producer_acquire(state)
+                bar = mainloop.producer_get_barrier(state)
+                cute.copy(tma_a, tAgA[(None, tm, kt)], tAsA[(None, state.index)], tma_bar_ptr=bar)
+                cute.copy(tma_b, tBgB[(None, tn, kt)], tBsB[(None, state.index)], tma_bar_ptr=bar)
+                mainloop.producer_commit(state)
+                state.advance()
+        mainloop.producer_tail(state)
 
     # ------------------------------------------------------------------ stream-K
     @cute.jit
@@ -631,8 +660,9 @@ class Gemm256Kernel:
             self._copy_slab(sY, mY, tm, 2 * tn + half, m, n_chunks, wg, tid, False)
 
     @cute.jit
-    def _copy_slab(self, sO, mO, tm, slab, m, n_chunks, wg, tid, into_smem: cutlass.Constexpr):
-        """Copy the warpgroup's 64 × 128-column slab to (or, into_smem, from) global columns
+    def _copy_slab(self, sO, mO, tm, slab, m, n_chunks, wg, tid, into_smem: cutlass.Constexpr,
+                   rows: cutlass.Constexpr = 64):
+        """Copy the warpgroup's ``rows`` × 128-column slab to (or, into_smem, from) global columns
         [128·slab, 128·slab + 128), 16 bytes per thread per step, row-contiguous; rows ≥ M skipped,
         and for the linear epilogue 16-byte chunks ≥ n_chunks (its column mask at N)."""
         cfg = self.cfg
@@ -641,9 +671,9 @@ class Gemm256Kernel:
         sOv = cute.zipped_divide(sO, (1, 4))
         copy16 = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), Int32, num_bits_per_copy=128)
         rO = cute.make_rmem_tensor(cute.make_layout(4), Int32)
-        for q in cutlass.range_constexpr(64 * chunks // 128):
+        for q in cutlass.range_constexpr(rows * chunks // 128):
             c = tid + 128 * q
-            rl = wg * 64 + c // chunks
+            rl = wg * rows + c // chunks
             ch = c % chunks
             grow = tm * cfg.tile_m + rl
             gch = slab * chunks + ch
@@ -677,7 +707,7 @@ class Gemm256Kernel:
 SK_MIN_ITERS = 4  # k tiles per CTA, at least
 # One CTA's time per 32 KB weight k tile when few CTAs run (whole tiles, measured): decode tile,
 # and the 128-row tile (two consumer warpgroups, more MMA per byte)
-ITER_US = {64: 0.59, 128: 0.84}
+ITER_US = {16: 0.25, 32: 0.3, 64: 0.59, 128: 0.84}  # 16, 32: swap-AB (estimates, not yet measured)
 HBM_BYTES_PER_US = 2.6e6  # what many CTAs together reach (2.96e6 for a plain copy)
 FIXUP_US = (4.0, 2.5)  # fix-up cost: base + per CTA sharing a tile
 SK_MIN_GAIN = 1.15  # stream-K only when predicted this much faster
@@ -730,8 +760,8 @@ def launch_plan(config: TileConfig, m: int, n: int, k: int, device):
     ctas, sk_tiles = plan(tiles, -(-k // config.tile_k), sm_count(device), grid_m, iter_bytes, iter_us)
     if sk_tiles == 0:
         return ctas, 0, None, None
-    # per CTA two slots (its first and last tile) of 128 fp32 per consumer thread (2 · tile_m threads)
-    parts = torch.empty(ctas * 2 * G * 2 * config.tile_m, dtype=torch.float32, device=device)
+    # per CTA two slots (its first and last tile) of 128 fp32 per consumer thread
+    parts = torch.empty(ctas * 2 * G * config.consumer_threads, dtype=torch.float32, device=device)
     ctr = torch.zeros(sk_tiles + 1, dtype=torch.int32, device=device)
     return ctas, sk_tiles, parts, ctr
 

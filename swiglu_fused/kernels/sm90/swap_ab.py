@@ -1,0 +1,288 @@
+"""Swap-AB tiles of the sm90 GEMM for decode-sized M (gate_up, fp8_block128): the weights are the
+wgmma's A operand (its M side: a tile's 256 weight rows are 4 blocks of 64) and the tokens its B
+operand (N side: tile_m = 16 or 32 tokens), so the tensor cores compute 256 × tile_m per k step
+instead of 64 × 256 with the 64-row tile.
+
+Why: with the 64-row tile a 32 KB weight k tile costs one SM 4.2 MFLOP whatever M is, 0.59 µs,
+so a CTA streams weights at ~55 GB/s (tensor-bound), and HBM needs ≥ 55 busy SMs; at M = 16 three
+quarters of that work is zero rows. With 16 tokens on the N side the same k tile is 1 MFLOP.
+
+Everything but the consumer warpgroup is gemm256.Gemm256Kernel's: the TMA producer (A = x tile
+[tile_m, 128], W = weight tile [256, 128]), the persistent / stream-K schedule and its fix-up, the
+slab copy-out. One consumer warpgroup holds the whole 256 × tile_m accumulator (tile_m/2 fp32 per
+block and thread: 32 or 64 registers, and as many for the wgmma temp).
+
+Fragment of one 64-row block b (wgmma C layout, value v of thread t, lane = t % 32, warp = t / 32):
+
+    weight row = 64·b + 16·warp + lane/4 + 8·((v/2)%2)
+    token      = 8·(v/4) + 2·(lane%4) + v%2
+
+Blocks 0, 1 are the tile's gate rows (h columns 0..127 of the tile), blocks 2, 3 its up rows:
+gate and up of one h column are the same value index of blocks b and b + 2, so act(gate)·up stays
+register-local. Promotion per 128-wide k block: acc += temp · x_scale[token] · w_scale[half], the
+weight half being b / 2.
+
+Epilogue (swiglu): per token, amax over the tile's 128 h columns = in-thread (2 blocks × 2 rows),
+butterfly over lane/4 (xor 4, 8, 16), then over the 4 warps through smem. h is staged in smem
+token-major (one byte or bf16 per value) and copied out 16 bytes per thread; h_scale per token.
+"""
+
+from __future__ import annotations
+
+import cutlass
+import cutlass.cute as cute
+import cutlass.pipeline as pipeline
+import cutlass.utils.hopper_helpers as sm90_utils
+from cutlass import Float32, Int32
+from cutlass.pipeline import pipeline_init_arrive, pipeline_init_wait
+
+from .gemm256 import FP8_MAX, G, Gemm256Kernel, sk_cta_of, sk_iter_begin
+from .ptx import cvt_bf16x2, cvt_e4m3x2, div_rn
+
+BLOCKS = 4  # 64-row wgmma blocks per 256-row weight tile
+
+
+class SwapABKernel(Gemm256Kernel):
+    """Gemm256Kernel with the swap-AB consumer (config.tile_m 16 or 32, see the module docstring)."""
+
+    def _tiled_mma(self):
+        major = cute.nvgpu.warpgroup.OperandMajorMode.K
+        return sm90_utils.make_trivial_tiled_mma(
+            self.ab_dtype, self.ab_dtype, major, major, self.acc_dtype, (1, 1, 1), tiler_mn=(64, self.cfg.tile_m)
+        )
+
+    @cute.kernel
+    def kernel(
+        self,
+        tma_a: cute.CopyAtom,
+        mA: cute.Tensor,
+        tma_b: cute.CopyAtom,
+        mB: cute.Tensor,
+        mAS: cute.Tensor,
+        mWS: cute.Tensor,
+        mOut: cute.Tensor,
+        mAux: cute.Tensor,
+        mPart: cute.Tensor,
+        mCtr: cute.Tensor,
+        tiled_mma: cute.TiledMma,
+        a_layout: cute.ComposedLayout,
+        b_layout: cute.ComposedLayout,
+        m: Int32,
+        n: Int32,
+        n_tiles: Int32,
+        sk_tiles: Int32,
+    ):
+        cfg = self.cfg
+        tidx, _, _ = cute.arch.thread_idx()
+        bidx, _, _ = cute.arch.block_idx()
+        warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
+        wg_idx = cute.arch.make_warp_uniform(tidx // 128)
+
+        if warp_idx == 0:
+            cute.nvgpu.cpasync.prefetch_descriptor(tma_a)
+            cute.nvgpu.cpasync.prefetch_descriptor(tma_b)
+
+        smem = cutlass.utils.SmemAllocator()
+        storage = smem.allocate(self.shared_storage)
+        stage_bytes = cute.size_in_bytes(self.ab_dtype, cute.slice_(a_layout, (None, None, 0))) + cute.size_in_bytes(
+            self.ab_dtype, cute.slice_(b_layout, (None, None, 0))
+        )
+        mainloop = pipeline.PipelineTmaAsync.create(
+            barrier_storage=storage.mbar.data_ptr(),
+            num_stages=cfg.stages,
+            producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread),
+            consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 4),
+            tx_count=stage_bytes,
+            cta_layout_vmnk=cute.make_layout((1, 1, 1, 1)),
+            defer_sync=True,
+        )
+        pipeline_init_arrive(cluster_shape_mn=(1, 1), is_relaxed=True)
+
+        sA = storage.sA.get_tensor(a_layout.outer, swizzle=a_layout.inner)
+        sB = storage.sB.get_tensor(b_layout.outer, swizzle=b_layout.inner)
+        gA = cute.local_tile(mA, (cfg.tile_m, cfg.tile_k), (None, None))
+        gB = cute.local_tile(mB, (cfg.tile_n, cfg.tile_k), (None, None))
+        k_tiles = cute.size(gA, mode=[3])
+        tAsA, tAgA = cute.nvgpu.cpasync.tma_partition(
+            tma_a, 0, cute.make_layout(1), cute.group_modes(sA, 0, 2), cute.group_modes(gA, 0, 2)
+        )
+        tBsB, tBgB = cute.nvgpu.cpasync.tma_partition(
+            tma_b, 0, cute.make_layout(1), cute.group_modes(sB, 0, 2), cute.group_modes(gB, 0, 2)
+        )
+        pipeline_init_wait(cluster_shape_mn=(1, 1))
+
+        # the persistent / stream-K schedule of Gemm256Kernel.kernel
+        nctas, _, _ = cute.arch.grid_dim()
+        grid_m = (m + cfg.tile_m - 1) // cfg.tile_m
+        dp_tiles = grid_m * n_tiles - sk_tiles
+        sk_iters = sk_tiles * k_tiles
+        it_begin = sk_iter_begin(bidx, nctas, sk_iters)
+        it_end = sk_iter_begin(bidx + 1, nctas, sk_iters)
+        dp_iters = (dp_tiles - bidx + nctas - 1) // nctas * k_tiles
+        cursor_end = dp_iters + it_end - it_begin
+        ws_last = (n + G - 1) // G - 1
+
+        if wg_idx == 0:
+            cute.arch.setmaxregister_decrease(40)
+            if warp_idx == 0:
+                self._produce(mainloop, tma_a, tAgA, tAsA, tma_b, tBgB, tBsB, cursor_end, bidx, nctas, dp_iters,
+                              k_tiles, dp_tiles, it_begin, it_end, grid_m)
+        else:
+            cute.arch.setmaxregister_increase(232)
+            t = tidx - 128
+            thr_mma = tiled_mma.get_slice(t)
+            tCrW = tiled_mma.make_fragment_A(thr_mma.partition_A(sB))  # (MMA, 4 blocks, MMA_K, STAGES)
+            tCrX = tiled_mma.make_fragment_B(thr_mma.partition_B(sA))  # (MMA, 1, MMA_K, STAGES)
+            num_k_blocks = cute.size(tCrW, mode=[2])
+            tCcC = thr_mma.partition_C(cute.make_identity_tensor((cfg.tile_n, cfg.tile_m)))  # (MMA, 4, 1)
+            acc = cute.make_rmem_tensor(tCcC.shape, self.acc_dtype)
+            temp = cute.make_rmem_tensor(tCcC.shape, self.acc_dtype)
+            n_vals = cute.size(tCcC, mode=[0])  # tile_m / 2 per block
+            n_tok = n_vals // 2  # distinct tokens of a thread: value v has token j(v) = 2·(v/4) + v%2
+            tok0 = tCcC[(0, 0, 0)][1]  # token of j = 0; token of j is tok0 + 8·(j/2) + j%2
+            # x_scale rows of this thread's tokens (tokens past M read row M-1: their x rows are zero-fill)
+            xrow = cute.make_rmem_tensor(cute.make_layout(n_tok), Int32)
+            xs_cur = cute.make_rmem_tensor(cute.make_layout(n_tok), Float32)
+            xs_nxt = cute.make_rmem_tensor(cute.make_layout(n_tok), Float32)
+            sc = cute.make_rmem_tensor(cute.make_layout(n_tok), Float32)
+            sO = storage.sO.get_tensor(cute.make_layout((cfg.tile_m, cfg.out_row_words), stride=(cfg.out_row_words, 1)))
+            sRed = storage.red.get_tensor(cute.make_layout((4, cfg.tile_m), stride=(cfg.tile_m, 1)))
+            sFlag = storage.flag.get_tensor(cute.make_layout(4))
+
+            state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, cfg.stages)
+            cursor = Int32(0)
+            while cursor < cursor_end:
+                tile, kb0, kb1 = self._segment(cursor, bidx, nctas, dp_iters, k_tiles, dp_tiles, it_begin, it_end)
+                tm = tile % grid_m
+                tn = tile // grid_m
+                cursor += kb1 - kb0
+                acc.fill(0.0)
+                for j in cutlass.range_constexpr(n_tok):
+                    xrow[j] = cutlass.min(tm * cfg.tile_m + tok0 + 8 * (j // 2) + j % 2, m - 1)
+                    xs_nxt[j] = mAS[xrow[j], kb0]
+                wrow_0 = cutlass.min(2 * tn, ws_last)
+                wrow_1 = cutlass.min(2 * tn + 1, ws_last)
+                nw_0 = mWS[wrow_0, kb0]
+                nw_1 = mWS[wrow_1, kb0]
+                for kt in cutlass.range(kb0, kb1, unroll=1):
+                    # scales of k block kt were loaded one iteration ahead (global-load latency)
+                    ws_0 = nw_0
+                    ws_1 = nw_1
+                    kn = cutlass.min(kt + 1, kb1 - 1)
+                    for j in cutlass.range_constexpr(n_tok):
+                        xs_cur[j] = xs_nxt[j]
+                        xs_nxt[j] = mAS[xrow[j], kn]
+                    nw_0 = mWS[wrow_0, kn]
+                    nw_1 = mWS[wrow_1, kn]
+                    mainloop.consumer_wait(state)
+                    cute.nvgpu.warpgroup.fence()
+                    tiled_mma.set(cute.nvgpu.warpgroup.Field.ACCUMULATE, False)
+                    for kk in cutlass.range_constexpr(num_k_blocks):
+                        cute.gemm(
+                            tiled_mma, temp,
+                            tCrW[(None, None, kk, state.index)],
+                            tCrX[(None, None, kk, state.index)],
+                            temp,
+                        )
+                        tiled_mma.set(cute.nvgpu.warpgroup.Field.ACCUMULATE, True)
+                    cute.nvgpu.warpgroup.commit_group()
+                    cute.nvgpu.warpgroup.wait_group(0)
+                    mainloop.consumer_release(state)  # the smem stage is read: the producer may refill it
+                    state.advance()
+                    for b in cutlass.range_constexpr(BLOCKS):
+                        ws = ws_0 if b < 2 else ws_1
+                        for j in cutlass.range_constexpr(n_tok):
+                            sc[j] = xs_cur[j] * ws
+                        for v in cutlass.range_constexpr(n_vals):
+                            acc[(v, b, 0)] = acc[(v, b, 0)] + temp[(v, b, 0)] * sc[2 * (v // 4) + v % 2]
+                epi = Int32(1)
+                if tile >= dp_tiles:
+                    s = tile - dp_tiles
+                    c_first = sk_cta_of(s * k_tiles, nctas, sk_iters)
+                    c_last = sk_cta_of(s * k_tiles + k_tiles - 1, nctas, sk_iters)
+                    if c_first != c_last:
+                        epi = self._fixup(acc, n_vals, Int32(0), m, s, c_first, c_last, bidx, nctas, sk_iters,
+                                          k_tiles, mPart, mCtr, sFlag, t)
+                if epi != 0:
+                    self._epilogue_swap(acc, tCcC, n_vals, n_tok, tok0, tm, tn, m, sO, sRed, mOut, mAux, t)
+
+    @cute.jit
+    def _partial(self, acc, n_vals: cutlass.Constexpr, ok_a, ok_b, mPart, idx, t, add: cutlass.Constexpr):
+        """acc → mPart[idx] (or acc += mPart[idx]), [idx, value, thread]; all values (padding
+        tokens are zero: their x rows are TMA zero-fill), so ok_a / ok_b are not used."""
+        for b in cutlass.range_constexpr(BLOCKS):
+            for v in cutlass.range_constexpr(n_vals):
+                if cutlass.const_expr(add):
+                    acc[(v, b, 0)] = acc[(v, b, 0)] + mPart[idx, b * n_vals + v, t]
+                else:
+                    mPart[idx, b * n_vals + v, t] = acc[(v, b, 0)]
+
+    @cute.jit
+    def _epilogue_swap(self, acc, tCcC, n_vals: cutlass.Constexpr, n_tok: cutlass.Constexpr, tok0, tm, tn, m,
+                       sH, sRed, mH, mHS, t):
+        """h = act(gate) · up into blocks 0, 1; per-token amax and fp8 quantization (or bf16);
+        stage token-major in smem; copy out; h_scale per token."""
+        cfg = self.cfg
+        for b in cutlass.range_constexpr(2):
+            for v in cutlass.range_constexpr(n_vals):
+                acc[(v, b, 0)] = self.act(acc[(v, b, 0)]) * acc[(v, b + 2, 0)]
+        bar = pipeline.NamedBarrier(barrier_id=1, num_threads=128)
+        bar.arrive_and_wait()  # the previous tile's copy-out and amax reads are done
+        lane = t % 32
+        warp = t // 32
+        if cutlass.const_expr(cfg.h_format == "fp8_group128"):
+            amax = cute.make_rmem_tensor(cute.make_layout(n_tok), Float32)
+            inv = cute.make_rmem_tensor(cute.make_layout(n_tok), Float32)
+            for j in cutlass.range_constexpr(n_tok):
+                amax[j] = Float32(0.0)
+            for b in cutlass.range_constexpr(2):
+                for v in cutlass.range_constexpr(n_vals):
+                    j = 2 * (v // 4) + v % 2
+                    amax[j] = cute.arch.fmax(amax[j], abs(acc[(v, b, 0)]), nan=True)
+            for j in cutlass.range_constexpr(n_tok):
+                a = amax[j]
+                for off in cutlass.range_constexpr(3):  # lanes with the same lane % 4 share tokens
+                    a = cute.arch.fmax(a, cute.arch.shuffle_sync_bfly(a, offset=4 << off), nan=True)
+                amax[j] = a
+            if lane < 4:
+                for j in cutlass.range_constexpr(n_tok):
+                    sRed[warp, tok0 + 8 * (j // 2) + j % 2] = amax[j]
+            bar.arrive_and_wait()
+            for j in cutlass.range_constexpr(n_tok):
+                tok = tok0 + 8 * (j // 2) + j % 2
+                a = cute.arch.fmax(cute.arch.fmax(sRed[0, tok], sRed[1, tok], nan=True),
+                                   cute.arch.fmax(sRed[2, tok], sRed[3, tok], nan=True), nan=True)
+                sj = div_rn(a, Float32(FP8_MAX))
+                if a == Float32(0.0):
+                    sj = Float32(1.0)
+                inv[j] = div_rn(Float32(1.0), sj)  # q = h · (1/s), as the 64/128-row epilogue
+                if warp == 0:
+                    if lane < 4:
+                        if tm * cfg.tile_m + tok < m:
+                            mHS[tm * cfg.tile_m + tok, tn] = sj
+            sH8 = cute.make_tensor(
+                cute.recast_ptr(sH.iterator, dtype=cutlass.Int8),
+                cute.make_layout((cfg.tile_m, 4 * cfg.out_row_words), stride=(4 * cfg.out_row_words, 1)),
+            )
+            for b in cutlass.range_constexpr(2):
+                for v in cutlass.range_constexpr(0, n_vals, 2):  # v, v + 1: tokens tok, tok + 1 of one column
+                    col = tCcC[(v, b, 0)][0]
+                    tok = tCcC[(v, b, 0)][1]
+                    j = 2 * (v // 4)
+                    pair = Int32(cvt_e4m3x2(acc[(v, b, 0)] * inv[j], acc[(v + 1, b, 0)] * inv[j + 1]))
+                    sH8[tok, col] = cutlass.Int8(pair & 0xFF)
+                    sH8[tok + 1, col] = cutlass.Int8((pair >> 8) & 0xFF)
+        else:
+            sH16 = cute.make_tensor(
+                cute.recast_ptr(sH.iterator, dtype=cutlass.Int16),
+                cute.make_layout((cfg.tile_m, 2 * cfg.out_row_words), stride=(2 * cfg.out_row_words, 1)),
+            )
+            for b in cutlass.range_constexpr(2):
+                for v in cutlass.range_constexpr(0, n_vals, 2):
+                    col = tCcC[(v, b, 0)][0]
+                    tok = tCcC[(v, b, 0)][1]
+                    word = cvt_bf16x2(acc[(v, b, 0)], acc[(v + 1, b, 0)])
+                    sH16[tok, col] = cutlass.Int16(word & 0xFFFF)
+                    sH16[tok + 1, col] = cutlass.Int16((word >> 16) & 0xFFFF)
+        bar.arrive_and_wait()
+        self._copy_slab(sH, mH, tm, tn, m, Int32(0), Int32(0), t, False, cfg.tile_m)
