@@ -1,10 +1,11 @@
-"""Swap-AB decode tiles (kernels/sm90/swap_ab.py) against the 64-row tile: gate_up fp8, fp8 h,
-decode M, each tile under forced schedules (whole tiles; stream-K split 2, 3, 4 ways) and under
-what gemm256.plan picks. Every variant is first checked against reference.gate_up (dequantized h,
-relative max error) on its first operand set; then timed like bench_gate_up (CUDA graphs, operands
-rotated past L2, median). cuBLAS's block-scaled GEMM alone is the yardstick.
+"""Swap-AB decode tiles (kernels/sm90/swap_ab.py) against the 64-row tile, fp8, decode M:
+gate_up (fp8 h) and down (bf16 y), each tile under forced schedules (whole tiles; stream-K split
+2, 3, 4 ways) and under what gemm256.plan picks. Every variant is first checked against the
+reference (relative max error) on its first operand set; then timed like bench_gate_up (CUDA
+graphs, operands rotated past L2, median). cuBLAS's block-scaled GEMM is the yardstick (for down:
+ops' cuBLAS path, cublas.down).
 
-    python benchmarks/bench_swap_ab.py [--shapes 4096x14336,8192x3584,2048x8192] [--m 1,16,32] [--json out.json]
+    python benchmarks/bench_swap_ab.py [--op gate_up|down] [--shapes 4096x14336,...] [--m 1,16,32] [--json out.json]
 """
 
 from __future__ import annotations
@@ -19,8 +20,9 @@ import torch
 sys.path.insert(0, ".")
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import bench_gate_up as b  # noqa: E402
-from swiglu_fused.kernels import reference  # noqa: E402
-from swiglu_fused.kernels.sm90 import gate_up as kg, gemm256  # noqa: E402
+from swiglu_fused import quant  # noqa: E402
+from swiglu_fused.kernels import cublas, reference  # noqa: E402
+from swiglu_fused.kernels.sm90 import down as kd, gate_up as kg, gemm256  # noqa: E402
 
 
 def forced(split):
@@ -38,13 +40,28 @@ def h_error(cfg, ops):
     return ((deq - ref).abs().max() / ref.abs().max()).item()
 
 
-def variants(m, tiles, sms):
-    out = [("tile64 plan", kg.GateUpConfig(tile_m=64, stages=5), None)]
-    for tm, stages in ((16, 6), (32, 6)):  # shipped: kg.SWAP_TILES
+def y_error(cfg, ops):
+    hq, hs, wq, ws = ops
+    y = kd.down(cfg, hq, wq, ws, hs).float()
+    ref = reference.down(hq, wq, ws, hs).float()
+    return ((y - ref).abs().max() / ref.abs().max()).item()
+
+
+def down_operands(m, hidden, inter, seed):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    w = torch.randn(hidden, inter, device="cuda", generator=g) * 0.05
+    hq, hs = reference.quant_x(torch.randn(m, inter, device="cuda", generator=g).to(torch.bfloat16))
+    return (hq, hs, *quant.quantize_fp8_block(w))
+
+
+def variants(op, m, tiles, sms):
+    make = kg.GateUpConfig if op == "gate_up" else kd.DownConfig
+    out = [("tile64 plan", make(tile_m=64, stages=5), None)]
+    for tm, stages in ((16, 6), (32, 6)) if op == "gate_up" else ((16, 6),):  # shipped: SWAP_TILES
         if m <= tm:
-            cfg = kg.GateUpConfig(tile_m=tm, stages=stages)
+            cfg = make(tile_m=tm, stages=stages)
             out.append((f"swap{tm} plan", cfg, None))
-            for split in (1, 2, 3, 4):
+            for split in (1, 2, 3, 4, 6, 8):
                 if tiles * split <= sms:
                     out.append((f"swap{tm} split{split}", cfg, split))
     return out
@@ -52,6 +69,7 @@ def variants(m, tiles, sms):
 
 def main():
     p = argparse.ArgumentParser()
+    p.add_argument("--op", default="gate_up", choices=["gate_up", "down"])
     p.add_argument("--shapes", default="4096x14336,8192x3584,2048x8192")
     p.add_argument("--m", default="1,16,32")
     p.add_argument("--iters", type=int, default=30)
@@ -62,32 +80,44 @@ def main():
     for shape in a.shapes.split(","):
         hidden, inter = map(int, shape.split("x"))
         for m in map(int, a.m.split(",")):
-            sets = b.rotation(lambda s: b.operands(m, hidden, inter, seed=s), 2 * inter * hidden)
+            gu = a.op == "gate_up"
+            n, k = (2 * inter, hidden) if gu else (hidden, inter)
+            if gu:
+                sets = b.rotation(lambda s: b.operands(m, hidden, inter, seed=s), n * k)
+            else:
+                sets = b.rotation(lambda s: down_operands(m, hidden, inter, s), n * k)
             try:
-                gemm, _ = b.cublas_gemm(*sets[0])
+                if gu:
+                    gemm, _ = b.cublas_gemm(*sets[0])
+                else:
+                    gemm = lambda hq, hs, wq, ws: cublas.down(hq, wq, ws, hs, None, torch.bfloat16)  # noqa: E731
                 t_cublas = b.graph_time_us(b.cycling(gemm, sets), a.iters)
             except RuntimeError:  # cuBLAS's block-scaled GEMM takes no M = 1
                 t_cublas = None
-            floor = 2 * inter * hidden / 2.96e6  # µs at a plain copy's HBM rate
+            floor = n * k / 2.96e6  # µs at a plain copy's HBM rate
             print(f"M={m} {hidden}x{inter}: cuBLAS GEMM {t_cublas or float('nan'):.1f} µs, floor {floor:.1f} µs",
                   flush=True)
-            tiles = 2 * inter // 256
-            for name, cfg, split in variants(m, tiles, sms):
+            tiles = -(-n // 256)
+            for name, cfg, split in variants(a.op, m, tiles, sms):
                 patch = mock.patch.object(gemm256, "plan", forced(split)) if split else mock.patch.object(
                     gemm256, "plan", gemm256.plan)
                 with patch:
-                    err = h_error(cfg, sets[0])
-                    fn = b.cycling(lambda x, xs_, w, ws_, c=cfg: kg.gate_up(c, x, w, ws_, xs_), sets)
+                    if gu:
+                        err = h_error(cfg, sets[0])
+                        fn = b.cycling(lambda x, xs_, w, ws_, c=cfg: kg.gate_up(c, x, w, ws_, xs_), sets)
+                    else:
+                        err = y_error(cfg, sets[0])
+                        fn = b.cycling(lambda h, hs_, w, ws_, c=cfg: kd.down(c, h, w, ws_, hs_), sets)
                     t = b.graph_time_us(fn, a.iters)
-                    ctas, sk, _, _ = gemm256.launch_plan(cfg, m, 2 * inter, hidden, sets[0][0].device)
+                    ctas, sk, _, _ = gemm256.launch_plan(cfg, m, n, k, sets[0][0].device)
                 flag = "" if err < 0.07 else "  WRONG"
                 print(f"  {name:>16}: {t:7.1f} µs  {t / floor:5.2f}× floor  ctas {ctas:4d} sk_tiles {sk:4d}  "
                       f"h err {err:.3f}{flag}", flush=True)
-                rows.append(dict(m=m, hidden=hidden, inter=inter, variant=name, us=t, floor_us=floor,
+                rows.append(dict(op=a.op, m=m, hidden=hidden, inter=inter, variant=name, us=t, floor_us=floor,
                                  cublas_us=t_cublas, ctas=ctas, sk_tiles=sk, h_rel_err=err))
             del sets
     if a.json:
-        b.write_json(a.json, bench="swap_ab", rows=rows)
+        b.write_json(a.json, bench=f"swap_ab_{a.op}", rows=rows)
 
 
 if __name__ == "__main__":

@@ -43,8 +43,12 @@ def compile_down(config: DownConfig):
     from .compile_cache import fake_ptr, null_stream
 
     ab = cutlass.Float8E4M3FN if config.fp8 else cutlass.BFloat16
+    if config.swap_ab:
+        from .swap_ab import SwapABKernel as kernel_class
+    else:
+        kernel_class = Gemm256Kernel
     return cute.compile(
-        Gemm256Kernel(config),
+        kernel_class(config),
         fake_ptr(ab, 16), fake_ptr(ab, 16),
         fake_ptr(Float32, 4), fake_ptr(Float32, 4),
         fake_ptr(cutlass.BFloat16, 16), fake_ptr(cutlass.BFloat16, 16),
@@ -57,6 +61,7 @@ def compile_down(config: DownConfig):
 
 # Shipped configurations: what select_config can return (and what CI compile-checks).
 DECODE_M = 64  # M ≤ this uses the 64-row tile
+SWAP_TILES = ((16, 6),)  # (tokens, stages) of the fp8 swap-AB tile (swap_ab.py) for M ≤ 16
 
 
 def shipped_configs() -> list[DownConfig]:
@@ -64,7 +69,7 @@ def shipped_configs() -> list[DownConfig]:
         DownConfig(tile_m=tile_m, stages=stages, mainloop=mainloop, residual=residual)
         for mainloop in MAINLOOPS
         for residual in (False, True)
-        for tile_m, stages in ((128, 4), (64, 5))
+        for tile_m, stages in ((128, 4), (64, 5)) + (SWAP_TILES if mainloop == "fp8_block128" else ())
     ]
 
 
@@ -89,6 +94,8 @@ def select_config(h, weight, weight_scale, h_scale, residual, out_dtype) -> Down
     if weight.shape[0] % N_ALIGN or weight.shape[1] % k_align:
         return None
     tile_m, stages = (64, 5) if h.shape[0] <= DECODE_M else (128, 4)
+    if mainloop == "fp8_block128":
+        tile_m, stages = next(((t, s) for t, s in SWAP_TILES if h.shape[0] <= t), (tile_m, stages))
     return DownConfig(tile_m=tile_m, stages=stages, mainloop=mainloop, residual=residual is not None)
 
 

@@ -98,9 +98,9 @@ class TileConfig:
         name = type(self).__name__
         if self.tile_m not in (16, 32, 64, 128):
             raise ValueError(f"{name}.tile_m: expected 16, 32 (swap-AB), 64 or 128, got {self.tile_m}")
-        if self.swap_ab and (self.mainloop != "fp8_block128" or self.epilogue != "swiglu"):
+        if self.swap_ab and self.mainloop != "fp8_block128":
             raise ValueError(f"{name}.tile_m: the swap-AB tiles (16, 32) implement the fp8_block128 mainloop "
-                             f"and the swiglu epilogue only, got {self.mainloop} / {self.epilogue}")
+                             f"only, got {self.mainloop}")
         if self.tile_n != 2 * G:
             raise ValueError(f"{name}.tile_n: expected {2 * G} (two 128-row weight blocks), got {self.tile_n}")
         if self.mainloop not in MAINLOOPS:

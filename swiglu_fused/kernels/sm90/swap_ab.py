@@ -1,4 +1,4 @@
-"""Swap-AB tiles of the sm90 GEMM for decode-sized M (gate_up, fp8_block128): the weights are the
+"""Swap-AB tiles of the sm90 GEMM for decode-sized M (fp8_block128, gate_up and down): the weights are the
 wgmma's A operand (its M side: a tile's 256 weight rows are 4 blocks of 64) and the tokens its B
 operand (N side: tile_m = 16 or 32 tokens), so the tensor cores compute 256 × tile_m per k step
 instead of 64 × 256 with the 64-row tile.
@@ -22,9 +22,12 @@ gate and up of one h column are the same value index of blocks b and b + 2, so a
 register-local. Promotion per 128-wide k block: acc += temp · x_scale[token] · w_scale[half], the
 weight half being b / 2.
 
-Epilogue (swiglu): per token, amax over the tile's 128 h columns = in-thread (2 blocks × 2 rows),
-butterfly over lane/4 (xor 4, 8, 16), then over the 4 warps through smem. h is staged in smem
-token-major (one byte or bf16 per value) and copied out 16 bytes per thread; h_scale per token.
+Epilogue "swiglu" (gate_up): per token, amax over the tile's 128 h columns = in-thread (2 blocks
+× 2 rows), butterfly over lane/4 (xor 4, 8, 16), then over the 4 warps through smem. h is staged in
+smem token-major (one byte or bf16 per value) and copied out 16 bytes per thread; h_scale per token.
+Epilogue "linear" (down): blocks 0, 1 are output columns [256n, 256n+128), blocks 2, 3 the next 128;
+each half is staged token-major as bf16 (the residual, when compiled in, copied into the slab
+first and added in fp32 before the one rounding) and copied out masked at M and N.
 """
 
 from __future__ import annotations
@@ -36,8 +39,8 @@ import cutlass.utils.hopper_helpers as sm90_utils
 from cutlass import Float32, Int32
 from cutlass.pipeline import pipeline_init_arrive, pipeline_init_wait
 
-from .gemm256 import FP8_MAX, G, Gemm256Kernel, sk_cta_of, sk_iter_begin
-from .ptx import cvt_bf16x2, cvt_e4m3x2, div_rn
+from .gemm256 import FP8_MAX, G, N_ALIGN, Gemm256Kernel, sk_cta_of, sk_iter_begin
+from .ptx import bf16_lo_to_f32, cvt_bf16x2, cvt_e4m3x2, div_rn
 
 BLOCKS = 4  # 64-row wgmma blocks per 256-row weight tile
 
@@ -204,7 +207,10 @@ class SwapABKernel(Gemm256Kernel):
                         epi = self._fixup(acc, n_vals, Int32(0), m, s, c_first, c_last, bidx, nctas, sk_iters,
                                           k_tiles, mPart, mCtr, sFlag, t)
                 if epi != 0:
-                    self._epilogue_swap(acc, tCcC, n_vals, n_tok, tok0, tm, tn, m, sO, sRed, mOut, mAux, t)
+                    if cutlass.const_expr(cfg.epilogue == "swiglu"):
+                        self._epilogue_swap(acc, tCcC, n_vals, n_tok, tok0, tm, tn, m, sO, sRed, mOut, mAux, t)
+                    else:
+                        self._epilogue_swap_linear(acc, tCcC, n_vals, tm, tn, m, n, sO, mOut, mAux, t)
 
     @cute.jit
     def _partial(self, acc, n_vals: cutlass.Constexpr, ok_a, ok_b, mPart, idx, t, add: cutlass.Constexpr):
@@ -286,3 +292,34 @@ class SwapABKernel(Gemm256Kernel):
                     sH16[tok + 1, col] = cutlass.Int16((word >> 16) & 0xFFFF)
         bar.arrive_and_wait()
         self._copy_slab(sH, mH, tm, tn, m, Int32(0), Int32(0), t, False, cfg.tile_m)
+
+    @cute.jit
+    def _epilogue_swap_linear(self, acc, tCcC, n_vals: cutlass.Constexpr, tm, tn, m, n, sY, mY, mR, t):
+        """y = acc (+ residual) rounded once to bf16, one 128-column half (2 blocks) at a time."""
+        cfg = self.cfg
+        n_chunks = n // N_ALIGN
+        bar = pipeline.NamedBarrier(barrier_id=1, num_threads=128)
+        sY16 = cute.make_tensor(
+            cute.recast_ptr(sY.iterator, dtype=cutlass.Int16),
+            cute.make_layout((cfg.tile_m, 2 * cfg.out_row_words), stride=(2 * cfg.out_row_words, 1)),
+        )
+        for half in cutlass.range_constexpr(2):
+            bar.arrive_and_wait()  # the previous copy-out of the slab is done
+            if cutlass.const_expr(cfg.residual):
+                self._copy_slab(sY, mR, tm, 2 * tn + half, m, n_chunks, Int32(0), t, True, cfg.tile_m)
+                bar.arrive_and_wait()  # the residual slab is in smem
+            for bb in cutlass.range_constexpr(2):
+                b = 2 * half + bb
+                for v in cutlass.range_constexpr(0, n_vals, 2):  # v, v + 1: tokens tok, tok + 1 of one column
+                    col = tCcC[(v, b, 0)][0] - G * half
+                    tok = tCcC[(v, b, 0)][1]
+                    lo = acc[(v, b, 0)]
+                    hi = acc[(v + 1, b, 0)]
+                    if cutlass.const_expr(cfg.residual):  # each (token, column) is this thread's alone
+                        lo = lo + bf16_lo_to_f32(Int32(sY16[tok, col]))
+                        hi = hi + bf16_lo_to_f32(Int32(sY16[tok + 1, col]))
+                    word = cvt_bf16x2(lo, hi)
+                    sY16[tok, col] = cutlass.Int16(word & 0xFFFF)
+                    sY16[tok + 1, col] = cutlass.Int16((word >> 16) & 0xFFFF)
+            bar.arrive_and_wait()
+            self._copy_slab(sY, mY, tm, 2 * tn + half, m, n_chunks, Int32(0), t, False, cfg.tile_m)
