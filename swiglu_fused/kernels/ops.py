@@ -11,9 +11,10 @@ fake (meta) implementation, so torch.compile and CUDA graphs see shapes without 
 
 Dispatch: a CUDA tensor on an sm_90 device with a configuration the sm90 kernels implement runs
 the kernel; everything else (CPU, other GPUs, formats without a kernel yet) runs the reference.
-``down`` runs its sm90 kernel (fp8_block128 or bf16, bf16 output, H a multiple of 8) when its
-tiles fill the GPU (ceil(M/128)·ceil(H/256) ≥ 0.9 × SMs, e.g. M ≥ 1024 at H = 4096), and below
-that only where cuBLAS does not take the shape (cuBLAS's split-K is as fast or faster there);
+``down`` runs its sm90 kernel (fp8_block128 or bf16, bf16 output, H a multiple of 8) with the
+swap-AB decode tile (fp8, M ≤ 16: faster than cuBLAS at every measured shape), when its tiles fill
+the GPU (ceil(M/128)·ceil(H/256) ≥ 0.9 × SMs, e.g. M ≥ 1024 at H = 4096), and between those only
+where cuBLAS does not take the shape (cuBLAS's split-K is as fast or faster there);
 it falls back to cuBLAS on other CUDA devices or cases the kernel does not take (block-scaled
 ``torch._scaled_mm`` for fp8, a bf16 GEMM for bf16; see cublas.py), and the reference elsewhere
 (CPU, nvfp4). Plain eager calls skip the torch.library dispatcher (``_direct``); the registered
@@ -272,7 +273,7 @@ def _down_kernel_config(h, weight, weight_scale, h_scale, global_scale, residual
     except ImportError:
         return None
     cfg = k.select_config(h, weight, weight_scale, h_scale, residual, out_dtype)
-    if (cfg is not None and cublas.supports_down(h, weight, weight_scale, h_scale, None)
+    if (cfg is not None and not cfg.swap_ab and cublas.supports_down(h, weight, weight_scale, h_scale, None)
             and not k.fills_gpu(cfg, h.shape[0], weight.shape[0], gemm256.sm_count(h.device))):
         # too few tiles for the SMs (decode, small M): cuBLAS's split-K was measured as fast or
         # faster there (sm90/down.py MIN_WAVE), so it keeps the shapes it supports

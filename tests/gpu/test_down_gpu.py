@@ -81,9 +81,9 @@ def test_down_does_not_write_past_h():
 
 
 def test_ops_down_dispatch(monkeypatch):
-    """ops.down runs the kernel when its tiles fill the SMs (M = 1024, H = 4096), and below that
-    only where cuBLAS does not take the shape (H = 576); cuBLAS keeps small-M shapes it supports
-    (faster there, benchmarks/NOTES.md)."""
+    """ops.down runs the kernel at M ≤ 16 (the swap-AB tile), when its tiles fill the SMs
+    (M = 1024, H = 4096), and in between only where cuBLAS does not take the shape (H = 576);
+    cuBLAS keeps the other small-M shapes it supports (faster there, benchmarks/NOTES.md)."""
     def no_fallback(*a, **kw):
         raise AssertionError("ops.down did not run the sm90 kernel on an sm_90 GPU")
 
@@ -92,6 +92,7 @@ def test_ops_down_dispatch(monkeypatch):
         make_operands(3, 576, 1536, "fp8_block128", False, seed=4),
         make_operands(1024, 4096, 1536, "fp8_block128", True, seed=6),
         make_operands(1024, 4096, 1536, "bf16", False, seed=2),
+        make_operands(16, 4096, 1536, "fp8_block128", True, seed=8),
     ]
     monkeypatch.setattr(ops.reference, "down", no_fallback)
     monkeypatch.setattr(ops.cublas, "down", no_fallback)

@@ -99,7 +99,9 @@ def select_config(h, weight, weight_scale, h_scale, residual, out_dtype) -> Down
     return DownConfig(tile_m=tile_m, stages=stages, mainloop=mainloop, residual=residual is not None)
 
 
-# Below this fraction of one wave of CTAs (tiles / SMs), cuBLAS takes the shapes it supports: with
+# Below this fraction of one wave of CTAs (tiles / SMs), cuBLAS takes the shapes it supports
+# (except at M ≤ 16, where the swap-AB tile beats it: 8192×3584 15.8 vs 17.2 µs, 4096×14336 29.9 vs
+# 31.0, 2048×8192 14.1 vs 17.1 at M = 16; benchmarks/NOTES.md): with
 # whole tiles the kernel measured 1.4–2.3× slower there; with stream-K (gemm256.plan) it is close
 # at H = 4096 (0.92–1.21× cuBLAS at M = 16–256) but still 1.3–1.5× slower at H = 8192, whose short
 # K (3584) does not pay for the fix-up. A full wave (M = 1024, H = 4096) is at parity
