@@ -5,8 +5,9 @@ Peers, in one process on the same inputs, each timed as a CUDA graph (median of 
   hf_compiled    the same under torch.compile
   fp8_unfused    quant_x (ours) → cuBLAS block-scaled GEMM [M, 2I] → compiled SiLU·up·quant
                  → cuBLAS block-scaled GEMM (down)
-  ours_fp8       FusedSwiGLUMLP fp8_block128: quant_x + fused gate_up kernels, down on cuBLAS
-  ours_bf16      FusedSwiGLUMLP bf16: fused gate_up kernel (bf16 mainloop), down on cuBLAS
+  ours_fp8       FusedSwiGLUMLP fp8_block128: quant_x + fused gate_up kernels, down as ops.down
+                 dispatches it (sm90 kernel at M ≤ 16 and from a full wave of tiles, cuBLAS between)
+  ours_bf16      FusedSwiGLUMLP bf16: fused gate_up kernel (bf16 mainloop), down as ops.down
 
     python benchmarks/bench_mlp.py [--shapes 4096x14336,8192x3584] [--m 1,16,...] [--json out.json]
     python benchmarks/bench_mlp.py --generate      # also tokens/s of generate(), patched vs unpatched
