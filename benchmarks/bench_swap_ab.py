@@ -57,9 +57,9 @@ def down_operands(m, hidden, inter, seed):
 def variants(op, m, tiles, sms):
     make = kg.GateUpConfig if op == "gate_up" else kd.DownConfig
     out = [("tile64 plan", make(tile_m=64, stages=5), None)]
-    for tm, stages in ((16, 6), (32, 6)) if op == "gate_up" else ((16, 6),):  # shipped: SWAP_TILES
+    for tm, stages in ((16, 6), (32, 6), (64, 5)):  # shipped: SWAP_TILES
         if m <= tm:
-            cfg = make(tile_m=tm, stages=stages)
+            cfg = make(tile_m=tm, stages=stages, swap_ab=True)
             out.append((f"swap{tm} plan", cfg, None))
             for split in (1, 2, 3, 4, 6, 8):
                 if tiles * split <= sms:

@@ -117,7 +117,7 @@ def test_plan_picks_stream_k_where_it_pays(tiles, k_tiles, grid_m, expect_ctas):
 def test_plan_keeps_whole_tiles_for_the_swap_ab_tile():
     """The 16-token tile streams a k tile in 0.4 µs: its 28 whole tiles at H 8192, I 3584 measured
     faster (28.3 µs) than any stream-K split (29.2-29.8 µs), and plan() agrees."""
-    assert g.plan(28, 64, 132, 1, iter_us=g.ITER_US[16]) == (28, 0)
+    assert g.plan(28, 64, 132, 1, iter_us=g.ITER_US["swap16"]) == (28, 0)
 
 
 @settings(max_examples=200, deadline=None)
@@ -136,10 +136,11 @@ def test_launch_plan_meets_the_kernels_preconditions(m, k, n, op, mainloop):
     from swiglu_fused.kernels.sm90 import down, gate_up
 
     mod = gate_up if op == "gate_up" else down
-    tile_m = 64 if m <= mod.DECODE_M else 128
-    if op == "gate_up" and mainloop == "fp8_block128":
-        tile_m = next((t for t, _ in gate_up.SWAP_TILES if m <= t), tile_m)
-    cfg = next(c for c in mod.shipped_configs() if c.mainloop == mainloop and c.tile_m == tile_m)
+    tile_m, swap = (64 if m <= mod.DECODE_M else 128), False
+    if mainloop == "fp8_block128":
+        tile_m, swap = next(((t, True) for t, _ in mod.SWAP_TILES if m <= t), (tile_m, swap))
+    cfg = next(c for c in mod.shipped_configs()
+               if c.mainloop == mainloop and c.tile_m == tile_m and c.swap_ab == swap)
     with mock.patch.object(g, "sm_count", lambda device: 132):
         ctas, sk_tiles, parts, ctr = g.launch_plan(cfg, m, n, k, torch.device("cpu"))
     tiles = -(-m // cfg.tile_m) * -(-n // cfg.tile_n)

@@ -66,10 +66,11 @@ SWAP_TILES = ((16, 6),)  # (tokens, stages) of the fp8 swap-AB tile (swap_ab.py)
 
 def shipped_configs() -> list[DownConfig]:
     return [
-        DownConfig(tile_m=tile_m, stages=stages, mainloop=mainloop, residual=residual)
+        DownConfig(tile_m=tile_m, stages=stages, mainloop=mainloop, residual=residual, swap_ab=swap)
         for mainloop in MAINLOOPS
         for residual in (False, True)
-        for tile_m, stages in ((128, 4), (64, 5)) + (SWAP_TILES if mainloop == "fp8_block128" else ())
+        for tile_m, stages, swap in [(128, 4, False), (64, 5, False)]
+        + ([(t, s, True) for t, s in SWAP_TILES] if mainloop == "fp8_block128" else [])
     ]
 
 
@@ -93,10 +94,10 @@ def select_config(h, weight, weight_scale, h_scale, residual, out_dtype) -> Down
         return None
     if weight.shape[0] % N_ALIGN or weight.shape[1] % k_align:
         return None
-    tile_m, stages = (64, 5) if h.shape[0] <= DECODE_M else (128, 4)
+    tile_m, stages, swap = (64, 5, False) if h.shape[0] <= DECODE_M else (128, 4, False)
     if mainloop == "fp8_block128":
-        tile_m, stages = next(((t, s) for t, s in SWAP_TILES if h.shape[0] <= t), (tile_m, stages))
-    return DownConfig(tile_m=tile_m, stages=stages, mainloop=mainloop, residual=residual is not None)
+        tile_m, stages, swap = next(((t, s, True) for t, s in SWAP_TILES if h.shape[0] <= t), (tile_m, stages, swap))
+    return DownConfig(tile_m=tile_m, stages=stages, mainloop=mainloop, residual=residual is not None, swap_ab=swap)
 
 
 # Below this fraction of one wave of CTAs (tiles / SMs), cuBLAS takes the shapes it supports

@@ -84,9 +84,10 @@ def compile_gate_up(config: GateUpConfig):
 
 # Shipped configurations: what select_config can return (and what CI compile-checks).
 DECODE_M = 64  # M ≤ this uses the 64-row tile
-# (tokens, stages) of the fp8 swap-AB tiles (swap_ab.py). Measured (benchmarks/NOTES.md): the
-# 16-token tile beats the 64-row one at M ≤ 16 (8192×3584: 28.3 vs 31.7 µs); a 32-token tile
-# gained ≤ 3 % at M ≤ 32 and only with a stream-K split the cost model does not pick: not shipped.
+# (tokens, stages) of the fp8 swap-AB tiles (swap_ab.py), smallest first: M ≤ tokens uses it.
+# Measured (benchmarks/NOTES.md): the 16-token tile beats the 64-row one at M ≤ 16 (8192×3584:
+# 28.3 vs 31.7 µs); a 32-token tile gained ≤ 3 % at M ≤ 32 and only with a stream-K split the cost
+# model does not pick: not shipped.
 SWAP_TILES = ((16, 6),)
 
 
@@ -95,9 +96,12 @@ def shipped_configs() -> list[GateUpConfig]:
     for mainloop in MAINLOOPS:
         for act in epilogue.ACTIVATIONS:
             for h_format in epilogue.H_FORMATS:
-                tiles = ((128, 4), (64, 5)) + (SWAP_TILES if mainloop == "fp8_block128" else ())
-                for tile_m, stages in tiles:
-                    out.append(GateUpConfig(tile_m=tile_m, stages=stages, act=act, h_format=h_format, mainloop=mainloop))
+                tiles = [(128, 4, False), (64, 5, False)]
+                if mainloop == "fp8_block128":
+                    tiles += [(t, s, True) for t, s in SWAP_TILES]
+                for tile_m, stages, swap in tiles:
+                    out.append(GateUpConfig(tile_m=tile_m, stages=stages, act=act, h_format=h_format,
+                                            mainloop=mainloop, swap_ab=swap))
     return out
 
 
@@ -117,10 +121,10 @@ def select_config(x, weight, weight_scale, x_scale, *, act: str, h_format: str) 
         return None
     if weight.shape[0] % (2 * G):
         return None
-    tile_m, stages = (64, 5) if x.shape[0] <= DECODE_M else (128, 4)
+    tile_m, stages, swap = (64, 5, False) if x.shape[0] <= DECODE_M else (128, 4, False)
     if mainloop == "fp8_block128":
-        tile_m, stages = next(((t, s) for t, s in SWAP_TILES if x.shape[0] <= t), (tile_m, stages))
-    return GateUpConfig(tile_m=tile_m, stages=stages, act=act, h_format=h_format, mainloop=mainloop)
+        tile_m, stages, swap = next(((t, s, True) for t, s in SWAP_TILES if x.shape[0] <= t), (tile_m, stages, swap))
+    return GateUpConfig(tile_m=tile_m, stages=stages, act=act, h_format=h_format, mainloop=mainloop, swap_ab=swap)
 
 
 def gate_up(config: GateUpConfig, x, weight, weight_scale=None, x_scale=None, *, out=None):

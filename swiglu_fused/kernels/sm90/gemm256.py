@@ -84,11 +84,12 @@ N_ALIGN = 8  # weight rows (N) must be a multiple of this: 16-byte rows of a bf1
 class TileConfig:
     """Mainloop part of a compile-time configuration; subclasses name the epilogue."""
 
-    tile_m: int = 128  # 128 (prefill: 2 consumer warpgroups), 64 (decode: 1), 16 or 32 (swap-AB, swap_ab.py)
+    tile_m: int = 128  # 128 (prefill: 2 consumer warpgroups) or 64 (decode: 1); swap-AB: 16, 32 or 64 tokens
     tile_n: int = 256  # weight rows per tile = two 128-row halves
     stages: int = 4
     mainloop: str = "fp8_block128"
     promote_k: int = 128  # fp8: K elements per wgmma chain before promotion into the fp32 accumulator
+    swap_ab: bool = False  # tokens on the wgmma N side, weights on its M side (swap_ab.py): decode tiles
 
     # the epilogue and the bytes per element of the staged output (set by subclasses)
     epilogue = "swiglu"
@@ -96,11 +97,12 @@ class TileConfig:
 
     def __post_init__(self):
         name = type(self).__name__
-        if self.tile_m not in (16, 32, 64, 128):
-            raise ValueError(f"{name}.tile_m: expected 16, 32 (swap-AB), 64 or 128, got {self.tile_m}")
+        allowed = (16, 32, 64) if self.swap_ab else (64, 128)
+        if self.tile_m not in allowed:
+            raise ValueError(f"{name}.tile_m: expected one of {allowed} (swap_ab={self.swap_ab}), got {self.tile_m}")
         if self.swap_ab and self.mainloop != "fp8_block128":
-            raise ValueError(f"{name}.tile_m: the swap-AB tiles (16, 32) implement the fp8_block128 mainloop "
-                             f"only, got {self.mainloop}")
+            raise ValueError(f"{name}.swap_ab: the swap-AB tiles implement the fp8_block128 mainloop only, "
+                             f"got {self.mainloop}")
         if self.tile_n != 2 * G:
             raise ValueError(f"{name}.tile_n: expected {2 * G} (two 128-row weight blocks), got {self.tile_n}")
         if self.mainloop not in MAINLOOPS:
@@ -131,18 +133,15 @@ class TileConfig:
         return self.tile_m * self.out_row_words * 4
 
     @property
-    def swap_ab(self) -> bool:
-        """Tokens on the wgmma N side, weights on its M side (swap_ab.py): the decode tiles."""
-        return self.tile_m < 64
-
-    @property
     def consumer_threads(self) -> int:
-        return 128 * max(1, self.tile_m // 64)
+        """Two consumer warpgroups for the 128-row tile and the 64-token swap-AB tile (whose
+        accumulator, 256 × 64 fp32, is too large for one), else one."""
+        return 256 if self.tile_m >= (64 if self.swap_ab else 128) else 128
 
     @property
     def red_words(self) -> int:
-        """fp32 words of smem for the swap-AB epilogue's cross-warp amax (4 warps × tokens)."""
-        return 4 * self.tile_m if self.swap_ab else 4
+        """fp32 words of smem for the swap-AB epilogue's cross-warp amax (consumer warps × tokens)."""
+        return self.consumer_threads // 32 * self.tile_m if self.swap_ab else 4
 
     @property
     def fp8(self) -> bool:
@@ -709,7 +708,7 @@ SK_MIN_ITERS = 4  # k tiles per CTA, at least
 # and the 128-row tile (two consumer warpgroups, more MMA per byte)
 # and the 16/32-token swap-AB tiles (whole tiles on 28 CTAs, 64 k tiles: 28.3 / 34 µs, less ~3 µs
 # of launch and epilogue)
-ITER_US = {16: 0.40, 32: 0.48, 64: 0.59, 128: 0.84}
+ITER_US = {64: 0.59, 128: 0.84, "swap16": 0.40, "swap32": 0.48, "swap64": 0.55}  # swap64: estimate
 HBM_BYTES_PER_US = 2.6e6  # what many CTAs together reach (2.96e6 for a plain copy)
 FIXUP_US = (4.0, 2.5)  # fix-up cost: base + per CTA sharing a tile
 SK_MIN_GAIN = 1.15  # stream-K only when predicted this much faster
@@ -758,7 +757,7 @@ def launch_plan(config: TileConfig, m: int, n: int, k: int, device):
     grid_m = -(-m // config.tile_m)
     tiles = grid_m * -(-n // config.tile_n)
     iter_bytes = config.tile_n * config.tile_k * config.elem_bytes
-    iter_us = ITER_US[config.tile_m] * iter_bytes / 32768
+    iter_us = ITER_US[f"swap{config.tile_m}" if config.swap_ab else config.tile_m] * iter_bytes / 32768
     ctas, sk_tiles = plan(tiles, -(-k // config.tile_k), sm_count(device), grid_m, iter_bytes, iter_us)
     if sk_tiles == 0:
         return ctas, 0, None, None

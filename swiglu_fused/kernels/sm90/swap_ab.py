@@ -1,7 +1,7 @@
 """Swap-AB tiles of the sm90 GEMM for decode-sized M (fp8_block128, gate_up and down): the weights are the
 wgmma's A operand (its M side: a tile's 256 weight rows are 4 blocks of 64) and the tokens its B
-operand (N side: tile_m = 16 or 32 tokens), so the tensor cores compute 256 × tile_m per k step
-instead of 64 × 256 with the 64-row tile.
+operand (N side: tile_m = 16, 32 or 64 tokens), so the tensor cores compute 256 × tile_m per k
+step instead of 64 × 256 with the 64-row tile.
 
 Why: with the 64-row tile a 32 KB weight k tile costs one SM 4.2 MFLOP whatever M is, 0.59 µs,
 so a CTA streams weights at ~55 GB/s (tensor-bound), and HBM needs ≥ 55 busy SMs; at M = 16 three
@@ -9,25 +9,28 @@ quarters of that work is zero rows. With 16 tokens on the N side the same k tile
 
 Everything but the consumer warpgroup is gemm256.Gemm256Kernel's: the TMA producer (A = x tile
 [tile_m, 128], W = weight tile [256, 128]), the persistent / stream-K schedule and its fix-up, the
-slab copy-out. One consumer warpgroup holds the whole 256 × tile_m accumulator (tile_m/2 fp32 per
-block and thread: 32 or 64 registers, and as many for the wgmma temp).
+slab copy-out. The consumer warpgroups (one for 16 and 32 tokens, two for 64) hold the 256 ×
+tile_m accumulator: W = 1 or 2 warpgroups side by side along the weight rows, repeated 4/W times
+(blocks) over the 256 rows, tile_m/2 fp32 per block and thread (32 or 64 registers in all, and as
+many for the wgmma temp).
 
-Fragment of one 64-row block b (wgmma C layout, value v of thread t, lane = t % 32, warp = t / 32):
+Fragment of block b (wgmma C layout, value v of thread t, w = t / 128, lane = t % 32, warp = t / 32):
 
-    weight row = 64·b + 16·warp + lane/4 + 8·((v/2)%2)
+    weight row = 64·(W·b + w) + 16·(warp % 4) + lane/4 + 8·((v/2)%2)
     token      = 8·(v/4) + 2·(lane%4) + v%2
 
-Blocks 0, 1 are the tile's gate rows (h columns 0..127 of the tile), blocks 2, 3 its up rows:
-gate and up of one h column are the same value index of blocks b and b + 2, so act(gate)·up stays
-register-local. Promotion per 128-wide k block: acc += temp · x_scale[token] · w_scale[half], the
-weight half being b / 2.
+The first half of a thread's blocks are the tile's gate rows (h columns 0..127 of the tile), the
+second half its up rows, in the same order: gate and up of one h column are the same value index of
+blocks b and b + B/2 (B = 4/W blocks), so act(gate)·up stays register-local. Promotion per
+128-wide k block: acc += temp · x_scale[token] · w_scale[half], the weight half being b / (B/2).
 
-Epilogue "swiglu" (gate_up): per token, amax over the tile's 128 h columns = in-thread (2 blocks
-× 2 rows), butterfly over lane/4 (xor 4, 8, 16), then over the 4 warps through smem. h is staged in
-smem token-major (one byte or bf16 per value) and copied out 16 bytes per thread; h_scale per token.
-Epilogue "linear" (down): blocks 0, 1 are output columns [256n, 256n+128), blocks 2, 3 the next 128;
-each half is staged token-major as bf16 (the residual, when compiled in, copied into the slab
-first and added in fp32 before the one rounding) and copied out masked at M and N.
+Epilogue "swiglu" (gate_up): per token, amax over the tile's 128 h columns = in-thread (B/2 blocks
+× 2 rows), butterfly over lane/4 (xor 4, 8, 16), then over the 4·W warps through smem. h is staged
+in smem token-major (one byte or bf16 per value) and copied out 16 bytes per thread (each
+warpgroup its share of the tokens); h_scale per token.
+Epilogue "linear" (down): gate-position blocks are output columns [256n, 256n+128), the others the
+next 128; each half is staged token-major as bf16 (the residual, when compiled in, copied into the
+slab first and added in fp32 before the one rounding) and copied out masked at M and N.
 """
 
 from __future__ import annotations
@@ -42,16 +45,18 @@ from cutlass.pipeline import pipeline_init_arrive, pipeline_init_wait
 from .gemm256 import FP8_MAX, G, N_ALIGN, Gemm256Kernel, sk_cta_of, sk_iter_begin
 from .ptx import bf16_lo_to_f32, cvt_bf16x2, cvt_e4m3x2, div_rn
 
-BLOCKS = 4  # 64-row wgmma blocks per 256-row weight tile
-
-
 class SwapABKernel(Gemm256Kernel):
     """Gemm256Kernel with the swap-AB consumer (config.tile_m 16 or 32, see the module docstring)."""
+
+    def __init__(self, config):
+        super().__init__(config)
+        self.blocks = 4 // self.num_mma_wg  # 64-row blocks per thread in the 256-row tile
 
     def _tiled_mma(self):
         major = cute.nvgpu.warpgroup.OperandMajorMode.K
         return sm90_utils.make_trivial_tiled_mma(
-            self.ab_dtype, self.ab_dtype, major, major, self.acc_dtype, (1, 1, 1), tiler_mn=(64, self.cfg.tile_m)
+            self.ab_dtype, self.ab_dtype, major, major, self.acc_dtype, (self.num_mma_wg, 1, 1),
+            tiler_mn=(64, self.cfg.tile_m),
         )
 
     @cute.kernel
@@ -94,7 +99,7 @@ class SwapABKernel(Gemm256Kernel):
             barrier_storage=storage.mbar.data_ptr(),
             num_stages=cfg.stages,
             producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread),
-            consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 4),
+            consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 4 * self.num_mma_wg),
             tx_count=stage_bytes,
             cta_layout_vmnk=cute.make_layout((1, 1, 1, 1)),
             defer_sync=True,
@@ -134,10 +139,10 @@ class SwapABKernel(Gemm256Kernel):
             cute.arch.setmaxregister_increase(232)
             t = tidx - 128
             thr_mma = tiled_mma.get_slice(t)
-            tCrW = tiled_mma.make_fragment_A(thr_mma.partition_A(sB))  # (MMA, 4 blocks, MMA_K, STAGES)
+            tCrW = tiled_mma.make_fragment_A(thr_mma.partition_A(sB))  # (MMA, blocks, MMA_K, STAGES)
             tCrX = tiled_mma.make_fragment_B(thr_mma.partition_B(sA))  # (MMA, 1, MMA_K, STAGES)
             num_k_blocks = cute.size(tCrW, mode=[2])
-            tCcC = thr_mma.partition_C(cute.make_identity_tensor((cfg.tile_n, cfg.tile_m)))  # (MMA, 4, 1)
+            tCcC = thr_mma.partition_C(cute.make_identity_tensor((cfg.tile_n, cfg.tile_m)))  # (MMA, blocks, 1)
             acc = cute.make_rmem_tensor(tCcC.shape, self.acc_dtype)
             temp = cute.make_rmem_tensor(tCcC.shape, self.acc_dtype)
             n_vals = cute.size(tCcC, mode=[0])  # tile_m / 2 per block
@@ -149,7 +154,7 @@ class SwapABKernel(Gemm256Kernel):
             xs_nxt = cute.make_rmem_tensor(cute.make_layout(n_tok), Float32)
             sc = cute.make_rmem_tensor(cute.make_layout(n_tok), Float32)
             sO = storage.sO.get_tensor(cute.make_layout((cfg.tile_m, cfg.out_row_words), stride=(cfg.out_row_words, 1)))
-            sRed = storage.red.get_tensor(cute.make_layout((4, cfg.tile_m), stride=(cfg.tile_m, 1)))
+            sRed = storage.red.get_tensor(cute.make_layout((4 * self.num_mma_wg, cfg.tile_m), stride=(cfg.tile_m, 1)))
             sFlag = storage.flag.get_tensor(cute.make_layout(4))
 
             state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, cfg.stages)
@@ -192,8 +197,8 @@ class SwapABKernel(Gemm256Kernel):
                     cute.nvgpu.warpgroup.wait_group(0)
                     mainloop.consumer_release(state)  # the smem stage is read: the producer may refill it
                     state.advance()
-                    for b in cutlass.range_constexpr(BLOCKS):
-                        ws = ws_0 if b < 2 else ws_1
+                    for b in cutlass.range_constexpr(self.blocks):
+                        ws = ws_0 if b < self.blocks // 2 else ws_1
                         for j in cutlass.range_constexpr(n_tok):
                             sc[j] = xs_cur[j] * ws
                         for v in cutlass.range_constexpr(n_vals):
@@ -216,7 +221,7 @@ class SwapABKernel(Gemm256Kernel):
     def _partial(self, acc, n_vals: cutlass.Constexpr, ok_a, ok_b, mPart, idx, t, add: cutlass.Constexpr):
         """acc → mPart[idx] (or acc += mPart[idx]), [idx, value, thread]; all values (padding
         tokens are zero: their x rows are TMA zero-fill), so ok_a / ok_b are not used."""
-        for b in cutlass.range_constexpr(BLOCKS):
+        for b in cutlass.range_constexpr(self.blocks):
             for v in cutlass.range_constexpr(n_vals):
                 if cutlass.const_expr(add):
                     acc[(v, b, 0)] = acc[(v, b, 0)] + mPart[idx, b * n_vals + v, t]
@@ -229,10 +234,11 @@ class SwapABKernel(Gemm256Kernel):
         """h = act(gate) · up into blocks 0, 1; per-token amax and fp8 quantization (or bf16);
         stage token-major in smem; copy out; h_scale per token."""
         cfg = self.cfg
-        for b in cutlass.range_constexpr(2):
+        gates = self.blocks // 2
+        for b in cutlass.range_constexpr(gates):
             for v in cutlass.range_constexpr(n_vals):
-                acc[(v, b, 0)] = self.act(acc[(v, b, 0)]) * acc[(v, b + 2, 0)]
-        bar = pipeline.NamedBarrier(barrier_id=1, num_threads=128)
+                acc[(v, b, 0)] = self.act(acc[(v, b, 0)]) * acc[(v, b + gates, 0)]
+        bar = pipeline.NamedBarrier(barrier_id=1, num_threads=128 * self.num_mma_wg)
         bar.arrive_and_wait()  # the previous tile's copy-out and amax reads are done
         lane = t % 32
         warp = t // 32
@@ -241,7 +247,7 @@ class SwapABKernel(Gemm256Kernel):
             inv = cute.make_rmem_tensor(cute.make_layout(n_tok), Float32)
             for j in cutlass.range_constexpr(n_tok):
                 amax[j] = Float32(0.0)
-            for b in cutlass.range_constexpr(2):
+            for b in cutlass.range_constexpr(gates):
                 for v in cutlass.range_constexpr(n_vals):
                     j = 2 * (v // 4) + v % 2
                     amax[j] = cute.arch.fmax(amax[j], abs(acc[(v, b, 0)]), nan=True)
@@ -256,8 +262,9 @@ class SwapABKernel(Gemm256Kernel):
             bar.arrive_and_wait()
             for j in cutlass.range_constexpr(n_tok):
                 tok = tok0 + 8 * (j // 2) + j % 2
-                a = cute.arch.fmax(cute.arch.fmax(sRed[0, tok], sRed[1, tok], nan=True),
-                                   cute.arch.fmax(sRed[2, tok], sRed[3, tok], nan=True), nan=True)
+                a = sRed[0, tok]
+                for w in cutlass.range_constexpr(1, 4 * self.num_mma_wg):
+                    a = cute.arch.fmax(a, sRed[w, tok], nan=True)
                 sj = div_rn(a, Float32(FP8_MAX))
                 if a == Float32(0.0):
                     sj = Float32(1.0)
@@ -270,7 +277,7 @@ class SwapABKernel(Gemm256Kernel):
                 cute.recast_ptr(sH.iterator, dtype=cutlass.Int8),
                 cute.make_layout((cfg.tile_m, 4 * cfg.out_row_words), stride=(4 * cfg.out_row_words, 1)),
             )
-            for b in cutlass.range_constexpr(2):
+            for b in cutlass.range_constexpr(gates):
                 for v in cutlass.range_constexpr(0, n_vals, 2):  # v, v + 1: tokens tok, tok + 1 of one column
                     col = tCcC[(v, b, 0)][0]
                     tok = tCcC[(v, b, 0)][1]
@@ -283,7 +290,7 @@ class SwapABKernel(Gemm256Kernel):
                 cute.recast_ptr(sH.iterator, dtype=cutlass.Int16),
                 cute.make_layout((cfg.tile_m, 2 * cfg.out_row_words), stride=(2 * cfg.out_row_words, 1)),
             )
-            for b in cutlass.range_constexpr(2):
+            for b in cutlass.range_constexpr(gates):
                 for v in cutlass.range_constexpr(0, n_vals, 2):
                     col = tCcC[(v, b, 0)][0]
                     tok = tCcC[(v, b, 0)][1]
@@ -291,14 +298,17 @@ class SwapABKernel(Gemm256Kernel):
                     sH16[tok, col] = cutlass.Int16(word & 0xFFFF)
                     sH16[tok + 1, col] = cutlass.Int16((word >> 16) & 0xFFFF)
         bar.arrive_and_wait()
-        self._copy_slab(sH, mH, tm, tn, m, Int32(0), Int32(0), t, False, cfg.tile_m)
+        rows = cfg.tile_m // self.num_mma_wg  # each warpgroup copies out its share of the tokens
+        self._copy_slab(sH, mH, tm, tn, m, Int32(0), t // 128, t % 128, False, rows)
 
     @cute.jit
     def _epilogue_swap_linear(self, acc, tCcC, n_vals: cutlass.Constexpr, tm, tn, m, n, sY, mY, mR, t):
         """y = acc (+ residual) rounded once to bf16, one 128-column half (2 blocks) at a time."""
         cfg = self.cfg
         n_chunks = n // N_ALIGN
-        bar = pipeline.NamedBarrier(barrier_id=1, num_threads=128)
+        gates = self.blocks // 2
+        rows = cfg.tile_m // self.num_mma_wg  # each warpgroup copies its share of the tokens
+        bar = pipeline.NamedBarrier(barrier_id=1, num_threads=128 * self.num_mma_wg)
         sY16 = cute.make_tensor(
             cute.recast_ptr(sY.iterator, dtype=cutlass.Int16),
             cute.make_layout((cfg.tile_m, 2 * cfg.out_row_words), stride=(2 * cfg.out_row_words, 1)),
@@ -306,10 +316,10 @@ class SwapABKernel(Gemm256Kernel):
         for half in cutlass.range_constexpr(2):
             bar.arrive_and_wait()  # the previous copy-out of the slab is done
             if cutlass.const_expr(cfg.residual):
-                self._copy_slab(sY, mR, tm, 2 * tn + half, m, n_chunks, Int32(0), t, True, cfg.tile_m)
+                self._copy_slab(sY, mR, tm, 2 * tn + half, m, n_chunks, t // 128, t % 128, True, rows)
                 bar.arrive_and_wait()  # the residual slab is in smem
-            for bb in cutlass.range_constexpr(2):
-                b = 2 * half + bb
+            for bb in cutlass.range_constexpr(gates):
+                b = gates * half + bb
                 for v in cutlass.range_constexpr(0, n_vals, 2):  # v, v + 1: tokens tok, tok + 1 of one column
                     col = tCcC[(v, b, 0)][0] - G * half
                     tok = tCcC[(v, b, 0)][1]
@@ -322,4 +332,4 @@ class SwapABKernel(Gemm256Kernel):
                     sY16[tok, col] = cutlass.Int16(word & 0xFFFF)
                     sY16[tok + 1, col] = cutlass.Int16((word >> 16) & 0xFFFF)
             bar.arrive_and_wait()
-            self._copy_slab(sY, mY, tm, 2 * tn + half, m, n_chunks, Int32(0), t, False, cfg.tile_m)
+            self._copy_slab(sY, mY, tm, 2 * tn + half, m, n_chunks, t // 128, t % 128, False, rows)
