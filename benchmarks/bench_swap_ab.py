@@ -5,7 +5,8 @@ reference (relative max error) on its first operand set; then timed like bench_g
 graphs, operands rotated past L2, median). cuBLAS's block-scaled GEMM is the yardstick (for down:
 ops' cuBLAS path, cublas.down).
 
-    python benchmarks/bench_swap_ab.py [--op gate_up|down] [--shapes 4096x14336,...] [--m 1,16,32] [--json out.json]
+    python benchmarks/bench_swap_ab.py [--op gate_up|down] [--mainloop fp8_block128|bf16 (gate_up)]
+                                       [--shapes 4096x14336,...] [--m 1,16,32] [--json out.json]
 """
 
 from __future__ import annotations
@@ -31,6 +32,13 @@ def forced(split):
     return plan
 
 
+def bf16_operands(m, hidden, inter, seed):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    x = torch.randn(m, hidden, device="cuda", generator=g).to(torch.bfloat16)
+    w = (torch.randn(2 * inter, hidden, device="cuda", generator=g) * 0.05).to(torch.bfloat16)
+    return x, None, w, None
+
+
 def h_error(cfg, ops):
     xq, xs, wq, ws = ops
     h, hs = kg.gate_up(cfg, xq, wq, ws, xs)
@@ -54,12 +62,12 @@ def down_operands(m, hidden, inter, seed):
     return (hq, hs, *quant.quantize_fp8_block(w))
 
 
-def variants(op, m, tiles, sms):
+def variants(op, m, tiles, sms, mainloop):
     make = kg.GateUpConfig if op == "gate_up" else kd.DownConfig
-    out = [("tile64 plan", make(tile_m=64, stages=5), None)]
+    out = [("tile64 plan", make(tile_m=64, stages=5, mainloop=mainloop), None)]
     for tm, stages in ((16, 6), (32, 6), (64, 5)):  # shipped: SWAP_TILES
         if m <= tm:
-            cfg = make(tile_m=tm, stages=stages, swap_ab=True)
+            cfg = make(tile_m=tm, stages=stages, swap_ab=True, mainloop=mainloop)
             out.append((f"swap{tm} plan", cfg, None))
             for split in (1, 2, 3, 4, 6, 8):
                 if tiles * split <= sms:
@@ -70,6 +78,7 @@ def variants(op, m, tiles, sms):
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--op", default="gate_up", choices=["gate_up", "down"])
+    p.add_argument("--mainloop", default="fp8_block128", choices=["fp8_block128", "bf16"])
     p.add_argument("--shapes", default="4096x14336,8192x3584,2048x8192")
     p.add_argument("--m", default="1,16,32")
     p.add_argument("--iters", type=int, default=30)
@@ -82,23 +91,27 @@ def main():
         for m in map(int, a.m.split(",")):
             gu = a.op == "gate_up"
             n, k = (2 * inter, hidden) if gu else (hidden, inter)
+            bf16 = a.mainloop == "bf16"
             if gu:
-                sets = b.rotation(lambda s: b.operands(m, hidden, inter, seed=s), n * k)
+                make_set = bf16_operands if bf16 else (lambda *args: b.operands(*args[:3], seed=args[3]))
+                sets = b.rotation(lambda s: make_set(m, hidden, inter, s), n * k * (2 if bf16 else 1))
             else:
                 sets = b.rotation(lambda s: down_operands(m, hidden, inter, s), n * k)
             try:
-                if gu:
+                if gu and bf16:
+                    gemm = lambda x, xs, w, ws: x @ w.t()  # noqa: E731
+                elif gu:
                     gemm, _ = b.cublas_gemm(*sets[0])
                 else:
                     gemm = lambda hq, hs, wq, ws: cublas.down(hq, wq, ws, hs, None, torch.bfloat16)  # noqa: E731
                 t_cublas = b.graph_time_us(b.cycling(gemm, sets), a.iters)
             except RuntimeError:  # cuBLAS's block-scaled GEMM takes no M = 1
                 t_cublas = None
-            floor = n * k / 2.96e6  # µs at a plain copy's HBM rate
+            floor = n * k * (2 if bf16 else 1) / 2.96e6  # µs at a plain copy's HBM rate
             print(f"M={m} {hidden}x{inter}: cuBLAS GEMM {t_cublas or float('nan'):.1f} µs, floor {floor:.1f} µs",
                   flush=True)
             tiles = -(-n // 256)
-            for name, cfg, split in variants(a.op, m, tiles, sms):
+            for name, cfg, split in variants(a.op, m, tiles, sms, a.mainloop):
                 patch = mock.patch.object(gemm256, "plan", forced(split)) if split else mock.patch.object(
                     gemm256, "plan", gemm256.plan)
                 with patch:
@@ -117,7 +130,7 @@ def main():
                                  cublas_us=t_cublas, ctas=ctas, sk_tiles=sk, h_rel_err=err))
             del sets
     if a.json:
-        b.write_json(a.json, bench=f"swap_ab_{a.op}", rows=rows)
+        b.write_json(a.json, bench=f"swap_ab_{a.op}_{a.mainloop}", rows=rows)
 
 
 if __name__ == "__main__":

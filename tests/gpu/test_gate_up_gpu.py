@@ -95,7 +95,7 @@ def test_gate_up_fp8_block128_bf16_h(m, hidden, inter, act):
 @pytest.mark.parametrize("h_format", ["bf16", "fp8_group128"])
 @pytest.mark.parametrize("act", ACTS)
 @pytest.mark.parametrize("hidden,inter", [(4096, 14336), (576, 1536)])
-@pytest.mark.parametrize("m", [3, 64, 100, 1024])
+@pytest.mark.parametrize("m", [3, 16, 64, 100, 1024])
 def test_gate_up_bf16_mainloop(m, hidden, inter, act, h_format):
     check("bf16", h_format, act, m, hidden, inter)
 

@@ -84,10 +84,10 @@ def compile_gate_up(config: GateUpConfig):
 
 # Shipped configurations: what select_config can return (and what CI compile-checks).
 DECODE_M = 64  # M ≤ this uses the 64-row tile
-# (tokens, stages) of the fp8 swap-AB tiles (swap_ab.py), smallest first: M ≤ tokens uses it.
-# Measured (benchmarks/NOTES.md): the 16-token tile beats the 64-row one at M ≤ 16 (8192×3584:
-# 28.3 vs 31.7 µs); a 32-token tile gained ≤ 3 % at M ≤ 32 and only with a stream-K split the cost
-# model does not pick: not shipped.
+# (tokens, stages) of the swap-AB tiles (swap_ab.py), smallest first: M ≤ tokens uses it, both
+# mainloops. Measured (benchmarks/NOTES.md): the 16-token tile beats the 64-row one at M ≤ 16
+# (8192×3584: fp8 28.3 vs 31.7 µs, bf16 50.9 vs 63.8); 32- and 64-token tiles were no faster than
+# the 64-row tile at M ≤ 32 / 64 (the 64-token one, two warpgroups, spills): not shipped.
 SWAP_TILES = ((16, 6),)
 
 
@@ -96,9 +96,7 @@ def shipped_configs() -> list[GateUpConfig]:
     for mainloop in MAINLOOPS:
         for act in epilogue.ACTIVATIONS:
             for h_format in epilogue.H_FORMATS:
-                tiles = [(128, 4, False), (64, 5, False)]
-                if mainloop == "fp8_block128":
-                    tiles += [(t, s, True) for t, s in SWAP_TILES]
+                tiles = [(128, 4, False), (64, 5, False)] + [(t, s, True) for t, s in SWAP_TILES]
                 for tile_m, stages, swap in tiles:
                     out.append(GateUpConfig(tile_m=tile_m, stages=stages, act=act, h_format=h_format,
                                             mainloop=mainloop, swap_ab=swap))
@@ -122,8 +120,7 @@ def select_config(x, weight, weight_scale, x_scale, *, act: str, h_format: str) 
     if weight.shape[0] % (2 * G):
         return None
     tile_m, stages, swap = (64, 5, False) if x.shape[0] <= DECODE_M else (128, 4, False)
-    if mainloop == "fp8_block128":
-        tile_m, stages, swap = next(((t, s, True) for t, s in SWAP_TILES if x.shape[0] <= t), (tile_m, stages, swap))
+    tile_m, stages, swap = next(((t, s, True) for t, s in SWAP_TILES if x.shape[0] <= t), (tile_m, stages, swap))
     return GateUpConfig(tile_m=tile_m, stages=stages, act=act, h_format=h_format, mainloop=mainloop, swap_ab=swap)
 
 

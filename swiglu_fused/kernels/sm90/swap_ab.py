@@ -1,4 +1,5 @@
-"""Swap-AB tiles of the sm90 GEMM for decode-sized M (fp8_block128, gate_up and down): the weights are the
+"""Swap-AB tiles of the sm90 GEMM for decode-sized M (gate_up and down; fp8_block128, and bf16 for
+gate_up): the weights are the
 wgmma's A operand (its M side: a tile's 256 weight rows are 4 blocks of 64) and the tokens its B
 operand (N side: tile_m = 16, 32 or 64 tokens), so the tensor cores compute 256 × tile_m per k
 step instead of 64 × 256 with the 64-row tile.
@@ -21,8 +22,9 @@ Fragment of block b (wgmma C layout, value v of thread t, w = t / 128, lane = t 
 
 The first half of a thread's blocks are the tile's gate rows (h columns 0..127 of the tile), the
 second half its up rows, in the same order: gate and up of one h column are the same value index of
-blocks b and b + B/2 (B = 4/W blocks), so act(gate)·up stays register-local. Promotion per
-128-wide k block: acc += temp · x_scale[token] · w_scale[half], the weight half being b / (B/2).
+blocks b and b + B/2 (B = 4/W blocks), so act(gate)·up stays register-local. fp8 promotion per
+128-wide k block: acc += temp · x_scale[token] · w_scale[half], the weight half being b / (B/2);
+the bf16 mainloop accumulates straight into acc.
 
 Epilogue "swiglu" (gate_up): per token, amax over the tile's 128 h columns = in-thread (B/2 blocks
 × 2 rows), butterfly over lane/4 (xor 4, 8, 16), then over the 4·W warps through smem. h is staged
@@ -158,6 +160,7 @@ class SwapABKernel(Gemm256Kernel):
             sFlag = storage.flag.get_tensor(cute.make_layout(4))
 
             state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, cfg.stages)
+            release = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, cfg.stages)
             cursor = Int32(0)
             while cursor < cursor_end:
                 tile, kb0, kb1 = self._segment(cursor, bidx, nctas, dp_iters, k_tiles, dp_tiles, it_begin, it_end)
@@ -165,44 +168,67 @@ class SwapABKernel(Gemm256Kernel):
                 tn = tile // grid_m
                 cursor += kb1 - kb0
                 acc.fill(0.0)
-                for j in cutlass.range_constexpr(n_tok):
-                    xrow[j] = cutlass.min(tm * cfg.tile_m + tok0 + 8 * (j // 2) + j % 2, m - 1)
-                    xs_nxt[j] = mAS[xrow[j], kb0]
-                wrow_0 = cutlass.min(2 * tn, ws_last)
-                wrow_1 = cutlass.min(2 * tn + 1, ws_last)
-                nw_0 = mWS[wrow_0, kb0]
-                nw_1 = mWS[wrow_1, kb0]
-                for kt in cutlass.range(kb0, kb1, unroll=1):
-                    # scales of k block kt were loaded one iteration ahead (global-load latency)
-                    ws_0 = nw_0
-                    ws_1 = nw_1
-                    kn = cutlass.min(kt + 1, kb1 - 1)
+                if cutlass.const_expr(cfg.fp8):
                     for j in cutlass.range_constexpr(n_tok):
-                        xs_cur[j] = xs_nxt[j]
-                        xs_nxt[j] = mAS[xrow[j], kn]
-                    nw_0 = mWS[wrow_0, kn]
-                    nw_1 = mWS[wrow_1, kn]
-                    mainloop.consumer_wait(state)
-                    cute.nvgpu.warpgroup.fence()
-                    tiled_mma.set(cute.nvgpu.warpgroup.Field.ACCUMULATE, False)
-                    for kk in cutlass.range_constexpr(num_k_blocks):
-                        cute.gemm(
-                            tiled_mma, temp,
-                            tCrW[(None, None, kk, state.index)],
-                            tCrX[(None, None, kk, state.index)],
-                            temp,
-                        )
-                        tiled_mma.set(cute.nvgpu.warpgroup.Field.ACCUMULATE, True)
-                    cute.nvgpu.warpgroup.commit_group()
-                    cute.nvgpu.warpgroup.wait_group(0)
-                    mainloop.consumer_release(state)  # the smem stage is read: the producer may refill it
-                    state.advance()
-                    for b in cutlass.range_constexpr(self.blocks):
-                        ws = ws_0 if b < self.blocks // 2 else ws_1
+                        xrow[j] = cutlass.min(tm * cfg.tile_m + tok0 + 8 * (j // 2) + j % 2, m - 1)
+                        xs_nxt[j] = mAS[xrow[j], kb0]
+                    wrow_0 = cutlass.min(2 * tn, ws_last)
+                    wrow_1 = cutlass.min(2 * tn + 1, ws_last)
+                    nw_0 = mWS[wrow_0, kb0]
+                    nw_1 = mWS[wrow_1, kb0]
+                    for kt in cutlass.range(kb0, kb1, unroll=1):
+                        # scales of k block kt were loaded one iteration ahead (global-load latency)
+                        ws_0 = nw_0
+                        ws_1 = nw_1
+                        kn = cutlass.min(kt + 1, kb1 - 1)
                         for j in cutlass.range_constexpr(n_tok):
-                            sc[j] = xs_cur[j] * ws
-                        for v in cutlass.range_constexpr(n_vals):
-                            acc[(v, b, 0)] = acc[(v, b, 0)] + temp[(v, b, 0)] * sc[2 * (v // 4) + v % 2]
+                            xs_cur[j] = xs_nxt[j]
+                            xs_nxt[j] = mAS[xrow[j], kn]
+                        nw_0 = mWS[wrow_0, kn]
+                        nw_1 = mWS[wrow_1, kn]
+                        mainloop.consumer_wait(state)
+                        cute.nvgpu.warpgroup.fence()
+                        tiled_mma.set(cute.nvgpu.warpgroup.Field.ACCUMULATE, False)
+                        for kk in cutlass.range_constexpr(num_k_blocks):
+                            cute.gemm(
+                                tiled_mma, temp,
+                                tCrW[(None, None, kk, state.index)],
+                                tCrX[(None, None, kk, state.index)],
+                                temp,
+                            )
+                            tiled_mma.set(cute.nvgpu.warpgroup.Field.ACCUMULATE, True)
+                        cute.nvgpu.warpgroup.commit_group()
+                        cute.nvgpu.warpgroup.wait_group(0)
+                        mainloop.consumer_release(state)  # the smem stage is read: the producer may refill it
+                        state.advance()
+                        for b in cutlass.range_constexpr(self.blocks):
+                            ws = ws_0 if b < self.blocks // 2 else ws_1
+                            for j in cutlass.range_constexpr(n_tok):
+                                sc[j] = xs_cur[j] * ws
+                            for v in cutlass.range_constexpr(n_vals):
+                                acc[(v, b, 0)] = acc[(v, b, 0)] + temp[(v, b, 0)] * sc[2 * (v // 4) + v % 2]
+                else:
+                    # bf16: no promotion; one wgmma group in flight, stage kt-1 released once kt is issued
+                    tiled_mma.set(cute.nvgpu.warpgroup.Field.ACCUMULATE, True)
+                    for kt in cutlass.range(kb0, kb1, unroll=1):
+                        mainloop.consumer_wait(state)
+                        cute.nvgpu.warpgroup.fence()
+                        for kk in cutlass.range_constexpr(num_k_blocks):
+                            cute.gemm(
+                                tiled_mma, acc,
+                                tCrW[(None, None, kk, state.index)],
+                                tCrX[(None, None, kk, state.index)],
+                                acc,
+                            )
+                        cute.nvgpu.warpgroup.commit_group()
+                        cute.nvgpu.warpgroup.wait_group(1)
+                        if kt > kb0:
+                            mainloop.consumer_release(release)
+                            release.advance()
+                        state.advance()
+                    cute.nvgpu.warpgroup.wait_group(0)
+                    mainloop.consumer_release(release)
+                    release.advance()
                 epi = Int32(1)
                 if tile >= dp_tiles:
                     s = tile - dp_tiles
