@@ -93,7 +93,7 @@ def bench_shapes(shapes, ms, iters):
     return rows
 
 
-def bench_generate(layers=8, new_tokens=64, rounds=2):
+def bench_generate(layers=8, new_tokens=64, rounds=3):
     """tokens/s of greedy generate() for a LLaMA of LLaMA-3-8B width (random weights), batch 1:
     the unpatched model and a patched copy, timed in alternation ``rounds`` times (the first
     measurement of this benchmark ran unpatched-then-patched once, and its unpatched figure looked
