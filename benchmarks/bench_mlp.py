@@ -136,6 +136,7 @@ def main():
     p.add_argument("--iters", type=int, default=30)
     p.add_argument("--generate", action="store_true", help="also measure generate() tokens/s")
     p.add_argument("--generate-only", action="store_true", help="only measure generate() tokens/s")
+    p.add_argument("--rounds", type=int, default=3, help="generate(): alternating rounds of the three models")
     p.add_argument("--json", default=None)
     a = p.parse_args()
     torch._dynamo.config.cache_size_limit = 1024
@@ -144,7 +145,7 @@ def main():
     if not a.generate_only:
         result["rows"] = bench_shapes(shapes, [int(m) for m in a.m.split(",")], a.iters)
     if a.generate or a.generate_only:
-        result["generate"] = bench_generate()
+        result["generate"] = bench_generate(rounds=a.rounds)
     if a.json:
         with open(a.json, "w") as f:
             json.dump(result, f, indent=1)
