@@ -104,7 +104,21 @@ def main():
         import cuda.bindings.driver as cuda
         stream = cuda.CUstream(torch.cuda.current_stream().cuda_stream)
         fixed = ptrs() + (Int32(1), Int32(a.hidden // 16), Int32(2 * a.inter // 8), Int32(112), Int32(0), stream)
+        from swiglu_fused import eager_graphs
+
+        mlp(x)  # captures the M = 1 graph
+        state = eager_graphs._per_module[mlp]
+        g1 = next(iter(state.graphs.values()))
+        x2 = x.reshape(-1, x.shape[-1])
         rows.update({
+            "graph path: _plain_eager": lambda: eager_graphs._plain_eager(x2),
+            "graph path: tuple(module.buffers())": lambda: tuple(mlp.buffers()),
+            "graph path: buffer data_ptrs": lambda: tuple(b.data_ptr() for b in mlp.buffers()),
+            "graph path: raw stream": lambda: eager_graphs._raw_stream(0),
+            "graph path: static x copy_": lambda: g1.x[:1].copy_(x2),
+            "graph path: replay": lambda: g1.graph.replay(),
+            "graph path: output clone": lambda: g1.y[:1].clone(),
+            "graph path: is_current_stream_capturing": lambda: torch.cuda.is_current_stream_capturing(),
             "sm90 gate_up, no torch.library": lambda: kg.gate_up(cfg, xq, gu["weight"], gu["weight_scale_inv"], xs),
             "8 cute pointers": ptrs,
             "compiled kernel call alone": lambda: kfn(*fixed),
@@ -128,6 +142,13 @@ def main():
         prof.disable()
         sync()
         pstats.Stats(prof).sort_stats("tottime").print_stats(25)
+        prof = cProfile.Profile()
+        prof.enable()
+        for _ in range(200):
+            mlp(x)
+        prof.disable()
+        sync()
+        pstats.Stats(prof).sort_stats("tottime").print_stats(20)
 
 
 if __name__ == "__main__":

@@ -103,7 +103,8 @@ class FusedSwiGLUMLP(nn.Module):
             return x.new_empty(x.shape)
         y = None
         if self.eager_graph_rows and not torch.compiler.is_compiling() and ops.sm90_kernels_usable(x.device):
-            y = eager_graphs.run(self, x.reshape(-1, x.shape[-1]), self._ops_forward)
+            buffers = (*self.gate_up_proj._buffers.values(), *self.down_proj._buffers.values())
+            y = eager_graphs.run(self, x.reshape(-1, x.shape[-1]), self._ops_forward, buffers)
         if y is None:
             return self._ops_forward(x)
         return y.reshape(*x.shape[:-1], y.shape[-1])
