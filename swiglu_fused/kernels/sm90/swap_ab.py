@@ -146,14 +146,16 @@ class SwapABKernel(Gemm256Kernel):
             num_k_blocks = cute.size(tCrW, mode=[2])
             tCcC = thr_mma.partition_C(cute.make_identity_tensor((cfg.tile_n, cfg.tile_m)))  # (MMA, blocks, 1)
             acc = cute.make_rmem_tensor(tCcC.shape, self.acc_dtype)
+            # fp8: two wgmma temps, so that k tile kt+1's MMAs run while kt is promoted
             temp = cute.make_rmem_tensor(tCcC.shape, self.acc_dtype)
+            temp2 = cute.make_rmem_tensor(tCcC.shape, self.acc_dtype)
             n_vals = cute.size(tCcC, mode=[0])  # tile_m / 2 per block
             n_tok = n_vals // 2  # distinct tokens of a thread: value v has token j(v) = 2·(v/4) + v%2
             tok0 = tCcC[(0, 0, 0)][1]  # token of j = 0; token of j is tok0 + 8·(j/2) + j%2
             # x_scale rows of this thread's tokens (tokens past M read row M-1: their x rows are zero-fill)
             xrow = cute.make_rmem_tensor(cute.make_layout(n_tok), Int32)
-            xs_cur = cute.make_rmem_tensor(cute.make_layout(n_tok), Float32)
-            xs_nxt = cute.make_rmem_tensor(cute.make_layout(n_tok), Float32)
+            xs_a = cute.make_rmem_tensor(cute.make_layout(n_tok), Float32)  # x scales of temp's k tile
+            xs_b = cute.make_rmem_tensor(cute.make_layout(n_tok), Float32)  # and of temp2's
             sc = cute.make_rmem_tensor(cute.make_layout(n_tok), Float32)
             sO = storage.sO.get_tensor(cute.make_layout((cfg.tile_m, cfg.out_row_words), stride=(cfg.out_row_words, 1)))
             sRed = storage.red.get_tensor(cute.make_layout((4 * self.num_mma_wg, cfg.tile_m), stride=(cfg.tile_m, 1)))
@@ -168,48 +170,59 @@ class SwapABKernel(Gemm256Kernel):
                 tn = tile // grid_m
                 cursor += kb1 - kb0
                 acc.fill(0.0)
+                tiled_mma.set(cute.nvgpu.warpgroup.Field.ACCUMULATE, True)
                 if cutlass.const_expr(cfg.fp8):
+                    # k tiles alternate between temp and temp2: issue tile k + 1, wait for tile k only
+                    # (wait_group(1)), release its stage, promote it. The loop body has no branches
+                    # (with them, ptxas cannot tell which group is in flight and injects waits); the
+                    # last one or two tiles drain after it.
                     for j in cutlass.range_constexpr(n_tok):
                         xrow[j] = cutlass.min(tm * cfg.tile_m + tok0 + 8 * (j // 2) + j % 2, m - 1)
-                        xs_nxt[j] = mAS[xrow[j], kb0]
                     wrow_0 = cutlass.min(2 * tn, ws_last)
                     wrow_1 = cutlass.min(2 * tn + 1, ws_last)
-                    nw_0 = mWS[wrow_0, kb0]
-                    nw_1 = mWS[wrow_1, kb0]
-                    for kt in cutlass.range(kb0, kb1, unroll=1):
-                        # scales of k block kt were loaded one iteration ahead (global-load latency)
-                        ws_0 = nw_0
-                        ws_1 = nw_1
-                        kn = cutlass.min(kt + 1, kb1 - 1)
-                        for j in cutlass.range_constexpr(n_tok):
-                            xs_cur[j] = xs_nxt[j]
-                            xs_nxt[j] = mAS[xrow[j], kn]
-                        nw_0 = mWS[wrow_0, kn]
-                        nw_1 = mWS[wrow_1, kn]
+                    ws_a0, ws_a1 = self._scales(mAS, mWS, xrow, xs_a, wrow_0, wrow_1, kb0, n_tok)
+                    ws_b0 = ws_a0
+                    ws_b1 = ws_a1
+                    mainloop.consumer_wait(state)
+                    self._issue(tiled_mma, temp, tCrW, tCrX, state.index, num_k_blocks)
+                    state.advance()
+                    for kt in cutlass.range(kb0, kb1 - 2, 2, unroll=1):  # temp holds kt, in flight
+                        ws_b0, ws_b1 = self._scales(mAS, mWS, xrow, xs_b, wrow_0, wrow_1, kt + 1, n_tok)
                         mainloop.consumer_wait(state)
-                        cute.nvgpu.warpgroup.fence()
-                        tiled_mma.set(cute.nvgpu.warpgroup.Field.ACCUMULATE, False)
-                        for kk in cutlass.range_constexpr(num_k_blocks):
-                            cute.gemm(
-                                tiled_mma, temp,
-                                tCrW[(None, None, kk, state.index)],
-                                tCrX[(None, None, kk, state.index)],
-                                temp,
-                            )
-                            tiled_mma.set(cute.nvgpu.warpgroup.Field.ACCUMULATE, True)
-                        cute.nvgpu.warpgroup.commit_group()
-                        cute.nvgpu.warpgroup.wait_group(0)
-                        mainloop.consumer_release(state)  # the smem stage is read: the producer may refill it
+                        self._issue(tiled_mma, temp2, tCrW, tCrX, state.index, num_k_blocks)
                         state.advance()
-                        for b in cutlass.range_constexpr(self.blocks):
-                            ws = ws_0 if b < self.blocks // 2 else ws_1
-                            for j in cutlass.range_constexpr(n_tok):
-                                sc[j] = xs_cur[j] * ws
-                            for v in cutlass.range_constexpr(n_vals):
-                                acc[(v, b, 0)] = acc[(v, b, 0)] + temp[(v, b, 0)] * sc[2 * (v // 4) + v % 2]
+                        cute.nvgpu.warpgroup.wait_group(1)
+                        mainloop.consumer_release(release)
+                        release.advance()
+                        self._promote(acc, temp, xs_a, ws_a0, ws_a1, sc, n_vals, n_tok)
+                        ws_a0, ws_a1 = self._scales(mAS, mWS, xrow, xs_a, wrow_0, wrow_1, kt + 2, n_tok)
+                        mainloop.consumer_wait(state)
+                        self._issue(tiled_mma, temp, tCrW, tCrX, state.index, num_k_blocks)
+                        state.advance()
+                        cute.nvgpu.warpgroup.wait_group(1)
+                        mainloop.consumer_release(release)
+                        release.advance()
+                        self._promote(acc, temp2, xs_b, ws_b0, ws_b1, sc, n_vals, n_tok)
+                    if (kb1 - kb0) % 2 == 0:  # temp holds kb1 - 2; kb1 - 1 is left
+                        ws_b0, ws_b1 = self._scales(mAS, mWS, xrow, xs_b, wrow_0, wrow_1, kb1 - 1, n_tok)
+                        mainloop.consumer_wait(state)
+                        self._issue(tiled_mma, temp2, tCrW, tCrX, state.index, num_k_blocks)
+                        state.advance()
+                        cute.nvgpu.warpgroup.wait_group(1)
+                        mainloop.consumer_release(release)
+                        release.advance()
+                        self._promote(acc, temp, xs_a, ws_a0, ws_a1, sc, n_vals, n_tok)
+                        cute.nvgpu.warpgroup.wait_group(0)
+                        mainloop.consumer_release(release)
+                        release.advance()
+                        self._promote(acc, temp2, xs_b, ws_b0, ws_b1, sc, n_vals, n_tok)
+                    else:  # temp holds kb1 - 1
+                        cute.nvgpu.warpgroup.wait_group(0)
+                        mainloop.consumer_release(release)
+                        release.advance()
+                        self._promote(acc, temp, xs_a, ws_a0, ws_a1, sc, n_vals, n_tok)
                 else:
                     # bf16: no promotion; one wgmma group in flight, stage kt-1 released once kt is issued
-                    tiled_mma.set(cute.nvgpu.warpgroup.Field.ACCUMULATE, True)
                     for kt in cutlass.range(kb0, kb1, unroll=1):
                         mainloop.consumer_wait(state)
                         cute.nvgpu.warpgroup.fence()
@@ -242,6 +255,36 @@ class SwapABKernel(Gemm256Kernel):
                         self._epilogue_swap(acc, tCcC, n_vals, n_tok, tok0, tm, tn, m, sO, sRed, mOut, mAux, t)
                     else:
                         self._epilogue_swap_linear(acc, tCcC, n_vals, tm, tn, m, n, sO, mOut, mAux, t)
+
+    # trace-time helpers of the fp8 mainloop (plain Python, inlined where called: Python loops unroll)
+    def _scales(self, mAS, mWS, xrow, xs, wrow_0, wrow_1, kt, n_tok):
+        """x scales of this thread's tokens into xs, and the tile's two weight scales, for k block kt."""
+        for j in range(n_tok):
+            xs[j] = mAS[xrow[j], kt]
+        return mWS[wrow_0, kt], mWS[wrow_1, kt]
+
+    def _issue(self, tiled_mma, temp, tCrW, tCrX, stage, num_k_blocks):
+        """One k tile's wgmma chain into temp (the first wgmma overwrites it), committed as one
+        group. tiled_mma.set rebinds the atom's IR value; inside the branches that call this the
+        new value would escape them (an IR dominance error), so the value from before is put back
+        (ACCUMULATE True, set at the start of each tile)."""
+        outer = tiled_mma._trait.value  # private: see above
+        cute.nvgpu.warpgroup.fence()
+        tiled_mma.set(cute.nvgpu.warpgroup.Field.ACCUMULATE, False)
+        for kk in range(num_k_blocks):
+            cute.gemm(tiled_mma, temp, tCrW[(None, None, kk, stage)], tCrX[(None, None, kk, stage)], temp)
+            tiled_mma.set(cute.nvgpu.warpgroup.Field.ACCUMULATE, True)
+        cute.nvgpu.warpgroup.commit_group()
+        tiled_mma._trait.value = outer
+
+    def _promote(self, acc, temp, xs, ws_0, ws_1, sc, n_vals, n_tok):
+        """acc += temp · x_scale[token] · w_scale[half of the block]."""
+        for b in range(self.blocks):
+            ws = ws_0 if b < self.blocks // 2 else ws_1
+            for j in range(n_tok):
+                sc[j] = xs[j] * ws
+            for v in range(n_vals):
+                acc[(v, b, 0)] = acc[(v, b, 0)] + temp[(v, b, 0)] * sc[2 * (v // 4) + v % 2]
 
     @cute.jit
     def _partial(self, acc, n_vals: cutlass.Constexpr, ok_a, ok_b, mPart, idx, t, add: cutlass.Constexpr):
