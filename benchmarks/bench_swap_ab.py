@@ -66,7 +66,7 @@ def variants(op, m, tiles, sms, mainloop):
     make = kg.GateUpConfig if op == "gate_up" else kd.DownConfig
     out = [("tile64 plan", make(tile_m=64, stages=5, mainloop=mainloop), None)]
     for tm, stages in ((16, 6), (32, 6), (64, 5)):  # shipped: SWAP_TILES
-        if m <= tm:
+        if m <= tm or (tm == 16 and m <= 64):  # the 16-token tile also as several M tiles
             cfg = make(tile_m=tm, stages=stages, swap_ab=True, mainloop=mainloop)
             out.append((f"swap{tm} plan", cfg, None))
             for split in (1, 2, 3, 4, 6, 8):
