@@ -137,8 +137,8 @@ def test_launch_plan_meets_the_kernels_preconditions(m, k, n, op, mainloop):
 
     mod = gate_up if op == "gate_up" else down
     tile_m, swap = (64 if m <= mod.DECODE_M else 128), False
-    if mainloop == "fp8_block128" or op == "gate_up":  # down's swap-AB tile is fp8 only
-        tile_m, swap = next(((t, True) for t, _ in mod.SWAP_TILES if m <= t), (tile_m, swap))
+    if (mainloop == "fp8_block128" or op == "gate_up") and mod.swap_ab_applies(m, n, 132):  # down's is fp8 only
+        tile_m, swap = mod.SWAP_TILES[0][0], True
     cfg = next(c for c in mod.shipped_configs()
                if c.mainloop == mainloop and c.tile_m == tile_m and c.swap_ab == swap)
     with mock.patch.object(g, "sm_count", lambda device: 132):

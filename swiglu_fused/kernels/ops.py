@@ -12,7 +12,7 @@ fake (meta) implementation, so torch.compile and CUDA graphs see shapes without 
 Dispatch: a CUDA tensor on an sm_90 device with a configuration the sm90 kernels implement runs
 the kernel; everything else (CPU, other GPUs, formats without a kernel yet) runs the reference.
 ``down`` runs its sm90 kernel (fp8_block128 or bf16, bf16 output, H a multiple of 8) with the
-swap-AB decode tile (fp8, M ≤ 16: faster than cuBLAS at every measured shape), when its tiles fill
+swap-AB decode tile (fp8, M ≤ 64: faster than cuBLAS at every measured shape), when its tiles fill
 the GPU (ceil(M/128)·ceil(H/256) ≥ 0.9 × SMs, e.g. M ≥ 1024 at H = 4096), and between those only
 where cuBLAS does not take the shape (cuBLAS's split-K is as fast or faster there);
 it falls back to cuBLAS on other CUDA devices or cases the kernel does not take (block-scaled

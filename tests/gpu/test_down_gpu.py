@@ -12,7 +12,7 @@ from .tolerance import assert_bf16_close
 
 pytest.importorskip("cutlass")
 
-M_ALL = [1, 3, 16, 64, 100, 1024, 4096]
+M_ALL = [1, 3, 16, 40, 64, 100, 1024, 4096]  # ≤ 64: the fp8 swap-AB tile (1-4 M tiles)
 SHAPES = [(4096, 14336), (8192, 3584), (576, 1536), (2048, 8192)]  # (H, I)
 
 
@@ -81,7 +81,7 @@ def test_down_does_not_write_past_h():
 
 
 def test_ops_down_dispatch(monkeypatch):
-    """ops.down runs the kernel at M ≤ 16 (the swap-AB tile), when its tiles fill the SMs
+    """ops.down runs the kernel at M ≤ 64 (the swap-AB tile), when its tiles fill the SMs
     (M = 1024, H = 4096), and in between only where cuBLAS does not take the shape (H = 576);
     cuBLAS keeps the other small-M shapes it supports (faster there, benchmarks/NOTES.md)."""
     def no_fallback(*a, **kw):
@@ -114,7 +114,7 @@ def test_ops_down_dispatch(monkeypatch):
 
 
 @pytest.mark.parametrize("residual", [False, True])
-@pytest.mark.parametrize("hidden,inter,m", [(4096, 14336, 16), (4096, 14336, 256), (2048, 8192, 3)])
+@pytest.mark.parametrize("hidden,inter,m", [(4096, 14336, 16), (4096, 14336, 64), (4096, 14336, 256), (2048, 8192, 3)])
 def test_stream_k_is_repeatable(hidden, inter, m, residual):
     """Decode-sized down GEMMs with a long K run stream-K (gemm256.plan): bit-identical launches
     (partials summed in CTA order) and the residual added once, by the CTA that runs the epilogue."""

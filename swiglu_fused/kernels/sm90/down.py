@@ -61,7 +61,16 @@ def compile_down(config: DownConfig):
 
 # Shipped configurations: what select_config can return (and what CI compile-checks).
 DECODE_M = 64  # M ≤ this uses the 64-row tile
-SWAP_TILES = ((16, 6),)  # (tokens, stages) of the fp8 swap-AB tile (swap_ab.py) for M ≤ 16
+# The fp8 swap-AB tile (swap_ab.py): (tokens, stages), for M ≤ SWAP_M. Measured faster than cuBLAS
+# and than the 64-row tile at M = 1–64 on every shape (e.g. M = 64: 4096×14336 30.6 vs cuBLAS 42.2
+# µs, 8192×3584 15.0 vs 17.4; benchmarks/NOTES.md).
+SWAP_TILES = ((16, 6),)
+SWAP_M = 64
+
+
+def swap_ab_applies(m: int, n: int = 0, sms: int = 0) -> bool:
+    """Whether down with M rows runs the swap-AB tile (fp8)."""
+    return m <= SWAP_M
 
 
 def shipped_configs() -> list[DownConfig]:
@@ -95,14 +104,14 @@ def select_config(h, weight, weight_scale, h_scale, residual, out_dtype) -> Down
     if weight.shape[0] % N_ALIGN or weight.shape[1] % k_align:
         return None
     tile_m, stages, swap = (64, 5, False) if h.shape[0] <= DECODE_M else (128, 4, False)
-    if mainloop == "fp8_block128":
-        tile_m, stages, swap = next(((t, s, True) for t, s in SWAP_TILES if h.shape[0] <= t), (tile_m, stages, swap))
+    if mainloop == "fp8_block128" and swap_ab_applies(h.shape[0]):
+        (tile_m, stages), swap = SWAP_TILES[0], True
     return DownConfig(tile_m=tile_m, stages=stages, mainloop=mainloop, residual=residual is not None, swap_ab=swap)
 
 
 # Below this fraction of one wave of CTAs (tiles / SMs), cuBLAS takes the shapes it supports
-# (except at M ≤ 16, where the swap-AB tile beats it: 8192×3584 15.8 vs 17.2 µs, 4096×14336 29.9 vs
-# 31.0, 2048×8192 14.1 vs 17.1 at M = 16; benchmarks/NOTES.md): with
+# (except at M ≤ 64, where the swap-AB tile beats it: at M = 16 8192×3584 14.9 vs 17.1 µs,
+# 4096×14336 29.7 vs 34.5, 2048×8192 13.4 vs 17.0; benchmarks/NOTES.md): with
 # whole tiles the kernel measured 1.4–2.3× slower there; with stream-K (gemm256.plan) it is close
 # at H = 4096 (0.92–1.21× cuBLAS at M = 16–256) but still 1.3–1.5× slower at H = 8192, whose short
 # K (3584) does not pay for the fix-up. A full wave (M = 1024, H = 4096) is at parity

@@ -84,11 +84,20 @@ def compile_gate_up(config: GateUpConfig):
 
 # Shipped configurations: what select_config can return (and what CI compile-checks).
 DECODE_M = 64  # M ≤ this uses the 64-row tile
-# (tokens, stages) of the swap-AB tiles (swap_ab.py), smallest first: M ≤ tokens uses it, both
-# mainloops. Measured (benchmarks/NOTES.md): the 16-token tile beats the 64-row one at M ≤ 16
-# (8192×3584: fp8 28.3 vs 31.7 µs, bf16 50.9 vs 63.8); 32- and 64-token tiles were no faster than
-# the 64-row tile at M ≤ 32 / 64 (the 64-token one, two warpgroups, spills): not shipped.
+# The swap-AB tile (swap_ab.py): (tokens, stages), both mainloops. Measured (benchmarks/NOTES.md)
+# against the 64-row tile: faster at M ≤ 32 on every shape (8192×3584, M = 16: fp8 26.6 vs 31.7 µs,
+# bf16 50.9 vs 63.8), and at M ≤ 64 where its ceil(M/16) M tiles fit one wave of SMs (8192×3584,
+# M = 64: 26.9 vs 33.2; 4096×14336, 448 tiles: 52.6 vs 47.5, so not there). 32- and 64-token swap
+# tiles were no faster (the 64-token one, two warpgroups, spills): not shipped.
 SWAP_TILES = ((16, 6),)
+SWAP_M = 32  # M ≤ this: the swap-AB tile
+SWAP_M_ONE_WAVE = 64  # M ≤ this: the swap-AB tile if its tiles fit one wave
+
+
+def swap_ab_applies(m: int, n: int, sms: int) -> bool:
+    """Whether gate_up with M rows and N = 2I weight rows runs the swap-AB tile."""
+    tiles = -(-m // SWAP_TILES[0][0]) * -(-n // 256)
+    return m <= SWAP_M or (m <= SWAP_M_ONE_WAVE and tiles <= sms)
 
 
 def shipped_configs() -> list[GateUpConfig]:
@@ -120,7 +129,10 @@ def select_config(x, weight, weight_scale, x_scale, *, act: str, h_format: str) 
     if weight.shape[0] % (2 * G):
         return None
     tile_m, stages, swap = (64, 5, False) if x.shape[0] <= DECODE_M else (128, 4, False)
-    tile_m, stages, swap = next(((t, s, True) for t, s in SWAP_TILES if x.shape[0] <= t), (tile_m, stages, swap))
+    from .gemm256 import sm_count
+
+    if swap_ab_applies(x.shape[0], weight.shape[0], sm_count(x.device)):
+        (tile_m, stages), swap = SWAP_TILES[0], True
     return GateUpConfig(tile_m=tile_m, stages=stages, act=act, h_format=h_format, mainloop=mainloop, swap_ab=swap)
 
 

@@ -724,15 +724,16 @@ def sk_cta_of(it, ctas, sk_iters):
 
 
 def plan(tiles: int, k_tiles: int, sms: int, grid_m: int = 1, iter_bytes: int = 32768,
-         iter_us: float = ITER_US[64]) -> tuple[int, int]:
+         iter_us: float = ITER_US[64], max_sk_grid_m: int = 2) -> tuple[int, int]:
     """(grid, sk_tiles) for ``tiles`` output tiles (``grid_m`` of them along M, sharing weight
     tiles) of ``k_tiles`` k tiles, each reading ``iter_bytes`` of weights in ``iter_us`` per CTA:
     whole tiles (sk_tiles = 0), or all tiles stream-K split ``split`` ways. Stream-K is considered
-    only while weights dominate (grid_m ≤ 2: with more M tiles, CTAs on different K ranges no
-    longer share weight tiles in L2, measured 1.6× slower at M = 1024), with about the CTAs that
+    only while weights dominate (grid_m ≤ max_sk_grid_m: 2 for the 64/128-row tiles, since with
+    more M tiles CTAs on different K ranges no longer share weight tiles in L2, measured 1.6×
+    slower at M = 1024; 4 for the 16-token swap-AB tile, i.e. M ≤ 64), with about the CTAs that
     keep HBM busy, and only where the cost model predicts SK_MIN_GAIN."""
     whole = (max(1, min(tiles, sms)), 0)
-    if tiles <= 0 or grid_m > 2 or k_tiles < 2 * SK_MIN_ITERS:
+    if tiles <= 0 or grid_m > max_sk_grid_m or k_tiles < 2 * SK_MIN_ITERS:
         return whole
     t_hbm = tiles // grid_m * k_tiles * iter_bytes / HBM_BYTES_PER_US  # each weight byte read once
     t_whole = max(-(-tiles // sms) * k_tiles * iter_us, t_hbm)
@@ -756,7 +757,8 @@ def launch_plan(config: TileConfig, m: int, n: int, k: int, device):
     tiles = grid_m * -(-n // config.tile_n)
     iter_bytes = config.tile_n * config.tile_k * config.elem_bytes
     iter_us = ITER_US[f"swap{config.tile_m}" if config.swap_ab else config.tile_m] * iter_bytes / 32768
-    ctas, sk_tiles = plan(tiles, -(-k // config.tile_k), sm_count(device), grid_m, iter_bytes, iter_us)
+    ctas, sk_tiles = plan(tiles, -(-k // config.tile_k), sm_count(device), grid_m, iter_bytes, iter_us,
+                          max_sk_grid_m=64 // config.tile_m if config.swap_ab else 2)
     if sk_tiles == 0:
         return ctas, 0, None, None
     # per CTA two slots (its first and last tile) of 128 fp32 per consumer thread
