@@ -22,7 +22,7 @@ from swiglu_fused.kernels import reference  # noqa: E402
 from swiglu_fused.kernels.sm90 import down as kd, gate_up as kg, gemm256  # noqa: E402
 
 
-def whole_tiles(tiles, k_tiles, sms, *_):
+def whole_tiles(tiles, k_tiles, sms, *_, **__):
     return min(tiles, sms), 0
 
 

@@ -27,7 +27,7 @@ from swiglu_fused.kernels.sm90 import down as kd, gate_up as kg, gemm256  # noqa
 
 
 def forced(split):
-    def plan(tiles, k_tiles, sms, *_):
+    def plan(tiles, k_tiles, sms, *_, **__):
         return (tiles * split, tiles) if split > 1 else (min(tiles, sms), 0)
     return plan
 

@@ -138,7 +138,7 @@ def test_stream_k_is_repeatable_and_leaves_counters_zero(monkeypatch, mainloop, 
     real_plan = gemm256.launch_plan
     if real_plan(cfg, m, 2 * inter, hidden, args["x"].device)[1] == 0:
         # plan() keeps whole tiles here (the cost model's choice): test the stream-K path split 3 ways
-        monkeypatch.setattr(gemm256, "plan", lambda tiles, *a: (3 * tiles, tiles))
+        monkeypatch.setattr(gemm256, "plan", lambda tiles, *a, **kw: (3 * tiles, tiles))
 
     def reuse_counters(*a):
         ctas, sk_tiles, parts, ctr = real_plan(*a)
