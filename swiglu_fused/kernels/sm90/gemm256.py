@@ -293,51 +293,10 @@ class Gemm256Kernel:
             cute.nvgpu.cpasync.prefetch_descriptor(tma_a)
             cute.nvgpu.cpasync.prefetch_descriptor(tma_b)
 
-        smem = cutlass.utils.SmemAllocator()
-        storage = smem.allocate(self.shared_storage)
-        stage_bytes = cute.size_in_bytes(self.ab_dtype, cute.slice_(a_layout, (None, None, 0))) + cute.size_in_bytes(
-            self.ab_dtype, cute.slice_(b_layout, (None, None, 0))
-        )
-        mainloop = pipeline.PipelineTmaAsync.create(
-            barrier_storage=storage.mbar.data_ptr(),
-            num_stages=cfg.stages,
-            producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread),
-            consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, self.num_mma_wg * 4),
-            tx_count=stage_bytes,
-            cta_layout_vmnk=cute.make_layout((1, 1, 1, 1)),
-            defer_sync=True,
-        )
-        pipeline_init_arrive(cluster_shape_mn=(1, 1), is_relaxed=True)
-
-        sA = storage.sA.get_tensor(a_layout.outer, swizzle=a_layout.inner)
-        sB = storage.sB.get_tensor(b_layout.outer, swizzle=b_layout.inner)
-
-        # (bM, bK, RestM, RestK) and (bN, bK, RestN, RestK)
-        gA = cute.local_tile(mA, (cfg.tile_m, cfg.tile_k), (None, None))
-        gB = cute.local_tile(mB, (cfg.tile_n, cfg.tile_k), (None, None))
-        k_tiles = cute.size(gA, mode=[3])
-        tAsA, tAgA = cute.nvgpu.cpasync.tma_partition(
-            tma_a, 0, cute.make_layout(1), cute.group_modes(sA, 0, 2), cute.group_modes(gA, 0, 2)
-        )
-        tBsB, tBgB = cute.nvgpu.cpasync.tma_partition(
-            tma_b, 0, cute.make_layout(1), cute.group_modes(sB, 0, 2), cute.group_modes(gB, 0, 2)
-        )
-
-        pipeline_init_wait(cluster_shape_mn=(1, 1))
-
-        # persistent schedule (see plan()): CTA b first takes whole tiles b, b + grid, ... < dp_tiles
-        # (m varies fastest so the CTAs running together share a few weight tiles, read once from
-        # HBM, and all of A), then its equal share of the K iterations of the last sk_tiles tiles.
-        # Both warpgroup roles walk the same segments (tile, k tiles [kb0, kb1)) with a cursor over
-        # this CTA's k iterations (not named v: the value loops below rebind v at trace time).
-        nctas, _, _ = cute.arch.grid_dim()
-        grid_m = (m + cfg.tile_m - 1) // cfg.tile_m
-        dp_tiles = grid_m * n_tiles - sk_tiles
-        sk_iters = sk_tiles * k_tiles
-        it_begin = sk_iter_begin(bidx, nctas, sk_iters)
-        it_end = sk_iter_begin(bidx + 1, nctas, sk_iters)
-        dp_iters = (dp_tiles - bidx + nctas - 1) // nctas * k_tiles
-        cursor_end = dp_iters + it_end - it_begin
+        storage, mainloop, sA, sB, tma_parts, sched = self._prologue(tma_a, mA, tma_b, mB, a_layout, b_layout, m, n_tiles,
+                                                                     sk_tiles, bidx)
+        tAsA, tAgA, tBsB, tBgB = tma_parts
+        k_tiles, nctas, grid_m, dp_tiles, sk_iters, it_begin, it_end, dp_iters, cursor_end = sched
         ws_last = (n + G - 1) // G - 1  # last weight-scale row (a partial last tile reads no further)
 
         if wg_idx == 0:
@@ -460,22 +419,65 @@ class Gemm256Kernel:
                     cute.nvgpu.warpgroup.wait_group(0)
                     mainloop.consumer_release(release)
                     release.advance()
-                # a stream-K tile shared with other CTAs: only the last to finish runs the epilogue
-                epi = Int32(1)
-                if tile >= dp_tiles:
-                    s = tile - dp_tiles
-                    c_first = sk_cta_of(s * k_tiles, nctas, sk_iters)
-                    c_last = sk_cta_of(s * k_tiles + k_tiles - 1, nctas, sk_iters)
-                    if c_first != c_last:
-                        epi = self._fixup(
-                            acc, n_vals, tm * cfg.tile_m + r0, m, s, c_first, c_last, bidx, nctas, sk_iters,
-                            k_tiles, mPart, mCtr, sFlag, tidx - 128,
-                        )
+                epi = self._finish_tile(acc, n_vals, tm * cfg.tile_m + r0, m, tile, dp_tiles, k_tiles, bidx, nctas,
+                                        sk_iters, mPart, mCtr, sFlag, tidx - 128)
                 if epi != 0:
                     if cutlass.const_expr(cfg.epilogue == "swiglu"):
                         self._epilogue_swiglu(acc, n_vals, r0, col0, tm, tn, m, sO, mOut, mAux, wg_idx - 1, tidx % 128)
                     else:
                         self._epilogue_linear(acc, n_vals, r0, col0, tm, tn, m, n, sO, mOut, mAux, wg_idx - 1, tidx % 128)
+
+    def _prologue(self, tma_a, mA, tma_b, mB, a_layout, b_layout, m, n_tiles, sk_tiles, bidx):
+        """The setup both kernels (this one and swap_ab's) share, plain Python inlined at trace time:
+        shared storage, the TMA pipeline, the smem / gmem tile partitions and this CTA's schedule."""
+        cfg = self.cfg
+        smem = cutlass.utils.SmemAllocator()
+        storage = smem.allocate(self.shared_storage)
+        stage_bytes = cute.size_in_bytes(self.ab_dtype, cute.slice_(a_layout, (None, None, 0))) + cute.size_in_bytes(
+            self.ab_dtype, cute.slice_(b_layout, (None, None, 0))
+        )
+        mainloop = pipeline.PipelineTmaAsync.create(
+            barrier_storage=storage.mbar.data_ptr(),
+            num_stages=cfg.stages,
+            producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread),
+            consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, self.num_mma_wg * 4),
+            tx_count=stage_bytes,
+            cta_layout_vmnk=cute.make_layout((1, 1, 1, 1)),
+            defer_sync=True,
+        )
+        pipeline_init_arrive(cluster_shape_mn=(1, 1), is_relaxed=True)
+
+        sA = storage.sA.get_tensor(a_layout.outer, swizzle=a_layout.inner)
+        sB = storage.sB.get_tensor(b_layout.outer, swizzle=b_layout.inner)
+
+        # (bM, bK, RestM, RestK) and (bN, bK, RestN, RestK)
+        gA = cute.local_tile(mA, (cfg.tile_m, cfg.tile_k), (None, None))
+        gB = cute.local_tile(mB, (cfg.tile_n, cfg.tile_k), (None, None))
+        k_tiles = cute.size(gA, mode=[3])
+        tAsA, tAgA = cute.nvgpu.cpasync.tma_partition(
+            tma_a, 0, cute.make_layout(1), cute.group_modes(sA, 0, 2), cute.group_modes(gA, 0, 2)
+        )
+        tBsB, tBgB = cute.nvgpu.cpasync.tma_partition(
+            tma_b, 0, cute.make_layout(1), cute.group_modes(sB, 0, 2), cute.group_modes(gB, 0, 2)
+        )
+
+        pipeline_init_wait(cluster_shape_mn=(1, 1))
+
+        # persistent schedule (see plan()): CTA b first takes whole tiles b, b + grid, ... < dp_tiles
+        # (m varies fastest so the CTAs running together share a few weight tiles, read once from
+        # HBM, and all of A), then its equal share of the K iterations of the last sk_tiles tiles.
+        # Both warpgroup roles walk the same segments (tile, k tiles [kb0, kb1)) with a cursor over
+        # this CTA's k iterations (not named v: the value loops below rebind v at trace time).
+        nctas, _, _ = cute.arch.grid_dim()
+        grid_m = (m + cfg.tile_m - 1) // cfg.tile_m
+        dp_tiles = grid_m * n_tiles - sk_tiles
+        sk_iters = sk_tiles * k_tiles
+        it_begin = sk_iter_begin(bidx, nctas, sk_iters)
+        it_end = sk_iter_begin(bidx + 1, nctas, sk_iters)
+        dp_iters = (dp_tiles - bidx + nctas - 1) // nctas * k_tiles
+        cursor_end = dp_iters + it_end - it_begin
+        sched = (k_tiles, nctas, grid_m, dp_tiles, sk_iters, it_begin, it_end, dp_iters, cursor_end)
+        return storage, mainloop, sA, sB, (tAsA, tAgA, tBsB, tBgB), sched
 
     @cute.jit
     def _produce(self, mainloop, tma_a, tAgA, tAsA, tma_b, tBgB, tBsB, cursor_end, bidx, nctas, dp_iters,
@@ -511,6 +513,21 @@ class Gemm256Kernel:
             kb0 = it - s * k_tiles
             kb1 = cutlass.min(k_tiles, kb0 + it_end - it)
         return tile, kb0, kb1
+
+    @cute.jit
+    def _finish_tile(self, acc, n_vals: cutlass.Constexpr, row_a, m, tile, dp_tiles, k_tiles, bidx, nctas, sk_iters,
+                     mPart, mCtr, sFlag, t):
+        """1 if this CTA runs the tile's epilogue: a whole tile, or a stream-K tile shared with
+        other CTAs that this one is the last to finish (_fixup has then summed the partials)."""
+        epi = Int32(1)
+        if tile >= dp_tiles:
+            s = tile - dp_tiles
+            c_first = sk_cta_of(s * k_tiles, nctas, sk_iters)
+            c_last = sk_cta_of(s * k_tiles + k_tiles - 1, nctas, sk_iters)
+            if c_first != c_last:
+                epi = self._fixup(acc, n_vals, row_a, m, s, c_first, c_last, bidx, nctas, sk_iters, k_tiles,
+                                  mPart, mCtr, sFlag, t)
+        return epi
 
     @cute.jit
     def _fixup(self, acc, n_vals: cutlass.Constexpr, row_a, m, s, c_first, c_last, bidx, nctas, sk_iters,

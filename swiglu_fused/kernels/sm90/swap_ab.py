@@ -42,9 +42,8 @@ import cutlass.cute as cute
 import cutlass.pipeline as pipeline
 import cutlass.utils.hopper_helpers as sm90_utils
 from cutlass import Float32, Int32
-from cutlass.pipeline import pipeline_init_arrive, pipeline_init_wait
 
-from .gemm256 import FP8_MAX, G, N_ALIGN, Gemm256Kernel, sk_cta_of, sk_iter_begin
+from .gemm256 import FP8_MAX, G, N_ALIGN, Gemm256Kernel
 from .ptx import bf16_lo_to_f32, cvt_bf16x2, cvt_e4m3x2, div_rn
 
 class SwapABKernel(Gemm256Kernel):
@@ -92,44 +91,10 @@ class SwapABKernel(Gemm256Kernel):
             cute.nvgpu.cpasync.prefetch_descriptor(tma_a)
             cute.nvgpu.cpasync.prefetch_descriptor(tma_b)
 
-        smem = cutlass.utils.SmemAllocator()
-        storage = smem.allocate(self.shared_storage)
-        stage_bytes = cute.size_in_bytes(self.ab_dtype, cute.slice_(a_layout, (None, None, 0))) + cute.size_in_bytes(
-            self.ab_dtype, cute.slice_(b_layout, (None, None, 0))
-        )
-        mainloop = pipeline.PipelineTmaAsync.create(
-            barrier_storage=storage.mbar.data_ptr(),
-            num_stages=cfg.stages,
-            producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread),
-            consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 4 * self.num_mma_wg),
-            tx_count=stage_bytes,
-            cta_layout_vmnk=cute.make_layout((1, 1, 1, 1)),
-            defer_sync=True,
-        )
-        pipeline_init_arrive(cluster_shape_mn=(1, 1), is_relaxed=True)
-
-        sA = storage.sA.get_tensor(a_layout.outer, swizzle=a_layout.inner)
-        sB = storage.sB.get_tensor(b_layout.outer, swizzle=b_layout.inner)
-        gA = cute.local_tile(mA, (cfg.tile_m, cfg.tile_k), (None, None))
-        gB = cute.local_tile(mB, (cfg.tile_n, cfg.tile_k), (None, None))
-        k_tiles = cute.size(gA, mode=[3])
-        tAsA, tAgA = cute.nvgpu.cpasync.tma_partition(
-            tma_a, 0, cute.make_layout(1), cute.group_modes(sA, 0, 2), cute.group_modes(gA, 0, 2)
-        )
-        tBsB, tBgB = cute.nvgpu.cpasync.tma_partition(
-            tma_b, 0, cute.make_layout(1), cute.group_modes(sB, 0, 2), cute.group_modes(gB, 0, 2)
-        )
-        pipeline_init_wait(cluster_shape_mn=(1, 1))
-
-        # the persistent / stream-K schedule of Gemm256Kernel.kernel
-        nctas, _, _ = cute.arch.grid_dim()
-        grid_m = (m + cfg.tile_m - 1) // cfg.tile_m
-        dp_tiles = grid_m * n_tiles - sk_tiles
-        sk_iters = sk_tiles * k_tiles
-        it_begin = sk_iter_begin(bidx, nctas, sk_iters)
-        it_end = sk_iter_begin(bidx + 1, nctas, sk_iters)
-        dp_iters = (dp_tiles - bidx + nctas - 1) // nctas * k_tiles
-        cursor_end = dp_iters + it_end - it_begin
+        storage, mainloop, sA, sB, tma_parts, sched = self._prologue(tma_a, mA, tma_b, mB, a_layout, b_layout, m, n_tiles,
+                                                                     sk_tiles, bidx)
+        tAsA, tAgA, tBsB, tBgB = tma_parts
+        k_tiles, nctas, grid_m, dp_tiles, sk_iters, it_begin, it_end, dp_iters, cursor_end = sched
         ws_last = (n + G - 1) // G - 1
 
         if wg_idx == 0:
@@ -180,47 +145,35 @@ class SwapABKernel(Gemm256Kernel):
                         xrow[j] = cutlass.min(tm * cfg.tile_m + tok0 + 8 * (j // 2) + j % 2, m - 1)
                     wrow_0 = cutlass.min(2 * tn, ws_last)
                     wrow_1 = cutlass.min(2 * tn + 1, ws_last)
+                    scales = (mAS, mWS, xrow, wrow_0, wrow_1, n_tok)
                     ws_a0, ws_a1 = self._scales(mAS, mWS, xrow, xs_a, wrow_0, wrow_1, kb0, n_tok)
                     ws_b0 = ws_a0
                     ws_b1 = ws_a1
                     mainloop.consumer_wait(state)
                     self._issue(tiled_mma, temp, tCrW, tCrX, state.index, num_k_blocks)
                     state.advance()
+                    pipe = (mainloop, tiled_mma, tCrW, tCrX, num_k_blocks)
+                    # (state / release advance here, not in the helpers: the tracer carries pipeline
+                    # states through the loop only where it sees them advanced)
                     for kt in cutlass.range(kb0, kb1 - 2, 2, unroll=1):  # temp holds kt, in flight
-                        ws_b0, ws_b1 = self._scales(mAS, mWS, xrow, xs_b, wrow_0, wrow_1, kt + 1, n_tok)
-                        mainloop.consumer_wait(state)
-                        self._issue(tiled_mma, temp2, tCrW, tCrX, state.index, num_k_blocks)
+                        ws_b0, ws_b1 = self._issue_next(pipe, state, scales, temp2, xs_b, kt + 1)
                         state.advance()
-                        cute.nvgpu.warpgroup.wait_group(1)
-                        mainloop.consumer_release(release)
+                        self._retire(pipe, release, 1, acc, temp, xs_a, ws_a0, ws_a1, sc, n_vals, n_tok)
                         release.advance()
-                        self._promote(acc, temp, xs_a, ws_a0, ws_a1, sc, n_vals, n_tok)
-                        ws_a0, ws_a1 = self._scales(mAS, mWS, xrow, xs_a, wrow_0, wrow_1, kt + 2, n_tok)
-                        mainloop.consumer_wait(state)
-                        self._issue(tiled_mma, temp, tCrW, tCrX, state.index, num_k_blocks)
+                        ws_a0, ws_a1 = self._issue_next(pipe, state, scales, temp, xs_a, kt + 2)
                         state.advance()
-                        cute.nvgpu.warpgroup.wait_group(1)
-                        mainloop.consumer_release(release)
+                        self._retire(pipe, release, 1, acc, temp2, xs_b, ws_b0, ws_b1, sc, n_vals, n_tok)
                         release.advance()
-                        self._promote(acc, temp2, xs_b, ws_b0, ws_b1, sc, n_vals, n_tok)
                     if (kb1 - kb0) % 2 == 0:  # temp holds kb1 - 2; kb1 - 1 is left
-                        ws_b0, ws_b1 = self._scales(mAS, mWS, xrow, xs_b, wrow_0, wrow_1, kb1 - 1, n_tok)
-                        mainloop.consumer_wait(state)
-                        self._issue(tiled_mma, temp2, tCrW, tCrX, state.index, num_k_blocks)
+                        ws_b0, ws_b1 = self._issue_next(pipe, state, scales, temp2, xs_b, kb1 - 1)
                         state.advance()
-                        cute.nvgpu.warpgroup.wait_group(1)
-                        mainloop.consumer_release(release)
+                        self._retire(pipe, release, 1, acc, temp, xs_a, ws_a0, ws_a1, sc, n_vals, n_tok)
                         release.advance()
-                        self._promote(acc, temp, xs_a, ws_a0, ws_a1, sc, n_vals, n_tok)
-                        cute.nvgpu.warpgroup.wait_group(0)
-                        mainloop.consumer_release(release)
+                        self._retire(pipe, release, 0, acc, temp2, xs_b, ws_b0, ws_b1, sc, n_vals, n_tok)
                         release.advance()
-                        self._promote(acc, temp2, xs_b, ws_b0, ws_b1, sc, n_vals, n_tok)
                     else:  # temp holds kb1 - 1
-                        cute.nvgpu.warpgroup.wait_group(0)
-                        mainloop.consumer_release(release)
+                        self._retire(pipe, release, 0, acc, temp, xs_a, ws_a0, ws_a1, sc, n_vals, n_tok)
                         release.advance()
-                        self._promote(acc, temp, xs_a, ws_a0, ws_a1, sc, n_vals, n_tok)
                 else:
                     # bf16: no promotion; one wgmma group in flight, stage kt-1 released once kt is issued
                     for kt in cutlass.range(kb0, kb1, unroll=1):
@@ -242,14 +195,8 @@ class SwapABKernel(Gemm256Kernel):
                     cute.nvgpu.warpgroup.wait_group(0)
                     mainloop.consumer_release(release)
                     release.advance()
-                epi = Int32(1)
-                if tile >= dp_tiles:
-                    s = tile - dp_tiles
-                    c_first = sk_cta_of(s * k_tiles, nctas, sk_iters)
-                    c_last = sk_cta_of(s * k_tiles + k_tiles - 1, nctas, sk_iters)
-                    if c_first != c_last:
-                        epi = self._fixup(acc, n_vals, Int32(0), m, s, c_first, c_last, bidx, nctas, sk_iters,
-                                          k_tiles, mPart, mCtr, sFlag, t)
+                epi = self._finish_tile(acc, n_vals, Int32(0), m, tile, dp_tiles, k_tiles, bidx, nctas, sk_iters,
+                                        mPart, mCtr, sFlag, t)
                 if epi != 0:
                     if cutlass.const_expr(cfg.epilogue == "swiglu"):
                         self._epilogue_swap(acc, tCcC, n_vals, n_tok, tok0, tm, tn, m, sO, sRed, mOut, mAux, t)
@@ -276,6 +223,23 @@ class SwapABKernel(Gemm256Kernel):
             tiled_mma.set(cute.nvgpu.warpgroup.Field.ACCUMULATE, True)
         cute.nvgpu.warpgroup.commit_group()
         tiled_mma._trait.value = outer
+
+    def _issue_next(self, pipe, state, scales, into, xs_into, k_next):
+        """Load k tile k_next's scales (x scales into xs_into), wait for its stage, issue its wgmma
+        chain into ``into``. Returns its two weight scales."""
+        mainloop, tiled_mma, tCrW, tCrX, num_k_blocks = pipe
+        mAS, mWS, xrow, wrow_0, wrow_1, n_tok = scales
+        ws = self._scales(mAS, mWS, xrow, xs_into, wrow_0, wrow_1, k_next, n_tok)
+        mainloop.consumer_wait(state)
+        self._issue(tiled_mma, into, tCrW, tCrX, state.index, num_k_blocks)
+        return ws
+
+    def _retire(self, pipe, release, pending, acc, done, xs_done, ws_done_0, ws_done_1, sc, n_vals, n_tok):
+        """Wait until at most ``pending`` wgmma groups are in flight (the oldest, ``done``, has
+        finished), release its stage and promote it."""
+        cute.nvgpu.warpgroup.wait_group(pending)
+        pipe[0].consumer_release(release)
+        self._promote(acc, done, xs_done, ws_done_0, ws_done_1, sc, n_vals, n_tok)
 
     def _promote(self, acc, temp, xs, ws_0, ws_1, sc, n_vals, n_tok):
         """acc += temp · x_scale[token] · w_scale[half of the block]."""
