@@ -297,7 +297,6 @@ class Gemm256Kernel:
                                                                      sk_tiles, bidx)
         tAsA, tAgA, tBsB, tBgB = tma_parts
         k_tiles, nctas, grid_m, dp_tiles, sk_iters, it_begin, it_end, dp_iters, cursor_end = sched
-        ws_last = (n + G - 1) // G - 1  # last weight-scale row (a partial last tile reads no further)
 
         if wg_idx == 0:
             # ---------------- producer warpgroup: one warp issues the TMA loads
@@ -308,124 +307,134 @@ class Gemm256Kernel:
         else:
             # ---------------- consumer warpgroups: wgmma, promotion, epilogue
             cute.arch.setmaxregister_increase(232)
-            thr_mma = tiled_mma.get_slice(tidx - 128)
-            tCsA = thr_mma.partition_A(sA)
-            tCrA = tiled_mma.make_fragment_A(tCsA)  # (MMA, 1, MMA_K, STAGES)
-            tCrB = tiled_mma.make_fragment_B(thr_mma.partition_B(sB))  # (MMA, 2, MMA_K, STAGES): both halves
-            # the two halves of B on their own, (MMA, 1, MMA_K, STAGES) each
-            tCrB_half = [
-                tiled_mma.make_fragment_B(
-                    thr_mma.partition_B(cute.local_tile(sB, (G, cfg.tile_k, cfg.stages), (h, 0, 0)))
-                )
-                for h in range(2)
-            ]
-            num_k_blocks = cute.size(tCrA, mode=[2])
+            self._consume(tiled_mma, mainloop, sA, sB, storage, mAS, mWS, mOut, mAux, mPart, mCtr, m, n, tidx, wg_idx,
+                          bidx, k_tiles, nctas, grid_m, dp_tiles, sk_iters, it_begin, it_end, dp_iters, cursor_end)
 
-            cC = cute.make_identity_tensor((cfg.tile_m, cfg.tile_n))
-            tCcC = thr_mma.partition_C(cC)  # (MMA, 1, 2) coordinates of this thread's values
-            acc = cute.make_rmem_tensor(tCcC.shape, self.acc_dtype)
-            n_vals = cute.size(tCcC, mode=[0])  # 64 values per half
-            # this thread's two rows in the tile (value v has row r0 + 8·((v/2)%2)) and first column
-            crd0 = tCcC[(0, 0, 0)]
-            r0 = crd0[0]
-            col0 = crd0[1]
-            temp = cute.make_rmem_tensor(
-                thr_mma.partition_C(cute.make_identity_tensor((cfg.tile_m, G))).shape, self.acc_dtype
-            )  # (MMA, 1, 1): one half
-            mmas_per_promotion = cfg.promote_k // cute.size(tiled_mma.shape_mnk, mode=[2])
-            # output staging slab in smem: (tile_m rows, out_row_words) 32-bit words; each warpgroup owns its 64 rows
-            sO = storage.sO.get_tensor(cute.make_layout((cfg.tile_m, cfg.out_row_words), stride=(cfg.out_row_words, 1)))
+    @cute.jit
+    def _consume(self, tiled_mma, mainloop, sA, sB, storage, mAS, mWS, mOut, mAux, mPart, mCtr, m, n, tidx, wg_idx,
+                 bidx, k_tiles, nctas, grid_m, dp_tiles, sk_iters, it_begin, it_end, dp_iters, cursor_end):
+        """The consumer warpgroups (tidx ≥ 128): wgmma, promotion, stream-K fix-up, epilogue, over this
+        CTA's segments (the schedule values come from _prologue). swap_ab.py overrides this."""
+        cfg = self.cfg
+        ws_last = (n + G - 1) // G - 1  # last weight-scale row (a partial last tile reads no further)
+        thr_mma = tiled_mma.get_slice(tidx - 128)
+        tCsA = thr_mma.partition_A(sA)
+        tCrA = tiled_mma.make_fragment_A(tCsA)  # (MMA, 1, MMA_K, STAGES)
+        tCrB = tiled_mma.make_fragment_B(thr_mma.partition_B(sB))  # (MMA, 2, MMA_K, STAGES): both halves
+        # the two halves of B on their own, (MMA, 1, MMA_K, STAGES) each
+        tCrB_half = [
+            tiled_mma.make_fragment_B(
+                thr_mma.partition_B(cute.local_tile(sB, (G, cfg.tile_k, cfg.stages), (h, 0, 0)))
+            )
+            for h in range(2)
+        ]
+        num_k_blocks = cute.size(tCrA, mode=[2])
 
-            sFlag = storage.flag.get_tensor(cute.make_layout(4))
+        cC = cute.make_identity_tensor((cfg.tile_m, cfg.tile_n))
+        tCcC = thr_mma.partition_C(cC)  # (MMA, 1, 2) coordinates of this thread's values
+        acc = cute.make_rmem_tensor(tCcC.shape, self.acc_dtype)
+        n_vals = cute.size(tCcC, mode=[0])  # 64 values per half
+        # this thread's two rows in the tile (value v has row r0 + 8·((v/2)%2)) and first column
+        crd0 = tCcC[(0, 0, 0)]
+        r0 = crd0[0]
+        col0 = crd0[1]
+        temp = cute.make_rmem_tensor(
+            thr_mma.partition_C(cute.make_identity_tensor((cfg.tile_m, G))).shape, self.acc_dtype
+        )  # (MMA, 1, 1): one half
+        mmas_per_promotion = cfg.promote_k // cute.size(tiled_mma.shape_mnk, mode=[2])
+        # output staging slab in smem: (tile_m rows, out_row_words) 32-bit words; each warpgroup owns its 64 rows
+        sO = storage.sO.get_tensor(cute.make_layout((cfg.tile_m, cfg.out_row_words), stride=(cfg.out_row_words, 1)))
 
-            state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, cfg.stages)
-            release = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, cfg.stages)
-            cursor = Int32(0)
-            while cursor < cursor_end:
-                tile, kb0, kb1 = self._segment(cursor, bidx, nctas, dp_iters, k_tiles, dp_tiles, it_begin, it_end)
-                tm = tile % grid_m
-                tn = tile // grid_m
-                cursor += kb1 - kb0
-                row_a = tm * cfg.tile_m + r0
-                row_b = row_a + 8
-                acc.fill(0.0)
-                if cutlass.const_expr(cfg.fp8):
-                    # rows past M read the last row's scale (their A rows are TMA zero-fill)
-                    arow_a = cutlass.min(row_a, m - 1)
-                    arow_b = cutlass.min(row_b, m - 1)
-                    # weight rows past N (partial last tile) read the last scale row (their B rows are zero-fill)
-                    wrow_0 = cutlass.min(2 * tn, ws_last)
-                    wrow_1 = cutlass.min(2 * tn + 1, ws_last)
-                    # scales of k block kt are loaded one iteration ahead (global-load latency)
-                    na_a = mAS[arow_a, kb0]
-                    na_b = mAS[arow_b, kb0]
-                    nw_0 = mWS[wrow_0, kb0]
-                    nw_1 = mWS[wrow_1, kb0]
-                    for kt in cutlass.range(kb0, kb1, unroll=1):
-                        as_a = na_a
-                        as_b = na_b
-                        ws_0 = nw_0
-                        ws_1 = nw_1
-                        kn = cutlass.min(kt + 1, kb1 - 1)
-                        na_a = mAS[arow_a, kn]
-                        na_b = mAS[arow_b, kn]
-                        nw_0 = mWS[wrow_0, kn]
-                        nw_1 = mWS[wrow_1, kn]
-                        mainloop.consumer_wait(state)
-                        for half in cutlass.range_constexpr(2):
-                            ws = ws_0 if half == 0 else ws_1
-                            sc_a = as_a * ws
-                            sc_b = as_b * ws
-                            for grp in cutlass.range_constexpr(num_k_blocks // mmas_per_promotion):
-                                cute.nvgpu.warpgroup.fence()
-                                tiled_mma.set(cute.nvgpu.warpgroup.Field.ACCUMULATE, False)
-                                for j in cutlass.range_constexpr(mmas_per_promotion):
-                                    kk = grp * mmas_per_promotion + j
-                                    cute.gemm(
-                                        tiled_mma, temp,
-                                        tCrA[(None, None, kk, state.index)],
-                                        tCrB_half[half][(None, None, kk, state.index)],
-                                        temp,
-                                    )
-                                    tiled_mma.set(cute.nvgpu.warpgroup.Field.ACCUMULATE, True)
-                                cute.nvgpu.warpgroup.commit_group()
-                                cute.nvgpu.warpgroup.wait_group(0)
-                                for v in cutlass.range_constexpr(n_vals):
-                                    if cutlass.const_expr((v // 2) % 2 == 0):
-                                        acc[(v, 0, half)] = acc[(v, 0, half)] + temp[(v, 0, 0)] * sc_a
-                                    else:
-                                        acc[(v, 0, half)] = acc[(v, 0, half)] + temp[(v, 0, 0)] * sc_b
-                        mainloop.consumer_release(state)
-                        state.advance()
+        sFlag = storage.flag.get_tensor(cute.make_layout(4))
+
+        state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, cfg.stages)
+        release = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, cfg.stages)
+        cursor = Int32(0)
+        while cursor < cursor_end:
+            tile, kb0, kb1 = self._segment(cursor, bidx, nctas, dp_iters, k_tiles, dp_tiles, it_begin, it_end)
+            tm = tile % grid_m
+            tn = tile // grid_m
+            cursor += kb1 - kb0
+            row_a = tm * cfg.tile_m + r0
+            row_b = row_a + 8
+            acc.fill(0.0)
+            if cutlass.const_expr(cfg.fp8):
+                # rows past M read the last row's scale (their A rows are TMA zero-fill)
+                arow_a = cutlass.min(row_a, m - 1)
+                arow_b = cutlass.min(row_b, m - 1)
+                # weight rows past N (partial last tile) read the last scale row (their B rows are zero-fill)
+                wrow_0 = cutlass.min(2 * tn, ws_last)
+                wrow_1 = cutlass.min(2 * tn + 1, ws_last)
+                # scales of k block kt are loaded one iteration ahead (global-load latency)
+                na_a = mAS[arow_a, kb0]
+                na_b = mAS[arow_b, kb0]
+                nw_0 = mWS[wrow_0, kb0]
+                nw_1 = mWS[wrow_1, kb0]
+                for kt in cutlass.range(kb0, kb1, unroll=1):
+                    as_a = na_a
+                    as_b = na_b
+                    ws_0 = nw_0
+                    ws_1 = nw_1
+                    kn = cutlass.min(kt + 1, kb1 - 1)
+                    na_a = mAS[arow_a, kn]
+                    na_b = mAS[arow_b, kn]
+                    nw_0 = mWS[wrow_0, kn]
+                    nw_1 = mWS[wrow_1, kn]
+                    mainloop.consumer_wait(state)
+                    for half in cutlass.range_constexpr(2):
+                        ws = ws_0 if half == 0 else ws_1
+                        sc_a = as_a * ws
+                        sc_b = as_b * ws
+                        for grp in cutlass.range_constexpr(num_k_blocks // mmas_per_promotion):
+                            cute.nvgpu.warpgroup.fence()
+                            tiled_mma.set(cute.nvgpu.warpgroup.Field.ACCUMULATE, False)
+                            for j in cutlass.range_constexpr(mmas_per_promotion):
+                                kk = grp * mmas_per_promotion + j
+                                cute.gemm(
+                                    tiled_mma, temp,
+                                    tCrA[(None, None, kk, state.index)],
+                                    tCrB_half[half][(None, None, kk, state.index)],
+                                    temp,
+                                )
+                                tiled_mma.set(cute.nvgpu.warpgroup.Field.ACCUMULATE, True)
+                            cute.nvgpu.warpgroup.commit_group()
+                            cute.nvgpu.warpgroup.wait_group(0)
+                            for v in cutlass.range_constexpr(n_vals):
+                                if cutlass.const_expr((v // 2) % 2 == 0):
+                                    acc[(v, 0, half)] = acc[(v, 0, half)] + temp[(v, 0, 0)] * sc_a
+                                else:
+                                    acc[(v, 0, half)] = acc[(v, 0, half)] + temp[(v, 0, 0)] * sc_b
+                    mainloop.consumer_release(state)
+                    state.advance()
+            else:
+                # one wgmma group in flight: stage kt-1 is released once group kt is issued
+                tiled_mma.set(cute.nvgpu.warpgroup.Field.ACCUMULATE, True)
+                for kt in cutlass.range(kb0, kb1, unroll=1):
+                    mainloop.consumer_wait(state)
+                    cute.nvgpu.warpgroup.fence()
+                    for kk in cutlass.range_constexpr(num_k_blocks):
+                        cute.gemm(
+                            tiled_mma, acc,
+                            tCrA[(None, None, kk, state.index)],
+                            tCrB[(None, None, kk, state.index)],
+                            acc,
+                        )
+                    cute.nvgpu.warpgroup.commit_group()
+                    cute.nvgpu.warpgroup.wait_group(1)
+                    if kt > kb0:
+                        mainloop.consumer_release(release)
+                        release.advance()
+                    state.advance()
+                cute.nvgpu.warpgroup.wait_group(0)
+                mainloop.consumer_release(release)
+                release.advance()
+            epi = self._finish_tile(acc, n_vals, tm * cfg.tile_m + r0, m, tile, dp_tiles, k_tiles, bidx, nctas,
+                                    sk_iters, mPart, mCtr, sFlag, tidx - 128)
+            if epi != 0:
+                if cutlass.const_expr(cfg.epilogue == "swiglu"):
+                    self._epilogue_swiglu(acc, n_vals, r0, col0, tm, tn, m, sO, mOut, mAux, wg_idx - 1, tidx % 128)
                 else:
-                    # one wgmma group in flight: stage kt-1 is released once group kt is issued
-                    tiled_mma.set(cute.nvgpu.warpgroup.Field.ACCUMULATE, True)
-                    for kt in cutlass.range(kb0, kb1, unroll=1):
-                        mainloop.consumer_wait(state)
-                        cute.nvgpu.warpgroup.fence()
-                        for kk in cutlass.range_constexpr(num_k_blocks):
-                            cute.gemm(
-                                tiled_mma, acc,
-                                tCrA[(None, None, kk, state.index)],
-                                tCrB[(None, None, kk, state.index)],
-                                acc,
-                            )
-                        cute.nvgpu.warpgroup.commit_group()
-                        cute.nvgpu.warpgroup.wait_group(1)
-                        if kt > kb0:
-                            mainloop.consumer_release(release)
-                            release.advance()
-                        state.advance()
-                    cute.nvgpu.warpgroup.wait_group(0)
-                    mainloop.consumer_release(release)
-                    release.advance()
-                epi = self._finish_tile(acc, n_vals, tm * cfg.tile_m + r0, m, tile, dp_tiles, k_tiles, bidx, nctas,
-                                        sk_iters, mPart, mCtr, sFlag, tidx - 128)
-                if epi != 0:
-                    if cutlass.const_expr(cfg.epilogue == "swiglu"):
-                        self._epilogue_swiglu(acc, n_vals, r0, col0, tm, tn, m, sO, mOut, mAux, wg_idx - 1, tidx % 128)
-                    else:
-                        self._epilogue_linear(acc, n_vals, r0, col0, tm, tn, m, n, sO, mOut, mAux, wg_idx - 1, tidx % 128)
+                    self._epilogue_linear(acc, n_vals, r0, col0, tm, tn, m, n, sO, mOut, mAux, wg_idx - 1, tidx % 128)
 
     def _prologue(self, tma_a, mA, tma_b, mB, a_layout, b_layout, m, n_tiles, sk_tiles, bidx):
         """The setup both kernels (this one and swap_ab's) share, plain Python inlined at trace time:

@@ -60,148 +60,110 @@ class SwapABKernel(Gemm256Kernel):
             tiler_mn=(64, self.cfg.tile_m),
         )
 
-    @cute.kernel
-    def kernel(
-        self,
-        tma_a: cute.CopyAtom,
-        mA: cute.Tensor,
-        tma_b: cute.CopyAtom,
-        mB: cute.Tensor,
-        mAS: cute.Tensor,
-        mWS: cute.Tensor,
-        mOut: cute.Tensor,
-        mAux: cute.Tensor,
-        mPart: cute.Tensor,
-        mCtr: cute.Tensor,
-        tiled_mma: cute.TiledMma,
-        a_layout: cute.ComposedLayout,
-        b_layout: cute.ComposedLayout,
-        m: Int32,
-        n: Int32,
-        n_tiles: Int32,
-        sk_tiles: Int32,
-    ):
+    @cute.jit
+    def _consume(self, tiled_mma, mainloop, sA, sB, storage, mAS, mWS, mOut, mAux, mPart, mCtr, m, n, tidx, wg_idx,
+                 bidx, k_tiles, nctas, grid_m, dp_tiles, sk_iters, it_begin, it_end, dp_iters, cursor_end):
+        """The swap-AB consumer warpgroups (see the module docstring)."""
         cfg = self.cfg
-        tidx, _, _ = cute.arch.thread_idx()
-        bidx, _, _ = cute.arch.block_idx()
-        warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
-        wg_idx = cute.arch.make_warp_uniform(tidx // 128)
-
-        if warp_idx == 0:
-            cute.nvgpu.cpasync.prefetch_descriptor(tma_a)
-            cute.nvgpu.cpasync.prefetch_descriptor(tma_b)
-
-        storage, mainloop, sA, sB, tma_parts, sched = self._prologue(tma_a, mA, tma_b, mB, a_layout, b_layout, m, n_tiles,
-                                                                     sk_tiles, bidx)
-        tAsA, tAgA, tBsB, tBgB = tma_parts
-        k_tiles, nctas, grid_m, dp_tiles, sk_iters, it_begin, it_end, dp_iters, cursor_end = sched
         ws_last = (n + G - 1) // G - 1
+        t = tidx - 128
+        thr_mma = tiled_mma.get_slice(t)
+        tCrW = tiled_mma.make_fragment_A(thr_mma.partition_A(sB))  # (MMA, blocks, MMA_K, STAGES)
+        tCrX = tiled_mma.make_fragment_B(thr_mma.partition_B(sA))  # (MMA, 1, MMA_K, STAGES)
+        num_k_blocks = cute.size(tCrW, mode=[2])
+        tCcC = thr_mma.partition_C(cute.make_identity_tensor((cfg.tile_n, cfg.tile_m)))  # (MMA, blocks, 1)
+        acc = cute.make_rmem_tensor(tCcC.shape, self.acc_dtype)
+        # fp8: two wgmma temps, so that k tile kt+1's MMAs run while kt is promoted
+        temp = cute.make_rmem_tensor(tCcC.shape, self.acc_dtype)
+        temp2 = cute.make_rmem_tensor(tCcC.shape, self.acc_dtype)
+        n_vals = cute.size(tCcC, mode=[0])  # tile_m / 2 per block
+        n_tok = n_vals // 2  # distinct tokens of a thread: value v has token j(v) = 2·(v/4) + v%2
+        tok0 = tCcC[(0, 0, 0)][1]  # token of j = 0; token of j is tok0 + 8·(j/2) + j%2
+        # x_scale rows of this thread's tokens (tokens past M read row M-1: their x rows are zero-fill)
+        xrow = cute.make_rmem_tensor(cute.make_layout(n_tok), Int32)
+        xs_a = cute.make_rmem_tensor(cute.make_layout(n_tok), Float32)  # x scales of temp's k tile
+        xs_b = cute.make_rmem_tensor(cute.make_layout(n_tok), Float32)  # and of temp2's
+        sc = cute.make_rmem_tensor(cute.make_layout(n_tok), Float32)
+        sO = storage.sO.get_tensor(cute.make_layout((cfg.tile_m, cfg.out_row_words), stride=(cfg.out_row_words, 1)))
+        sRed = storage.red.get_tensor(cute.make_layout((4 * self.num_mma_wg, cfg.tile_m), stride=(cfg.tile_m, 1)))
+        sFlag = storage.flag.get_tensor(cute.make_layout(4))
 
-        if wg_idx == 0:
-            cute.arch.setmaxregister_decrease(40)
-            if warp_idx == 0:
-                self._produce(mainloop, tma_a, tAgA, tAsA, tma_b, tBgB, tBsB, cursor_end, bidx, nctas, dp_iters,
-                              k_tiles, dp_tiles, it_begin, it_end, grid_m)
-        else:
-            cute.arch.setmaxregister_increase(232)
-            t = tidx - 128
-            thr_mma = tiled_mma.get_slice(t)
-            tCrW = tiled_mma.make_fragment_A(thr_mma.partition_A(sB))  # (MMA, blocks, MMA_K, STAGES)
-            tCrX = tiled_mma.make_fragment_B(thr_mma.partition_B(sA))  # (MMA, 1, MMA_K, STAGES)
-            num_k_blocks = cute.size(tCrW, mode=[2])
-            tCcC = thr_mma.partition_C(cute.make_identity_tensor((cfg.tile_n, cfg.tile_m)))  # (MMA, blocks, 1)
-            acc = cute.make_rmem_tensor(tCcC.shape, self.acc_dtype)
-            # fp8: two wgmma temps, so that k tile kt+1's MMAs run while kt is promoted
-            temp = cute.make_rmem_tensor(tCcC.shape, self.acc_dtype)
-            temp2 = cute.make_rmem_tensor(tCcC.shape, self.acc_dtype)
-            n_vals = cute.size(tCcC, mode=[0])  # tile_m / 2 per block
-            n_tok = n_vals // 2  # distinct tokens of a thread: value v has token j(v) = 2·(v/4) + v%2
-            tok0 = tCcC[(0, 0, 0)][1]  # token of j = 0; token of j is tok0 + 8·(j/2) + j%2
-            # x_scale rows of this thread's tokens (tokens past M read row M-1: their x rows are zero-fill)
-            xrow = cute.make_rmem_tensor(cute.make_layout(n_tok), Int32)
-            xs_a = cute.make_rmem_tensor(cute.make_layout(n_tok), Float32)  # x scales of temp's k tile
-            xs_b = cute.make_rmem_tensor(cute.make_layout(n_tok), Float32)  # and of temp2's
-            sc = cute.make_rmem_tensor(cute.make_layout(n_tok), Float32)
-            sO = storage.sO.get_tensor(cute.make_layout((cfg.tile_m, cfg.out_row_words), stride=(cfg.out_row_words, 1)))
-            sRed = storage.red.get_tensor(cute.make_layout((4 * self.num_mma_wg, cfg.tile_m), stride=(cfg.tile_m, 1)))
-            sFlag = storage.flag.get_tensor(cute.make_layout(4))
-
-            state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, cfg.stages)
-            release = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, cfg.stages)
-            cursor = Int32(0)
-            while cursor < cursor_end:
-                tile, kb0, kb1 = self._segment(cursor, bidx, nctas, dp_iters, k_tiles, dp_tiles, it_begin, it_end)
-                tm = tile % grid_m
-                tn = tile // grid_m
-                cursor += kb1 - kb0
-                acc.fill(0.0)
-                tiled_mma.set(cute.nvgpu.warpgroup.Field.ACCUMULATE, True)
-                if cutlass.const_expr(cfg.fp8):
-                    # k tiles alternate between temp and temp2: issue tile k + 1, wait for tile k only
-                    # (wait_group(1)), release its stage, promote it. The loop body has no branches
-                    # (with them, ptxas cannot tell which group is in flight and injects waits); the
-                    # last one or two tiles drain after it.
-                    for j in cutlass.range_constexpr(n_tok):
-                        xrow[j] = cutlass.min(tm * cfg.tile_m + tok0 + 8 * (j // 2) + j % 2, m - 1)
-                    wrow_0 = cutlass.min(2 * tn, ws_last)
-                    wrow_1 = cutlass.min(2 * tn + 1, ws_last)
-                    scales = (mAS, mWS, xrow, wrow_0, wrow_1, n_tok)
-                    ws_a0, ws_a1 = self._scales(mAS, mWS, xrow, xs_a, wrow_0, wrow_1, kb0, n_tok)
-                    ws_b0 = ws_a0
-                    ws_b1 = ws_a1
-                    mainloop.consumer_wait(state)
-                    self._issue(tiled_mma, temp, tCrW, tCrX, state.index, num_k_blocks)
+        state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, cfg.stages)
+        release = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, cfg.stages)
+        cursor = Int32(0)
+        while cursor < cursor_end:
+            tile, kb0, kb1 = self._segment(cursor, bidx, nctas, dp_iters, k_tiles, dp_tiles, it_begin, it_end)
+            tm = tile % grid_m
+            tn = tile // grid_m
+            cursor += kb1 - kb0
+            acc.fill(0.0)
+            tiled_mma.set(cute.nvgpu.warpgroup.Field.ACCUMULATE, True)
+            if cutlass.const_expr(cfg.fp8):
+                # k tiles alternate between temp and temp2: issue tile k + 1, wait for tile k only
+                # (wait_group(1)), release its stage, promote it. The loop body has no branches
+                # (with them, ptxas cannot tell which group is in flight and injects waits); the
+                # last one or two tiles drain after it.
+                for j in cutlass.range_constexpr(n_tok):
+                    xrow[j] = cutlass.min(tm * cfg.tile_m + tok0 + 8 * (j // 2) + j % 2, m - 1)
+                wrow_0 = cutlass.min(2 * tn, ws_last)
+                wrow_1 = cutlass.min(2 * tn + 1, ws_last)
+                scales = (mAS, mWS, xrow, wrow_0, wrow_1, n_tok)
+                ws_a0, ws_a1 = self._scales(mAS, mWS, xrow, xs_a, wrow_0, wrow_1, kb0, n_tok)
+                ws_b0 = ws_a0
+                ws_b1 = ws_a1
+                mainloop.consumer_wait(state)
+                self._issue(tiled_mma, temp, tCrW, tCrX, state.index, num_k_blocks)
+                state.advance()
+                pipe = (mainloop, tiled_mma, tCrW, tCrX, num_k_blocks)
+                # (state / release advance here, not in the helpers: the tracer carries pipeline
+                # states through the loop only where it sees them advanced)
+                for kt in cutlass.range(kb0, kb1 - 2, 2, unroll=1):  # temp holds kt, in flight
+                    ws_b0, ws_b1 = self._issue_next(pipe, state, scales, temp2, xs_b, kt + 1)
                     state.advance()
-                    pipe = (mainloop, tiled_mma, tCrW, tCrX, num_k_blocks)
-                    # (state / release advance here, not in the helpers: the tracer carries pipeline
-                    # states through the loop only where it sees them advanced)
-                    for kt in cutlass.range(kb0, kb1 - 2, 2, unroll=1):  # temp holds kt, in flight
-                        ws_b0, ws_b1 = self._issue_next(pipe, state, scales, temp2, xs_b, kt + 1)
-                        state.advance()
-                        self._retire(pipe, release, 1, acc, temp, xs_a, ws_a0, ws_a1, sc, n_vals, n_tok)
-                        release.advance()
-                        ws_a0, ws_a1 = self._issue_next(pipe, state, scales, temp, xs_a, kt + 2)
-                        state.advance()
-                        self._retire(pipe, release, 1, acc, temp2, xs_b, ws_b0, ws_b1, sc, n_vals, n_tok)
-                        release.advance()
-                    if (kb1 - kb0) % 2 == 0:  # temp holds kb1 - 2; kb1 - 1 is left
-                        ws_b0, ws_b1 = self._issue_next(pipe, state, scales, temp2, xs_b, kb1 - 1)
-                        state.advance()
-                        self._retire(pipe, release, 1, acc, temp, xs_a, ws_a0, ws_a1, sc, n_vals, n_tok)
-                        release.advance()
-                        self._retire(pipe, release, 0, acc, temp2, xs_b, ws_b0, ws_b1, sc, n_vals, n_tok)
-                        release.advance()
-                    else:  # temp holds kb1 - 1
-                        self._retire(pipe, release, 0, acc, temp, xs_a, ws_a0, ws_a1, sc, n_vals, n_tok)
-                        release.advance()
-                else:
-                    # bf16: no promotion; one wgmma group in flight, stage kt-1 released once kt is issued
-                    for kt in cutlass.range(kb0, kb1, unroll=1):
-                        mainloop.consumer_wait(state)
-                        cute.nvgpu.warpgroup.fence()
-                        for kk in cutlass.range_constexpr(num_k_blocks):
-                            cute.gemm(
-                                tiled_mma, acc,
-                                tCrW[(None, None, kk, state.index)],
-                                tCrX[(None, None, kk, state.index)],
-                                acc,
-                            )
-                        cute.nvgpu.warpgroup.commit_group()
-                        cute.nvgpu.warpgroup.wait_group(1)
-                        if kt > kb0:
-                            mainloop.consumer_release(release)
-                            release.advance()
-                        state.advance()
-                    cute.nvgpu.warpgroup.wait_group(0)
-                    mainloop.consumer_release(release)
+                    self._retire(pipe, release, 1, acc, temp, xs_a, ws_a0, ws_a1, sc, n_vals, n_tok)
                     release.advance()
-                epi = self._finish_tile(acc, n_vals, Int32(0), m, tile, dp_tiles, k_tiles, bidx, nctas, sk_iters,
-                                        mPart, mCtr, sFlag, t)
-                if epi != 0:
-                    if cutlass.const_expr(cfg.epilogue == "swiglu"):
-                        self._epilogue_swap(acc, tCcC, n_vals, n_tok, tok0, tm, tn, m, sO, sRed, mOut, mAux, t)
-                    else:
-                        self._epilogue_swap_linear(acc, tCcC, n_vals, tm, tn, m, n, sO, mOut, mAux, t)
+                    ws_a0, ws_a1 = self._issue_next(pipe, state, scales, temp, xs_a, kt + 2)
+                    state.advance()
+                    self._retire(pipe, release, 1, acc, temp2, xs_b, ws_b0, ws_b1, sc, n_vals, n_tok)
+                    release.advance()
+                if (kb1 - kb0) % 2 == 0:  # temp holds kb1 - 2; kb1 - 1 is left
+                    ws_b0, ws_b1 = self._issue_next(pipe, state, scales, temp2, xs_b, kb1 - 1)
+                    state.advance()
+                    self._retire(pipe, release, 1, acc, temp, xs_a, ws_a0, ws_a1, sc, n_vals, n_tok)
+                    release.advance()
+                    self._retire(pipe, release, 0, acc, temp2, xs_b, ws_b0, ws_b1, sc, n_vals, n_tok)
+                    release.advance()
+                else:  # temp holds kb1 - 1
+                    self._retire(pipe, release, 0, acc, temp, xs_a, ws_a0, ws_a1, sc, n_vals, n_tok)
+                    release.advance()
+            else:
+                # bf16: no promotion; one wgmma group in flight, stage kt-1 released once kt is issued
+                for kt in cutlass.range(kb0, kb1, unroll=1):
+                    mainloop.consumer_wait(state)
+                    cute.nvgpu.warpgroup.fence()
+                    for kk in cutlass.range_constexpr(num_k_blocks):
+                        cute.gemm(
+                            tiled_mma, acc,
+                            tCrW[(None, None, kk, state.index)],
+                            tCrX[(None, None, kk, state.index)],
+                            acc,
+                        )
+                    cute.nvgpu.warpgroup.commit_group()
+                    cute.nvgpu.warpgroup.wait_group(1)
+                    if kt > kb0:
+                        mainloop.consumer_release(release)
+                        release.advance()
+                    state.advance()
+                cute.nvgpu.warpgroup.wait_group(0)
+                mainloop.consumer_release(release)
+                release.advance()
+            epi = self._finish_tile(acc, n_vals, Int32(0), m, tile, dp_tiles, k_tiles, bidx, nctas, sk_iters,
+                                    mPart, mCtr, sFlag, t)
+            if epi != 0:
+                if cutlass.const_expr(cfg.epilogue == "swiglu"):
+                    self._epilogue_swap(acc, tCcC, n_vals, n_tok, tok0, tm, tn, m, sO, sRed, mOut, mAux, t)
+                else:
+                    self._epilogue_swap_linear(acc, tCcC, n_vals, tm, tn, m, n, sO, mOut, mAux, t)
 
     # trace-time helpers of the fp8 mainloop (plain Python, inlined where called: Python loops unroll)
     def _scales(self, mAS, mWS, xrow, xs, wrow_0, wrow_1, kt, n_tok):
