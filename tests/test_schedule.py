@@ -136,9 +136,7 @@ def test_launch_plan_meets_the_kernels_preconditions(m, k, n, op, mainloop):
     from swiglu_fused.kernels.sm90 import down, gate_up
 
     mod = gate_up if op == "gate_up" else down
-    tile_m, swap = (64 if m <= mod.DECODE_M else 128), False
-    if (mainloop == "fp8_block128" or op == "gate_up") and mod.swap_ab_applies(m, n, 132):  # down's is fp8 only
-        tile_m, swap = mod.SWAP_TILES[0][0], True
+    tile_m, _, swap = gate_up.tile_for(m, n, 132) if op == "gate_up" else down.tile_for(m, mainloop)
     cfg = next(c for c in mod.shipped_configs()
                if c.mainloop == mainloop and c.tile_m == tile_m and c.swap_ab == swap)
     with mock.patch.object(g, "sm_count", lambda device: 132):

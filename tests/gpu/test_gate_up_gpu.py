@@ -11,7 +11,7 @@ from .tolerance import FP8, assert_bf16_close, assert_fp8_group_close
 
 pytest.importorskip("cutlass")
 
-M_ALL = [1, 3, 16, 20, 32, 64, 100, 1024, 4096]  # ≤ 32 (≤ 64 in one wave): the swap-AB tile, M tiles ≥ 1
+M_ALL = [1, 3, 16, 20, 32, 64, 100, 256, 1024, 4096]  # ≤ 32 (≤ 64 in one wave): swap-AB; ≤ 256 in one wave: 64-row
 SHAPES = [(4096, 14336), (8192, 3584), (576, 1536), (2048, 8192)]  # (H, I)
 ACTS = ["silu", "gelu_tanh"]
 

@@ -73,6 +73,13 @@ def swap_ab_applies(m: int, n: int = 0, sms: int = 0) -> bool:
     return m <= SWAP_M
 
 
+def tile_for(m: int, mainloop: str) -> tuple[int, int, bool]:
+    """(tile_m, stages, swap_ab) for M rows."""
+    if mainloop == "fp8_block128" and swap_ab_applies(m):
+        return (*SWAP_TILES[0], True)
+    return (64, 5, False) if m <= DECODE_M else (128, 4, False)
+
+
 def shipped_configs() -> list[DownConfig]:
     return [
         DownConfig(tile_m=tile_m, stages=stages, mainloop=mainloop, residual=residual, swap_ab=swap)
@@ -103,9 +110,7 @@ def select_config(h, weight, weight_scale, h_scale, residual, out_dtype) -> Down
         return None
     if weight.shape[0] % N_ALIGN or weight.shape[1] % k_align:
         return None
-    tile_m, stages, swap = (64, 5, False) if h.shape[0] <= DECODE_M else (128, 4, False)
-    if mainloop == "fp8_block128" and swap_ab_applies(h.shape[0]):
-        (tile_m, stages), swap = SWAP_TILES[0], True
+    tile_m, stages, swap = tile_for(h.shape[0], mainloop)
     return DownConfig(tile_m=tile_m, stages=stages, mainloop=mainloop, residual=residual is not None, swap_ab=swap)
 
 
