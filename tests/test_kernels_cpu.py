@@ -90,10 +90,11 @@ def test_down_configs():
     pytest.importorskip("cutlass")
     from swiglu_fused.kernels.sm90 import down
 
-    hq, hs = reference.quant_x(torch.randn(100, 256))
+    hq, hs = reference.quant_x(torch.randn(200, 256))
     wq, ws = quant.quantize_fp8_block(torch.randn(576, 256))
     cfg = down.select_config(hq, wq, ws, hs, None, torch.bfloat16)
     assert cfg == down.DownConfig(tile_m=128, stages=4, mainloop="fp8_block128", residual=False)
+    assert down.select_config(hq[:100], wq, ws, hs[:100], None, torch.bfloat16).tile_m == 64  # M ≤ 128
     assert cfg in down.shipped_configs()
     res = torch.zeros(3, 576, dtype=torch.bfloat16)
     assert down.select_config(hq[:3], wq, ws, hs[:3], res, torch.bfloat16).residual

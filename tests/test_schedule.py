@@ -150,3 +150,19 @@ def test_launch_plan_meets_the_kernels_preconditions(m, k, n, op, mainloop):
         assert sk_tiles == tiles and ctas <= sk_tiles * k_tiles
         assert parts.numel() == ctas * 2 * 128 * cfg.consumer_threads and parts.dtype == torch.float32
         assert ctr.numel() == sk_tiles + 1 and not ctr.any()
+
+
+@pytest.mark.parametrize("m,hidden,inter,expect", [
+    (16, 8192, 3584, True),  # swap-AB tile
+    (64, 4096, 14336, True),  # swap-AB tile, 4 M tiles
+    (128, 4096, 14336, True),  # 64-row tile, stream-K over K = 14336: 36.7 vs cuBLAS 43.9 µs
+    (128, 8192, 3584, False),  # 64-row tile, whole tiles: cuBLAS 17.8 vs 19.7 µs
+    (256, 4096, 14336, False),  # 128-row tile below a wave: cuBLAS
+    (1024, 4096, 14336, True),  # a full wave of 128-row tiles
+])
+def test_down_runs_the_kernel_where_it_was_measured_faster(m, hidden, inter, expect):
+    from swiglu_fused.kernels.sm90 import down
+
+    tile_m, stages, swap = down.tile_for(m, "fp8_block128")
+    cfg = down.DownConfig(tile_m=tile_m, stages=stages, swap_ab=swap)
+    assert down.beats_cublas(cfg, m, hidden, inter, 132) == expect

@@ -82,8 +82,9 @@ def test_down_does_not_write_past_h():
 
 def test_ops_down_dispatch(monkeypatch):
     """ops.down runs the kernel at M ≤ 64 (the swap-AB tile), when its tiles fill the SMs
-    (M = 1024, H = 4096), and in between only where cuBLAS does not take the shape (H = 576);
-    cuBLAS keeps the other small-M shapes it supports (faster there, benchmarks/NOTES.md)."""
+    (M = 1024, H = 4096), at M ≤ 128 when stream-K shares a long K out (H = 4096, I = 14336), and
+    otherwise only where cuBLAS does not take the shape (H = 576); cuBLAS keeps the other small-M
+    shapes it supports (faster there, benchmarks/NOTES.md)."""
     def no_fallback(*a, **kw):
         raise AssertionError("ops.down did not run the sm90 kernel on an sm_90 GPU")
 
@@ -93,6 +94,7 @@ def test_ops_down_dispatch(monkeypatch):
         make_operands(1024, 4096, 1536, "fp8_block128", True, seed=6),
         make_operands(1024, 4096, 1536, "bf16", False, seed=2),
         make_operands(16, 4096, 1536, "fp8_block128", True, seed=8),
+        make_operands(128, 4096, 14336, "fp8_block128", False, seed=9),  # 64-row tile, stream-K
     ]
     monkeypatch.setattr(ops.reference, "down", no_fallback)
     monkeypatch.setattr(ops.cublas, "down", no_fallback)

@@ -60,7 +60,6 @@ def compile_down(config: DownConfig):
 
 
 # Shipped configurations: what select_config can return (and what CI compile-checks).
-DECODE_M = 64  # M ≤ this uses the 64-row tile
 # The fp8 swap-AB tile (swap_ab.py): (tokens, stages), for M ≤ SWAP_M. Measured faster than cuBLAS
 # and than the 64-row tile at M = 1–64 on every shape (e.g. M = 64: 4096×14336 30.6 vs cuBLAS 42.2
 # µs, 8192×3584 15.0 vs 17.4; benchmarks/NOTES.md).
@@ -73,11 +72,14 @@ def swap_ab_applies(m: int, n: int = 0, sms: int = 0) -> bool:
     return m <= SWAP_M
 
 
+ROWS_64 = 128  # M ≤ this (above the swap-AB range): the 64-row tile
+
+
 def tile_for(m: int, mainloop: str) -> tuple[int, int, bool]:
     """(tile_m, stages, swap_ab) for M rows."""
     if mainloop == "fp8_block128" and swap_ab_applies(m):
         return (*SWAP_TILES[0], True)
-    return (64, 5, False) if m <= DECODE_M else (128, 4, False)
+    return (64, 5, False) if m <= ROWS_64 else (128, 4, False)
 
 
 def shipped_configs() -> list[DownConfig]:
@@ -128,6 +130,18 @@ def fills_gpu(config: DownConfig, m: int, n: int, sms: int) -> bool:
     """Whether the kernel's ceil(M/tile_m) · ceil(H/256) tiles fill at least MIN_WAVE of the SMs."""
     tiles = -(-m // config.tile_m) * -(-n // config.tile_n)
     return tiles >= MIN_WAVE * sms
+
+
+def beats_cublas(config: DownConfig, m: int, n: int, k: int, sms: int) -> bool:
+    """Where the kernel was measured as fast as cuBLAS or faster (benchmarks/NOTES.md): the swap-AB
+    tile (M ≤ 64); a full wave of tiles; and the 64-row tile (M ≤ 128) when plan() shares the K
+    iterations out (stream-K: long K, few tiles; at M = 128, 4096×14336 36.7 vs 43.9 µs, 2048×8192
+    23.9 vs 27.1), but not with whole tiles (8192×3584: 19.7 vs 17.8)."""
+    from .gemm256 import schedule
+
+    if config.swap_ab or fills_gpu(config, m, n, sms):
+        return True
+    return config.tile_m == 64 and schedule(config, m, n, k, sms)[1] > 0
 
 
 def down(config: DownConfig, h, weight, weight_scale=None, h_scale=None, residual=None, *, out=None):

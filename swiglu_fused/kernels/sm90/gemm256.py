@@ -771,6 +771,16 @@ def plan(tiles: int, k_tiles: int, sms: int, grid_m: int = 1, iter_bytes: int = 
     return (tiles * split, tiles) if t_whole > SK_MIN_GAIN * t_sk else whole
 
 
+def schedule(config: TileConfig, m: int, n: int, k: int, sms: int) -> tuple[int, int]:
+    """plan() for this config and problem: (ctas, sk_tiles)."""
+    grid_m = -(-m // config.tile_m)
+    tiles = grid_m * -(-n // config.tile_n)
+    iter_bytes = config.tile_n * config.tile_k * config.elem_bytes
+    iter_us = ITER_US[f"swap{config.tile_m}" if config.swap_ab else config.tile_m] * iter_bytes / 32768
+    return plan(tiles, -(-k // config.tile_k), sms, grid_m, iter_bytes, iter_us,
+                max_sk_grid_m=64 // config.tile_m if config.swap_ab else 2)
+
+
 def launch_plan(config: TileConfig, m: int, n: int, k: int, device):
     """(ctas, sk_tiles, partials, counters) for one launch. Both are allocated per call, so no two
     launches (concurrent streams, CUDA graphs) ever share them: the partials cost nothing to
@@ -779,12 +789,7 @@ def launch_plan(config: TileConfig, m: int, n: int, k: int, device):
     stream."""
     import torch
 
-    grid_m = -(-m // config.tile_m)
-    tiles = grid_m * -(-n // config.tile_n)
-    iter_bytes = config.tile_n * config.tile_k * config.elem_bytes
-    iter_us = ITER_US[f"swap{config.tile_m}" if config.swap_ab else config.tile_m] * iter_bytes / 32768
-    ctas, sk_tiles = plan(tiles, -(-k // config.tile_k), sm_count(device), grid_m, iter_bytes, iter_us,
-                          max_sk_grid_m=64 // config.tile_m if config.swap_ab else 2)
+    ctas, sk_tiles = schedule(config, m, n, k, sm_count(device))
     if sk_tiles == 0:
         return ctas, 0, None, None
     # per CTA two slots (its first and last tile) of 128 fp32 per consumer thread
