@@ -117,6 +117,8 @@ class FusedSwiGLUMLP(nn.Module):
     def extra_repr(self) -> str:
         w = self.gate_up_proj.tensors()[formats.weight_format(self.weight_format).weight_name()]
         hidden = formats.weight_format(self.weight_format).cols_of(w)
+        graphs = ""
+        if self.eager_graph_rows and self.backend == "sm90":
+            graphs = f", eager_graph_rows={self.eager_graph_rows}"
         return (f"hidden={hidden}, intermediate={w.shape[0] // 2}, format={self.weight_format}, "
-                f"g={self.interleave}, activation={self.activation}, backend={self.backend}"
-                + (f", eager_graph_rows={self.eager_graph_rows}" if self.eager_graph_rows and self.backend == "sm90" else ""))
+                f"g={self.interleave}, activation={self.activation}, backend={self.backend}{graphs}")

@@ -283,7 +283,6 @@ class Gemm256Kernel:
         n_tiles: Int32,
         sk_tiles: Int32,
     ):
-        cfg = self.cfg
         tidx, _, _ = cute.arch.thread_idx()
         bidx, _, _ = cute.arch.block_idx()
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
@@ -293,8 +292,9 @@ class Gemm256Kernel:
             cute.nvgpu.cpasync.prefetch_descriptor(tma_a)
             cute.nvgpu.cpasync.prefetch_descriptor(tma_b)
 
-        storage, mainloop, sA, sB, tma_parts, sched = self._prologue(tma_a, mA, tma_b, mB, a_layout, b_layout, m, n_tiles,
-                                                                     sk_tiles, bidx)
+        storage, mainloop, sA, sB, tma_parts, sched = self._prologue(
+            tma_a, mA, tma_b, mB, a_layout, b_layout, m, n_tiles, sk_tiles, bidx
+        )
         tAsA, tAgA, tBsB, tBgB = tma_parts
         k_tiles, nctas, grid_m, dp_tiles, sk_iters, it_begin, it_end, dp_iters, cursor_end = sched
 

@@ -1,14 +1,14 @@
 """Swap-AB tiles of the sm90 GEMM for decode-sized M (gate_up and down; fp8_block128, and bf16 for
-gate_up): the weights are the
-wgmma's A operand (its M side: a tile's 256 weight rows are 4 blocks of 64) and the tokens its B
-operand (N side: tile_m = 16, 32 or 64 tokens), so the tensor cores compute 256 × tile_m per k
-step instead of 64 × 256 with the 64-row tile.
+gate_up): the weights are the wgmma's A operand (its M side: a tile's 256 weight rows are 4 blocks
+of 64) and the tokens its B operand (N side: tile_m = 16, 32 or 64 tokens), so the tensor cores
+compute 256 × tile_m per k step instead of 64 × 256 with the 64-row tile. Shipped: 16 tokens
+(gate_up.tile_for, down.tile_for); 32 and 64 measured slower (benchmarks/NOTES.md).
 
 Why: with the 64-row tile a 32 KB weight k tile costs one SM 4.2 MFLOP whatever M is, 0.59 µs,
 so a CTA streams weights at ~55 GB/s (tensor-bound), and HBM needs ≥ 55 busy SMs; at M = 16 three
 quarters of that work is zero rows. With 16 tokens on the N side the same k tile is 1 MFLOP.
 
-Everything but the consumer warpgroup is gemm256.Gemm256Kernel's: the TMA producer (A = x tile
+Everything but the consumer warpgroups (_consume) is gemm256.Gemm256Kernel's: the TMA producer (A = x tile
 [tile_m, 128], W = weight tile [256, 128]), the persistent / stream-K schedule and its fix-up, the
 slab copy-out. The consumer warpgroups (one for 16 and 32 tokens, two for 64) hold the 256 ×
 tile_m accumulator: W = 1 or 2 warpgroups side by side along the weight rows, repeated 4/W times
@@ -24,7 +24,8 @@ The first half of a thread's blocks are the tile's gate rows (h columns 0..127 o
 second half its up rows, in the same order: gate and up of one h column are the same value index of
 blocks b and b + B/2 (B = 4/W blocks), so act(gate)·up stays register-local. fp8 promotion per
 128-wide k block: acc += temp · x_scale[token] · w_scale[half], the weight half being b / (B/2);
-the bf16 mainloop accumulates straight into acc.
+the bf16 mainloop accumulates straight into acc. The fp8 mainloop keeps two wgmma temps so that
+k tile kt+1's MMAs run while kt is promoted (a branch-free loop over pairs of k tiles).
 
 Epilogue "swiglu" (gate_up): per token, amax over the tile's 128 h columns = in-thread (B/2 blocks
 × 2 rows), butterfly over lane/4 (xor 4, 8, 16), then over the 4·W warps through smem. h is staged
@@ -46,8 +47,9 @@ from cutlass import Float32, Int32
 from .gemm256 import FP8_MAX, G, N_ALIGN, Gemm256Kernel
 from .ptx import bf16_lo_to_f32, cvt_bf16x2, cvt_e4m3x2, div_rn
 
+
 class SwapABKernel(Gemm256Kernel):
-    """Gemm256Kernel with the swap-AB consumer (config.tile_m 16 or 32, see the module docstring)."""
+    """Gemm256Kernel with the swap-AB consumer (config.swap_ab; see the module docstring)."""
 
     def __init__(self, config):
         super().__init__(config)
