@@ -5,7 +5,7 @@ reference (relative max error) on its first operand set; then timed like bench_g
 graphs, operands rotated past L2, median). cuBLAS's block-scaled GEMM is the yardstick (for down:
 ops' cuBLAS path, cublas.down).
 
-    python benchmarks/bench_swap_ab.py [--op gate_up|down] [--mainloop fp8_block128|bf16 (gate_up)]
+    python benchmarks/bench_swap_ab.py [--op gate_up|down] [--mainloop fp8_block128|bf16]
                                        [--shapes 4096x14336,...] [--m 1,16,32] [--json out.json]
 """
 
@@ -55,10 +55,13 @@ def y_error(cfg, ops):
     return ((y - ref).abs().max() / ref.abs().max()).item()
 
 
-def down_operands(m, hidden, inter, seed):
+def down_operands(m, hidden, inter, seed, bf16=False):
     g = torch.Generator(device="cuda").manual_seed(seed)
     w = torch.randn(hidden, inter, device="cuda", generator=g) * 0.05
-    hq, hs = reference.quant_x(torch.randn(m, inter, device="cuda", generator=g).to(torch.bfloat16))
+    h = torch.randn(m, inter, device="cuda", generator=g).to(torch.bfloat16)
+    if bf16:
+        return h, None, w.to(torch.bfloat16), None
+    hq, hs = reference.quant_x(h)
     return (hq, hs, *quant.quantize_fp8_block(w))
 
 
@@ -96,7 +99,7 @@ def main():
                 make_set = bf16_operands if bf16 else (lambda *args: b.operands(*args[:3], seed=args[3]))
                 sets = b.rotation(lambda s: make_set(m, hidden, inter, s), n * k * (2 if bf16 else 1))
             else:
-                sets = b.rotation(lambda s: down_operands(m, hidden, inter, s), n * k)
+                sets = b.rotation(lambda s: down_operands(m, hidden, inter, s, bf16), n * k * (2 if bf16 else 1))
             try:
                 if gu and bf16:
                     gemm = lambda x, xs, w, ws: x @ w.t()  # noqa: E731
