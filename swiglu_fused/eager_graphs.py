@@ -27,7 +27,8 @@ Safety:
 - The cache lives outside the module (a weak dictionary), so ``copy.deepcopy`` and pickling of
   the module are unaffected.
 - A capture that fails turns graphs off for that module with one warning; the call then runs the
-  ops directly.
+  ops directly. An error in the warm-up run before it (bad input) is raised as a direct call
+  would raise it, and the graphs stay on.
 """
 
 from __future__ import annotations
@@ -109,8 +110,9 @@ def run(module: torch.nn.Module, x2: torch.Tensor, forward: Callable[[torch.Tens
     key = (bucket(rows), x2.dtype, _raw_stream(dev))
     g = state.graphs.get(key)
     if g is None:
+        static_x, side = _warm_up(forward, key[0], x2, dev)  # bad input raises here, as directly
         try:
-            g = state.graphs[key] = _capture(forward, key[0], x2, dev, key[2])
+            g = state.graphs[key] = _record(forward, static_x, side, dev, key[2])
         except Exception as e:  # not capturable here: run directly from now on
             module.eager_graph_rows = 0
             warnings.warn(f"swiglu_fused: CUDA graph capture of {type(module).__name__} failed "
@@ -122,7 +124,9 @@ def run(module: torch.nn.Module, x2: torch.Tensor, forward: Callable[[torch.Tens
     return g.y[:rows].clone()
 
 
-def _capture(forward, rows: int, x2: torch.Tensor, dev: int, stream: int) -> _Graph:
+def _warm_up(forward, rows: int, x2: torch.Tensor, dev: int):
+    """The static input (x2 in its first rows) and one run of ``forward`` on it, on a side stream:
+    it compiles / loads the kernels and initializes cuBLAS, none of which may be captured."""
     with torch.inference_mode(False):  # a normal tensor, so later copy_ works in and out of inference mode
         static_x = torch.zeros((rows, x2.shape[1]), dtype=x2.dtype, device=x2.device)
     static_x[: x2.shape[0]].copy_(x2)
@@ -130,8 +134,13 @@ def _capture(forward, rows: int, x2: torch.Tensor, dev: int, stream: int) -> _Gr
     caller = torch.cuda.current_stream(dev)
     side.wait_stream(caller)
     with torch.cuda.stream(side):
-        forward(static_x)  # compiles / loads the kernels, initializes cuBLAS: none of it may be captured
+        forward(static_x)
     caller.wait_stream(side)
+    return static_x, side
+
+
+def _record(forward, static_x: torch.Tensor, side, dev: int, stream: int) -> _Graph:
+    """Capture ``forward(static_x)`` into a graph in the (device, stream)'s shared pool."""
     pool = _pools.get((dev, stream))
     if pool is None:
         pool = _pools[(dev, stream)] = torch.cuda.graph_pool_handle()

@@ -112,3 +112,16 @@ def test_generate_style_loop_uses_one_graph_per_module():
     assert all(torch.equal(o, outs[0]) for o in outs)
     assert "eager_graph_rows=64" in repr(layers[0])
     assert isinstance(layers[0], FusedSwiGLUMLP)
+
+
+def test_bad_input_raises_and_keeps_graphs_on():
+    """An input error during the first (warm-up) call is the caller's: it raises as the direct ops
+    would, and the module keeps its graphs for the next, correct, call."""
+    mlp = _mlp(576, 1536, "fp8_block128")
+    with pytest.raises(ValueError, match="columns"):
+        mlp(torch.randn(2, 640, device="cuda").to(torch.bfloat16))
+    assert mlp.eager_graph_rows == eager_graphs.MAX_ROWS
+    before = dict(eager_graphs.stats)
+    x = torch.randn(2, 576, device="cuda").to(torch.bfloat16)
+    assert_bf16_close(mlp(x), _reference(mlp, x).cuda())
+    assert eager_graphs.stats["captures"] == before["captures"] + 1
