@@ -166,3 +166,20 @@ def test_down_runs_the_kernel_where_it_was_measured_faster(m, hidden, inter, exp
     tile_m, stages, swap = down.tile_for(m, "fp8_block128")
     cfg = down.DownConfig(tile_m=tile_m, stages=stages, swap_ab=swap)
     assert down.beats_cublas(cfg, m, hidden, inter, 132) == expect
+
+
+@pytest.mark.parametrize("m,inter,expect", [
+    (1, 14336, (16, True)),  # swap-AB at M ≤ 32 on every shape
+    (32, 14336, (16, True)),
+    (64, 3584, (16, True)),  # 4 M tiles × 28 fit one wave
+    (64, 14336, (64, False)),  # 4 × 112 do not: the 64-row tile
+    (128, 3584, (64, False)),  # 2 × 28 64-row tiles fit one wave
+    (256, 3584, (64, False)),
+    (128, 14336, (128, False)),  # 2 × 112 do not: the 128-row tile
+    (1024, 3584, (128, False)),
+])
+def test_gate_up_tile_for_follows_the_measured_rule(m, inter, expect):
+    from swiglu_fused.kernels.sm90 import gate_up
+
+    tile_m, _, swap = gate_up.tile_for(m, 2 * inter, 132)
+    assert (tile_m, swap) == expect
