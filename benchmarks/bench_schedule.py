@@ -39,12 +39,12 @@ def preallocated(real):
     return plan
 
 
-def time_variants(fn, module, iters):
+def time_variants(fn, iters):
     out = {}
     with mock.patch.object(gemm256, "plan", whole_tiles):
         out["whole"] = b.graph_time_us(fn, iters)
     out["stream_k"] = b.graph_time_us(fn, iters)
-    with mock.patch.object(module, "launch_plan", preallocated(gemm256.launch_plan)):
+    with mock.patch.object(gemm256, "launch_plan", preallocated(gemm256.launch_plan)):
         out["stream_k_prealloc"] = b.graph_time_us(fn, iters)
     return out
 
@@ -67,7 +67,7 @@ def main():
             cfg = kg.select_config(xq, wq, ws, xs, act="silu", h_format="fp8_group128")
             fn = b.cycling(lambda x, xs_, w, ws_: kg.gate_up(cfg, x, w, ws_, xs_), sets)
             tiles = -(-m // cfg.tile_m) * (2 * inter // 256)
-            t = time_variants(fn, kg, a.iters)
+            t = time_variants(fn, a.iters)
             rows.append(dict(op="gate_up", m=m, hidden=hidden, inter=inter, tiles=tiles,
                              sk_tiles=gemm256.launch_plan(cfg, m, 2 * inter, hidden, xq.device)[1], **t))
             del sets
@@ -83,7 +83,7 @@ def main():
             dcfg = kd.select_config(hq, wq, ws, hs, None, torch.bfloat16)
             fn = b.cycling(lambda h, hs_, w, ws_: kd.down(dcfg, h, w, ws_, hs_), dsets)
             tiles = -(-m // dcfg.tile_m) * -(-hidden // 256)
-            t = time_variants(fn, kd, a.iters)
+            t = time_variants(fn, a.iters)
             rows.append(dict(op="down", m=m, hidden=hidden, inter=inter, tiles=tiles,
                              sk_tiles=gemm256.launch_plan(dcfg, m, hidden, inter, hq.device)[1], **t))
             del dsets

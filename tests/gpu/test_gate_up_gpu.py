@@ -146,7 +146,7 @@ def test_stream_k_is_repeatable_and_leaves_counters_zero(monkeypatch, mainloop, 
             plans.append((sk_tiles, ctr))
         return ctas, sk_tiles, parts, plans[0][1]
 
-    monkeypatch.setattr(k, "launch_plan", reuse_counters)
+    monkeypatch.setattr(gemm256, "launch_plan", reuse_counters)  # what gemm256.launch calls
     outs = [run_kernel(cfg, args) for _ in range(3)]
     torch.cuda.synchronize()
     sk_tiles, ctr = plans[0]

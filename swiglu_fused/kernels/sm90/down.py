@@ -19,12 +19,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import cuda.bindings.driver as cuda
 import cutlass
-import cutlass.cute as cute
-from cutlass import Float32, Int32
 
-from .gemm256 import MAINLOOPS, N_ALIGN, Gemm256Kernel, TileConfig, launch_plan
+from .gemm256 import MAINLOOPS, N_ALIGN, TileConfig, compile_kernel, launch
 
 
 @dataclass(frozen=True)
@@ -39,24 +36,7 @@ class DownConfig(TileConfig):
 
 def compile_down(config: DownConfig):
     """Compile for sm_90a (no GPU needed: fake pointers, runtime Int32 sizes)."""
-    from . import compile_cache
-    from .compile_cache import fake_ptr, null_stream
-
-    ab = cutlass.Float8E4M3FN if config.fp8 else cutlass.BFloat16
-    if config.swap_ab:
-        from .swap_ab import SwapABKernel as kernel_class
-    else:
-        kernel_class = Gemm256Kernel
-    return cute.compile(
-        kernel_class(config),
-        fake_ptr(ab, 16), fake_ptr(ab, 16),
-        fake_ptr(Float32, 4), fake_ptr(Float32, 4),
-        fake_ptr(cutlass.BFloat16, 16), fake_ptr(cutlass.BFloat16, 16),
-        fake_ptr(Float32, 4), fake_ptr(Int32, 4),
-        Int32(1), Int32(1), Int32(1), Int32(1), Int32(0),
-        null_stream(),
-        options=compile_cache.COMPILE_OPTIONS,
-    )
+    return compile_kernel(config, cutlass.BFloat16, cutlass.BFloat16, 16)
 
 
 # Shipped configurations: what select_config can return (and what CI compile-checks).
@@ -101,7 +81,8 @@ def select_config(h, weight, weight_scale, h_scale, residual, out_dtype) -> Down
     if out_dtype != torch.bfloat16:
         return None
     if weight.dtype == fp8 and h.dtype == fp8:
-        if weight_scale is None or h_scale is None or weight_scale.dtype != torch.float32 or h_scale.dtype != torch.float32:
+        if (weight_scale is None or h_scale is None or weight_scale.dtype != torch.float32
+                or h_scale.dtype != torch.float32):
             return None
         mainloop, k_align = "fp8_block128", 16
     elif weight.dtype == torch.bfloat16 and h.dtype == torch.bfloat16:
@@ -151,7 +132,7 @@ def down(config: DownConfig, h, weight, weight_scale=None, h_scale=None, residua
 
     from . import compile_cache
 
-    m, k = h.shape
+    m = h.shape[0]
     n = weight.shape[0]
     if (residual is not None) != config.residual:
         raise ValueError(f"residual: {config} was compiled {'with' if config.residual else 'without'} a residual")
@@ -159,23 +140,7 @@ def down(config: DownConfig, h, weight, weight_scale=None, h_scale=None, residua
     if m == 0:
         return y
     fn = compile_cache.get("down", config, lambda: compile_down(config))
-    ab = cutlass.Float8E4M3FN if config.fp8 else cutlass.BFloat16
-    stream = cuda.CUstream(torch.cuda.current_stream(h.device).cuda_stream)
-    ctas, sk_tiles, parts, ctr = launch_plan(config, m, n, k, h.device)
-    fn(
-        compile_cache.ptr(ab, h, 16),
-        compile_cache.ptr(ab, weight, 16),
-        compile_cache.ptr(Float32, h_scale if config.fp8 else y, 4),  # unused pointers: a valid allocation
-        compile_cache.ptr(Float32, weight_scale if config.fp8 else y, 4),
-        compile_cache.ptr(cutlass.BFloat16, y, 16),
-        compile_cache.ptr(cutlass.BFloat16, residual if config.residual else y, 16),
-        compile_cache.ptr(Float32, y if parts is None else parts, 4),
-        compile_cache.ptr(Int32, y if ctr is None else ctr, 4),
-        Int32(m),
-        Int32(k // config.k_align),
-        Int32(n // N_ALIGN),
-        Int32(ctas),
-        Int32(sk_tiles),
-        stream,
-    )
+    scales = (h_scale, weight_scale) if config.fp8 else (None, None)
+    launch(fn, config, h, weight, *scales, y, cutlass.BFloat16, residual if config.residual else None,
+           cutlass.BFloat16, 16)
     return y

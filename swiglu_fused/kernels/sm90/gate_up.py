@@ -19,23 +19,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import cuda.bindings.driver as cuda
 import cutlass
-import cutlass.cute as cute
-from cutlass import Float32, Int32
+from cutlass import Float32
 
 from . import epilogue
-from .gemm256 import G, MAINLOOPS, Gemm256Kernel, TileConfig, launch_plan
-
-
-
-def kernel_class(config: "GateUpConfig"):
-    """Gemm256Kernel with the swiglu epilogue; its swap-AB subclass for the 16/32-token tiles."""
-    if config.swap_ab:
-        from .swap_ab import SwapABKernel
-
-        return SwapABKernel
-    return Gemm256Kernel
+from .gemm256 import G, MAINLOOPS, TileConfig, compile_kernel, launch
 
 
 @dataclass(frozen=True)
@@ -58,28 +46,16 @@ class GateUpConfig(TileConfig):
     def out_bytes(self) -> int:
         return 1 if self.h_format == "fp8_group128" else 2
 
-    h_bytes = out_bytes
 
 
 # ---------------------------------------------------------------- host side
+def _h_dtype(config: GateUpConfig):
+    return cutlass.Float8E4M3FN if config.h_format == "fp8_group128" else cutlass.BFloat16
+
+
 def compile_gate_up(config: GateUpConfig):
     """Compile for sm_90a (no GPU needed: fake pointers, runtime Int32 sizes)."""
-    from . import compile_cache as _cc
-    from .compile_cache import fake_ptr, null_stream
-    COMPILE_OPTIONS = _cc.COMPILE_OPTIONS
-
-    ab = cutlass.Float8E4M3FN if config.fp8 else cutlass.BFloat16
-    h = cutlass.Float8E4M3FN if config.h_format == "fp8_group128" else cutlass.BFloat16
-    return cute.compile(
-        kernel_class(config)(config),
-        fake_ptr(ab, 16), fake_ptr(ab, 16),
-        fake_ptr(Float32, 4), fake_ptr(Float32, 4),
-        fake_ptr(h, 16), fake_ptr(Float32, 4),
-        fake_ptr(Float32, 4), fake_ptr(Int32, 4),
-        Int32(1), Int32(1), Int32(1), Int32(1), Int32(0),
-        null_stream(),
-        options=COMPILE_OPTIONS,
-    )
+    return compile_kernel(config, _h_dtype(config), Float32, 4)
 
 
 # Shipped configurations: what select_config can return (and what CI compile-checks).
@@ -157,7 +133,7 @@ def gate_up(config: GateUpConfig, x, weight, weight_scale=None, x_scale=None, *,
 
     from . import compile_cache
 
-    m, k = x.shape
+    m = x.shape[0]
     n = weight.shape[0]
     i_cols = n // 2
     fp8_out = config.h_format == "fp8_group128"
@@ -169,25 +145,6 @@ def gate_up(config: GateUpConfig, x, weight, weight_scale=None, x_scale=None, *,
     if m == 0:
         return h, hs
     fn = compile_cache.get("gate_up", config, lambda: compile_gate_up(config))
-    ab = cutlass.Float8E4M3FN if config.fp8 else cutlass.BFloat16
-    h_dt = cutlass.Float8E4M3FN if fp8_out else cutlass.BFloat16
-    dummy = h  # unused scale pointers (bf16 mainloop / bf16 h) point at a valid allocation
-    stream = cuda.CUstream(torch.cuda.current_stream(x.device).cuda_stream)
-    ctas, sk_tiles, parts, ctr = launch_plan(config, m, n, k, x.device)
-    fn(
-        compile_cache.ptr(ab, x, 16),
-        compile_cache.ptr(ab, weight, 16),
-        compile_cache.ptr(Float32, x_scale if config.fp8 else dummy, 4),
-        compile_cache.ptr(Float32, weight_scale if config.fp8 else dummy, 4),
-        compile_cache.ptr(h_dt, h, 16),
-        compile_cache.ptr(Float32, hs if fp8_out else dummy, 4),
-        compile_cache.ptr(Float32, dummy if parts is None else parts, 4),
-        compile_cache.ptr(Int32, dummy if ctr is None else ctr, 4),
-        Int32(m),
-        Int32(k // config.k_align),
-        Int32(n // 8),  # weight rows / 8
-        Int32(ctas),
-        Int32(sk_tiles),
-        stream,
-    )
+    scales = (x_scale, weight_scale) if config.fp8 else (None, None)
+    launch(fn, config, x, weight, *scales, h, _h_dtype(config), hs if fp8_out else None, Float32, 4)
     return h, hs

@@ -798,6 +798,62 @@ def launch_plan(config: TileConfig, m: int, n: int, k: int, device):
     return ctas, sk_tiles, parts, ctr
 
 
+# ---------------------------------------------------------------- host: compile and launch
+def kernel_class(config: TileConfig):
+    """Gemm256Kernel, or its swap-AB subclass (swap_ab.py, which imports this module) for config.swap_ab."""
+    if config.swap_ab:
+        from .swap_ab import SwapABKernel
+
+        return SwapABKernel
+    return Gemm256Kernel
+
+
+def compile_kernel(config: TileConfig, out_dtype, aux_dtype, aux_align: int):
+    """Compile for sm_90a (no GPU needed: fake pointers, runtime Int32 sizes). ``out`` / ``aux`` are
+    the epilogue's pointers: h and h_scale for gate_up, y and the residual for down."""
+    from .compile_cache import COMPILE_OPTIONS, fake_ptr, null_stream
+
+    ab = cutlass.Float8E4M3FN if config.fp8 else cutlass.BFloat16
+    return cute.compile(
+        kernel_class(config)(config),
+        fake_ptr(ab, 16), fake_ptr(ab, 16),
+        fake_ptr(Float32, 4), fake_ptr(Float32, 4),
+        fake_ptr(out_dtype, 16), fake_ptr(aux_dtype, aux_align),
+        fake_ptr(Float32, 4), fake_ptr(Int32, 4),
+        Int32(1), Int32(1), Int32(1), Int32(1), Int32(0),
+        null_stream(),
+        options=COMPILE_OPTIONS,
+    )
+
+
+def launch(fn, config: TileConfig, a, w, a_scale, w_scale, out, out_dtype, aux, aux_dtype, aux_align: int) -> None:
+    """Run the compiled ``fn`` (compile_kernel's arguments) for A [M, K] and W [N, K] into ``out``
+    on the current stream, with launch_plan's schedule. Absent operands (None: the bf16 mainloop's
+    scales, a bf16 h's scales, no residual, no stream-K workspace) get ``out``'s pointer, a valid
+    allocation the kernel never reads through them."""
+    import torch
+
+    from . import compile_cache
+
+    m, k = a.shape
+    n = w.shape[0]
+    ab = cutlass.Float8E4M3FN if config.fp8 else cutlass.BFloat16
+    stream = cuda.CUstream(torch.cuda.current_stream(a.device).cuda_stream)
+    ctas, sk_tiles, parts, ctr = launch_plan(config, m, n, k, a.device)
+
+    def ptr(dtype, t, align):
+        return compile_cache.ptr(dtype, out if t is None else t, align)
+
+    fn(
+        ptr(ab, a, 16), ptr(ab, w, 16),
+        ptr(Float32, a_scale, 4), ptr(Float32, w_scale, 4),
+        ptr(out_dtype, out, 16), ptr(aux_dtype, aux, aux_align),
+        ptr(Float32, parts, 4), ptr(Int32, ctr, 4),
+        Int32(m), Int32(k // config.k_align), Int32(n // N_ALIGN), Int32(ctas), Int32(sk_tiles),
+        stream,
+    )
+
+
 _SM_COUNT: dict = {}
 
 
