@@ -41,6 +41,8 @@ from typing import Callable
 
 import torch
 
+from .kernels import ops
+
 MAX_ROWS = 64  # the decode tile's rows: the largest bucket still costs the GPU what one row does
 ENABLED = os.environ.get("SWIGLU_FUSED_EAGER_GRAPHS", "1").strip().lower() not in ("0", "false", "off", "no")
 
@@ -77,13 +79,9 @@ def _raw_stream(device_index: int) -> int:
 
 
 def _plain_eager(x: torch.Tensor) -> bool:
-    """Not compiling, not capturing, no dispatch mode, a plain tensor that needs no autograd."""
-    if torch.compiler.is_compiling() or type(x) is not torch.Tensor or x.requires_grad:
-        return False
-    mode = getattr(getattr(torch.utils, "_python_dispatch", None), "_get_current_dispatch_mode", None)  # private
-    if mode is None or mode() is not None:
-        return False
-    return not torch.cuda.is_current_stream_capturing()
+    """A call the ops would run directly (ops._direct: not compiling, no dispatch mode, a plain
+    tensor that needs no autograd), and no graph capture under way."""
+    return ops._direct(x) and not torch.cuda.is_current_stream_capturing()
 
 
 def run(module: torch.nn.Module, x2: torch.Tensor, forward: Callable[[torch.Tensor], torch.Tensor],

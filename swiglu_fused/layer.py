@@ -25,6 +25,11 @@ class _PackedProjection(nn.Module):
         return dict(self.named_buffers())
 
 
+def _has_sm90_kernels(weight_format: str, interleave: int) -> bool:
+    """Formats the sm90 kernels implement (the others run the reference ops everywhere)."""
+    return weight_format in ("fp8_block128", "bf16") and interleave == formats.FP8_BLOCK
+
+
 class FusedSwiGLUMLP(nn.Module):
     """The gated MLP on packed weights: forward = quant_x → gate_up → down (kernels.ops).
 
@@ -50,8 +55,7 @@ class FusedSwiGLUMLP(nn.Module):
         self.global_scale_kind = global_scale_kind if fmt.name == "nvfp4" else None
         self.gate_up_proj = _PackedProjection(gate_up)
         self.down_proj = _PackedProjection(down)
-        kernel_format = fmt.name in ("fp8_block128", "bf16") and interleave == formats.FP8_BLOCK
-        self.eager_graph_rows = eager_graphs.MAX_ROWS if kernel_format else 0
+        self.eager_graph_rows = eager_graphs.MAX_ROWS if _has_sm90_kernels(fmt.name, interleave) else 0
 
     @classmethod
     def from_linear(cls, gate: nn.Linear | torch.Tensor, up: nn.Linear | torch.Tensor, down: nn.Linear | torch.Tensor,
@@ -93,9 +97,10 @@ class FusedSwiGLUMLP(nn.Module):
 
     @property
     def backend(self) -> str:
-        """Where forward runs: "sm90" (CuTe DSL kernels for quant_x and gate_up) or "reference"."""
+        """Where forward runs: "sm90" (the CuTe DSL kernels; down partly on cuBLAS, see ops.down) or
+        "reference"."""
         w = self.gate_up_proj.tensors()[formats.weight_format(self.weight_format).weight_name()]
-        kernel_format = self.weight_format in ("fp8_block128", "bf16") and self.interleave == formats.FP8_BLOCK
+        kernel_format = _has_sm90_kernels(self.weight_format, self.interleave)
         return "sm90" if kernel_format and ops.sm90_kernels_usable(w.device) else "reference"
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
