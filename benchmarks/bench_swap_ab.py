@@ -1,4 +1,5 @@
-"""Swap-AB decode tiles (kernels/sm90/swap_ab.py) against the 64-row tile, fp8, decode M:
+"""Swap-AB decode tiles (kernels/sm90/swap_ab.py) against the 64-row tile (with and without the
+overlapped fp8 promotion) and, above M = 32, the 128-row tile:
 gate_up (fp8 h) and down (bf16 y), each tile under forced schedules (whole tiles; stream-K split
 2, 3, 4 ways) and under what gemm256.plan picks. Every variant is first checked against the
 reference (relative max error) on its first operand set; then timed like bench_gate_up (CUDA
@@ -68,6 +69,10 @@ def down_operands(m, hidden, inter, seed, bf16=False):
 def variants(op, m, tiles, sms, mainloop):
     make = kg.GateUpConfig if op == "gate_up" else kd.DownConfig
     out = [("tile64 plan", make(tile_m=64, stages=5, mainloop=mainloop), None)]
+    if mainloop == "fp8_block128":  # the 64-row tile's v1 promotion schedule (no overlap)
+        out.append(("tile64 v1 plan", make(tile_m=64, stages=5, mainloop=mainloop, overlap=False), None))
+    if m > 32:
+        out.append(("tile128 plan", make(tile_m=128, stages=4, mainloop=mainloop), None))
     for tm, stages in ((16, 6), (32, 6), (64, 5)):  # shipped: SWAP_TILES
         if m <= tm or (tm == 16 and m <= 64):  # the 16-token tile also as several M tiles
             cfg = make(tile_m=tm, stages=stages, swap_ab=True, mainloop=mainloop)

@@ -36,7 +36,11 @@ Mainloop (fp8_block128), per 128-wide k block kb and per B half:
     acc[half] += temp · a_scale[row, kb] · w_scale[2n + half, kb]     (promotion, fp32 FMA)
 
 acc holds both halves (128 fp32 registers per thread) and temp one half (64), so a 64×256
-warpgroup tile fits the 232-register budget. The bf16 mainloop accumulates straight into acc.
+warpgroup tile fits the 232-register budget. With two consumer warpgroups (128-row tile) one
+warpgroup's promotion runs under the other's wgmma. With one (64-row tile, TileConfig.overlap) the
+k block is four 64-column quarter chains into two 32-register temps, and quarter c is promoted
+while quarter c + 1 runs (measured 10–15 % faster where the tile is tensor-bound). The bf16
+mainloop accumulates straight into acc.
 
 wgmma C fragment of one warpgroup for one 64×128 half (value v = 0..63 of thread t, lane = t%32,
 warp = t/32):  ((2,2,16)):((1 col, 8 rows, 8 cols))
@@ -90,6 +94,10 @@ class TileConfig:
     mainloop: str = "fp8_block128"
     promote_k: int = 128  # fp8: K elements per wgmma chain before promotion into the fp32 accumulator
     swap_ab: bool = False  # tokens on the wgmma N side, weights on its M side (swap_ab.py): decode tiles
+    # fp8 with one consumer warpgroup (tile_m = 64): promote each 64-column quarter while the next
+    # quarter's wgmma runs (two temps). False: the v1 schedule (benchmarks compare them). No effect
+    # elsewhere: the 128-row tile's second warpgroup hides the promotion, swap_ab has its own temps.
+    overlap: bool = True
 
     # the epilogue and the bytes per element of the staged output (set by subclasses)
     epilogue = "swiglu"
@@ -166,6 +174,8 @@ class Gemm256Kernel:
         self.num_mma_wg = config.consumer_threads // 128
         self.threads = 128 * (1 + self.num_mma_wg)
         self.tile_mnk = (config.tile_m, config.tile_n, config.tile_k)
+        self.overlap = (config.fp8 and config.overlap and not config.swap_ab and self.num_mma_wg == 1
+                        and config.promote_k == G)
         if config.epilogue == "swiglu":
             self.act = epilogue.activation(config.act)
 
@@ -246,11 +256,12 @@ class Gemm256Kernel:
             m, n, n_tiles, sk_tiles,
         ).launch(grid=[ctas, 1, 1], block=[self.threads, 1, 1], stream=stream)
 
-    def _tiled_mma(self):
-        """64 rows of A × 128 weight rows per warpgroup (one B half per wgmma chain)."""
+    def _tiled_mma(self, tile_n: int = G):
+        """64 rows of A × tile_n weight rows per warpgroup: one B half (128) per wgmma chain, or
+        one quarter (64) for the overlapped promotion."""
         major = cute.nvgpu.warpgroup.OperandMajorMode.K
         return sm90_utils.make_trivial_tiled_mma(
-            self.ab_dtype, self.ab_dtype, major, major, self.acc_dtype, (self.num_mma_wg, 1, 1), tiler_mn=(64, G)
+            self.ab_dtype, self.ab_dtype, major, major, self.acc_dtype, (self.num_mma_wg, 1, 1), tiler_mn=(64, tile_n)
         )
 
     def _smem_layout(self, rows: int):
@@ -346,6 +357,21 @@ class Gemm256Kernel:
         sO = storage.sO.get_tensor(cute.make_layout((cfg.tile_m, cfg.out_row_words), stride=(cfg.out_row_words, 1)))
 
         sFlag = storage.flag.get_tensor(cute.make_layout(4))
+        if cutlass.const_expr(self.overlap):
+            # wgmma chains over 64-row quarters of B (quarter c: B rows [64c, 64c + 64), half c // 2)
+            # into two 32-register temps, so that one is promoted while the other is computed
+            mma_q = self._tiled_mma(G // 2)
+            thr_q = mma_q.get_slice(tidx - 128)
+            tCrA_q = mma_q.make_fragment_A(thr_q.partition_A(sA))
+            tCrB_q = [
+                mma_q.make_fragment_B(
+                    thr_q.partition_B(cute.local_tile(sB, (G // 2, cfg.tile_k, cfg.stages), (c, 0, 0)))
+                )
+                for c in range(4)
+            ]
+            temp_q = thr_q.partition_C(cute.make_identity_tensor((64, G // 2))).shape
+            tq = (cute.make_rmem_tensor(temp_q, self.acc_dtype), cute.make_rmem_tensor(temp_q, self.acc_dtype))
+            quarters = (mma_q, tCrA_q, tCrB_q, tq, num_k_blocks)
 
         state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, cfg.stages)
         release = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, cfg.stages)
@@ -358,7 +384,35 @@ class Gemm256Kernel:
             row_a = tm * cfg.tile_m + r0
             row_b = row_a + 8
             acc.fill(0.0)
-            if cutlass.const_expr(cfg.fp8):
+            if cutlass.const_expr(self.overlap):
+                # Per k tile, quarters 0..3 alternate between the two temps: issue quarter c + 1,
+                # wait for c only (wait_group(1)), promote c; then wait for quarter 3, release the
+                # stage and promote it. (Issuing the next k tile's quarter 0 before that would hide
+                # the last promotion too, but a wgmma group in flight across the loop's back-edge
+                # makes ptxas serialize every wgmma: C7514.)
+                arow_a = cutlass.min(row_a, m - 1)
+                arow_b = cutlass.min(row_b, m - 1)
+                wrow_0 = cutlass.min(2 * tn, ws_last)
+                wrow_1 = cutlass.min(2 * tn + 1, ws_last)
+                na_a = mAS[arow_a, kb0]  # scales are loaded a k tile ahead (global-load latency)
+                na_b = mAS[arow_b, kb0]
+                nw_0 = mWS[wrow_0, kb0]
+                nw_1 = mWS[wrow_1, kb0]
+                for kt in cutlass.range(kb0, kb1, unroll=1):
+                    sc = (na_a * nw_0, na_b * nw_0, na_a * nw_1, na_b * nw_1)
+                    kn = cutlass.min(kt + 1, kb1 - 1)
+                    na_a = mAS[arow_a, kn]
+                    na_b = mAS[arow_b, kn]
+                    nw_0 = mWS[wrow_0, kn]
+                    nw_1 = mWS[wrow_1, kn]
+                    mainloop.consumer_wait(state)
+                    self._issue(mma_q, tq[0], tCrA_q, tCrB_q[0], state.index, num_k_blocks)
+                    self._quarters_1_to_3(quarters, state.index, acc, sc)
+                    cute.nvgpu.warpgroup.wait_group(0)
+                    mainloop.consumer_release(state)
+                    state.advance()
+                    self._promote_quarter(acc, tq[1], 3, sc[2], sc[3])
+            elif cutlass.const_expr(cfg.fp8):
                 # rows past M read the last row's scale (their A rows are TMA zero-fill)
                 arow_a = cutlass.min(row_a, m - 1)
                 arow_b = cutlass.min(row_b, m - 1)
@@ -435,6 +489,41 @@ class Gemm256Kernel:
                     self._epilogue_swiglu(acc, n_vals, r0, col0, tm, tn, m, sO, mOut, mAux, wg_idx - 1, tidx % 128)
                 else:
                     self._epilogue_linear(acc, n_vals, r0, col0, tm, tn, m, n, sO, mOut, mAux, wg_idx - 1, tidx % 128)
+
+    # trace-time helpers of the fp8 mainloops (plain Python, inlined where called)
+    def _issue(self, tiled_mma, temp, tCrA, tCrB, stage, num_k_blocks):
+        """One k tile's wgmma chain into temp (the first wgmma overwrites it), committed as one
+        group. tiled_mma.set rebinds the atom's IR value; inside the branches that call this (in
+        swap_ab) the new value would escape them (an IR dominance error), so the value from before
+        is put back."""
+        outer = tiled_mma._trait.value  # private: see above
+        cute.nvgpu.warpgroup.fence()
+        tiled_mma.set(cute.nvgpu.warpgroup.Field.ACCUMULATE, False)
+        for kk in range(num_k_blocks):
+            cute.gemm(tiled_mma, temp, tCrA[(None, None, kk, stage)], tCrB[(None, None, kk, stage)], temp)
+            tiled_mma.set(cute.nvgpu.warpgroup.Field.ACCUMULATE, True)
+        cute.nvgpu.warpgroup.commit_group()
+        tiled_mma._trait.value = outer
+
+    def _quarters_1_to_3(self, quarters, stage, acc, sc):
+        """With quarter 0 of the k tile in ``stage`` in flight in temp 0: issue quarters 1, 2, 3,
+        each time promoting the one before; returns with quarter 3 in flight in temp 1.
+        sc = (row a, row b) scales of half 0, then of half 1."""
+        mma_q, tCrA_q, tCrB_q, tq, num_k_blocks = quarters
+        for c in range(1, 4):
+            self._issue(mma_q, tq[c % 2], tCrA_q, tCrB_q[c], stage, num_k_blocks)
+            cute.nvgpu.warpgroup.wait_group(1)
+            half = (c - 1) // 2
+            self._promote_quarter(acc, tq[(c - 1) % 2], c - 1, sc[2 * half], sc[2 * half + 1])
+
+    def _promote_quarter(self, acc, temp, c, sc_a, sc_b):
+        """acc[quarter c] += temp · scale: temp value v is column 64·(c % 2) + col(v) of half c // 2,
+        i.e. acc value v + 32·(c % 2) (the C fragment formula in the module docstring)."""
+        half = c // 2
+        n_q = cute.size(temp, mode=[0])
+        for v in range(n_q):
+            sc = sc_a if (v // 2) % 2 == 0 else sc_b
+            acc[(v + n_q * (c % 2), 0, half)] = acc[(v + n_q * (c % 2), 0, half)] + temp[(v, 0, 0)] * sc
 
     def _prologue(self, tma_a, mA, tma_b, mB, a_layout, b_layout, m, n_tiles, sk_tiles, bidx):
         """The setup both kernels (this one and swap_ab's) share, plain Python inlined at trace time:

@@ -174,20 +174,6 @@ class SwapABKernel(Gemm256Kernel):
             xs[j] = mAS[xrow[j], kt]
         return mWS[wrow_0, kt], mWS[wrow_1, kt]
 
-    def _issue(self, tiled_mma, temp, tCrW, tCrX, stage, num_k_blocks):
-        """One k tile's wgmma chain into temp (the first wgmma overwrites it), committed as one
-        group. tiled_mma.set rebinds the atom's IR value; inside the branches that call this the
-        new value would escape them (an IR dominance error), so the value from before is put back
-        (ACCUMULATE True, set at the start of each tile)."""
-        outer = tiled_mma._trait.value  # private: see above
-        cute.nvgpu.warpgroup.fence()
-        tiled_mma.set(cute.nvgpu.warpgroup.Field.ACCUMULATE, False)
-        for kk in range(num_k_blocks):
-            cute.gemm(tiled_mma, temp, tCrW[(None, None, kk, stage)], tCrX[(None, None, kk, stage)], temp)
-            tiled_mma.set(cute.nvgpu.warpgroup.Field.ACCUMULATE, True)
-        cute.nvgpu.warpgroup.commit_group()
-        tiled_mma._trait.value = outer
-
     def _issue_next(self, pipe, state, scales, into, xs_into, k_next):
         """Load k tile k_next's scales (x scales into xs_into), wait for its stage, issue its wgmma
         chain into ``into``. Returns its two weight scales."""
