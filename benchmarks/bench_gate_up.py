@@ -207,7 +207,9 @@ def main():
                      act_quant_us=t_actq, separate_us=t_sep, fused_tflops=flops / t_fused / 1e6,
                      speedup=t_sep / t_fused, floor_us=floor, cublas_rel_err=gemm_err)
             rows.append(r)
-            print(f"{m:>6} {hidden:>6} {inter:>6} {f'tile_m={cfg.tile_m},stages={cfg.stages}':>34} "
+            tag = f"tile_m={cfg.tile_m},stages={cfg.stages}" + (",swap_ab" if cfg.swap_ab else "") + (
+                f",cluster_m={cfg.cluster_m}" if cfg.cluster_m > 1 else "")
+            print(f"{m:>6} {hidden:>6} {inter:>6} {tag:>34} "
                   f"{t_fused:>9.1f} {r['fused_tflops']:>6.0f} {t_gemm:>8.1f} {t_actq:>8.1f} {t_sep:>8.1f} "
                   f"{r['speedup']:>7.2f} {floor:>8.1f}", flush=True)
             del xq, xs, wq, ws, sets, first

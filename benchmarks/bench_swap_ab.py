@@ -73,6 +73,9 @@ def variants(op, m, tiles, sms, mainloop):
         out.append(("tile64 v1 plan", make(tile_m=64, stages=5, mainloop=mainloop, overlap=False), None))
     if m > 32:
         out.append(("tile128 plan", make(tile_m=128, stages=4, mainloop=mainloop), None))
+    if m > 64:  # weight k tiles multicast over a cluster of two M tiles
+        out.append(("tile64 cl2", make(tile_m=64, stages=5, mainloop=mainloop, cluster_m=2), None))
+        out.append(("tile128 cl2", make(tile_m=128, stages=4, mainloop=mainloop, cluster_m=2), None))
     for tm, stages in ((16, 6), (32, 6), (64, 5)):  # shipped: SWAP_TILES
         if m <= tm or (tm == 16 and m <= 64):  # the 16-token tile also as several M tiles
             cfg = make(tile_m=tm, stages=stages, swap_ab=True, mainloop=mainloop)

@@ -126,7 +126,8 @@ def test_plan_keeps_whole_tiles_for_the_swap_ab_tile():
        st.sampled_from(["fp8_block128", "bf16"]))
 @example(16, 8192, 7168, "gate_up", "fp8_block128")  # stream-K: gate_up decode, I = 3584
 @example(100, 14336, 4096, "down", "bf16")  # stream-K: down, 128-row tile
-@example(4096, 4096, 28672, "gate_up", "fp8_block128")  # whole tiles
+@example(4096, 4096, 28672, "gate_up", "fp8_block128")  # whole tiles, cluster pairs
+@example(1100, 4096, 28672, "gate_up", "fp8_block128")  # cluster pairs, one padding M tile
 def test_launch_plan_meets_the_kernels_preconditions(m, k, n, op, mainloop):
     """What the host hands the kernel for every shipped tile: a grid within the SMs, every CTA with
     a stream-K k tile, and a workspace of exactly two slots of 128 fp32 per consumer thread."""
@@ -137,15 +138,17 @@ def test_launch_plan_meets_the_kernels_preconditions(m, k, n, op, mainloop):
 
     mod = gate_up if op == "gate_up" else down
     tile_m, _, swap = gate_up.tile_for(m, n, 132) if op == "gate_up" else down.tile_for(m, mainloop)
+    cl = gate_up.cluster_for(m, tile_m, mainloop) if op == "gate_up" else 1
     cfg = next(c for c in mod.shipped_configs()
-               if c.mainloop == mainloop and c.tile_m == tile_m and c.swap_ab == swap)
+               if c.mainloop == mainloop and c.tile_m == tile_m and c.swap_ab == swap and c.cluster_m == cl)
     with mock.patch.object(g, "sm_count", lambda device: 132):
         ctas, sk_tiles, parts, ctr = g.launch_plan(cfg, m, n, k, torch.device("cpu"))
-    tiles = -(-m // cfg.tile_m) * -(-n // cfg.tile_n)
+    # cluster pairs take M-adjacent tiles of one weight tile: M tiles padded to pairs, whole tiles
+    tiles = -(-m // (cfg.tile_m * cl)) * cl * -(-n // cfg.tile_n)
     k_tiles = -(-k // cfg.tile_k)
-    assert 1 <= ctas <= 132
+    assert 1 <= ctas <= 132 and ctas % cl == 0
     if sk_tiles == 0:
-        assert parts is None and ctr is None and ctas == min(tiles, 132)
+        assert parts is None and ctr is None and ctas == min(tiles, 132) // cl * cl
     else:
         assert sk_tiles == tiles and ctas <= sk_tiles * k_tiles
         assert parts.numel() == ctas * 2 * 128 * cfg.consumer_threads and parts.dtype == torch.float32
@@ -183,3 +186,13 @@ def test_gate_up_tile_for_follows_the_measured_rule(m, inter, expect):
 
     tile_m, _, swap = gate_up.tile_for(m, 2 * inter, 132)
     assert (tile_m, swap) == expect
+
+
+@pytest.mark.parametrize("m,mainloop,expect", [
+    (512, "fp8_block128", 1), (1024, "fp8_block128", 2), (4096, "fp8_block128", 2), (4096, "bf16", 1),
+])
+def test_gate_up_cluster_pairs_where_measured_faster(m, mainloop, expect):
+    from swiglu_fused.kernels.sm90 import gate_up
+
+    tile_m, _, _ = gate_up.tile_for(m, 2 * 14336, 132)
+    assert gate_up.cluster_for(m, tile_m, mainloop) == expect

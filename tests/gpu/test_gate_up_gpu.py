@@ -155,3 +155,21 @@ def test_stream_k_is_repeatable_and_leaves_counters_zero(monkeypatch, mainloop, 
         assert torch.equal(h.view(torch.uint8), outs[0][0].view(torch.uint8)) and torch.equal(hs, outs[0][1])
     h_ref, hs_ref = reference.gate_up(**args, act="silu", h_format="fp8_group128")
     assert_fp8_group_close(outs[0][0], outs[0][1], h_ref, hs_ref, **TOL[mainloop])
+
+
+@pytest.mark.parametrize("h_format", ["fp8_group128", "bf16"])
+@pytest.mark.parametrize("hidden,inter,m", [(4096, 14336, 1), (576, 1536, 129), (2048, 8192, 1100), (8192, 3584, 300)])
+def test_cluster_pairs_with_a_padding_m_tile(hidden, inter, m, h_format):
+    """Cluster pairs (cluster_m = 2, weight k tiles multicast to two M tiles) pad the M tiles to
+    an even count; here the last pair's second tile is partly or wholly past M (its rows read
+    zero-fill, its stores are masked), and every CTA of every pair must still be written."""
+    from swiglu_fused.kernels.sm90 import gate_up as k
+
+    args = make_operands(m, hidden, inter, "fp8_block128", seed=m)
+    cfg = k.GateUpConfig(tile_m=128, stages=4, cluster_m=2, h_format=h_format)
+    h, hs = run_kernel(cfg, args)
+    h_ref, hs_ref = reference.gate_up(**args, act="silu", h_format=h_format)
+    if h_format == "fp8_group128":
+        assert_fp8_group_close(h, hs, h_ref, hs_ref, **TOL["fp8_block128"])
+    else:
+        assert_bf16_close(h, h_ref)

@@ -19,6 +19,10 @@ whole tiles would leave HBM idle (decode with I = 3584: 28 tiles for 132 SMs) th
 stream-K instead (plan()): their k iterations are dealt out evenly over more CTAs, a CTA finishing
 part of a tile stores its fp32 accumulator to a workspace, and the last of the tile's CTAs to
 arrive (an atomic counter per tile) sums the partials in CTA order and runs the epilogue (_fixup).
+Cluster pairs (TileConfig.cluster_m = 2, gate_up's prefill): CTAs 2c and 2c + 1 form a cluster and
+take tiles of the same weight tile at adjacent M (grid_m padded to even, whole tiles only); each
+loads its x tile and one half of the weight k tile, TMA-multicast into both CTAs' smem, and a stage
+is free once the consumers of both CTAs have released it. Weight traffic from L2 halves.
 A tile's 256 weight rows are two 128-row halves, each with its own 128×128 weight scale per k
 block:
 
@@ -98,6 +102,10 @@ class TileConfig:
     # quarter's wgmma runs (two temps). False: the v1 schedule (benchmarks compare them). No effect
     # elsewhere: the 128-row tile's second warpgroup hides the promotion, swap_ab has its own temps.
     overlap: bool = True
+    # CTAs per cluster along M (1 or 2): the CTAs of a cluster take M-adjacent tiles of the same weight
+    # tile, each loads half of its weight k tiles and TMA multicasts it to both (half the L2
+    # traffic for weights). Whole tiles only (no stream-K); the M tiles are padded to a multiple.
+    cluster_m: int = 1
 
     # the epilogue and the bytes per element of the staged output (set by subclasses)
     epilogue = "swiglu"
@@ -109,6 +117,8 @@ class TileConfig:
         if self.tile_m not in allowed:
             raise ValueError(f"{name}.tile_m: expected one of {allowed} (swap_ab={self.swap_ab}), got {self.tile_m}")
 
+        if self.cluster_m not in (1, 2) or (self.swap_ab and self.cluster_m != 1):
+            raise ValueError(f"{name}.cluster_m: expected 1 or 2 (1 with swap_ab), got {self.cluster_m}")
         if self.tile_n != 2 * G:
             raise ValueError(f"{name}.tile_n: expected {2 * G} (two 128-row weight blocks), got {self.tile_n}")
         if self.mainloop not in MAINLOOPS:
@@ -230,9 +240,10 @@ class Gemm256Kernel:
             cute.nvgpu.cpasync.CopyBulkTensorTileG2SOp(), mA,
             cute.slice_(a_layout, (None, None, 0)), (cfg.tile_m, cfg.tile_k),
         )
+        b_op = (cute.nvgpu.cpasync.CopyBulkTensorTileG2SMulticastOp() if cfg.cluster_m > 1
+                else cute.nvgpu.cpasync.CopyBulkTensorTileG2SOp())
         tma_b, tma_tB = cute.nvgpu.cpasync.make_tiled_tma_atom(
-            cute.nvgpu.cpasync.CopyBulkTensorTileG2SOp(), mB,
-            cute.slice_(b_layout, (None, None, 0)), (cfg.tile_n, cfg.tile_k),
+            b_op, mB, cute.slice_(b_layout, (None, None, 0)), (cfg.tile_n, cfg.tile_k), num_multicast=cfg.cluster_m,
         )
 
         @cute.struct
@@ -251,10 +262,11 @@ class Gemm256Kernel:
             part_ptr, cute.make_layout((ctas * 2, G, consumers), stride=(G * consumers, consumers, 1))
         )
         mCtr = cute.make_tensor(ctr_ptr, cute.make_layout(sk_tiles + 1))
+        cluster = dict(cluster=[cfg.cluster_m, 1, 1]) if cfg.cluster_m > 1 else {}
         self.kernel(
             tma_a, tma_tA, tma_b, tma_tB, mAS, mWS, mOut, mAux, mPart, mCtr, tiled_mma, a_layout, b_layout,
             m, n, n_tiles, sk_tiles,
-        ).launch(grid=[ctas, 1, 1], block=[self.threads, 1, 1], stream=stream)
+        ).launch(grid=[ctas, 1, 1], block=[self.threads, 1, 1], stream=stream, **cluster)
 
     def _tiled_mma(self, tile_n: int = G):
         """64 rows of A × tile_n weight rows per warpgroup: one B half (128) per wgmma chain, or
@@ -306,15 +318,15 @@ class Gemm256Kernel:
         storage, mainloop, sA, sB, tma_parts, sched = self._prologue(
             tma_a, mA, tma_b, mB, a_layout, b_layout, m, n_tiles, sk_tiles, bidx
         )
-        tAsA, tAgA, tBsB, tBgB = tma_parts
+        tAsA, tAgA, tBsB, tBgB, b_mask = tma_parts
         k_tiles, nctas, grid_m, dp_tiles, sk_iters, it_begin, it_end, dp_iters, cursor_end = sched
 
         if wg_idx == 0:
             # ---------------- producer warpgroup: one warp issues the TMA loads
             cute.arch.setmaxregister_decrease(40)
             if warp_idx == 0:
-                self._produce(mainloop, tma_a, tAgA, tAsA, tma_b, tBgB, tBsB, cursor_end, bidx, nctas, dp_iters,
-                              k_tiles, dp_tiles, it_begin, it_end, grid_m)
+                self._produce(mainloop, tma_a, tAgA, tAsA, tma_b, tBgB, tBsB, b_mask, cursor_end, bidx, nctas,
+                              dp_iters, k_tiles, dp_tiles, it_begin, it_end, grid_m)
         else:
             # ---------------- consumer warpgroups: wgmma, promotion, epilogue
             cute.arch.setmaxregister_increase(232)
@@ -534,16 +546,19 @@ class Gemm256Kernel:
         stage_bytes = cute.size_in_bytes(self.ab_dtype, cute.slice_(a_layout, (None, None, 0))) + cute.size_in_bytes(
             self.ab_dtype, cute.slice_(b_layout, (None, None, 0))
         )
+        cl = cfg.cluster_m
+        # a stage is free once every consumer warp of every CTA its weight tile was multicast to
+        # has released it (lane r of each consumer warp arrives on CTA r's barrier)
         mainloop = pipeline.PipelineTmaAsync.create(
             barrier_storage=storage.mbar.data_ptr(),
             num_stages=cfg.stages,
             producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread),
-            consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, self.num_mma_wg * 4),
+            consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, self.num_mma_wg * 4 * cl),
             tx_count=stage_bytes,
-            cta_layout_vmnk=cute.make_layout((1, 1, 1, 1)),
+            cta_layout_vmnk=cute.make_layout((1, cl, 1, 1)),
             defer_sync=True,
         )
-        pipeline_init_arrive(cluster_shape_mn=(1, 1), is_relaxed=True)
+        pipeline_init_arrive(cluster_shape_mn=(cl, 1), is_relaxed=True)
 
         sA = storage.sA.get_tensor(a_layout.outer, swizzle=a_layout.inner)
         sB = storage.sB.get_tensor(b_layout.outer, swizzle=b_layout.inner)
@@ -555,11 +570,16 @@ class Gemm256Kernel:
         tAsA, tAgA = cute.nvgpu.cpasync.tma_partition(
             tma_a, 0, cute.make_layout(1), cute.group_modes(sA, 0, 2), cute.group_modes(gA, 0, 2)
         )
+        rank = 0
+        b_mask = None
+        if cl > 1:  # trace time: this CTA loads its part of each weight k tile for the whole cluster
+            rank = cute.arch.make_warp_uniform(cute.arch.block_idx_in_cluster())
+            b_mask = cute.make_layout_image_mask(cute.make_layout((cl, 1, 1)), (rank, 0, 0), mode=0)
         tBsB, tBgB = cute.nvgpu.cpasync.tma_partition(
-            tma_b, 0, cute.make_layout(1), cute.group_modes(sB, 0, 2), cute.group_modes(gB, 0, 2)
+            tma_b, rank, cute.make_layout(cl), cute.group_modes(sB, 0, 2), cute.group_modes(gB, 0, 2)
         )
 
-        pipeline_init_wait(cluster_shape_mn=(1, 1))
+        pipeline_init_wait(cluster_shape_mn=(cl, 1))
 
         # persistent schedule (see plan()): CTA b first takes whole tiles b, b + grid, ... < dp_tiles
         # (m varies fastest so the CTAs running together share a few weight tiles, read once from
@@ -567,7 +587,8 @@ class Gemm256Kernel:
         # Both warpgroup roles walk the same segments (tile, k tiles [kb0, kb1)) with a cursor over
         # this CTA's k iterations (not named v: the value loops below rebind v at trace time).
         nctas, _, _ = cute.arch.grid_dim()
-        grid_m = (m + cfg.tile_m - 1) // cfg.tile_m
+        # a cluster's CTAs take tiles b, b + 1 (b even): same weight tile when grid_m is even
+        grid_m = (m + cfg.tile_m * cl - 1) // (cfg.tile_m * cl) * cl
         dp_tiles = grid_m * n_tiles - sk_tiles
         sk_iters = sk_tiles * k_tiles
         it_begin = sk_iter_begin(bidx, nctas, sk_iters)
@@ -575,10 +596,10 @@ class Gemm256Kernel:
         dp_iters = (dp_tiles - bidx + nctas - 1) // nctas * k_tiles
         cursor_end = dp_iters + it_end - it_begin
         sched = (k_tiles, nctas, grid_m, dp_tiles, sk_iters, it_begin, it_end, dp_iters, cursor_end)
-        return storage, mainloop, sA, sB, (tAsA, tAgA, tBsB, tBgB), sched
+        return storage, mainloop, sA, sB, (tAsA, tAgA, tBsB, tBgB, b_mask), sched
 
     @cute.jit
-    def _produce(self, mainloop, tma_a, tAgA, tAsA, tma_b, tBgB, tBsB, cursor_end, bidx, nctas, dp_iters,
+    def _produce(self, mainloop, tma_a, tAgA, tAsA, tma_b, tBgB, tBsB, b_mask, cursor_end, bidx, nctas, dp_iters,
                  k_tiles, dp_tiles, it_begin, it_end, grid_m):
         """The producer warp: TMA loads of A and W k tiles for this CTA's segments, in order."""
         state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.cfg.stages)
@@ -592,7 +613,11 @@ class Gemm256Kernel:
                 mainloop.producer_acquire(state)
                 bar = mainloop.producer_get_barrier(state)
                 cute.copy(tma_a, tAgA[(None, tm, kt)], tAsA[(None, state.index)], tma_bar_ptr=bar)
-                cute.copy(tma_b, tBgB[(None, tn, kt)], tBsB[(None, state.index)], tma_bar_ptr=bar)
+                if cutlass.const_expr(self.cfg.cluster_m > 1):
+                    cute.copy(tma_b, tBgB[(None, tn, kt)], tBsB[(None, state.index)], tma_bar_ptr=bar,
+                              mcast_mask=b_mask)
+                else:
+                    cute.copy(tma_b, tBgB[(None, tn, kt)], tBsB[(None, state.index)], tma_bar_ptr=bar)
                 mainloop.producer_commit(state)
                 state.advance()
         mainloop.producer_tail(state)
@@ -861,9 +886,12 @@ def plan(tiles: int, k_tiles: int, sms: int, grid_m: int = 1, iter_bytes: int = 
 
 
 def schedule(config: TileConfig, m: int, n: int, k: int, sms: int) -> tuple[int, int]:
-    """plan() for this config and problem: (ctas, sk_tiles)."""
-    grid_m = -(-m // config.tile_m)
+    """plan() for this config and problem: (ctas, sk_tiles); clusters: whole tiles, cluster pairs."""
+    cl = config.cluster_m
+    grid_m = -(-m // (config.tile_m * cl)) * cl
     tiles = grid_m * -(-n // config.tile_n)
+    if cl > 1:
+        return max(cl, min(tiles, sms) // cl * cl), 0
     iter_bytes = config.tile_n * config.tile_k * config.elem_bytes
     iter_us = ITER_US[f"swap{config.tile_m}" if config.swap_ab else config.tile_m] * iter_bytes / 32768
     return plan(tiles, -(-k // config.tile_k), sms, grid_m, iter_bytes, iter_us,
