@@ -43,8 +43,8 @@ acc holds both halves (128 fp32 registers per thread) and temp one half (64), so
 warpgroup tile fits the 232-register budget. With two consumer warpgroups (128-row tile) one
 warpgroup's promotion runs under the other's wgmma. With one (64-row tile, TileConfig.overlap) the
 k block is four 64-column quarter chains into two 32-register temps, and quarter c is promoted
-while quarter c + 1 runs (measured 10–15 % faster where the tile is tensor-bound). The bf16
-mainloop accumulates straight into acc.
+while quarter c + 1 runs, across pairs of k blocks (measured 10–20 % faster where the tile is
+tensor-bound). The bf16 mainloop accumulates straight into acc.
 
 wgmma C fragment of one warpgroup for one 64×128 half (value v = 0..63 of thread t, lane = t%32,
 warp = t/32):  ((2,2,16)):((1 col, 8 rows, 8 cols))
@@ -398,32 +398,45 @@ class Gemm256Kernel:
             acc.fill(0.0)
             if cutlass.const_expr(self.overlap):
                 # Per k tile, quarters 0..3 alternate between the two temps: issue quarter c + 1,
-                # wait for c only (wait_group(1)), promote c; then wait for quarter 3, release the
-                # stage and promote it. (Issuing the next k tile's quarter 0 before that would hide
-                # the last promotion too, but a wgmma group in flight across the loop's back-edge
-                # makes ptxas serialize every wgmma: C7514.)
+                # wait for c only (wait_group(1)), promote c. The loop takes k tiles in pairs: the
+                # second tile's quarter 0 is issued before the first tile's quarter 3 is promoted;
+                # after the second, wait for its quarter 3, release, promote. (Overlapping every
+                # boundary would leave a wgmma group in flight across the loop's back-edge, and
+                # ptxas then serializes every wgmma: C7514.) An odd last k tile runs alone.
                 arow_a = cutlass.min(row_a, m - 1)
                 arow_b = cutlass.min(row_b, m - 1)
                 wrow_0 = cutlass.min(2 * tn, ws_last)
                 wrow_1 = cutlass.min(2 * tn + 1, ws_last)
-                na_a = mAS[arow_a, kb0]  # scales are loaded a k tile ahead (global-load latency)
-                na_b = mAS[arow_b, kb0]
-                nw_0 = mWS[wrow_0, kb0]
-                nw_1 = mWS[wrow_1, kb0]
-                for kt in cutlass.range(kb0, kb1, unroll=1):
-                    sc = (na_a * nw_0, na_b * nw_0, na_a * nw_1, na_b * nw_1)
-                    kn = cutlass.min(kt + 1, kb1 - 1)
-                    na_a = mAS[arow_a, kn]
-                    na_b = mAS[arow_b, kn]
-                    nw_0 = mWS[wrow_0, kn]
-                    nw_1 = mWS[wrow_1, kn]
+                scales = (mAS, mWS, arow_a, arow_b, wrow_0, wrow_1)
+                for kt in cutlass.range(kb0, kb1 - 1, 2, unroll=1):
+                    sc0 = self._tile_scales(scales, kt)
+                    sc1 = self._tile_scales(scales, kt + 1)
                     mainloop.consumer_wait(state)
                     self._issue(mma_q, tq[0], tCrA_q, tCrB_q[0], state.index, num_k_blocks)
-                    self._quarters_1_to_3(quarters, state.index, acc, sc)
-                    cute.nvgpu.warpgroup.wait_group(0)
-                    mainloop.consumer_release(state)
+                    self._quarters_1_to_3(quarters, state.index, acc, sc0)
                     state.advance()
-                    self._promote_quarter(acc, tq[1], 3, sc[2], sc[3])
+                    mainloop.consumer_wait(state)
+                    self._issue(mma_q, tq[0], tCrA_q, tCrB_q[0], state.index, num_k_blocks)
+                    cute.nvgpu.warpgroup.wait_group(1)
+                    mainloop.consumer_release(release)
+                    release.advance()
+                    self._promote_quarter(acc, tq[1], 3, sc0[2], sc0[3])
+                    self._quarters_1_to_3(quarters, state.index, acc, sc1)
+                    cute.nvgpu.warpgroup.wait_group(0)
+                    mainloop.consumer_release(release)
+                    release.advance()
+                    state.advance()
+                    self._promote_quarter(acc, tq[1], 3, sc1[2], sc1[3])
+                if (kb1 - kb0) % 2 == 1:  # the last k tile, alone
+                    sc0 = self._tile_scales(scales, kb1 - 1)
+                    mainloop.consumer_wait(state)
+                    self._issue(mma_q, tq[0], tCrA_q, tCrB_q[0], state.index, num_k_blocks)
+                    self._quarters_1_to_3(quarters, state.index, acc, sc0)
+                    cute.nvgpu.warpgroup.wait_group(0)
+                    mainloop.consumer_release(release)
+                    release.advance()
+                    state.advance()
+                    self._promote_quarter(acc, tq[1], 3, sc0[2], sc0[3])
             elif cutlass.const_expr(cfg.fp8):
                 # rows past M read the last row's scale (their A rows are TMA zero-fill)
                 arow_a = cutlass.min(row_a, m - 1)
@@ -516,6 +529,15 @@ class Gemm256Kernel:
             tiled_mma.set(cute.nvgpu.warpgroup.Field.ACCUMULATE, True)
         cute.nvgpu.warpgroup.commit_group()
         tiled_mma._trait.value = outer
+
+    def _tile_scales(self, scales, kt):
+        """(row a, row b) promotion scales of k block kt for weight half 0, then half 1."""
+        mAS, mWS, arow_a, arow_b, wrow_0, wrow_1 = scales
+        xa = mAS[arow_a, kt]
+        xb = mAS[arow_b, kt]
+        w0 = mWS[wrow_0, kt]
+        w1 = mWS[wrow_1, kt]
+        return (xa * w0, xb * w0, xa * w1, xb * w1)
 
     def _quarters_1_to_3(self, quarters, stage, acc, sc):
         """With quarter 0 of the k tile in ``stage`` in flight in temp 0: issue quarters 1, 2, 3,
