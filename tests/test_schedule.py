@@ -162,6 +162,8 @@ def test_launch_plan_meets_the_kernels_preconditions(m, k, n, op, mainloop):
     (128, 8192, 3584, False),  # 64-row tile, whole tiles: cuBLAS 17.8 vs 19.7 µs
     (256, 4096, 14336, False),  # 128-row tile below a wave: cuBLAS
     (1024, 4096, 14336, True),  # a full wave of 128-row tiles
+    (4096, 8192, 3584, True),  # a tie: 224 vs 224 µs
+    (16384, 8192, 3584, False),  # cuBLAS: 884 vs 975 µs
 ])
 def test_down_runs_the_kernel_where_it_was_measured_faster(m, hidden, inter, expect):
     from swiglu_fused.kernels.sm90 import down
@@ -196,3 +198,30 @@ def test_gate_up_cluster_pairs_where_measured_faster(m, mainloop, expect):
 
     tile_m, _, _ = gate_up.tile_for(m, 2 * 14336, 132)
     assert gate_up.cluster_for(m, tile_m, mainloop) == expect
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(1, 40), st.integers(1, 30), st.integers(1, 40), st.sampled_from([1, 2]))
+def test_banded_tile_order_is_a_bijection_that_keeps_cluster_pairs(grid_m, n_tiles, band, cl):
+    """_tile_mn maps the tile indices one to one onto (tm, tn); a cluster pair (tiles 2c, 2c + 1)
+    gets one weight tile and adjacent M tiles; within a band, m varies fastest."""
+    grid_m = -(-grid_m // cl) * cl
+    band = max(cl, min(grid_m, band // cl * cl))
+    kernel = g.Gemm256Kernel.__new__(g.Gemm256Kernel)
+    coords = [kernel._tile_mn(t, (grid_m, n_tiles, band)) for t in range(grid_m * n_tiles)]
+    assert sorted(coords) == [(tm, tn) for tm in range(grid_m) for tn in range(n_tiles)]
+    if cl == 2:
+        for t in range(0, len(coords), 2):
+            assert coords[t + 1] == (coords[t][0] + 1, coords[t][1])
+    for t in range(len(coords) - 1):
+        (m0, n0), (m1, n1) = coords[t], coords[t + 1]
+        assert (m1, n1) == (m0 + 1, n0) or m1 % band == 0 or m1 == m0 - (m0 % band)
+
+
+def test_band_rows_keep_a_within_the_l2_budget():
+    # gate_up 8192×3584 at M = 16384, fp8, 128-row tiles in pairs: 1 MiB of x per M tile
+    assert g.band_rows(128, 128 * 8192, 2) == 32
+    # M = 4096 fits in one band: plain m-fastest order, as measured before bands existed
+    assert g.band_rows(32, 128 * 8192, 2) == 32 and g.band_rows(32, 128 * 4096, 1) == 32
+    # an A tile larger than the budget still makes bands of one cluster
+    assert g.band_rows(64, 64 << 20, 2) == 2

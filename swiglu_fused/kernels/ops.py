@@ -13,7 +13,7 @@ Dispatch: a CUDA tensor on an sm_90 device with a configuration the sm90 kernels
 the kernel; everything else (CPU, other GPUs, formats without a kernel yet) runs the reference.
 ``down`` runs its sm90 kernel (fp8_block128 or bf16, bf16 output, H a multiple of 8) with the
 swap-AB decode tile (fp8, M ≤ 64: faster than cuBLAS at every measured shape), when its tiles fill
-the GPU (ceil(M/128)·ceil(H/256) ≥ 0.9 × SMs, e.g. M ≥ 1024 at H = 4096), with the 64-row tile at
+the GPU (ceil(M/128)·ceil(H/256) ≥ 0.9 × SMs, e.g. M ≥ 1024 at H = 4096) up to M = 4096, with the 64-row tile at
 M ≤ 128 when stream-K shares a long K out, and elsewhere only where cuBLAS does not take the
 shape (cuBLAS's split-K is as fast or faster there; sm90/down.py beats_cublas);
 it falls back to cuBLAS on other CUDA devices or cases the kernel does not take (block-scaled
@@ -276,8 +276,9 @@ def _down_kernel_config(h, weight, weight_scale, h_scale, global_scale, residual
     cfg = k.select_config(h, weight, weight_scale, h_scale, residual, out_dtype)
     if (cfg is not None and cublas.supports_down(h, weight, weight_scale, h_scale, None)
             and not k.beats_cublas(cfg, h.shape[0], weight.shape[0], h.shape[1], gemm256.sm_count(h.device))):
-        # between decode and a full wave of tiles cuBLAS's split-K was measured as fast or faster
-        # unless the kernel shares K out too (sm90/down.py beats_cublas): cuBLAS keeps those shapes
+        # cuBLAS was measured as fast or faster between decode and a full wave of tiles (its
+        # split-K; unless the kernel shares K out too) and above M = 4096 (sm90/down.py
+        # beats_cublas): cuBLAS keeps those shapes
         return None
     return cfg
 

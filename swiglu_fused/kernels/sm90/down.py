@@ -105,6 +105,9 @@ def select_config(h, weight, weight_scale, h_scale, residual, out_dtype) -> Down
 # K (3584) does not pay for the fix-up. A full wave (M = 1024, H = 4096) is at parity
 # (benchmarks/NOTES.md).
 MIN_WAVE = 0.9
+# Above this M cuBLAS is faster again (M = 16384: 975 vs 884 µs at 8192×3584, 1814 vs 1749 at
+# 4096×14336; at M = 4096 they tie: 224 vs 224, 428 vs 430).
+MAX_M = 4096
 
 
 def fills_gpu(config: DownConfig, m: int, n: int, sms: int) -> bool:
@@ -115,13 +118,15 @@ def fills_gpu(config: DownConfig, m: int, n: int, sms: int) -> bool:
 
 def beats_cublas(config: DownConfig, m: int, n: int, k: int, sms: int) -> bool:
     """Where the kernel was measured as fast as cuBLAS or faster (benchmarks/NOTES.md): the swap-AB
-    tile (M ≤ 64); a full wave of tiles; and the 64-row tile (M ≤ 128) when plan() shares the K
-    iterations out (stream-K: long K, few tiles; at M = 128, 4096×14336 36.7 vs 43.9 µs, 2048×8192
-    23.9 vs 27.1), but not with whole tiles (8192×3584: 19.7 vs 17.8)."""
+    tile (M ≤ 64); a full wave of tiles up to MAX_M; and the 64-row tile (M ≤ 128) when plan()
+    shares the K iterations out (stream-K: long K, few tiles; at M = 128, 4096×14336 36.7 vs 43.9 µs,
+    2048×8192 23.9 vs 27.1), but not with whole tiles (8192×3584: 19.7 vs 17.8)."""
     from .gemm256 import schedule
 
-    if config.swap_ab or fills_gpu(config, m, n, sms):
+    if config.swap_ab:
         return True
+    if fills_gpu(config, m, n, sms):
+        return m <= MAX_M
     return config.tile_m == 64 and schedule(config, m, n, k, sms)[1] > 0
 
 

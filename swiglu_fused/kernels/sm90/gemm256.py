@@ -262,7 +262,7 @@ class Gemm256Kernel:
             part_ptr, cute.make_layout((ctas * 2, G, consumers), stride=(G * consumers, consumers, 1))
         )
         mCtr = cute.make_tensor(ctr_ptr, cute.make_layout(sk_tiles + 1))
-        cluster = dict(cluster=[cfg.cluster_m, 1, 1]) if cfg.cluster_m > 1 else {}
+        cluster = {"cluster": [cfg.cluster_m, 1, 1]} if cfg.cluster_m > 1 else {}
         self.kernel(
             tma_a, tma_tA, tma_b, tma_tB, mAS, mWS, mOut, mAux, mPart, mCtr, tiled_mma, a_layout, b_layout,
             m, n, n_tiles, sk_tiles,
@@ -319,23 +319,23 @@ class Gemm256Kernel:
             tma_a, mA, tma_b, mB, a_layout, b_layout, m, n_tiles, sk_tiles, bidx
         )
         tAsA, tAgA, tBsB, tBgB, b_mask = tma_parts
-        k_tiles, nctas, grid_m, dp_tiles, sk_iters, it_begin, it_end, dp_iters, cursor_end = sched
+        k_tiles, nctas, tiling, dp_tiles, sk_iters, it_begin, it_end, dp_iters, cursor_end = sched
 
         if wg_idx == 0:
             # ---------------- producer warpgroup: one warp issues the TMA loads
             cute.arch.setmaxregister_decrease(40)
             if warp_idx == 0:
                 self._produce(mainloop, tma_a, tAgA, tAsA, tma_b, tBgB, tBsB, b_mask, cursor_end, bidx, nctas,
-                              dp_iters, k_tiles, dp_tiles, it_begin, it_end, grid_m)
+                              dp_iters, k_tiles, dp_tiles, it_begin, it_end, tiling)
         else:
             # ---------------- consumer warpgroups: wgmma, promotion, epilogue
             cute.arch.setmaxregister_increase(232)
             self._consume(tiled_mma, mainloop, sA, sB, storage, mAS, mWS, mOut, mAux, mPart, mCtr, m, n, tidx, wg_idx,
-                          bidx, k_tiles, nctas, grid_m, dp_tiles, sk_iters, it_begin, it_end, dp_iters, cursor_end)
+                          bidx, k_tiles, nctas, tiling, dp_tiles, sk_iters, it_begin, it_end, dp_iters, cursor_end)
 
     @cute.jit
     def _consume(self, tiled_mma, mainloop, sA, sB, storage, mAS, mWS, mOut, mAux, mPart, mCtr, m, n, tidx, wg_idx,
-                 bidx, k_tiles, nctas, grid_m, dp_tiles, sk_iters, it_begin, it_end, dp_iters, cursor_end):
+                 bidx, k_tiles, nctas, tiling, dp_tiles, sk_iters, it_begin, it_end, dp_iters, cursor_end):
         """The consumer warpgroups (tidx ≥ 128): wgmma, promotion, stream-K fix-up, epilogue, over this
         CTA's segments (the schedule values come from _prologue). swap_ab.py overrides this."""
         cfg = self.cfg
@@ -390,8 +390,7 @@ class Gemm256Kernel:
         cursor = Int32(0)
         while cursor < cursor_end:
             tile, kb0, kb1 = self._segment(cursor, bidx, nctas, dp_iters, k_tiles, dp_tiles, it_begin, it_end)
-            tm = tile % grid_m
-            tn = tile // grid_m
+            tm, tn = self._tile_mn(tile, tiling)
             cursor += kb1 - kb0
             row_a = tm * cfg.tile_m + r0
             row_b = row_a + 8
@@ -604,32 +603,33 @@ class Gemm256Kernel:
         pipeline_init_wait(cluster_shape_mn=(cl, 1))
 
         # persistent schedule (see plan()): CTA b first takes whole tiles b, b + grid, ... < dp_tiles
-        # (m varies fastest so the CTAs running together share a few weight tiles, read once from
-        # HBM, and all of A), then its equal share of the K iterations of the last sk_tiles tiles.
+        # (m varies fastest within bands of M tiles, _tile_mn: the CTAs running together share a
+        # few weight tiles, read once from HBM, and a band of A that stays in L2), then its equal
+        # share of the K iterations of the last sk_tiles tiles.
         # Both warpgroup roles walk the same segments (tile, k tiles [kb0, kb1)) with a cursor over
         # this CTA's k iterations (not named v: the value loops below rebind v at trace time).
         nctas, _, _ = cute.arch.grid_dim()
         # a cluster's CTAs take tiles b, b + 1 (b even): same weight tile when grid_m is even
         grid_m = (m + cfg.tile_m * cl - 1) // (cfg.tile_m * cl) * cl
+        tiling = (grid_m, n_tiles, band_rows(grid_m, cfg.tile_m * cfg.elem_bytes * mA.shape[1], cl))
         dp_tiles = grid_m * n_tiles - sk_tiles
         sk_iters = sk_tiles * k_tiles
         it_begin = sk_iter_begin(bidx, nctas, sk_iters)
         it_end = sk_iter_begin(bidx + 1, nctas, sk_iters)
         dp_iters = (dp_tiles - bidx + nctas - 1) // nctas * k_tiles
         cursor_end = dp_iters + it_end - it_begin
-        sched = (k_tiles, nctas, grid_m, dp_tiles, sk_iters, it_begin, it_end, dp_iters, cursor_end)
+        sched = (k_tiles, nctas, tiling, dp_tiles, sk_iters, it_begin, it_end, dp_iters, cursor_end)
         return storage, mainloop, sA, sB, (tAsA, tAgA, tBsB, tBgB, b_mask), sched
 
     @cute.jit
     def _produce(self, mainloop, tma_a, tAgA, tAsA, tma_b, tBgB, tBsB, b_mask, cursor_end, bidx, nctas, dp_iters,
-                 k_tiles, dp_tiles, it_begin, it_end, grid_m):
+                 k_tiles, dp_tiles, it_begin, it_end, tiling):
         """The producer warp: TMA loads of A and W k tiles for this CTA's segments, in order."""
         state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.cfg.stages)
         cursor = Int32(0)
         while cursor < cursor_end:
             tile, kb0, kb1 = self._segment(cursor, bidx, nctas, dp_iters, k_tiles, dp_tiles, it_begin, it_end)
-            tm = tile % grid_m
-            tn = tile // grid_m
+            tm, tn = self._tile_mn(tile, tiling)
             cursor += kb1 - kb0
             for kt in cutlass.range(kb0, kb1, unroll=1):
                 mainloop.producer_acquire(state)
@@ -643,6 +643,16 @@ class Gemm256Kernel:
                 mainloop.producer_commit(state)
                 state.advance()
         mainloop.producer_tail(state)
+
+    def _tile_mn(self, tile, tiling):
+        """(tm, tn) of tile index ``tile`` (plain Python, inlined). M tiles go in bands of ``band``
+        (the last band may be shorter); tiles walk a band m fastest across every N tile before the
+        next band. With one band (every M up to BAND_A_BYTES of A) that is plain m-fastest order."""
+        grid_m, n_tiles, band = tiling
+        b0 = tile // (band * n_tiles) * band  # first M tile of the band
+        rows = cutlass.min(band, grid_m - b0)
+        r = tile - b0 * n_tiles
+        return b0 + r % rows, r // rows
 
     # ------------------------------------------------------------------ stream-K
     @cute.jit
@@ -864,6 +874,10 @@ class Gemm256Kernel:
 # benchmarks/NOTES.md, predicts a clear gain, and with about enough CTAs to saturate HBM.
 # The integer formulas below run both in the kernel (Int32) and on the host (int, tests).
 SK_MIN_ITERS = 4  # k tiles per CTA, at least
+# A band's A tiles (x or h rows × K) fit in this much of the 50 MB L2, with the few weight tiles the
+# running CTAs share: beyond it, m-fastest order would re-read all of A from HBM for every N tile
+# (gate_up 8192×3584 at M = 16384: 134 MB of x, 28 times).
+BAND_A_BYTES = 32 << 20
 # One CTA's time per 32 KB weight k tile when few CTAs run (whole tiles, measured): decode tile,
 # and the 128-row tile (two consumer warpgroups, more MMA per byte)
 # and the 16/32/64-token swap-AB tiles (whole tiles on 28 CTAs, 64 k tiles: 28.3 / 34 / 71 µs, less
@@ -872,6 +886,12 @@ ITER_US = {64: 0.59, 128: 0.84, "swap16": 0.40, "swap32": 0.48, "swap64": 1.07}
 HBM_BYTES_PER_US = 2.6e6  # what many CTAs together reach (2.96e6 for a plain copy)
 FIXUP_US = (4.0, 2.5)  # fix-up cost: base + per CTA sharing a tile
 SK_MIN_GAIN = 1.15  # stream-K only when predicted this much faster
+
+
+def band_rows(grid_m, a_tile_bytes, cl):
+    """M tiles per band (_tile_mn): as many as BAND_A_BYTES of A tiles, a multiple of the cluster
+    size cl (grid_m is one too), at least cl, at most grid_m. Host ints or device Int32."""
+    return cutlass.max(cutlass.min(grid_m, BAND_A_BYTES // a_tile_bytes // cl * cl), cl)
 
 
 def sk_iter_begin(c, ctas, sk_iters):

@@ -64,7 +64,7 @@ class SwapABKernel(Gemm256Kernel):
 
     @cute.jit
     def _consume(self, tiled_mma, mainloop, sA, sB, storage, mAS, mWS, mOut, mAux, mPart, mCtr, m, n, tidx, wg_idx,
-                 bidx, k_tiles, nctas, grid_m, dp_tiles, sk_iters, it_begin, it_end, dp_iters, cursor_end):
+                 bidx, k_tiles, nctas, tiling, dp_tiles, sk_iters, it_begin, it_end, dp_iters, cursor_end):
         """The swap-AB consumer warpgroups (see the module docstring)."""
         cfg = self.cfg
         ws_last = (n + G - 1) // G - 1
@@ -95,8 +95,7 @@ class SwapABKernel(Gemm256Kernel):
         cursor = Int32(0)
         while cursor < cursor_end:
             tile, kb0, kb1 = self._segment(cursor, bidx, nctas, dp_iters, k_tiles, dp_tiles, it_begin, it_end)
-            tm = tile % grid_m
-            tn = tile // grid_m
+            tm, tn = self._tile_mn(tile, tiling)
             cursor += kb1 - kb0
             acc.fill(0.0)
             tiled_mma.set(cute.nvgpu.warpgroup.Field.ACCUMULATE, True)
