@@ -28,7 +28,11 @@ from swiglu_fused.kernels.sm90 import down as kd, gate_up as kg, gemm256  # noqa
 
 
 def forced(split):
+    """plan() replaced: whole tiles (split 1), every tile stream-K split ``split`` ways, or
+    "hybrid": whole waves of tiles, then the tiles of the last partial wave stream-K over all CTAs."""
     def plan(tiles, k_tiles, sms, *_, **__):
+        if split == "hybrid":
+            return (min(tiles, sms), tiles % sms if tiles > sms else 0)
         return (tiles * split, tiles) if split > 1 else (min(tiles, sms), 0)
     return plan
 
@@ -73,6 +77,8 @@ def variants(op, m, tiles, sms, mainloop):
         out.append(("tile64 v1 plan", make(tile_m=64, stages=5, mainloop=mainloop, overlap=False), None))
     if m > 32:
         out.append(("tile128 plan", make(tile_m=128, stages=4, mainloop=mainloop), None))
+    if m > 512:
+        out.append(("tile128 hybrid", make(tile_m=128, stages=4, mainloop=mainloop), "hybrid"))
     if m > 64:  # weight k tiles multicast over a cluster of two M tiles
         out.append(("tile64 cl2", make(tile_m=64, stages=5, mainloop=mainloop, cluster_m=2), None))
         out.append(("tile128 cl2", make(tile_m=128, stages=4, mainloop=mainloop, cluster_m=2), None))

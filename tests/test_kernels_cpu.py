@@ -152,6 +152,7 @@ def _shipped():
         [("quant_x", c, quant_x.compile_quant_x) for c in [quant_x.QuantXConfig()]]
         + [("gate_up", c, gate_up.compile_gate_up) for c in gate_up.shipped_configs()]
         + [("down", c, down.compile_down) for c in down.shipped_configs()]
+        + [("gate_up", gate_up.CLUSTER_PAIR, gate_up.compile_gate_up)]  # not dispatched; GPU-tested
     )
 
 

@@ -126,8 +126,7 @@ def test_plan_keeps_whole_tiles_for_the_swap_ab_tile():
        st.sampled_from(["fp8_block128", "bf16"]))
 @example(16, 8192, 7168, "gate_up", "fp8_block128")  # stream-K: gate_up decode, I = 3584
 @example(100, 14336, 4096, "down", "bf16")  # stream-K: down, 128-row tile
-@example(4096, 4096, 28672, "gate_up", "fp8_block128")  # whole tiles, cluster pairs
-@example(1100, 4096, 28672, "gate_up", "fp8_block128")  # cluster pairs, one padding M tile
+@example(4096, 4096, 28672, "gate_up", "fp8_block128")  # whole tiles
 def test_launch_plan_meets_the_kernels_preconditions(m, k, n, op, mainloop):
     """What the host hands the kernel for every shipped tile: a grid within the SMs, every CTA with
     a stream-K k tile, and a workspace of exactly two slots of 128 fp32 per consumer thread."""
@@ -138,17 +137,15 @@ def test_launch_plan_meets_the_kernels_preconditions(m, k, n, op, mainloop):
 
     mod = gate_up if op == "gate_up" else down
     tile_m, _, swap = gate_up.tile_for(m, n, 132) if op == "gate_up" else down.tile_for(m, mainloop)
-    cl = gate_up.cluster_for(m, tile_m, mainloop) if op == "gate_up" else 1
     cfg = next(c for c in mod.shipped_configs()
-               if c.mainloop == mainloop and c.tile_m == tile_m and c.swap_ab == swap and c.cluster_m == cl)
+               if c.mainloop == mainloop and c.tile_m == tile_m and c.swap_ab == swap)
     with mock.patch.object(g, "sm_count", lambda device: 132):
         ctas, sk_tiles, parts, ctr = g.launch_plan(cfg, m, n, k, torch.device("cpu"))
-    # cluster pairs take M-adjacent tiles of one weight tile: M tiles padded to pairs, whole tiles
-    tiles = -(-m // (cfg.tile_m * cl)) * cl * -(-n // cfg.tile_n)
+    tiles = -(-m // cfg.tile_m) * -(-n // cfg.tile_n)
     k_tiles = -(-k // cfg.tile_k)
-    assert 1 <= ctas <= 132 and ctas % cl == 0
+    assert 1 <= ctas <= 132
     if sk_tiles == 0:
-        assert parts is None and ctr is None and ctas == min(tiles, 132) // cl * cl
+        assert parts is None and ctr is None and ctas == min(tiles, 132)
     else:
         assert sk_tiles == tiles and ctas <= sk_tiles * k_tiles
         assert parts.numel() == ctas * 2 * 128 * cfg.consumer_threads and parts.dtype == torch.float32
@@ -190,14 +187,14 @@ def test_gate_up_tile_for_follows_the_measured_rule(m, inter, expect):
     assert (tile_m, swap) == expect
 
 
-@pytest.mark.parametrize("m,mainloop,expect", [
-    (512, "fp8_block128", 1), (1024, "fp8_block128", 2), (4096, "fp8_block128", 2), (4096, "bf16", 1),
-])
-def test_gate_up_cluster_pairs_where_measured_faster(m, mainloop, expect):
+@pytest.mark.parametrize("m,n", [(1, 7168), (129, 3072), (1100, 28672), (4096, 28672), (16384, 7168)])
+def test_cluster_pairs_launch_whole_tiles_in_pairs(m, n):
+    """Cluster pairs (gate_up.CLUSTER_PAIR): M tiles padded to pairs, whole tiles, an even grid."""
     from swiglu_fused.kernels.sm90 import gate_up
 
-    tile_m, _, _ = gate_up.tile_for(m, 2 * 14336, 132)
-    assert gate_up.cluster_for(m, tile_m, mainloop) == expect
+    ctas, sk_tiles = g.schedule(gate_up.CLUSTER_PAIR, m, n, 4096, 132)
+    tiles = -(-m // 256) * 2 * -(-n // 256)
+    assert sk_tiles == 0 and ctas % 2 == 0 and ctas == min(tiles, 132)
 
 
 @settings(max_examples=200, deadline=None)
