@@ -16,7 +16,8 @@ Timing is bench_gate_up's: CUDA graphs of 10 launches, median of --iters replays
 rotated past twice the 50 MB L2. Every case also checks both fused outputs against silu(gate)·up of
 the cuBLAS product, and one small case checks QuACK against an fp32 torch reference first.
 
-QuACK version: .quack/ carries commit c7cbc61 (2026-03-08). Later commits compile and launch their
+QuACK version: .quack/ (built by benchmarks/quack_bundle.sh from a clone of Dao-AILab/quack)
+carries commit c7cbc61 (2026-03-08). Later commits compile and launch their
 GEMMs through apache-tvm-ffi and import it with `import quack`; that package (about 1 MB of native
 libraries) is not on the GPU machine and does not fit the transfer. c7cbc61 needs only torch,
 triton and CuTe DSL, and its kernels compile with DSL 4.8.1 once two type names that moved from
