@@ -97,34 +97,6 @@ def ours_config(ops, x, w):
         return "?"
 
 
-def plot_png(path: Path, data: dict):
-    """µs against M (log-log), one panel per shape; skipped when matplotlib is missing."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print("matplotlib not installed: no PNG (the JSON has every number)")
-        return
-    rows = data["rows"]
-    shapes = sorted({(r["hidden"], r["inter"]) for r in rows})
-    fig, axes = plt.subplots(1, len(shapes), figsize=(5.5 * len(shapes), 4.2), squeeze=False)
-    for ax, (h, i) in zip(axes[0], shapes):
-        sel = sorted((r for r in rows if (r["hidden"], r["inter"]) == (h, i)), key=lambda r: r["m"])
-        for n, (label, key) in enumerate((("ours (bf16 gate_up)", "ours_us"), ("QuACK gemm_gated", "quack_us"),
-                                          ("cuBLAS GEMM alone", "cublas_us"))):
-            ax.plot([r["m"] for r in sel], [r[key] for r in sel], marker="o", label=label, color=f"C{n}",
-                    linestyle="--" if "cuBLAS" in label else "-")
-        ax.legend(fontsize=7)
-        ax.set(xscale="log", yscale="log", xlabel="tokens M", ylabel="µs", title=f"H={h}, I={i}")
-        ax.grid(True, which="both", alpha=0.3)
-    fig.suptitle(f"bf16 SwiGLU gate_up vs QuACK — {data['device']}, torch {data['torch']}")
-    fig.tight_layout()
-    fig.savefig(path, dpi=60)
-    print("wrote", path)
-
-
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--shapes", default="4096x14336,8192x3584", help="HxI list")
@@ -229,7 +201,12 @@ def main():
     if a.json:
         Path(a.json).write_text(json.dumps(data, indent=1))
         print("wrote", a.json)
-        plot_png(Path(a.json).with_suffix(".png"), data)
+        try:
+            from plot import plot  # benchmarks/plot.py (needs matplotlib)
+        except ImportError:
+            print("matplotlib not installed: no PNG (the JSON has every number)")
+        else:
+            print("wrote", plot(Path(a.json)))
 
 
 if __name__ == "__main__":

@@ -1,8 +1,8 @@
 """Charts from the benchmarks' JSON: python benchmarks/plot.py RESULT.json [...] (writes RESULT.png).
 
 Understands bench_gate_up.py output (fused vs separate, per shape), bench_down.py output (kernel vs
-cuBLAS, with and without residual) and bench_mlp.py output (every peer, per shape); x = tokens M
-(log), y = µs (log).
+cuBLAS, with and without residual), bench_quack.py output (ours vs QuACK vs cuBLAS) and
+bench_mlp.py output (every peer, per shape); x = tokens M (log), y = µs (log).
 """
 
 import json
@@ -28,6 +28,10 @@ def plot(path: Path) -> Path:
         series = {"ours (fused)": "fused_us", "cuBLAS GEMM + separate act·quant": "separate_us",
                   "weight-bandwidth floor": "floor_us"}
         title = f"gate_up, {rows[0]['mainloop']} mainloop"
+    elif "quack_us" in rows[0]:
+        series = {"ours (bf16 gate_up)": "ours_us", "QuACK gemm_gated": "quack_us",
+                  "cuBLAS GEMM alone (no activation)": "cublas_us"}
+        title = "bf16 SwiGLU gate_up vs QuACK"
     elif "kernel_us" in rows[0]:
         series = {"ours": "kernel_us", "cuBLAS": "cublas_us", "ours + residual (fused)": "kernel_res_us",
                   "cuBLAS + residual add": "cublas_res_us", "weight-bandwidth floor": "floor_us"}
@@ -43,7 +47,7 @@ def plot(path: Path) -> Path:
             pts = [(r["m"], r[key]) for r in sel if r.get(key) == r.get(key) and r.get(key) is not None]
             if pts:
                 ax.plot(*zip(*pts), marker="o", label=label, color=f"C{n}",
-                        linestyle="--" if "floor" in label else "-")
+                        linestyle="--" if "floor" in label or "alone" in label else "-")
         ax.legend(fontsize=7)
         ax.set(xscale="log", yscale="log", xlabel="tokens M", ylabel="µs", title=f"H={h}, I={i}")
         ax.grid(True, which="both", alpha=0.3)
