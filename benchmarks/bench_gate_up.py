@@ -101,8 +101,8 @@ def act_mul_bf16(y: torch.Tensor):
     return (torch.nn.functional.silu(y[:, :, 0]) * y[:, :, 1]).to(torch.bfloat16).view(m, -1)
 
 
-def graph_time_us(fn, iters, reps=REPS):
-    """Median µs per call of fn, from CUDA-graph replays of ``reps`` calls."""
+def capture(fn, reps=REPS):
+    """A CUDA graph of ``reps`` calls of fn (after 3 warm-up calls on a side stream)."""
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(s):
@@ -117,6 +117,11 @@ def graph_time_us(fn, iters, reps=REPS):
     for _ in range(3):
         graph.replay()
     torch.cuda.synchronize()
+    return graph
+
+
+def replay_us(graph, iters, reps=REPS):
+    """Median µs per call over ``iters`` timed replays of a graph of ``reps`` calls."""
     times = []
     for _ in range(iters):
         a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -126,6 +131,23 @@ def graph_time_us(fn, iters, reps=REPS):
         b.synchronize()
         times.append(a.elapsed_time(b) * 1e3 / reps)
     return statistics.median(times)
+
+
+def graph_time_us(fn, iters, reps=REPS):
+    """Median µs per call of fn, from CUDA-graph replays of ``reps`` calls."""
+    return replay_us(capture(fn, reps), iters, reps)
+
+
+def interleaved_us(fns: dict, iters, rounds, reps=REPS) -> dict:
+    """{name: [µs per round]}: every fn captured once, then timed in turn, ``rounds`` times, so that
+    drift of the board's clock and power state (5 % within one process, benchmarks/NOTES.md)
+    reaches every peer alike and per-round ratios cancel most of it."""
+    graphs = {name: capture(fn, reps) for name, fn in fns.items()}
+    out = {name: [] for name in fns}
+    for _ in range(rounds):
+        for name, graph in graphs.items():
+            out[name].append(replay_us(graph, iters, reps))
+    return out
 
 
 def bench_quant_x(iters):

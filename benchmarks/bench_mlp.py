@@ -12,6 +12,7 @@ Peers, in one process on the same inputs, each timed as a CUDA graph (median of 
     python benchmarks/bench_mlp.py [--shapes 4096x14336,8192x3584] [--m 1,16,...] [--json out.json]
     python benchmarks/bench_mlp.py --generate      # also tokens/s of generate(), patched vs unpatched
     python benchmarks/bench_mlp.py --generate-only # only that
+    python benchmarks/bench_mlp.py --interleave 8  # ours vs unfused vs hf in alternation, per-round ratios
 
 Writes JSON; benchmarks/plot.py turns it into a PNG.
 """
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import sys
 import time
 
@@ -27,7 +29,7 @@ import torch
 
 sys.path.insert(0, ".")
 sys.path.insert(0, "benchmarks")
-from bench_gate_up import act_quant, graph_time_us  # noqa: E402
+from bench_gate_up import act_quant, graph_time_us, interleaved_us  # noqa: E402
 
 from swiglu_fused import FusedSwiGLUMLP, patch_model  # noqa: E402
 from swiglu_fused.kernels import cublas, ops  # noqa: E402
@@ -59,6 +61,31 @@ def unfused_fp8(fused: FusedSwiGLUMLP):
         hq, hs = actq(y)
         return cublas.down(hq, dn["weight"], dn["weight_scale_inv"], hs, None, torch.bfloat16)
     return run
+
+
+def bench_interleaved(shapes, ms, iters, rounds):
+    """ours_fp8 against fp8_unfused (and hf_bf16), timed in alternation ``rounds`` times
+    (bench_gate_up.interleaved_us): per-round ratios, to tell margins of a few % from drift."""
+    rows = []
+    print(f"{'H':>5} {'I':>6} {'M':>6} {'fp8_unfused':>12} {'ours_fp8':>12} {'hf_bf16':>12}  unfused/ours per round")
+    for hidden, inter in shapes:
+        mlp = hf_mlp(hidden, inter)
+        ours = FusedSwiGLUMLP.from_linear(mlp.gate_proj, mlp.up_proj, mlp.down_proj, weight_format="fp8_block128")
+        unfused = unfused_fp8(ours)
+        for m in ms:
+            x = torch.randn(m, hidden, device="cuda").to(torch.bfloat16)
+            t = interleaved_us({"fp8_unfused": lambda: unfused(x), "ours_fp8": lambda: ours(x),
+                                "hf_bf16": lambda: mlp(x)}, iters, rounds)
+            ratios = [u / o for u, o in zip(t["fp8_unfused"], t["ours_fp8"])]
+            med = {k: statistics.median(v) for k, v in t.items()}
+            rows.append(dict(hidden=hidden, inter=inter, m=m, rounds=rounds, **{f"{k}_us": v for k, v in med.items()},
+                             **{f"{k}_us_per_round": v for k, v in t.items()}, unfused_over_ours_per_round=ratios))
+            print(f"{hidden:>5} {inter:>6} {m:>6} {med['fp8_unfused']:>12.1f} {med['ours_fp8']:>12.1f} "
+                  f"{med['hf_bf16']:>12.1f}  " + " ".join(f"{r:.3f}" for r in ratios), flush=True)
+            del x
+        del mlp, ours, unfused
+        torch.cuda.empty_cache()
+    return rows
 
 
 def bench_shapes(shapes, ms, iters):
@@ -137,13 +164,18 @@ def main():
     p.add_argument("--generate", action="store_true", help="also measure generate() tokens/s")
     p.add_argument("--generate-only", action="store_true", help="only measure generate() tokens/s")
     p.add_argument("--rounds", type=int, default=3, help="generate(): alternating rounds of the three models")
+    p.add_argument("--interleave", type=int, default=0, metavar="ROUNDS",
+                   help="instead of the full table: ours_fp8, fp8_unfused and hf_bf16 timed in alternation, ROUNDS times")
     p.add_argument("--json", default=None)
     a = p.parse_args()
     torch._dynamo.config.cache_size_limit = 1024
     shapes = [tuple(map(int, s.split("x"))) for s in a.shapes.split(",")]
     result = dict(device=torch.cuda.get_device_name(), torch=torch.__version__, date=time.strftime("%Y-%m-%d"))
-    if not a.generate_only:
-        result["rows"] = bench_shapes(shapes, [int(m) for m in a.m.split(",")], a.iters)
+    ms = [int(m) for m in a.m.split(",")]
+    if a.interleave:
+        result["interleaved"] = bench_interleaved(shapes, ms, a.iters, a.interleave)
+    elif not a.generate_only:
+        result["rows"] = bench_shapes(shapes, ms, a.iters)
     if a.generate or a.generate_only:
         result["generate"] = bench_generate(rounds=a.rounds)
     if a.json:
