@@ -2,11 +2,12 @@
 overlapped fp8 promotion) and, above M = 32, the 128-row tile:
 gate_up (fp8 h) and down (bf16 y), each tile under forced schedules (whole tiles; stream-K split
 2, 3, 4 ways) and under what gemm256.plan picks. Every variant is first checked against the
-reference (relative max error) on its first operand set; then timed like bench_gate_up (CUDA
-graphs, operands rotated past L2, median). cuBLAS's block-scaled GEMM is the yardstick (for down:
-ops' cuBLAS path, cublas.down).
+reference (relative max error) on its first operand set and captured as a CUDA graph (operands
+rotated past L2); then the graphs are timed in turn, --rounds times (median), so that drift of the
+board's clocks reaches every variant alike (use --rounds 5 or more for margins of a few %).
+cuBLAS's block-scaled GEMM is the yardstick (for down: ops' cuBLAS path, cublas.down).
 
-    python benchmarks/bench_swap_ab.py [--op gate_up|down] [--mainloop fp8_block128|bf16]
+    python benchmarks/bench_swap_ab.py [--op gate_up|down] [--mainloop fp8_block128|bf16] [--rounds 5]
                                        [--shapes 4096x14336,...] [--m 1,16,32] [--json out.json]
 """
 
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import statistics
 import sys
 from unittest import mock
 
@@ -99,6 +101,7 @@ def main():
     p.add_argument("--shapes", default="4096x14336,8192x3584,2048x8192")
     p.add_argument("--m", default="1,16,32")
     p.add_argument("--iters", type=int, default=30)
+    p.add_argument("--rounds", type=int, default=1, help="time the variants in turn this many times (median)")
     p.add_argument("--json", default=None)
     a = p.parse_args()
     sms = torch.cuda.get_device_properties(0).multi_processor_count
@@ -128,23 +131,33 @@ def main():
             print(f"M={m} {hidden}x{inter}: cuBLAS GEMM {t_cublas or float('nan'):.1f} µs, floor {floor:.1f} µs",
                   flush=True)
             tiles = -(-n // 256)
+            runs = []  # (name, cfg, error, graph, ctas, sk_tiles): every variant captured first
             for name, cfg, split in variants(a.op, m, tiles, sms, a.mainloop):
                 patch = mock.patch.object(gemm256, "plan", forced(split)) if split else mock.patch.object(
                     gemm256, "plan", gemm256.plan)
-                with patch:
+                with patch:  # the schedule is fixed at capture
                     if gu:
                         err = h_error(cfg, sets[0])
                         fn = b.cycling(lambda x, xs_, w, ws_, c=cfg: kg.gate_up(c, x, w, ws_, xs_), sets)
                     else:
                         err = y_error(cfg, sets[0])
                         fn = b.cycling(lambda h, hs_, w, ws_, c=cfg: kd.down(c, h, w, ws_, hs_), sets)
-                    t = b.graph_time_us(fn, a.iters)
                     ctas, sk, _, _ = gemm256.launch_plan(cfg, m, n, k, sets[0][0].device)
+                    runs.append((name, cfg, err, b.capture(fn), ctas, sk))
+            # then timed in turn, --rounds times, so that drift reaches every variant alike
+            times = {name: [] for name, *_ in runs}
+            for _ in range(a.rounds):
+                for name, _, _, graph, _, _ in runs:
+                    times[name].append(b.replay_us(graph, a.iters))
+            for name, cfg, err, _, ctas, sk in runs:
+                t = statistics.median(times[name])
                 flag = "" if err < 0.07 else "  WRONG"
+                spread = f"  rounds {min(times[name]):.1f}–{max(times[name]):.1f}" if a.rounds > 1 else ""
                 print(f"  {name:>16}: {t:7.1f} µs  {t / floor:5.2f}× floor  ctas {ctas:4d} sk_tiles {sk:4d}  "
-                      f"h err {err:.3f}{flag}", flush=True)
-                rows.append(dict(op=a.op, m=m, hidden=hidden, inter=inter, variant=name, us=t, floor_us=floor,
-                                 cublas_us=t_cublas, ctas=ctas, sk_tiles=sk, h_rel_err=err))
+                      f"h err {err:.3f}{flag}{spread}", flush=True)
+                rows.append(dict(op=a.op, m=m, hidden=hidden, inter=inter, variant=name, us=t, us_per_round=times[name],
+                                 floor_us=floor, cublas_us=t_cublas, ctas=ctas, sk_tiles=sk, h_rel_err=err))
+            del runs
             del sets
     if a.json:
         b.write_json(a.json, bench=f"swap_ab_{a.op}_{a.mainloop}", rows=rows)
