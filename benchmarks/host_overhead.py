@@ -60,6 +60,17 @@ def per_call_us(fn, n=300):
     return t_host
 
 
+def profile(fn, top: int, n: int = 200) -> None:
+    """cProfile of n host calls of fn: the ``top`` functions by own time."""
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(n):
+        fn()
+    prof.disable()
+    sync()
+    pstats.Stats(prof).sort_stats("tottime").print_stats(top)
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--hidden", type=int, default=4096)
@@ -135,20 +146,8 @@ def main():
     for name, fn in rows.items():
         print(f"{name:36s} {per_call_us(fn):8.1f} µs host per call", flush=True)
     if a.profile:
-        prof = cProfile.Profile()
-        prof.enable()
-        for _ in range(200):
-            direct(x)
-        prof.disable()
-        sync()
-        pstats.Stats(prof).sort_stats("tottime").print_stats(25)
-        prof = cProfile.Profile()
-        prof.enable()
-        for _ in range(200):
-            mlp(x)
-        prof.disable()
-        sync()
-        pstats.Stats(prof).sort_stats("tottime").print_stats(20)
+        profile(lambda: direct(x), top=25)
+        profile(lambda: mlp(x), top=20)
 
 
 if __name__ == "__main__":

@@ -32,7 +32,7 @@ def test_graph_replay_equals_the_direct_ops(fmt, shape):
     mlp = _mlp(576, 1536, fmt, seed=1)
     before = dict(eager_graphs.stats)
     for seed in range(3):  # capture, then replays on fresh inputs
-        x = torch.randn(*shape, generator=torch.Generator().manual_seed(seed)).cuda().to(torch.bfloat16)
+        x = _x(*shape, seed=seed)
         y = mlp(x)
         assert y.shape == x.shape and y.dtype == x.dtype
         assert torch.equal(y, _direct(mlp, x))
