@@ -32,7 +32,7 @@ for m, hidden, inter in ((1024, 4096, 14336), (100, 576, 1536)):
         except Exception as e:
             print("cuBLAS fp32 out failed:", str(e)[:300])
             fn, err = b.cublas_gemm(args["x"], args["x_scale"], args["weight"], args["weight_scale"])
-        y = fn()
+        y = fn(*b.peer_sets([(args["x"], args["x_scale"], args["weight"], args["weight_scale"])])[0])
         # cuBLAS output → fp32 epilogue exactly as the reference does
         from swiglu_fused.weight_packing.interleave import deinterleave_rows
         gate, up = deinterleave_rows(y.float().t(), 128)

@@ -44,16 +44,25 @@ def operands(m, hidden, inter, seed=0):
     return xq, xs, wq, ws
 
 
+def colmajor(s: torch.Tensor) -> torch.Tensor:
+    """Scales [M, G] stored M-fastest (strides (1, M)): the 1×128 layout cuBLAS's block-scaled GEMM
+    reads. A quantization kernel writes it at no cost (vLLM's per-token-group quant has the option),
+    so the cuBLAS peers get their scales in it before timing: the transpose copy that our own
+    fallback (kernels/cublas.py) pays is not charged to them."""
+    return s.t().contiguous().t()
+
+
 def _scaled_mm_candidates(xq, xs, wq, ws, out_dtype):
-    """torch._scaled_mm wants the 1x128 scales outer-dim-major; try the layouts torch versions accept."""
-    yield lambda: torch._scaled_mm(xq, wq.t(), scale_a=xs.t().contiguous().t(), scale_b=ws.t(), out_dtype=out_dtype)
-    yield lambda: torch._scaled_mm(xq, wq.t(), scale_a=xs.t().contiguous().t(), scale_b=ws, out_dtype=out_dtype)
+    """torch._scaled_mm with the x scales M-major (colmajor); the weight-scale layouts torch versions accept."""
     yield lambda: torch._scaled_mm(xq, wq.t(), scale_a=xs, scale_b=ws.t(), out_dtype=out_dtype)
+    yield lambda: torch._scaled_mm(xq, wq.t(), scale_a=xs, scale_b=ws, out_dtype=out_dtype)
 
 
 def cublas_gemm(xq, xs, wq, ws, out_dtype=torch.bfloat16):
-    """A callable (xq, xs, wq, ws) → the packed [M, 2I] bf16 GEMM with cuBLAS block scales, with the
-    scale layout this torch accepts (checked once, on these operands), and its relative error."""
+    """A callable (xq, xs, wq, ws) → the packed [M, 2I] bf16 GEMM with cuBLAS block scales, where xs
+    is M-major (``peer_sets``), with the weight-scale layout this torch accepts (checked once, on these
+    operands), and its relative error."""
+    xs = colmajor(xs)
     ref = reference.dequant_weight(wq, ws)
     ref = reference._dequant_operand(xq, xs, "x") @ ref.t()
     errors = []
@@ -68,6 +77,11 @@ def cublas_gemm(xq, xs, wq, ws, out_dtype=torch.bfloat16):
             return (lambda *ops: list(_scaled_mm_candidates(*ops, out_dtype))[i]()), err
         errors.append(f"wrong result (rel err {err:.2e})")
     raise RuntimeError("torch._scaled_mm block-scaled: no layout worked: " + " | ".join(errors))
+
+
+def peer_sets(sets):
+    """Operand sets (xq, xs, wq, ws) with xs M-major, as cublas_gemm's callable takes them."""
+    return [(xq, colmajor(xs), wq, ws) for xq, xs, wq, ws in sets]
 
 
 def rotation(make, one_set_bytes):
@@ -91,7 +105,7 @@ def act_quant(y: torch.Tensor):
     amax = h.abs().amax(-1)
     s = torch.where(amax > 0, amax / 448.0, torch.ones_like(amax))
     q = (h / s[..., None]).clamp(-448.0, 448.0).to(FP8)
-    return q.view(m, -1), s
+    return q.view(m, -1), colmajor(s)  # as a cuBLAS down GEMM reads them (inductor writes them so)
 
 
 def act_mul_bf16(y: torch.Tensor):
@@ -213,11 +227,12 @@ def main():
             t_fused = graph_time_us(cycling(lambda x, xs, w, ws: k.gate_up(cfg, x, w, ws, xs), sets),
                                     a.iters, reps)
             if gemm_fn is not None:
-                ys = [(gemm_fn(*ops),) for ops in sets]
-                t_gemm = graph_time_us(cycling(gemm_fn, sets), a.iters, reps)
+                psets = peer_sets(sets) if a.mainloop == "fp8_block128" else sets
+                ys = [(gemm_fn(*ops),) for ops in psets]
+                t_gemm = graph_time_us(cycling(gemm_fn, psets), a.iters, reps)
                 t_actq = graph_time_us(cycling(act_quant_c, ys), a.iters, reps)
-                t_sep = graph_time_us(cycling(lambda *ops: act_quant_c(gemm_fn(*ops)), sets), a.iters, reps)
-                del ys
+                t_sep = graph_time_us(cycling(lambda *ops: act_quant_c(gemm_fn(*ops)), psets), a.iters, reps)
+                del ys, psets
             else:
                 t_gemm = t_actq = t_sep = float("nan")
             flops = 2 * m * 2 * inter * hidden

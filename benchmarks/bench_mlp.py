@@ -3,8 +3,9 @@
 Peers, in one process on the same inputs, each timed as a CUDA graph (median of --iters replays):
   hf_bf16        transformers LlamaMLP, bf16, eager
   hf_compiled    the same under torch.compile
-  fp8_unfused    quant_x (ours) → cuBLAS block-scaled GEMM [M, 2I] → compiled SiLU·up·quant
-                 → cuBLAS block-scaled GEMM (down)
+  fp8_unfused    compiled quant_x → cuBLAS block-scaled GEMM [M, 2I] → compiled SiLU·up·quant
+                 → cuBLAS block-scaled GEMM (down); both quantizations write their scales M-major,
+                 the layout cuBLAS reads (bench_gate_up.colmajor), so no transpose copy is timed
   ours_fp8       FusedSwiGLUMLP fp8_block128: quant_x + fused gate_up kernels, down as ops.down
                  dispatches it (sm90 kernel at M ≤ 16 and from a full wave of tiles, cuBLAS between)
   ours_bf16      FusedSwiGLUMLP bf16: fused gate_up kernel (bf16 mainloop), down as ops.down
@@ -29,10 +30,10 @@ import torch
 
 sys.path.insert(0, ".")
 sys.path.insert(0, "benchmarks")
-from bench_gate_up import act_quant, graph_time_us, interleaved_us  # noqa: E402
+from bench_gate_up import act_quant, colmajor, graph_time_us, interleaved_us  # noqa: E402
 
 from swiglu_fused import FusedSwiGLUMLP, patch_model  # noqa: E402
-from swiglu_fused.kernels import cublas, ops  # noqa: E402
+from swiglu_fused.kernels import reference  # noqa: E402
 
 PEERS = ("hf_bf16", "hf_compiled", "fp8_unfused", "ours_fp8", "ours_bf16")
 
@@ -49,17 +50,27 @@ def hf_mlp(hidden, inter, seed=0):
     return mlp.eval()
 
 
+def quant_x_colmajor(x):
+    """reference.quant_x with the scales M-major (compiled: as fast as our quant_x kernel from M = 4096,
+    faster below, benchmarks/NOTES.md)."""
+    q, s = reference.quant_x(x)
+    return q, colmajor(s)
+
+
 def unfused_fp8(fused: FusedSwiGLUMLP):
-    """The best separate pipeline on the same packed fp8 weights (g = 128: [M, 2I] halves pair up)."""
+    """The best separate pipeline on the same packed fp8 weights (g = 128: [M, 2I] halves pair up).
+    cuBLAS's block-scaled GEMM rejects some M (1 and 10 on the H100); the benchmark reports those."""
     gu, dn = fused.gate_up_proj.tensors(), fused.down_proj.tensors()
-    actq = torch.compile(act_quant, dynamic=False)  # one graph per M: faster than dynamic shapes
+    quant = torch.compile(quant_x_colmajor, dynamic=False)  # one graph per M: faster than dynamic shapes
+    actq = torch.compile(act_quant, dynamic=False)
 
     def run(x):
-        xq, xs = ops.quant_x(x)
-        y = torch._scaled_mm(xq, gu["weight"].t(), scale_a=xs.t().contiguous().t(),
-                             scale_b=gu["weight_scale_inv"].t(), out_dtype=torch.bfloat16)
+        xq, xs = quant(x)
+        y = torch._scaled_mm(xq, gu["weight"].t(), scale_a=xs, scale_b=gu["weight_scale_inv"].t(),
+                             out_dtype=torch.bfloat16)
         hq, hs = actq(y)
-        return cublas.down(hq, dn["weight"], dn["weight_scale_inv"], hs, None, torch.bfloat16)
+        return torch._scaled_mm(hq, dn["weight"].t(), scale_a=hs, scale_b=dn["weight_scale_inv"].t(),
+                                out_dtype=torch.bfloat16)
     return run
 
 

@@ -77,6 +77,8 @@ def variants(op, m, tiles, sms, mainloop):
     out = [("tile64 plan", make(tile_m=64, stages=5, mainloop=mainloop), None)]
     if mainloop == "fp8_block128":  # the 64-row tile's v1 promotion schedule (no overlap)
         out.append(("tile64 v1 plan", make(tile_m=64, stages=5, mainloop=mainloop, overlap=False), None))
+    if m > 64:
+        out.append(("tile64 whole", make(tile_m=64, stages=5, mainloop=mainloop), 1))
     if m > 32:
         out.append(("tile128 plan", make(tile_m=128, stages=4, mainloop=mainloop), None))
     if m > 512:
@@ -118,13 +120,16 @@ def main():
             else:
                 sets = b.rotation(lambda s: down_operands(m, hidden, inter, s, bf16), n * k * (2 if bf16 else 1))
             try:
+                psets = sets
                 if gu and bf16:
                     gemm = lambda x, xs, w, ws: x @ w.t()  # noqa: E731
                 elif gu:
                     gemm, _ = b.cublas_gemm(*sets[0])
+                    psets = b.peer_sets(sets)
                 else:
                     gemm = lambda hq, hs, wq, ws: cublas.down(hq, wq, ws, hs, None, torch.bfloat16)  # noqa: E731
-                t_cublas = b.graph_time_us(b.cycling(gemm, sets), a.iters)
+                t_cublas = b.graph_time_us(b.cycling(gemm, psets), a.iters)
+                del psets
             except RuntimeError:  # cuBLAS's block-scaled GEMM takes no M = 1
                 t_cublas = None
             floor = n * k * (2 if bf16 else 1) / 2.96e6  # µs at a plain copy's HBM rate

@@ -187,6 +187,10 @@ class Gemm256Kernel:
         self.tile_mnk = (config.tile_m, config.tile_n, config.tile_k)
         self.overlap = (config.fp8 and config.overlap and not config.swap_ab and self.num_mma_wg == 1
                         and config.promote_k == G)
+        # registers per consumer thread after setmaxnreg (the producer keeps 40): the 64K register
+        # file holds 40·128 + 232·256 with two consumer warpgroups; with one, the kernel starts with
+        # up to 255 (256 threads) and the consumer may keep them all (ptxas reports 237-249)
+        self.consumer_regs = 232 if self.num_mma_wg == 2 else 256
         if config.epilogue == "swiglu":
             self.act = epilogue.activation(config.act)
 
@@ -330,7 +334,7 @@ class Gemm256Kernel:
                               dp_iters, k_tiles, dp_tiles, it_begin, it_end, tiling)
         else:
             # ---------------- consumer warpgroups: wgmma, promotion, epilogue
-            cute.arch.setmaxregister_increase(232)
+            cute.arch.setmaxregister_increase(self.consumer_regs)
             self._consume(tiled_mma, mainloop, sA, sB, storage, mAS, mWS, mOut, mAux, mPart, mCtr, m, n, tidx, wg_idx,
                           bidx, k_tiles, nctas, tiling, dp_tiles, sk_iters, it_begin, it_end, dp_iters, cursor_end)
 
@@ -403,14 +407,22 @@ class Gemm256Kernel:
                 # after the second, wait for its quarter 3, release, promote. (Overlapping every
                 # boundary would leave a wgmma group in flight across the loop's back-edge, and
                 # ptxas then serializes every wgmma: C7514.) An odd last k tile runs alone.
+                # The scales of a pair are loaded one pair ahead: loaded at the top of the body, as
+                # v5 did, the pair's first wgmma waited for them (the largest stall in Nsight
+                # Compute's source view, benchmarks/NOTES.md). (Multiplying them only after that
+                # wgmma is issued changes nothing: ptxas hoists the multiply above it.)
                 arow_a = cutlass.min(row_a, m - 1)
                 arow_b = cutlass.min(row_b, m - 1)
                 wrow_0 = cutlass.min(2 * tn, ws_last)
                 wrow_1 = cutlass.min(2 * tn + 1, ws_last)
                 scales = (mAS, mWS, arow_a, arow_b, wrow_0, wrow_1)
+                raw0 = self._load_scales(scales, kb0)
+                raw1 = self._load_scales(scales, cutlass.min(kb0 + 1, kb1 - 1))
                 for kt in cutlass.range(kb0, kb1 - 1, 2, unroll=1):
-                    sc0 = self._tile_scales(scales, kt)
-                    sc1 = self._tile_scales(scales, kt + 1)
+                    sc0 = self._scale_products(raw0)
+                    sc1 = self._scale_products(raw1)
+                    raw0 = self._load_scales(scales, cutlass.min(kt + 2, kb1 - 1))
+                    raw1 = self._load_scales(scales, cutlass.min(kt + 3, kb1 - 1))
                     mainloop.consumer_wait(state)
                     self._issue(mma_q, tq[0], tCrA_q, tCrB_q[0], state.index, num_k_blocks)
                     self._quarters_1_to_3(quarters, state.index, acc, sc0)
@@ -427,8 +439,8 @@ class Gemm256Kernel:
                     release.advance()
                     state.advance()
                     self._promote_quarter(acc, tq[1], 3, sc1[2], sc1[3])
-                if (kb1 - kb0) % 2 == 1:  # the last k tile, alone
-                    sc0 = self._tile_scales(scales, kb1 - 1)
+                if (kb1 - kb0) % 2 == 1:  # the last k tile, alone (its scales are in raw0)
+                    sc0 = self._scale_products(raw0)
                     mainloop.consumer_wait(state)
                     self._issue(mma_q, tq[0], tCrA_q, tCrB_q[0], state.index, num_k_blocks)
                     self._quarters_1_to_3(quarters, state.index, acc, sc0)
@@ -530,13 +542,14 @@ class Gemm256Kernel:
         cute.nvgpu.warpgroup.commit_group()
         tiled_mma._trait.value = outer
 
-    def _tile_scales(self, scales, kt):
-        """(row a, row b) promotion scales of k block kt for weight half 0, then half 1."""
+    def _load_scales(self, scales, kt):
+        """Raw scales of k block kt: x scale of row a, of row b; weight scale of half 0, of half 1."""
         mAS, mWS, arow_a, arow_b, wrow_0, wrow_1 = scales
-        xa = mAS[arow_a, kt]
-        xb = mAS[arow_b, kt]
-        w0 = mWS[wrow_0, kt]
-        w1 = mWS[wrow_1, kt]
+        return mAS[arow_a, kt], mAS[arow_b, kt], mWS[wrow_0, kt], mWS[wrow_1, kt]
+
+    def _scale_products(self, raw):
+        """(row a, row b) promotion scales for weight half 0, then half 1, from _load_scales."""
+        xa, xb, w0, w1 = raw
         return (xa * w0, xb * w0, xa * w1, xb * w1)
 
     def _quarters_1_to_3(self, quarters, stage, acc, sc):
@@ -879,11 +892,13 @@ SK_MIN_ITERS = 4  # k tiles per CTA, at least
 # running CTAs share: beyond it, m-fastest order would re-read all of A from HBM for every N tile
 # (gate_up 8192×3584 at M = 16384: 134 MB of x, 28 times).
 BAND_A_BYTES = 32 << 20
-# One CTA's time per 32 KB weight k tile when few CTAs run (whole tiles, measured): decode tile,
-# and the 128-row tile (two consumer warpgroups, more MMA per byte)
-# and the 16/32/64-token swap-AB tiles (whole tiles on 28 CTAs, 64 k tiles: 28.3 / 34 / 71 µs, less
-# ~3 µs of launch and epilogue; only the 16-token one is shipped)
-ITER_US = {64: 0.59, 128: 0.84, "swap16": 0.40, "swap32": 0.48, "swap64": 1.07}
+# One CTA's time per 32 KB weight k tile when few CTAs run (whole tiles, measured): the 64-row tile
+# (0.59 µs until v7 loaded its scales a pair of k tiles ahead; now 0.52: gate_up 8192×3584 at
+# M = 128, 56 whole tiles, 33.4 µs, which is faster than stream-K over 112 CTAs, 35.5 µs), the
+# 128-row tile (two consumer warpgroups, more MMA per byte), and the 16/32/64-token swap-AB tiles
+# (whole tiles on 28 CTAs, 64 k tiles: 28.3 / 34 / 71 µs, less ~3 µs of launch and epilogue; only
+# the 16-token one is shipped)
+ITER_US = {64: 0.52, 128: 0.84, "swap16": 0.40, "swap32": 0.48, "swap64": 1.07}
 HBM_BYTES_PER_US = 2.6e6  # what many CTAs together reach (2.96e6 for a plain copy)
 FIXUP_US = (4.0, 2.5)  # fix-up cost: base + per CTA sharing a tile
 SK_MIN_GAIN = 1.15  # stream-K only when predicted this much faster

@@ -1,0 +1,95 @@
+"""Launches chosen kernels once each inside an NVTX range, for Nsight Compute to profile (GPU).
+
+Each case runs ours (the dispatched config, or a named variant) and cuBLAS's peer GEMM on the same
+operands. Warm-up (compilation, cuBLAS heuristics) happens outside the ranges, so
+
+    ncu --clock-control none --nvtx --nvtx-include "regex:^prof/" --section SpeedOfLight ... \\
+        python benchmarks/ncu_cases.py
+
+profiles exactly the launches listed on stdout, in that order (the stream-K counter memset is a
+separate launch and shows up too). Cases: --cases fp8_256,fp8_16,... (see CASES).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from unittest import mock
+
+import torch
+
+sys.path.insert(0, ".")
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import bench_gate_up as b  # noqa: E402
+from bench_swap_ab import forced  # noqa: E402
+from swiglu_fused.kernels.sm90 import gate_up as kg, gemm256  # noqa: E402
+
+# name: (mainloop, hidden, inter, M, [(label, config or None for the dispatched one[, forced split])]);
+# a forced split is bench_swap_ab.forced's argument (1: whole tiles), fixed at the first call
+CASES = {
+    "fp8_16": ("fp8_block128", 8192, 3584, 16, [("ours", None)]),
+    "fp8_256": ("fp8_block128", 8192, 3584, 256, [
+        ("ours tile64 v5", None), ("tile64 v1", kg.GateUpConfig(tile_m=64, stages=5, overlap=False))]),
+    "fp8_128": ("fp8_block128", 8192, 3584, 128, [
+        ("ours", None), ("tile64 whole tiles", kg.GateUpConfig(tile_m=64, stages=5), 1),
+        ("tile64 cl2", kg.GateUpConfig(tile_m=64, stages=5, cluster_m=2))]),
+    "fp8_4096": ("fp8_block128", 8192, 3584, 4096, [("ours", None)]),
+    "bf16_1024": ("bf16", 8192, 3584, 1024, [("ours", None)]),
+    "bf16_4096": ("bf16", 4096, 14336, 4096, [("ours", None)]),
+}
+
+
+def operands(mainloop, m, hidden, inter):
+    if mainloop == "bf16":
+        x = torch.randn(m, hidden, device="cuda").to(torch.bfloat16)
+        w = (torch.randn(2 * inter, hidden, device="cuda") * 0.05).to(torch.bfloat16)
+        return x, None, w, None
+    return b.operands(m, hidden, inter)
+
+
+def run_case(name):
+    mainloop, hidden, inter, m, variants = CASES[name]
+    x, xs, w, ws = operands(mainloop, m, hidden, inter)
+    calls = []
+    for label, cfg, *split in variants:
+        if cfg is None:
+            cfg = kg.select_config(x, w, ws, xs, act="silu", h_format="fp8_group128")
+        else:
+            cfg = kg.GateUpConfig(**{**cfg.__dict__, "mainloop": mainloop})
+        plan = forced(split[0]) if split else gemm256.plan
+
+        def call(c=cfg, plan=plan):
+            with mock.patch.object(gemm256, "plan", plan):
+                kg.gate_up(c, x, w, ws, xs)
+        calls.append((f"{label} {cfg}", call))
+    if mainloop == "bf16":
+        calls.append(("cuBLAS bf16 GEMM", lambda: x @ w.t()))
+    else:
+        gemm, _ = b.cublas_gemm(x, xs, w, ws)
+        peer = b.peer_sets([(x, xs, w, ws)])[0]
+        calls.append(("cuBLAS fp8 block GEMM", lambda: gemm(*peer)))
+    for _, fn in calls:  # compile, pick cuBLAS's kernel
+        fn(), fn()
+    torch.cuda.synchronize()
+    for label, fn in calls:
+        print(f"{name} {hidden}x{inter} M={m}: {label}", flush=True)
+        torch.cuda.nvtx.range_push("prof")
+        fn()
+        torch.cuda.nvtx.range_pop()
+        torch.cuda.synchronize()
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--cases", default=",".join(CASES), help=f"comma-separated, from {', '.join(CASES)}")
+    a = p.parse_args()
+    torch.manual_seed(0)
+    for name in a.cases.split(","):
+        if name not in CASES:
+            p.error(f"--cases: unknown case {name!r}; choose from {', '.join(CASES)}")
+        run_case(name)
+
+
+if __name__ == "__main__":
+    main()
