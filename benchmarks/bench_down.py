@@ -4,12 +4,18 @@ the residual (cuBLAS: GEMM then a separate add). Same process, same inputs; ever
 graph of REPS launches, median of --iters replays (bench_gate_up.graph_time_us).
 
     python benchmarks/bench_down.py [--shapes 4096x14336,8192x3584] [--m 16,1024,4096] [--json out.json]
+    python benchmarks/bench_down.py --rounds 5 [...]   # kernel vs cuBLAS (no residual) only, in turn
+
+--rounds N: the kernel and cuBLAS, each on operand sets rotated past L2 (as bench_gate_up), captured
+once and timed in turn N times (bench_gate_up.interleaved_us): medians and the per-round ratio,
+for the dispatch decisions (down.beats_cublas) whose margins are a few %.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import statistics
 import sys
 
 import torch
@@ -30,7 +36,10 @@ def main():
     p.add_argument("--json", default=None)
     p.add_argument("--mainloop", default="fp8_block128", choices=["fp8_block128", "bf16"],
                    help="bf16: bf16 h and weight; peer torch.mm (cuBLAS)")
+    p.add_argument("--rounds", type=int, default=0, help="only kernel vs cuBLAS, timed in turn this many times")
     a = p.parse_args()
+    if a.rounds:
+        return b.write_json(a.json, rows=interleaved(a))
     bf16 = a.mainloop == "bf16"
     rows = []
     print(f"{'M':>6} {'H':>6} {'I':>6} {'tile_m':>6} {'kernel us':>10} {'TF/s':>6} {'cuBLAS us':>10} {'TF/s':>6} "
@@ -44,6 +53,7 @@ def main():
         for m in map(int, a.m.split(",")):
             hb = torch.randn(m, inter, device="cuda", generator=g).to(torch.bfloat16)
             hq, hs = (hb, None) if bf16 else reference.quant_x(hb)
+            hs = hs if bf16 else b.colmajor(hs)  # M-major, as gate_up writes it (and both downs read)
             res = torch.randn(m, hidden, device="cuda", generator=g).to(torch.bfloat16)
             cfg = k.select_config(hq, wq, ws, hs, None, torch.bfloat16)
             cfg_r = k.select_config(hq, wq, ws, hs, res, torch.bfloat16)
@@ -68,6 +78,37 @@ def main():
         del wq, ws
         torch.cuda.empty_cache()
     b.write_json(a.json, rows=rows)
+
+
+def interleaved(a):
+    """Kernel (the config ops would pick, forced) against cuBLAS, fp8, no residual, in turn."""
+    rows = []
+    print(f"{'M':>6} {'H':>6} {'I':>6} {'config':>24} {'kernel us':>10} {'cuBLAS us':>10}  cuBLAS/kernel per round")
+    for shape in a.shapes.split(","):
+        hidden, inter = map(int, shape.split("x"))
+        for m in map(int, a.m.split(",")):
+            def make(seed):
+                g = torch.Generator(device="cuda").manual_seed(seed)
+                hq, hs = reference.quant_x(torch.randn(m, inter, device="cuda", generator=g).to(torch.bfloat16))
+                return (hq, b.colmajor(hs), *quant.quantize_fp8_block(
+                    torch.randn(hidden, inter, device="cuda", generator=g) * 0.05))
+            sets = b.rotation(make, hidden * inter)
+            hq0, hs0, wq0, ws0 = sets[0]
+            cfg = k.select_config(hq0, wq0, ws0, hs0, None, torch.bfloat16)
+            t = b.interleaved_us({
+                "kernel": b.cycling(lambda hq, hs, wq, ws: k.down(cfg, hq, wq, ws, hs), sets),
+                "cublas": b.cycling(lambda hq, hs, wq, ws: cublas.down(hq, wq, ws, hs, None, torch.bfloat16), sets),
+            }, a.iters, a.rounds, max(b.REPS, len(sets)))
+            ratios = [c / kk for c, kk in zip(t["cublas"], t["kernel"])]
+            tag = f"tile_m={cfg.tile_m}" + (",swap_ab" if cfg.swap_ab else "")
+            med = {name: statistics.median(v) for name, v in t.items()}
+            print(f"{m:>6} {hidden:>6} {inter:>6} {tag:>24} {med['kernel']:>10.1f} {med['cublas']:>10.1f}  "
+                  + " ".join(f"{r:.3f}" for r in ratios), flush=True)
+            rows.append(dict(m=m, hidden=hidden, inter=inter, config=str(cfg), kernel_us=med["kernel"],
+                             cublas_us=med["cublas"], kernel_us_per_round=t["kernel"], cublas_us_per_round=t["cublas"]))
+            del sets
+            torch.cuda.empty_cache()
+    return rows
 
 
 if __name__ == "__main__":

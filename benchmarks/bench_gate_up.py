@@ -46,9 +46,9 @@ def operands(m, hidden, inter, seed=0):
 
 def colmajor(s: torch.Tensor) -> torch.Tensor:
     """Scales [M, G] stored M-fastest (strides (1, M)): the 1×128 layout cuBLAS's block-scaled GEMM
-    reads. A quantization kernel writes it at no cost (vLLM's per-token-group quant has the option),
-    so the cuBLAS peers get their scales in it before timing: the transpose copy that our own
-    fallback (kernels/cublas.py) pays is not charged to them."""
+    reads. A quantization kernel writes it at no cost (vLLM's per-token-group quant has the option;
+    our gate_up writes h_scale so), so the cuBLAS peers get their scales in it before timing, and
+    no transpose copy is charged to them."""
     return s.t().contiguous().t()
 
 

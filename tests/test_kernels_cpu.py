@@ -34,6 +34,8 @@ def test_gate_up_cpu_is_reference(act, h_format):
     h_ref, hs_ref = reference.gate_up(**args, act=act, h_format=h_format)
     assert h.is_contiguous() and torch.equal(h.view(torch.uint8), h_ref.contiguous().view(torch.uint8))
     assert (hs is None) == (hs_ref is None) and (hs is None or torch.equal(hs, hs_ref))
+    # h_scale M-major on every backend (the layout both down GEMMs read)
+    assert hs is None or hs.stride() == (1, hs.shape[0])
 
 
 def test_gate_up_bf16_cpu_is_reference():
@@ -100,10 +102,10 @@ def test_down_configs():
     assert down.select_config(hq[:3], wq, ws, hs[:3], res, torch.bfloat16).residual
     assert down.select_config(hq, wq, ws, hs, None, torch.float16) is None  # y is bf16 only
     assert down.select_config(hq, wq[:570], ws, hs, None, torch.bfloat16) is None  # H % 8
-    # ops.down prefers cuBLAS (where it takes the shape) when the kernel's tiles cannot fill the SMs
-    prefill = down.DownConfig(tile_m=128, stages=4)
+    # bf16: ops.down prefers cuBLAS (where it takes the shape) when the kernel's tiles cannot fill the SMs
+    prefill = down.DownConfig(tile_m=128, stages=4, mainloop="bf16")
     assert down.fills_gpu(prefill, 1024, 4096, 132) and not down.fills_gpu(prefill, 256, 4096, 132)
-    assert not down.fills_gpu(down.DownConfig(tile_m=64, stages=5), 16, 8192, 132)
+    assert down.beats_cublas(prefill, 1024, 4096, 14336, 132) and not down.beats_cublas(prefill, 8192, 4096, 14336, 132)
     with pytest.raises(ValueError, match="DownConfig.stages"):
         down.DownConfig(stages=5)
 

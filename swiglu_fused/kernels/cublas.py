@@ -1,7 +1,7 @@
-"""down on CUDA through cuBLAS: the fallback of ops.down where the sm90 down kernel (sm90/down.py)
-does not run — small M (too few tiles to fill the SMs, where cuBLAS's split-K is as fast or
-faster than the kernel's stream-K; sm90/down.py fills_gpu), fp16/fp32 outputs, non-bf16 residuals,
-GPUs other than sm_90, SWIGLU_FUSED_DISABLE_KERNELS=1.
+"""down on CUDA through cuBLAS: ops.down's path wherever the sm90 down kernel (sm90/down.py) was
+not measured faster (all but small M with a long K, where the kernel shares K out by stream-K:
+sm90/down.py beats_cublas), and for fp16/fp32 outputs, non-bf16 residuals, GPUs other than sm_90,
+SWIGLU_FUSED_DISABLE_KERNELS=1.
 
 fp8_block128: ``torch._scaled_mm`` with 1×128 activation scales and 128×128 weight scales (cuBLAS
 block scaling, Hopper and later); bf16: a plain cuBLAS GEMM. Both give the reference's numbers up
@@ -22,11 +22,12 @@ ROWS = 16
 
 
 def _pad_rows(h: torch.Tensor, h_scale: torch.Tensor, pad: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """pad zero rows (scale 1); the scales come out M-major, as cuBLAS reads them."""
     if pad == 0:
         return h, h_scale
     zeros = torch.zeros(pad, h.shape[1], dtype=torch.uint8, device=h.device)
     h = torch.cat([h.view(torch.uint8), zeros]).view(FP8)
-    return h, torch.cat([h_scale, h_scale.new_ones(pad, h_scale.shape[1])])
+    return h, torch.cat([h_scale.t(), h_scale.new_ones(h_scale.shape[1], pad)], dim=1).t()
 
 
 def supports_down(h: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor | None,
@@ -48,7 +49,8 @@ def down(h, weight, weight_scale, h_scale, residual, out_dtype):
     else:
         m = h.shape[0]
         h, h_scale = _pad_rows(h, h_scale, -m % ROWS)
-        # cuBLAS wants the 1×128 scales M-major and the weight K-major (its transpose is a view).
+        # cuBLAS wants the 1×128 scales M-major (as gate_up returns them: then .t().contiguous() is
+        # a view, not a copy) and the weight K-major (its transpose is a view).
         y = torch._scaled_mm(h, weight.t(), scale_a=h_scale.t().contiguous().t(), scale_b=weight_scale.t(),
                              out_dtype=torch.bfloat16)[:m]
     if residual is not None:

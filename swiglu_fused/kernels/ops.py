@@ -8,17 +8,17 @@
 The Python wrappers below (``quant_x``, ``gate_up``, ``down``) take exactly the arguments of
 ``reference.py`` (STYLE §1) and validate them with errors that name the argument. Each op has a
 fake (meta) implementation, so torch.compile and CUDA graphs see shapes without running anything.
+gate_up returns h_scale M-major (strides (1, M), on every backend): the layout both down GEMMs
+read, the sm90 kernel and cuBLAS's block-scaled one, so no transpose copy runs between them;
+down takes h_scale in any layout.
 
 Dispatch: a CUDA tensor on an sm_90 device with a configuration the sm90 kernels implement runs
 the kernel; everything else (CPU, other GPUs, formats without a kernel yet) runs the reference.
-``down`` runs its sm90 kernel (fp8_block128 or bf16, bf16 output, H a multiple of 8) with the
-swap-AB decode tile (fp8, M ≤ 64: faster than cuBLAS at every measured shape), when its tiles fill
-the GPU (ceil(M/128)·ceil(H/256) ≥ 0.9 × SMs, e.g. M ≥ 1024 at H = 4096) up to M = 4096, with the 64-row tile at
-M ≤ 128 when stream-K shares a long K out, and elsewhere only where cuBLAS does not take the
-shape (cuBLAS's split-K is as fast or faster there; sm90/down.py beats_cublas);
-it falls back to cuBLAS on other CUDA devices or cases the kernel does not take (block-scaled
-``torch._scaled_mm`` for fp8, a bf16 GEMM for bf16; see cublas.py), and the reference elsewhere
-(CPU, nvfp4). Plain eager calls skip the torch.library dispatcher (``_direct``); the registered
+``down`` runs its sm90 kernel (fp8_block128 or bf16, bf16 output, H a multiple of 8) where its
+swap-AB or 64-row tile shares a long K out by stream-K (decode and M ≤ 128 at I = 14336: 1.04-1.27×
+cuBLAS), for bf16 also from a full wave of tiles up to M = 4096, and elsewhere only where cuBLAS
+does not take the shape (cuBLAS is as fast or faster there, sm90/down.py beats_cublas); cuBLAS (block-scaled ``torch._scaled_mm`` for fp8, a bf16 GEMM
+for bf16; see cublas.py) runs the rest on CUDA, and the reference elsewhere (CPU, nvfp4). Plain eager calls skip the torch.library dispatcher (``_direct``); the registered
 ops run under torch.compile, fake-tensor modes and for inputs that require grad.
 """
 
@@ -206,7 +206,13 @@ def _gate_up_impl(
         )
     if h_scale is None:
         h_scale = h.new_empty((h.shape[0], 0), dtype=torch.float32)
-    return h.contiguous(), h_scale
+    return h.contiguous(), _m_major(h_scale)
+
+
+def _m_major(scale: torch.Tensor) -> torch.Tensor:
+    """[M, G] scales stored M-fastest (strides (1, M)), the layout gate_up returns h_scale in: what
+    both down GEMMs read (the sm90 kernel and cuBLAS's block-scaled one) without a transpose copy."""
+    return scale.t().contiguous().t()
 
 
 _gate_up_op = torch.library.custom_op("swiglu_fused::gate_up", mutates_args=())(_gate_up_impl)
@@ -216,7 +222,7 @@ _gate_up_op = torch.library.custom_op("swiglu_fused::gate_up", mutates_args=())(
 def _(x, weight, weight_scale, x_scale, global_scale, interleave, act, h_format):
     m, i = x.shape[0], weight.shape[0] // 2
     if h_format == "fp8_group128":
-        return x.new_empty((m, i), dtype=FP8), x.new_empty((m, quant.cdiv(i, GROUP)), dtype=torch.float32)
+        return x.new_empty((m, i), dtype=FP8), x.new_empty((quant.cdiv(i, GROUP), m), dtype=torch.float32).t()
     return x.new_empty((m, i), dtype=torch.bfloat16), x.new_empty((m, 0), dtype=torch.float32)
 
 
@@ -257,7 +263,8 @@ def gate_up(
     act: str = "silu",
     h_format: str = "bf16",
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """h = act(x @ gate^T) · (x @ up^T) from the interleaved packed weight [2I, K] (see reference.gate_up)."""
+    """h = act(x @ gate^T) · (x @ up^T) from the interleaved packed weight [2I, K] (see reference.gate_up);
+    an fp8 h's scales come M-major (strides (1, M), module docstring)."""
     _validate_gate_up(x, weight, weight_scale, x_scale, global_scale, interleave, act, h_format)
     op = _gate_up_impl if _direct(x, weight, weight_scale, x_scale, global_scale) else _gate_up_op
     h, h_scale = op(x, weight, weight_scale, x_scale, global_scale, interleave, act, h_format)
@@ -276,9 +283,8 @@ def _down_kernel_config(h, weight, weight_scale, h_scale, global_scale, residual
     cfg = k.select_config(h, weight, weight_scale, h_scale, residual, out_dtype)
     if (cfg is not None and cublas.supports_down(h, weight, weight_scale, h_scale, None)
             and not k.beats_cublas(cfg, h.shape[0], weight.shape[0], h.shape[1], gemm256.sm_count(h.device))):
-        # cuBLAS was measured as fast or faster between decode and a full wave of tiles (its
-        # split-K; unless the kernel shares K out too) and above M = 4096 (sm90/down.py
-        # beats_cublas): cuBLAS keeps those shapes
+        # cuBLAS was measured as fast or faster wherever the kernel does not share K out
+        # (sm90/down.py beats_cublas): cuBLAS keeps those shapes
         return None
     return cfg
 
@@ -293,9 +299,8 @@ def _down_impl(
     out_dtype: torch.dtype,
 ) -> torch.Tensor:
     cfg = _down_kernel_config(h, weight, weight_scale, h_scale, global_scale, residual, out_dtype)
-    if cfg is not None:
-        _kernel_operands_ok(dict(h=h, weight=weight, residual=residual),
-                            dict(weight_scale=weight_scale, h_scale=h_scale))
+    if cfg is not None:  # (k.down takes h_scale in any layout; gate_up's, M-major, without a copy)
+        _kernel_operands_ok(dict(h=h, weight=weight, residual=residual), dict(weight_scale=weight_scale))
         from .sm90 import down as k
 
         with torch.cuda.device(h.device):

@@ -33,7 +33,7 @@ def make_operands(m, hidden, inter, mainloop, residual, seed):
         return dict(h=h.to(torch.bfloat16), weight=w.to(torch.bfloat16), residual=res)
     hq, hs = reference.quant_x(h.to(torch.bfloat16))
     wq, ws = quant.quantize_fp8_block(w)
-    return dict(h=hq, weight=wq, weight_scale=ws, h_scale=hs, residual=res)
+    return dict(h=hq, weight=wq, weight_scale=ws, h_scale=hs.t().contiguous().t(), residual=res)  # M-major
 
 
 def check(mainloop, m, hidden, inter, residual):
@@ -64,6 +64,19 @@ def test_down_bf16_mainloop(m, hidden, inter, residual):
     check("bf16", m, hidden, inter, residual)
 
 
+@pytest.mark.parametrize("m", [3, 100, 1024])
+def test_down_takes_row_major_h_scale(m):
+    """gate_up writes h_scale M-major, the layout the kernel reads; a row-major one (reference.quant_x's)
+    is copied to it first and gives the same y."""
+    from swiglu_fused.kernels.sm90 import down as k
+
+    args = make_operands(m, 4096, 14336, "fp8_block128", False, seed=m)
+    cfg = k.select_config(args["h"], args["weight"], args["weight_scale"], args["h_scale"], None, torch.bfloat16)
+    y_m = k.down(cfg, args["h"], args["weight"], args["weight_scale"], args["h_scale"])
+    y_r = k.down(cfg, args["h"], args["weight"], args["weight_scale"], args["h_scale"].contiguous())
+    assert args["h_scale"].stride() == (1, m) and torch.equal(y_m, y_r)
+
+
 def test_down_does_not_write_past_h():
     """H = 576 (a partial last N tile, half of it past H): nothing is written past the end of y."""
     from swiglu_fused.kernels.sm90 import down as k
@@ -81,19 +94,18 @@ def test_down_does_not_write_past_h():
 
 
 def test_ops_down_dispatch(monkeypatch):
-    """ops.down runs the kernel at M ≤ 64 (the swap-AB tile), when its tiles fill the SMs
-    (M = 1024, H = 4096), at M ≤ 128 when stream-K shares a long K out (H = 4096, I = 14336), and
-    otherwise only where cuBLAS does not take the shape (H = 576); cuBLAS keeps the other small-M
-    shapes it supports (faster there, benchmarks/NOTES.md)."""
+    """ops.down runs the fp8 kernel where its swap-AB or 64-row tile shares a long K out by stream-K
+    (H = 4096, I = 14336, M ≤ 128), the bf16 kernel also when its tiles fill the SMs (M = 1024,
+    H = 4096), and otherwise only where cuBLAS does not take the shape (H = 576); cuBLAS keeps the
+    other shapes it supports (as fast or faster there, sm90/down.py beats_cublas)."""
     def no_fallback(*a, **kw):
         raise AssertionError("ops.down did not run the sm90 kernel on an sm_90 GPU")
 
     cases = [
         make_operands(100, 576, 1536, "fp8_block128", True, seed=1),
         make_operands(3, 576, 1536, "fp8_block128", False, seed=4),
-        make_operands(1024, 4096, 1536, "fp8_block128", True, seed=6),
         make_operands(1024, 4096, 1536, "bf16", False, seed=2),
-        make_operands(16, 4096, 1536, "fp8_block128", True, seed=8),
+        make_operands(16, 4096, 14336, "fp8_block128", True, seed=8),  # swap-AB tile, stream-K
         make_operands(128, 4096, 14336, "fp8_block128", False, seed=9),  # 64-row tile, stream-K
     ]
     monkeypatch.setattr(ops.reference, "down", no_fallback)
@@ -106,13 +118,16 @@ def test_ops_down_dispatch(monkeypatch):
     calls = []
     real = ops.cublas.down
     monkeypatch.setattr(ops.cublas, "down", lambda *a: calls.append(1) or real(*a))
-    bf16 = cases[3]
+    bf16 = cases[2]
     y16 = ops.down(bf16["h"], bf16["weight"], out_dtype=torch.float16)
     dec = make_operands(256, 4096, 1536, "fp8_block128", False, seed=5)
     yd = ops.down(dec["h"], dec["weight"], dec["weight_scale"], dec["h_scale"])
-    assert len(calls) == 2 and y16.dtype == torch.float16
+    full = make_operands(1024, 4096, 1536, "fp8_block128", True, seed=6)  # a full wave: cuBLAS for fp8
+    yf = ops.down(full["h"], full["weight"], full["weight_scale"], full["h_scale"], residual=full["residual"])
+    assert len(calls) == 3 and y16.dtype == torch.float16
     assert_bf16_close(y16, reference.down(**bf16, out_dtype=torch.float16))
     assert_bf16_close(yd, reference.down(**dec))
+    assert_bf16_close(yf, reference.down(**full))
 
 
 @pytest.mark.parametrize("residual", [False, True])

@@ -41,7 +41,7 @@ def run_kernel(cfg, ops_args):
     m, i = ops_args["x"].shape[0], ops_args["weight"].shape[0] // 2
     if cfg.h_format == "fp8_group128":
         h = torch.full((m, i), 0x7F, dtype=torch.uint8, device="cuda").view(FP8)  # e4m3 NaN
-        hs = torch.full((m, i // 128), float("nan"), device="cuda")
+        hs = torch.full((i // 128, m), float("nan"), device="cuda").t()  # M-major, as gate_up allocates it
     else:
         h = torch.full((m, i), float("nan"), dtype=torch.bfloat16, device="cuda")
         hs = None
@@ -110,6 +110,7 @@ def test_ops_gate_up_dispatches_to_kernel(monkeypatch):
 
     monkeypatch.setattr(ops.reference, "gate_up", no_reference)
     h, hs = ops.gate_up(**args, act="silu", h_format="fp8_group128")
+    assert hs.stride() == (1, 100)  # M-major: what ops.down's kernel and cuBLAS read without a copy
     hb, _ = ops.gate_up(**args, act="gelu_tanh", h_format="bf16")
     monkeypatch.setattr(ops.reference, "gate_up", ref_gate_up)
     h_ref, hs_ref = reference.gate_up(**args, act="silu", h_format="fp8_group128")

@@ -2,7 +2,8 @@
 
 Operands (ground truth: reference.down):
 
-    mainloop fp8_block128   h e4m3 [M, I] + h_scale fp32 [M, I/128]   (what gate_up writes)
+    mainloop fp8_block128   h e4m3 [M, I] + h_scale fp32 [M, I/128]   (what gate_up writes: M-major,
+                                                                     strides (1, M); other layouts copied)
                             weight e4m3 [H, I] + weight_scale fp32 [ceil(H/128), I/128]
     mainloop bf16           h bf16 [M, I], weight bf16 [H, I]
     residual                bf16 [M, H] or none (compile-time: DownConfig.residual)
@@ -97,16 +98,19 @@ def select_config(h, weight, weight_scale, h_scale, residual, out_dtype) -> Down
     return DownConfig(tile_m=tile_m, stages=stages, mainloop=mainloop, residual=residual is not None, swap_ab=swap)
 
 
-# Below this fraction of one wave of CTAs (tiles / SMs), cuBLAS takes the shapes it supports
-# (except at M ≤ 64, where the swap-AB tile beats it: at M = 16 8192×3584 14.9 vs 17.1 µs,
-# 4096×14336 29.7 vs 34.5, 2048×8192 13.4 vs 17.0; benchmarks/NOTES.md): with
-# whole tiles the kernel measured 1.4–2.3× slower there; with stream-K (gemm256.plan) it is close
-# at H = 4096 (0.92–1.21× cuBLAS at M = 16–256) but still 1.3–1.5× slower at H = 8192, whose short
-# K (3584) does not pay for the fix-up. A full wave (M = 1024, H = 4096) is at parity
-# (benchmarks/NOTES.md).
+# Where cuBLAS's block-scaled GEMM takes a shape, it is measured against the kernel with both
+# reading h_scale M-major, as gate_up writes it (earlier measurements charged cuBLAS a transpose
+# copy of the scales and favoured the kernel). Medians of 5 interleaved rounds, operands rotated
+# past L2 (bench_down.py --rounds 5, benchmarks/NOTES.md), cuBLAS / kernel time:
+#   4096×14336  M = 16: 1.04, 64: 1.27, 128: 1.14 (the kernel's stream-K shares K = 14336 out);
+#               256: 0.85, 1024: 0.81-0.91, 4096: 0.89-0.94
+#   8192×3584   M = 16: 1.00, 64: 0.98, 128: 0.88 (whole tiles: K = 3584 is too short to share);
+#               256: 0.58, 1024: 0.92-0.96, 4096: 0.90-0.96
+# So fp8 runs the kernel where a tile of at most 64 rows shares K out by stream-K, cuBLAS elsewhere.
+# bf16 (whose peer, torch.mm, never paid a scale copy) keeps the rule of its 2026-11-22
+# measurements: the kernel from MIN_WAVE of a wave of tiles up to MAX_M (M = 1024: 1.04 / 1.26×
+# cuBLAS at 4096×14336 / 8192×3584), and the 64-row tile where stream-K shares K out.
 MIN_WAVE = 0.9
-# Above this M cuBLAS is faster again (M = 16384: 975 vs 884 µs at 8192×3584, 1814 vs 1749 at
-# 4096×14336; at M = 4096 they tie: 224 vs 224, 428 vs 430).
 MAX_M = 4096
 
 
@@ -117,17 +121,18 @@ def fills_gpu(config: DownConfig, m: int, n: int, sms: int) -> bool:
 
 
 def beats_cublas(config: DownConfig, m: int, n: int, k: int, sms: int) -> bool:
-    """Where the kernel was measured as fast as cuBLAS or faster (benchmarks/NOTES.md): the swap-AB
-    tile (M ≤ 64); a full wave of tiles up to MAX_M; and the 64-row tile (M ≤ 128) when plan()
-    shares the K iterations out (stream-K: long K, few tiles; at M = 128, 4096×14336 36.7 vs 43.9 µs,
-    2048×8192 23.9 vs 27.1), but not with whole tiles (8192×3584: 19.7 vs 17.8)."""
+    """Where the kernel was measured faster than cuBLAS (the table above)."""
     from .gemm256 import schedule
 
-    if config.swap_ab:
-        return True
-    if fills_gpu(config, m, n, sms):
-        return m <= MAX_M
-    return config.tile_m == 64 and schedule(config, m, n, k, sms)[1] > 0
+    shares_k = config.tile_m <= 64 and schedule(config, m, n, k, sms)[1] > 0
+    if config.fp8:
+        return shares_k
+    return (fills_gpu(config, m, n, sms) and m <= MAX_M) or shares_k
+
+
+def m_major(scale) -> bool:
+    """Whether [M, G] scales are stored M-fastest (strides (1, M)), as gate_up writes h_scale."""
+    return scale.t().is_contiguous()
 
 
 def down(config: DownConfig, h, weight, weight_scale=None, h_scale=None, residual=None, *, out=None):
@@ -145,6 +150,8 @@ def down(config: DownConfig, h, weight, weight_scale=None, h_scale=None, residua
     if m == 0:
         return y
     fn = compile_cache.get("down", config, lambda: compile_down(config))
+    if config.fp8 and not m_major(h_scale):
+        h_scale = h_scale.t().contiguous().t()
     scales = (h_scale, weight_scale) if config.fp8 else (None, None)
     launch(fn, config, h, weight, *scales, y, cutlass.BFloat16, residual if config.residual else None,
            cutlass.BFloat16, 16)

@@ -5,7 +5,9 @@ Operands (ground truth: reference.gate_up):
     mainloop fp8_block128   x e4m3 [M, K] + x_scale fp32 [M, ceil(K/128)]
                             weight e4m3 [2I, K] (interleave g = 128) + weight_scale fp32 [2I/128, ceil(K/128)]
     mainloop bf16           x bf16 [M, K], weight bf16 [2I, K]
-    h_format fp8_group128   h e4m3 [M, I] + h_scale fp32 [M, I/128]  (s = amax/448 per row per 128 cols)
+    h_format fp8_group128   h e4m3 [M, I] + h_scale fp32 [M, I/128]  (s = amax/448 per row per 128 cols),
+                            h_scale stored M-major (strides (1, M)): the layout both downs read,
+                            ours (down.py) and cuBLAS's block-scaled GEMM (no transpose copy)
     h_format bf16           h bf16 [M, I]
 
 The kernel is gemm256.Gemm256Kernel (mainloop, fragment layout and stores are drawn there) with
@@ -133,8 +135,8 @@ CLUSTER_PAIR = GateUpConfig(tile_m=128, stages=4, cluster_m=2)
 
 
 def gate_up(config: GateUpConfig, x, weight, weight_scale=None, x_scale=None, *, out=None):
-    """Run the kernel (operands validated by ops.py). Returns (h, h_scale or None);
-    ``out`` = (h, h_scale) writes into given tensors (the tests poison them first)."""
+    """Run the kernel (operands validated by ops.py). Returns (h, h_scale M-major or None);
+    ``out`` = (h, h_scale) writes into given tensors (the tests poison them first; h_scale M-major)."""
     import torch
 
     from . import compile_cache
@@ -145,7 +147,7 @@ def gate_up(config: GateUpConfig, x, weight, weight_scale=None, x_scale=None, *,
     fp8_out = config.h_format == "fp8_group128"
     if out is None:
         h = torch.empty((m, i_cols), dtype=torch.float8_e4m3fn if fp8_out else torch.bfloat16, device=x.device)
-        hs = torch.empty((m, i_cols // G), dtype=torch.float32, device=x.device) if fp8_out else None
+        hs = torch.empty((i_cols // G, m), dtype=torch.float32, device=x.device).t() if fp8_out else None
     else:
         h, hs = out
     if m == 0:

@@ -8,7 +8,8 @@ bf16) GEMM over tiles of 256 weight rows, with the epilogue chosen at compile ti
 Operands: A [M, K] (x, or h) and W [N, K] (the packed gate_up weight with N = 2I, or W_down with
 N = H, any N that is a multiple of 8):
 
-    mainloop fp8_block128   A e4m3 [M, K] + a_scale fp32 [M, ceil(K/128)]  (per row per 128 K)
+    mainloop fp8_block128   A e4m3 [M, K] + a_scale fp32 [M, ceil(K/128)]  (per row per 128 K;
+                                row-major x_scale for gate_up, M-major h_scale for down)
                             W e4m3 [N, K] + w_scale fp32 [ceil(N/128), ceil(K/128)] (128×128 blocks)
     mainloop bf16           A bf16 [M, K], W bf16 [N, K]
 
@@ -221,7 +222,10 @@ class Gemm256Kernel:
         kb = (k + G - 1) // G
         mA = cute.make_tensor(a_ptr, cute.make_layout((m, k), stride=(k, 1)))
         mB = cute.make_tensor(w_ptr, cute.make_layout((n, k), stride=(k, 1)))
-        mAS = cute.make_tensor(as_ptr, cute.make_layout((m, kb), stride=(kb, 1)))
+        # a_scale: gate_up's x_scale as quant_x writes it (row-major); down's h_scale as gate_up
+        # writes it, M-major (strides (1, M), the layout cuBLAS's block-scaled GEMM reads)
+        as_stride = (1, m) if cfg.epilogue == "linear" else (kb, 1)
+        mAS = cute.make_tensor(as_ptr, cute.make_layout((m, kb), stride=as_stride))
         mWS = cute.make_tensor(ws_ptr, cute.make_layout(((n + G - 1) // G, kb), stride=(kb, 1)))
         # outputs as 32-bit words (4 e4m3 or 2 bf16 each), written 16 bytes at a time
         if cutlass.const_expr(cfg.epilogue == "swiglu"):
@@ -232,7 +236,7 @@ class Gemm256Kernel:
             cute.recast_ptr(out_ptr, dtype=Int32), cute.make_layout((m, out_words), stride=(out_words, 1))
         )
         if cutlass.const_expr(cfg.epilogue == "swiglu"):
-            mAux = cute.make_tensor(aux_ptr, cute.make_layout((m, n_tiles), stride=(n_tiles, 1)))
+            mAux = cute.make_tensor(aux_ptr, cute.make_layout((m, n_tiles), stride=(1, m)))  # h_scale, M-major
         else:  # residual, bf16 pairs as words like y
             mAux = cute.make_tensor(
                 cute.recast_ptr(aux_ptr, dtype=Int32), cute.make_layout((m, out_words), stride=(out_words, 1))
