@@ -90,6 +90,9 @@ def variants(op, m, tiles, sms, mainloop):
         if m <= tm or (tm == 16 and m <= 64):  # the 16-token tile also as several M tiles
             cfg = make(tile_m=tm, stages=stages, swap_ab=True, mainloop=mainloop)
             out.append((f"swap{tm} plan", cfg, None))
+            if tm == 16 and 2 * -(-m // tm) * tiles <= sms:  # K halves over cluster pairs (DSMEM)
+                out.append(("swap16 ck2", make(tile_m=tm, stages=stages, swap_ab=True, cluster_k=2,
+                                               mainloop=mainloop), None))
             for split in (1, 2, 3, 4, 6, 8):
                 if tiles * split <= sms:
                     out.append((f"swap{tm} split{split}", cfg, split))

@@ -224,3 +224,27 @@ def test_band_rows_keep_a_within_the_l2_budget():
     assert g.band_rows(32, 128 * 8192, 2) == 32 and g.band_rows(32, 128 * 4096, 1) == 32
     # an A tile larger than the budget still makes bands of one cluster
     assert g.band_rows(64, 64 << 20, 2) == 2
+
+
+def test_cluster_k_where_few_swap_tiles_leave_hbm_idle():
+    """The fp8 swap-AB tile splits K over cluster pairs at ≤ 0.25 × SMs tiles (8192×3584 at M ≤ 16:
+    28 tiles), measured faster there and not at 56 or 64 tiles; the grid is then 2 CTAs a tile."""
+    from swiglu_fused.kernels.sm90 import gate_up
+
+    assert gate_up.cluster_k_applies(16, 7168, 132, "fp8_block128")
+    assert not gate_up.cluster_k_applies(32, 7168, 132, "fp8_block128")  # 56 tiles
+    assert not gate_up.cluster_k_applies(16, 16384, 132, "fp8_block128")  # 2048×8192: 64 tiles
+    assert not gate_up.cluster_k_applies(16, 7168, 132, "bf16")  # not measured
+    cfg = gate_up.GateUpConfig(tile_m=16, stages=6, swap_ab=True, cluster_k=2)
+    assert cfg in gate_up.shipped_configs()
+    assert g.schedule(cfg, 16, 7168, 8192, 132) == (56, 28)
+    import torch
+    from unittest import mock
+
+    with mock.patch.object(g, "sm_count", lambda device: 132):
+        ctas, sk_tiles, parts, ctr = g.launch_plan(cfg, 16, 7168, 8192, torch.device("cpu"))
+    assert (ctas, sk_tiles, parts, ctr) == (56, 28, None, None)  # the partials go through DSMEM
+    with pytest.raises(ValueError, match="cluster_k"):
+        g.schedule(cfg, 64, 16384, 2048, 132)  # 256 tiles: no cluster pair for each
+    with pytest.raises(ValueError, match="cluster_k"):
+        gate_up.GateUpConfig(tile_m=64, stages=5, cluster_k=2)  # swap-AB tiles only

@@ -147,3 +147,24 @@ def test_stream_k_is_repeatable(hidden, inter, m, residual):
         ys.append(k.down(cfg, args["h"], args["weight"], args["weight_scale"], args["h_scale"], args["residual"], out=y))
     assert all(torch.equal(y, ys[0]) for y in ys[1:])
     assert_bf16_close(ys[0], reference.down(**args))
+
+
+@pytest.mark.parametrize("residual", [False, True])
+@pytest.mark.parametrize("hidden,inter,m", [(8192, 3584, 16), (4096, 14336, 5), (576, 1536, 40)])
+def test_cluster_k_pairs_match_stream_k_split_2(hidden, inter, m, residual, monkeypatch):
+    """cluster_k = 2 (K halves over a cluster pair, the accumulator through DSMEM) gives stream-K
+    split 2's y bit for bit; the residual is added once, by the CTA that runs the epilogue."""
+    import dataclasses
+
+    from swiglu_fused.kernels.sm90 import down as k, gemm256
+
+    args = make_operands(m, hidden, inter, "fp8_block128", residual, seed=m + 3)
+    cfg = k.DownConfig(tile_m=16, stages=6, swap_ab=True, cluster_k=2, residual=residual)
+    ys = []
+    for c in (cfg, dataclasses.replace(cfg, cluster_k=1)):
+        if c.cluster_k == 1:
+            monkeypatch.setattr(gemm256, "plan", lambda tiles, *a, **kw: (2 * tiles, tiles))
+        y = torch.full((m, hidden), float("nan"), dtype=torch.bfloat16, device="cuda")
+        ys.append(k.down(c, args["h"], args["weight"], args["weight_scale"], args["h_scale"], args["residual"], out=y))
+    assert torch.equal(ys[0], ys[1])
+    assert_bf16_close(ys[0], reference.down(**args))

@@ -175,3 +175,22 @@ def test_cluster_pairs_with_a_padding_m_tile(hidden, inter, m, h_format):
         assert_fp8_group_close(h, hs, h_ref, hs_ref, **TOL["fp8_block128"])
     else:
         assert_bf16_close(h, h_ref)
+
+
+@pytest.mark.parametrize("mainloop", ["fp8_block128", "bf16"])
+@pytest.mark.parametrize("hidden,inter,m", [(8192, 3584, 16), (8192, 3584, 3), (2048, 8192, 16), (576, 1536, 1)])
+def test_cluster_k_pairs_match_stream_k_split_2(hidden, inter, m, mainloop, monkeypatch):
+    """cluster_k = 2: the two CTAs of a cluster run the two K halves of a swap-AB tile and the
+    second sends its accumulator through DSMEM; the sum (first half + second half) is the one
+    stream-K split 2 forms through global partials, bit for bit, and every h element is written."""
+    from swiglu_fused.kernels.sm90 import gate_up as k, gemm256
+
+    args = make_operands(m, hidden, inter, mainloop, seed=m + 5)
+    cfg = k.GateUpConfig(tile_m=16, stages=6, swap_ab=True, cluster_k=2, mainloop=mainloop)
+    h, hs = run_kernel(cfg, args)
+    monkeypatch.setattr(gemm256, "plan", lambda tiles, *a, **kw: (2 * tiles, tiles))
+    h2, hs2 = run_kernel(dataclasses.replace(cfg, cluster_k=1), args)
+    assert torch.equal(h.view(torch.uint8), h2.view(torch.uint8))
+    assert torch.equal(hs, hs2)
+    h_ref, hs_ref = reference.gate_up(**args, act="silu", h_format="fp8_group128")
+    assert_fp8_group_close(h, hs, h_ref, hs_ref, **TOL[mainloop])

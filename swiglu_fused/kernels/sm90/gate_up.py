@@ -74,6 +74,18 @@ SWAP_M_ONE_WAVE = 64  # M ≤ this: the swap-AB tile if its tiles fit one wave
 
 ONE_WAVE_64_M = 256  # M ≤ this: the 64-row tile if its tiles fit one wave (else the 128-row tile)
 
+# The fp8 swap-AB tile splits K over cluster pairs (TileConfig.cluster_k = 2, DSMEM) where its
+# tiles are at most this fraction of the SMs: 8192×3584 (28 tiles) at M = 1 / 16: 26.6 / 26.2 µs
+# against 28.2 / 27.8 with whole tiles and 29.0 / 28.5 with stream-K split 2; at M = 32 (56 tiles)
+# the same 26.9, at 2048×8192 (64 tiles) slower, 16.6 vs 15.8 (benchmarks/NOTES.md).
+CLUSTER_K_MAX_TILES = 0.25  # × SMs
+
+
+def cluster_k_applies(m: int, n: int, sms: int, mainloop: str) -> bool:
+    """Whether gate_up's swap-AB tile (M rows, N = 2I weight rows) runs as K halves over cluster pairs."""
+    tiles = -(-m // SWAP_TILES[0][0]) * -(-n // 256)
+    return mainloop == "fp8_block128" and tiles <= CLUSTER_K_MAX_TILES * sms
+
 
 def swap_ab_applies(m: int, n: int, sms: int) -> bool:
     """Whether gate_up with M rows and N = 2I weight rows runs the swap-AB tile."""
@@ -103,6 +115,9 @@ def shipped_configs() -> list[GateUpConfig]:
                 for tile_m, stages, swap in tiles:
                     out.append(GateUpConfig(tile_m=tile_m, stages=stages, act=act, h_format=h_format,
                                             mainloop=mainloop, swap_ab=swap))
+                if mainloop == "fp8_block128":  # cluster_k_applies
+                    out.append(GateUpConfig(tile_m=SWAP_TILES[0][0], stages=SWAP_TILES[0][1], act=act,
+                                            h_format=h_format, mainloop=mainloop, swap_ab=True, cluster_k=2))
     return out
 
 
@@ -124,8 +139,11 @@ def select_config(x, weight, weight_scale, x_scale, *, act: str, h_format: str) 
         return None
     from .gemm256 import sm_count
 
-    tile_m, stages, swap = tile_for(x.shape[0], weight.shape[0], sm_count(x.device))
-    return GateUpConfig(tile_m=tile_m, stages=stages, act=act, h_format=h_format, mainloop=mainloop, swap_ab=swap)
+    sms = sm_count(x.device)
+    tile_m, stages, swap = tile_for(x.shape[0], weight.shape[0], sms)
+    ck = 2 if swap and cluster_k_applies(x.shape[0], weight.shape[0], sms, mainloop) else 1
+    return GateUpConfig(tile_m=tile_m, stages=stages, act=act, h_format=h_format, mainloop=mainloop, swap_ab=swap,
+                        cluster_k=ck)
 
 
 # Runs, is tested (tests/gpu) and compile-checked, but is not dispatched: cluster pairs sharing

@@ -25,6 +25,10 @@ measured, gate_up.CLUSTER_PAIR): CTAs 2c and 2c + 1 form a cluster and
 take tiles of the same weight tile at adjacent M (grid_m padded to even, whole tiles only); each
 loads its x tile and one half of the weight k tile, TMA-multicast into both CTAs' smem, and a stage
 is free once the consumers of both CTAs have released it. Weight traffic from L2 halves.
+K pairs (TileConfig.cluster_k = 2, swap-AB decode tiles; dispatched by gate_up.cluster_k_applies):
+the stream-K schedule with every tile split in two halves, CTAs 2t and 2t + 1 a cluster, and the
+fix-up through DSMEM instead of global memory: the second CTA st.async's its fp32 accumulator into
+the first's smem (completing bytes on its mbarrier), the first adds it and runs the epilogue.
 A tile's 256 weight rows are two 128-row halves, each with its own 128×128 weight scale per k
 block:
 
@@ -81,7 +85,7 @@ from cutlass import Float32, Int32
 from cutlass.pipeline import pipeline_init_arrive, pipeline_init_wait
 
 from . import epilogue
-from .ptx import bf16_hi_to_f32, bf16_lo_to_f32, cvt_bf16x2, cvt_e4m3x2, div_rn
+from .ptx import bf16_hi_to_f32, bf16_lo_to_f32, cvt_bf16x2, cvt_e4m3x2, div_rn, f32_bits
 
 FP8_MAX = 448.0
 G = 128  # weight block = half tile = gate_up's interleave granularity and h scale group
@@ -108,6 +112,12 @@ class TileConfig:
     # tile, each loads half of its weight k tiles and TMA multicasts it to both (half the L2
     # traffic for weights). Whole tiles only (no stream-K); the M tiles are padded to a multiple.
     cluster_m: int = 1
+    # CTAs per cluster along K (1 or 2; swap-AB tiles only): every tile is split in two K halves
+    # run by the two CTAs of a cluster, and the second sends its fp32 accumulator into the first's
+    # shared memory (st.async, DSMEM), which adds it and runs the epilogue. Twice the CTAs
+    # streaming weights at decode, without stream-K's global partials, counters and their memset.
+    # One tile per cluster: the grid is exactly 2 · tiles (≤ the SM count; schedule()).
+    cluster_k: int = 1
 
     # the epilogue and the bytes per element of the staged output (set by subclasses)
     epilogue = "swiglu"
@@ -121,6 +131,8 @@ class TileConfig:
 
         if self.cluster_m not in (1, 2) or (self.swap_ab and self.cluster_m != 1):
             raise ValueError(f"{name}.cluster_m: expected 1 or 2 (1 with swap_ab), got {self.cluster_m}")
+        if self.cluster_k not in (1, 2) or (self.cluster_k == 2 and not self.swap_ab):
+            raise ValueError(f"{name}.cluster_k: expected 1 or 2 (2 only with swap_ab), got {self.cluster_k}")
         if self.tile_n != 2 * G:
             raise ValueError(f"{name}.tile_n: expected {2 * G} (two 128-row weight blocks), got {self.tile_n}")
         if self.mainloop not in MAINLOOPS:
@@ -130,8 +142,9 @@ class TileConfig:
         if self.epilogue not in epilogue.EPILOGUES:
             raise ValueError(f"{name}.epilogue: expected one of {epilogue.EPILOGUES}, got {self.epilogue!r}")
         stage_bytes = (self.tile_m + self.tile_n) * self.tile_k * self.elem_bytes
-        # output staging + the swap-AB amax exchange + mbarriers (16 B a stage; 64 reserved)
-        fixed = self.out_stage_bytes + 4 * self.red_words + 64 * self.stages
+        # output staging + the swap-AB amax exchange + the cluster_k accumulator + mbarriers (16 B a
+        # stage; 64 reserved)
+        fixed = self.out_stage_bytes + 4 * self.red_words + 4 * self.xacc_words + 64 * self.stages
         if self.stages < 2 or self.stages * stage_bytes + fixed > SMEM_BYTES:
             raise ValueError(
                 f"{name}.stages: {self.stages} stages of {stage_bytes} B plus {self.out_stage_bytes} B of "
@@ -160,6 +173,15 @@ class TileConfig:
     def red_words(self) -> int:
         """fp32 words of smem for the swap-AB epilogue's cross-warp amax (consumer warps × tokens)."""
         return self.consumer_threads // 32 * self.tile_m if self.swap_ab else 4
+
+    @property
+    def xacc_words(self) -> int:
+        """fp32 words of smem that receive the peer CTA's accumulator (cluster_k = 2: the whole tile)."""
+        return self.tile_n * self.tile_m if self.cluster_k > 1 else 4
+
+    @property
+    def cluster_size(self) -> int:
+        return self.cluster_m * self.cluster_k
 
     @property
     def fp8(self) -> bool:
@@ -263,6 +285,8 @@ class Gemm256Kernel:
             mbar: cute.struct.MemRange[cutlass.Int64, cfg.stages * 2]
             flag: cute.struct.MemRange[Int32, 4]  # stream-K: the arrival count seen by this CTA
             red: cute.struct.MemRange[Float32, cfg.red_words]  # swap-AB: cross-warp amax
+            xacc: cute.struct.Align[cute.struct.MemRange[Float32, cfg.xacc_words], 16]  # cluster_k: peer's acc
+            xbar: cute.struct.MemRange[cutlass.Int64, 1]  # cluster_k: its arrival (st.async bytes)
 
         self.shared_storage = SharedStorage
 
@@ -271,7 +295,7 @@ class Gemm256Kernel:
             part_ptr, cute.make_layout((ctas * 2, G, consumers), stride=(G * consumers, consumers, 1))
         )
         mCtr = cute.make_tensor(ctr_ptr, cute.make_layout(sk_tiles + 1))
-        cluster = {"cluster": [cfg.cluster_m, 1, 1]} if cfg.cluster_m > 1 else {}
+        cluster = {"cluster": [cfg.cluster_size, 1, 1]} if cfg.cluster_size > 1 else {}
         self.kernel(
             tma_a, tma_tA, tma_b, tma_tB, mAS, mWS, mOut, mAux, mPart, mCtr, tiled_mma, a_layout, b_layout,
             m, n, n_tiles, sk_tiles,
@@ -341,6 +365,10 @@ class Gemm256Kernel:
             cute.arch.setmaxregister_increase(self.consumer_regs)
             self._consume(tiled_mma, mainloop, sA, sB, storage, mAS, mWS, mOut, mAux, mPart, mCtr, m, n, tidx, wg_idx,
                           bidx, k_tiles, nctas, tiling, dp_tiles, sk_iters, it_begin, it_end, dp_iters, cursor_end)
+        if cutlass.const_expr(self.cfg.cluster_k > 1):
+            # no CTA leaves while its peer may still be sending to it (or its st.async are in flight)
+            cute.arch.cluster_arrive()
+            cute.arch.cluster_wait()
 
     @cute.jit
     def _consume(self, tiled_mma, mainloop, sA, sB, storage, mAS, mWS, mOut, mAux, mPart, mCtr, m, n, tidx, wg_idx,
@@ -377,7 +405,6 @@ class Gemm256Kernel:
         # output staging slab in smem: (tile_m rows, out_row_words) 32-bit words; each warpgroup owns its 64 rows
         sO = storage.sO.get_tensor(cute.make_layout((cfg.tile_m, cfg.out_row_words), stride=(cfg.out_row_words, 1)))
 
-        sFlag = storage.flag.get_tensor(cute.make_layout(4))
         if cutlass.const_expr(self.overlap):
             # wgmma chains over 64-row quarters of B (quarter c: B rows [64c, 64c + 64), half c // 2)
             # into two 32-register temps, so that one is promoted while the other is computed
@@ -524,7 +551,7 @@ class Gemm256Kernel:
                 mainloop.consumer_release(release)
                 release.advance()
             epi = self._finish_tile(acc, n_vals, tm * cfg.tile_m + r0, m, tile, dp_tiles, k_tiles, bidx, nctas,
-                                    sk_iters, mPart, mCtr, sFlag, tidx - 128)
+                                    sk_iters, mPart, mCtr, storage, tidx - 128)
             if epi != 0:
                 if cutlass.const_expr(cfg.epilogue == "swiglu"):
                     self._epilogue_swiglu(acc, n_vals, r0, col0, tm, tn, m, sO, mOut, mAux, wg_idx - 1, tidx % 128)
@@ -597,7 +624,11 @@ class Gemm256Kernel:
             cta_layout_vmnk=cute.make_layout((1, cl, 1, 1)),
             defer_sync=True,
         )
-        pipeline_init_arrive(cluster_shape_mn=(cl, 1), is_relaxed=True)
+        if cfg.cluster_k > 1:
+            self._init_xbar(storage)
+        # (a cluster-wide sync when the launch has clusters: the peer's barriers are initialized
+        # before anyone signals them)
+        pipeline_init_arrive(cluster_shape_mn=(cfg.cluster_size, 1), is_relaxed=True)
 
         sA = storage.sA.get_tensor(a_layout.outer, swizzle=a_layout.inner)
         sB = storage.sB.get_tensor(b_layout.outer, swizzle=b_layout.inner)
@@ -618,7 +649,7 @@ class Gemm256Kernel:
             tma_b, rank, cute.make_layout(cl), cute.group_modes(sB, 0, 2), cute.group_modes(gB, 0, 2)
         )
 
-        pipeline_init_wait(cluster_shape_mn=(cl, 1))
+        pipeline_init_wait(cluster_shape_mn=(cfg.cluster_size, 1))
 
         # persistent schedule (see plan()): CTA b first takes whole tiles b, b + grid, ... < dp_tiles
         # (m varies fastest within bands of M tiles, _tile_mn: the CTAs running together share a
@@ -638,6 +669,13 @@ class Gemm256Kernel:
         cursor_end = dp_iters + it_end - it_begin
         sched = (k_tiles, nctas, tiling, dp_tiles, sk_iters, it_begin, it_end, dp_iters, cursor_end)
         return storage, mainloop, sA, sB, (tAsA, tAgA, tBsB, tBgB, b_mask), sched
+
+    @cute.jit
+    def _init_xbar(self, storage):
+        """cluster_k: the barrier the peer's st.async bytes complete on (one arrival: expect_tx)."""
+        if cute.arch.thread_idx()[0] == 0:
+            cute.arch.mbarrier_init(storage.xbar.data_ptr(), 1)
+        cute.arch.mbarrier_init_fence()
 
     @cute.jit
     def _produce(self, mainloop, tma_a, tAgA, tAsA, tma_b, tBgB, tBsB, b_mask, cursor_end, bidx, nctas, dp_iters,
@@ -689,7 +727,7 @@ class Gemm256Kernel:
 
     @cute.jit
     def _finish_tile(self, acc, n_vals: cutlass.Constexpr, row_a, m, tile, dp_tiles, k_tiles, bidx, nctas, sk_iters,
-                     mPart, mCtr, sFlag, t):
+                     mPart, mCtr, storage, t):
         """1 if this CTA runs the tile's epilogue: a whole tile, or a stream-K tile shared with
         other CTAs that this one is the last to finish (_fixup has then summed the partials)."""
         epi = Int32(1)
@@ -699,16 +737,19 @@ class Gemm256Kernel:
             c_last = sk_cta_of(s * k_tiles + k_tiles - 1, nctas, sk_iters)
             if c_first != c_last:
                 epi = self._fixup(acc, n_vals, row_a, m, s, c_first, c_last, bidx, nctas, sk_iters, k_tiles,
-                                  mPart, mCtr, sFlag, t)
+                                  mPart, mCtr, storage, t)
         return epi
 
     @cute.jit
     def _fixup(self, acc, n_vals: cutlass.Constexpr, row_a, m, s, c_first, c_last, bidx, nctas, sk_iters,
-               k_tiles, mPart, mCtr, sFlag, t):
+               k_tiles, mPart, mCtr, storage, t):
         """Stream-K tile s is shared by CTAs c_first..c_last. Store this CTA's fp32 partial (rows
         < M only), count arrivals on mCtr[s]; the last to arrive sums every partial in CTA order
         (deterministic whatever the arrival order) into acc, re-zeroes the counter for the next
         launch and returns 1 (run the epilogue); the others return 0."""
+        if cutlass.const_expr(self.cfg.cluster_k > 1):
+            return self._cluster_fixup(acc, bidx, storage, t)
+        sFlag = storage.flag.get_tensor(cute.make_layout(4))
         bar = pipeline.NamedBarrier(barrier_id=3, num_threads=128 * self.num_mma_wg)
         row_b = row_a + 8
         slot = self._sk_slot(bidx, s, nctas, sk_iters, k_tiles)
@@ -730,6 +771,29 @@ class Gemm256Kernel:
                 self._partial(acc, n_vals, row_a < m, row_b < m, mPart, c * 2 + slot_c, t, True)
             if t == 0:
                 mCtr[s] = Int32(0)
+        return last
+
+    @cute.jit
+    def _cluster_fixup(self, acc, bidx, storage, t):
+        """cluster_k = 2: CTA 2c + 1 (the tile's second K half) sends its accumulator into CTA 2c's
+        smem with st.async, which completes bytes on CTA 2c's xbar; CTA 2c waits for all of them, adds
+        them (first half + second half: the same sum, bit for bit, as stream-K split 2) and returns 1
+        (run the epilogue). Value i of consumer thread t goes to word i · threads + t."""
+        threads = 128 * self.num_mma_wg
+        n = cute.size(acc)
+        sX = storage.xacc.get_tensor(cute.make_layout((n, threads), stride=(threads, 1)))
+        bar = storage.xbar.data_ptr()
+        last = Int32(1)
+        if bidx % 2 == 1:
+            last = Int32(0)
+            for i in cutlass.range_constexpr(n):
+                cute.arch.store_async_dsmem(sX.iterator + (i * threads + t), f32_bits(acc[i]), bar, 0)
+        else:
+            if t == 0:
+                cute.arch.mbarrier_arrive_and_expect_tx(bar, n * threads * 4)
+            cute.arch.mbarrier_wait(bar, 0)
+            for i in cutlass.range_constexpr(n):
+                acc[i] = acc[i] + sX[i, t]
         return last
 
     @cute.jit
@@ -954,6 +1018,10 @@ def schedule(config: TileConfig, m: int, n: int, k: int, sms: int) -> tuple[int,
     tiles = grid_m * -(-n // config.tile_n)
     if cl > 1:
         return max(cl, min(tiles, sms) // cl * cl), 0
+    if config.cluster_k > 1:  # every tile split over a cluster pair; one tile per cluster
+        if 2 * tiles > sms:
+            raise ValueError(f"{config}: cluster_k = 2 needs 2 · tiles ≤ {sms} SMs, got {tiles} tiles (M = {m})")
+        return 2 * tiles, tiles
     iter_bytes = config.tile_n * config.tile_k * config.elem_bytes
     iter_us = ITER_US[f"swap{config.tile_m}" if config.swap_ab else config.tile_m] * iter_bytes / 32768
     return plan(tiles, -(-k // config.tile_k), sms, grid_m, iter_bytes, iter_us,
@@ -969,8 +1037,8 @@ def launch_plan(config: TileConfig, m: int, n: int, k: int, device):
     import torch
 
     ctas, sk_tiles = schedule(config, m, n, k, sm_count(device))
-    if sk_tiles == 0:
-        return ctas, 0, None, None
+    if sk_tiles == 0 or config.cluster_k > 1:  # (cluster_k: the partials go through DSMEM)
+        return ctas, sk_tiles, None, None
     # per CTA two slots (its first and last tile) of 128 fp32 per consumer thread
     parts = torch.empty(ctas * 2 * G * config.consumer_threads, dtype=torch.float32, device=device)
     ctr = torch.zeros(sk_tiles + 1, dtype=torch.int32, device=device)

@@ -76,6 +76,12 @@ def cvt_e4m3x2(a: Float32, b: Float32, *, loc=None, ip=None) -> cutlass.Int16:
 
 
 @dsl_user_op
+def f32_bits(x: Float32, *, loc=None, ip=None) -> Int32:
+    """The 32 bits of an fp32, as an integer (for stores that take b32 values)."""
+    return Int32(_asm(T.i32(), [Float32(x).ir_value(loc=loc, ip=ip)], "mov.b32 $0, $1;", "=r,f"))
+
+
+@dsl_user_op
 def bf16_lo_to_f32(w: Int32, *, loc=None, ip=None) -> Float32:
     """The bf16 in the low half of a 32-bit word, as fp32 (exact)."""
     return Float32(

@@ -88,7 +88,6 @@ class SwapABKernel(Gemm256Kernel):
         sc = cute.make_rmem_tensor(cute.make_layout(n_tok), Float32)
         sO = storage.sO.get_tensor(cute.make_layout((cfg.tile_m, cfg.out_row_words), stride=(cfg.out_row_words, 1)))
         sRed = storage.red.get_tensor(cute.make_layout((4 * self.num_mma_wg, cfg.tile_m), stride=(cfg.tile_m, 1)))
-        sFlag = storage.flag.get_tensor(cute.make_layout(4))
 
         state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, cfg.stages)
         release = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, cfg.stages)
@@ -159,7 +158,7 @@ class SwapABKernel(Gemm256Kernel):
                 mainloop.consumer_release(release)
                 release.advance()
             epi = self._finish_tile(acc, n_vals, Int32(0), m, tile, dp_tiles, k_tiles, bidx, nctas, sk_iters,
-                                    mPart, mCtr, sFlag, t)
+                                    mPart, mCtr, storage, t)
             if epi != 0:
                 if cutlass.const_expr(cfg.epilogue == "swiglu"):
                     self._epilogue_swap(acc, tCcC, n_vals, n_tok, tok0, tm, tn, m, sO, sRed, mOut, mAux, t)
