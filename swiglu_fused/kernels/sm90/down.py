@@ -18,6 +18,7 @@ rounding to bf16 (as reference.down does).
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import cutlass
@@ -56,6 +57,21 @@ def swap_ab_applies(m: int, n: int = 0, sms: int = 0) -> bool:
 ROWS_64 = 128  # M ≤ this (above the swap-AB range): the 64-row tile
 
 
+def cluster_k_applies(config: DownConfig, m: int, n: int, k: int, sms: int) -> bool:
+    """Whether the fp8 swap-AB tile runs its K halves over cluster pairs (TileConfig.cluster_k = 2,
+    DSMEM) instead of the stream-K split 2 that plan() picks, with few tiles (≤ 0.25 × SMs, as
+    gate_up.cluster_k_applies): 4096×14336 at M = 1 / 16 (16 tiles), 26.4 / 27.6 µs against 28.6 /
+    30.1 (the same split, without global partials and their memset); at M = 64 (64 tiles) slower,
+    38.5 vs 32.3. Other splits (and whole tiles, 8192×3584: 15.0 vs 14.9) keep plan()'s schedule
+    (benchmarks/NOTES.md)."""
+    from .gemm256 import schedule
+
+    if not (config.swap_ab and config.fp8):
+        return False
+    ctas, sk_tiles = schedule(config, m, n, k, sms)
+    return 0 < sk_tiles <= 0.25 * sms and ctas == 2 * sk_tiles
+
+
 def tile_for(m: int, mainloop: str) -> tuple[int, int, bool]:
     """(tile_m, stages, swap_ab) for M rows."""
     if mainloop == "fp8_block128" and swap_ab_applies(m):
@@ -70,7 +86,8 @@ def shipped_configs() -> list[DownConfig]:
         for residual in (False, True)
         for tile_m, stages, swap in [(128, 4, False), (64, 5, False)]
         + ([(t, s, True) for t, s in SWAP_TILES] if mainloop == "fp8_block128" else [])
-    ]
+    ] + [DownConfig(tile_m=SWAP_TILES[0][0], stages=SWAP_TILES[0][1], residual=residual, swap_ab=True, cluster_k=2)
+         for residual in (False, True)]  # cluster_k_applies
 
 
 def select_config(h, weight, weight_scale, h_scale, residual, out_dtype) -> DownConfig | None:
@@ -95,7 +112,13 @@ def select_config(h, weight, weight_scale, h_scale, residual, out_dtype) -> Down
     if weight.shape[0] % N_ALIGN or weight.shape[1] % k_align:
         return None
     tile_m, stages, swap = tile_for(h.shape[0], mainloop)
-    return DownConfig(tile_m=tile_m, stages=stages, mainloop=mainloop, residual=residual is not None, swap_ab=swap)
+    cfg = DownConfig(tile_m=tile_m, stages=stages, mainloop=mainloop, residual=residual is not None, swap_ab=swap)
+    if h.is_cuda:
+        from .gemm256 import sm_count
+
+        if cluster_k_applies(cfg, h.shape[0], weight.shape[0], h.shape[1], sm_count(h.device)):
+            return dataclasses.replace(cfg, cluster_k=2)
+    return cfg
 
 
 # Where cuBLAS's block-scaled GEMM takes a shape, it is measured against the kernel with both
@@ -104,9 +127,11 @@ def select_config(h, weight, weight_scale, h_scale, residual, out_dtype) -> Down
 # past L2 (bench_down.py --rounds 5, benchmarks/NOTES.md), cuBLAS / kernel time:
 #   4096×14336  M = 16: 1.04, 64: 1.27, 128: 1.14 (the kernel's stream-K shares K = 14336 out);
 #               256: 0.85, 1024: 0.81-0.91, 4096: 0.89-0.94
-#   8192×3584   M = 16: 1.00, 64: 0.98, 128: 0.88 (whole tiles: K = 3584 is too short to share);
-#               256: 0.58, 1024: 0.92-0.96, 4096: 0.90-0.96
-# So fp8 runs the kernel where a tile of at most 64 rows shares K out by stream-K, cuBLAS elsewhere.
+#   8192×3584   M = 1: 1.50 (cuBLAS takes no M = 1: cublas.py pads h to 16 rows), 16: 1.00, 64: 0.97,
+#               128: 0.88 (whole tiles: K = 3584 is too short to share); 256: 0.58,
+#               1024: 0.92-0.96, 4096: 0.90-0.96
+# So fp8 runs the kernel with the swap-AB tile (M ≤ 64: at most 3 % slower, and much faster where
+# cuBLAS would pad M), with the 64-row tile where stream-K shares K out, and cuBLAS elsewhere.
 # bf16 (whose peer, torch.mm, never paid a scale copy) keeps the rule of its 2026-11-22
 # measurements: the kernel from MIN_WAVE of a wave of tiles up to MAX_M (M = 1024: 1.04 / 1.26×
 # cuBLAS at 4096×14336 / 8192×3584), and the 64-row tile where stream-K shares K out.
@@ -124,9 +149,9 @@ def beats_cublas(config: DownConfig, m: int, n: int, k: int, sms: int) -> bool:
     """Where the kernel was measured faster than cuBLAS (the table above)."""
     from .gemm256 import schedule
 
-    shares_k = config.tile_m <= 64 and schedule(config, m, n, k, sms)[1] > 0
+    shares_k = config.tile_m == 64 and schedule(config, m, n, k, sms)[1] > 0
     if config.fp8:
-        return shares_k
+        return config.swap_ab or shares_k
     return (fills_gpu(config, m, n, sms) and m <= MAX_M) or shares_k
 
 
