@@ -2,7 +2,8 @@
 
 Understands bench_gate_up.py output (fused vs separate, per shape), bench_down.py output (kernel vs
 cuBLAS, with and without residual), bench_quack.py output (ours vs QuACK vs cuBLAS) and
-bench_mlp.py output (every peer, per shape); x = tokens M (log), y = µs (log).
+bench_mlp.py output (every peer, per shape; --interleave: the medians over rounds); x = tokens M
+(log), y = µs (log).
 """
 
 import json
@@ -21,9 +22,9 @@ def _shapes(rows):
 
 def plot(path: Path) -> Path:
     data = json.loads(path.read_text())
-    if "rows" not in data:
+    rows = data.get("rows") or data.get("interleaved")  # bench_mlp --interleave: medians over rounds
+    if not rows:
         raise SystemExit(f"{path}: no 'rows' (quant_x results are a table only)")
-    rows = data["rows"]
     if "fused_us" in rows[0]:
         series = {"ours (fused)": "fused_us", "cuBLAS GEMM + separate act·quant": "separate_us",
                   "weight-bandwidth floor": "floor_us"}
