@@ -14,6 +14,7 @@ Peers, in one process on the same inputs, each timed as a CUDA graph (median of 
     python benchmarks/bench_mlp.py --generate      # also tokens/s of generate(), patched vs unpatched
     python benchmarks/bench_mlp.py --generate-only # only that
     python benchmarks/bench_mlp.py --interleave 8  # ours vs unfused vs hf in alternation, per-round ratios
+    python benchmarks/bench_mlp.py --interleave 8 --pdl-ab  # and ours with PDL on (TileConfig.pdl)
 
 Writes JSON; benchmarks/plot.py turns it into a PNG.
 """
@@ -74,7 +75,30 @@ def unfused_fp8(fused: FusedSwiGLUMLP):
     return run
 
 
-def bench_interleaved(shapes, ms, iters, rounds):
+def with_pdl(mlp: FusedSwiGLUMLP):
+    """mlp's forward with every sm90 kernel configured pdl=True (programmatic dependent launch:
+    TileConfig.pdl, QuantXConfig.pdl), for --pdl-ab. Use a module of its own: its eager CUDA graphs
+    are captured with these kernels."""
+    import dataclasses
+    from unittest import mock
+
+    from swiglu_fused.kernels.sm90 import down as kd, gate_up as kg, quant_x as kq
+
+    sel_g, sel_d, quant = kg.select_config, kd.select_config, kq.quant_x
+
+    def pdl(select):
+        return lambda *a, **kw: (lambda c: c and dataclasses.replace(c, pdl=True))(select(*a, **kw))
+
+    def run(x):
+        with mock.patch.object(kg, "select_config", pdl(sel_g)), \
+                mock.patch.object(kd, "select_config", pdl(sel_d)), \
+                mock.patch.object(kq, "quant_x", lambda x, config=kq.QuantXConfig(), **kw: quant(
+                    x, dataclasses.replace(config, pdl=True), **kw)):
+            return mlp(x)
+    return run
+
+
+def bench_interleaved(shapes, ms, iters, rounds, pdl_ab=False):
     """ours_fp8 against fp8_unfused (and hf_bf16), timed in alternation ``rounds`` times
     (bench_gate_up.interleaved_us): per-round ratios, to tell margins of a few % from drift."""
     rows = []
@@ -83,9 +107,14 @@ def bench_interleaved(shapes, ms, iters, rounds):
         mlp = hf_mlp(hidden, inter)
         ours = FusedSwiGLUMLP.from_linear(mlp.gate_proj, mlp.up_proj, mlp.down_proj, weight_format="fp8_block128")
         unfused = unfused_fp8(ours)
+        if pdl_ab:
+            ours_pdl = with_pdl(FusedSwiGLUMLP.from_linear(mlp.gate_proj, mlp.up_proj, mlp.down_proj,
+                                                           weight_format="fp8_block128"))
         for m in ms:
             x = torch.randn(m, hidden, device="cuda").to(torch.bfloat16)
             fns = {"fp8_unfused": lambda: unfused(x), "ours_fp8": lambda: ours(x), "hf_bf16": lambda: mlp(x)}
+            if pdl_ab:
+                fns["ours_fp8_pdl"] = lambda: ours_pdl(x)
             try:
                 unfused(x)
             except RuntimeError as e:  # cuBLAS's block-scaled GEMM takes no M = 1: reported, not hidden
@@ -98,7 +127,8 @@ def bench_interleaved(shapes, ms, iters, rounds):
             rows.append(dict(hidden=hidden, inter=inter, m=m, rounds=rounds, **{f"{k}_us": v for k, v in med.items()},
                              **{f"{k}_us_per_round": v for k, v in t.items()}, unfused_over_ours_per_round=ratios))
             print(f"{hidden:>5} {inter:>6} {m:>6} {med['fp8_unfused']:>12.1f} {med['ours_fp8']:>12.1f} "
-                  f"{med['hf_bf16']:>12.1f}  " + " ".join(f"{r:.3f}" for r in ratios), flush=True)
+                  f"{med['hf_bf16']:>12.1f}  " + " ".join(f"{r:.3f}" for r in ratios)
+                  + (f"   with PDL {med['ours_fp8_pdl']:.1f}" if pdl_ab else ""), flush=True)
             del x
         del mlp, ours, unfused
         torch.cuda.empty_cache()
@@ -183,6 +213,8 @@ def main():
     p.add_argument("--rounds", type=int, default=3, help="generate(): alternating rounds of the three models")
     p.add_argument("--interleave", type=int, default=0, metavar="ROUNDS",
                    help="instead of the full table: ours_fp8, fp8_unfused and hf_bf16 timed in alternation, ROUNDS times")
+    p.add_argument("--pdl-ab", action="store_true",
+                   help="with --interleave: also ours with programmatic dependent launch on (ours_fp8_pdl)")
     p.add_argument("--json", default=None)
     a = p.parse_args()
     torch._dynamo.config.cache_size_limit = 1024
@@ -190,7 +222,7 @@ def main():
     result = dict(device=torch.cuda.get_device_name(), torch=torch.__version__, date=time.strftime("%Y-%m-%d"))
     ms = [int(m) for m in a.m.split(",")]
     if a.interleave:
-        result["interleaved"] = bench_interleaved(shapes, ms, a.iters, a.interleave)
+        result["interleaved"] = bench_interleaved(shapes, ms, a.iters, a.interleave, a.pdl_ab)
     elif not a.generate_only:
         result["rows"] = bench_shapes(shapes, ms, a.iters)
     if a.generate or a.generate_only:

@@ -2,6 +2,8 @@
 fake implementations; and every shipped sm_90a kernel configuration compiles (CuTe DSL compiles
 for sm_90a without a GPU; skipped only where nvidia-cutlass-dsl is not installed)."""
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -155,6 +157,10 @@ def _shipped():
         + [("gate_up", c, gate_up.compile_gate_up) for c in gate_up.shipped_configs()]
         + [("down", c, down.compile_down) for c in down.shipped_configs()]
         + [("gate_up", gate_up.CLUSTER_PAIR, gate_up.compile_gate_up)]  # not dispatched; GPU-tested
+        # programmatic dependent launch (TileConfig.pdl): measured, not dispatched
+        + [("gate_up", dataclasses.replace(gate_up.CLUSTER_PAIR, tile_m=16, stages=6, swap_ab=True, cluster_m=1,
+                                           cluster_k=2, pdl=True), gate_up.compile_gate_up),
+           ("quant_x", quant_x.QuantXConfig(pdl=True), quant_x.compile_quant_x)]
     )
 
 

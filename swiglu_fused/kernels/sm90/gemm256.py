@@ -118,6 +118,13 @@ class TileConfig:
     # streaming weights at decode, without stream-K's global partials, counters and their memset.
     # One tile per cluster: the grid is exactly 2 · tiles (≤ the SM count; schedule()).
     cluster_k: int = 1
+    # Programmatic dependent launch: the kernel may start while the previous kernel on the stream
+    # (quant_x, gate_up) finishes, and sets up (barriers, TMA descriptors, cluster sync) before
+    # griddepcontrol.wait, which returns once that kernel is complete and its writes visible; every
+    # global access comes after it. It lets the next kernel start early in turn. Correct (the GPU
+    # suite passed with it on everywhere) but off: in the whole MLP it measured from 15 µs faster
+    # to 44 µs slower depending on the shape and M (benchmarks/NOTES.md, bench_mlp --pdl-ab).
+    pdl: bool = False
 
     # the epilogue and the bytes per element of the staged output (set by subclasses)
     epilogue = "swiglu"
@@ -299,7 +306,7 @@ class Gemm256Kernel:
         self.kernel(
             tma_a, tma_tA, tma_b, tma_tB, mAS, mWS, mOut, mAux, mPart, mCtr, tiled_mma, a_layout, b_layout,
             m, n, n_tiles, sk_tiles,
-        ).launch(grid=[ctas, 1, 1], block=[self.threads, 1, 1], stream=stream, **cluster)
+        ).launch(grid=[ctas, 1, 1], block=[self.threads, 1, 1], stream=stream, use_pdl=cfg.pdl, **cluster)
 
     def _tiled_mma(self, tile_n: int = G):
         """64 rows of A × tile_n weight rows per warpgroup: one B half (128) per wgmma chain, or
@@ -343,6 +350,8 @@ class Gemm256Kernel:
         bidx, _, _ = cute.arch.block_idx()
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         wg_idx = cute.arch.make_warp_uniform(tidx // 128)
+        if cutlass.const_expr(self.cfg.pdl):  # (TileConfig.pdl) the next kernel may set up meanwhile
+            cute.arch.griddepcontrol_launch_dependents()
 
         if warp_idx == 0:
             cute.nvgpu.cpasync.prefetch_descriptor(tma_a)
@@ -351,6 +360,8 @@ class Gemm256Kernel:
         storage, mainloop, sA, sB, tma_parts, sched = self._prologue(
             tma_a, mA, tma_b, mB, a_layout, b_layout, m, n_tiles, sk_tiles, bidx
         )
+        if cutlass.const_expr(self.cfg.pdl):  # the previous kernel's outputs (x, scales) are complete
+            cute.arch.griddepcontrol_wait()
         tAsA, tAgA, tBsB, tBgB, b_mask = tma_parts
         k_tiles, nctas, tiling, dp_tiles, sk_iters, it_begin, it_end, dp_iters, cursor_end = sched
 

@@ -42,6 +42,7 @@ class QuantXConfig:
 
     in_dtype: str = "bf16"
     threads: int = THREADS
+    pdl: bool = False  # programmatic dependent launch, as gemm256.TileConfig.pdl (measured, not shipped)
 
     def __post_init__(self):
         if self.in_dtype != "bf16":
@@ -76,12 +77,16 @@ class QuantXKernel:
         groups = m * kb
         per_cta = GROUPS_PER_CTA * ROUNDS
         grid = (groups + per_cta - 1) // per_cta
-        self.kernel(mX, mQ, mS, m, k, kb).launch(grid=[grid, 1, 1], block=[THREADS, 1, 1], stream=stream)
+        self.kernel(mX, mQ, mS, m, k, kb).launch(grid=[grid, 1, 1], block=[THREADS, 1, 1], stream=stream,
+                                                 use_pdl=self.config.pdl)
 
     @cute.kernel
     def kernel(self, mX: cute.Tensor, mQ: cute.Tensor, mS: cute.Tensor, m: Int32, k: Int32, kb: Int32):
         tidx, _, _ = cute.arch.thread_idx()
         bidx, _, _ = cute.arch.block_idx()
+        if cutlass.const_expr(self.config.pdl):  # start the next kernel (gate_up) early; then wait for x
+            cute.arch.griddepcontrol_launch_dependents()
+            cute.arch.griddepcontrol_wait()
         lanes_per_group = GROUP // VEC
         sub = tidx % lanes_per_group
         gX = cute.zipped_divide(mX, (1, VEC))  # ((1, 8), (M, K/8))
