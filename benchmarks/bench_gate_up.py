@@ -169,15 +169,21 @@ def bench_quant_x(iters):
     from swiglu_fused.kernels.sm90 import quant_x as kq
 
     ref_c = torch.compile(reference.quant_x, dynamic=False)
-    print(f"{'M':>6} {'K':>6} {'kernel us':>10} {'GB/s':>7} {'compiled us':>12} {'GB/s':>7}")
+    print(f"{'M':>6} {'K':>6} {'rounds':>6} {'kernel us':>10} {'GB/s':>7} {'1 round':>8} {'4 rounds':>9} "
+          f"{'compiled us':>12} {'GB/s':>7}")
     rows = []
-    for m, kk in ((16, 4096), (4096, 4096), (4096, 8192), (16384, 4096)):
+    for m, kk in ((1, 4096), (16, 4096), (64, 8192), (256, 4096), (4096, 4096), (4096, 8192), (16384, 4096)):
         x = torch.randn(m, kk, device="cuda").to(torch.bfloat16)
         nbytes = x.nbytes + x.numel() + m * quant.cdiv(kk, 128) * 4
-        t_k = graph_time_us(lambda: kq.quant_x(x), iters)
-        t_c = graph_time_us(lambda: ref_c(x), iters)
-        rows.append(dict(m=m, k=kk, kernel_us=t_k, compiled_us=t_c, kernel_gbs=nbytes / t_k / 1e3))
-        print(f"{m:>6} {kk:>6} {t_k:>10.1f} {nbytes / t_k / 1e3:>7.0f} {t_c:>12.1f} {nbytes / t_c / 1e3:>7.0f}", flush=True)
+        t = interleaved_us({"kernel": lambda: kq.quant_x(x), "compiled": lambda: ref_c(x),
+                            **{f"r{r}": lambda r=r: kq.quant_x(x, kq.QuantXConfig(rounds=r)) for r in (1, 4)}},
+                           iters, 3)
+        t = {name: statistics.median(v) for name, v in t.items()}
+        rounds = kq.select_config(m, kk).rounds
+        rows.append(dict(m=m, k=kk, rounds=rounds, kernel_us=t["kernel"], kernel_1_round_us=t["r1"],
+                         kernel_4_rounds_us=t["r4"], compiled_us=t["compiled"], kernel_gbs=nbytes / t["kernel"] / 1e3))
+        print(f"{m:>6} {kk:>6} {rounds:>6} {t['kernel']:>10.1f} {nbytes / t['kernel'] / 1e3:>7.0f} {t['r1']:>8.1f} "
+              f"{t['r4']:>9.1f} {t['compiled']:>12.1f} {nbytes / t['compiled'] / 1e3:>7.0f}", flush=True)
     return rows
 
 

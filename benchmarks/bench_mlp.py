@@ -84,7 +84,7 @@ def with_pdl(mlp: FusedSwiGLUMLP):
 
     from swiglu_fused.kernels.sm90 import down as kd, gate_up as kg, quant_x as kq
 
-    sel_g, sel_d, quant = kg.select_config, kd.select_config, kq.quant_x
+    sel_g, sel_d, sel_q = kg.select_config, kd.select_config, kq.select_config
 
     def pdl(select):
         return lambda *a, **kw: (lambda c: c and dataclasses.replace(c, pdl=True))(select(*a, **kw))
@@ -92,8 +92,7 @@ def with_pdl(mlp: FusedSwiGLUMLP):
     def run(x):
         with mock.patch.object(kg, "select_config", pdl(sel_g)), \
                 mock.patch.object(kd, "select_config", pdl(sel_d)), \
-                mock.patch.object(kq, "quant_x", lambda x, config=kq.QuantXConfig(), **kw: quant(
-                    x, dataclasses.replace(config, pdl=True), **kw)):
+                mock.patch.object(kq, "select_config", pdl(sel_q)):
             return mlp(x)
     return run
 

@@ -153,7 +153,7 @@ def _shipped():
     from swiglu_fused.kernels.sm90 import down, gate_up, quant_x
 
     return (
-        [("quant_x", c, quant_x.compile_quant_x) for c in [quant_x.QuantXConfig()]]
+        [("quant_x", c, quant_x.compile_quant_x) for c in quant_x.shipped_configs()]
         + [("gate_up", c, gate_up.compile_gate_up) for c in gate_up.shipped_configs()]
         + [("down", c, down.compile_down) for c in down.shipped_configs()]
         + [("gate_up", gate_up.CLUSTER_PAIR, gate_up.compile_gate_up)]  # not dispatched; GPU-tested
@@ -199,3 +199,17 @@ def test_layer_traces_whole_under_torch_compile(fmt):
     x = torch.randn(2, 3, 128, generator=g).to(torch.bfloat16)
     torch._dynamo.reset()
     assert torch.equal(torch.compile(mlp, fullgraph=True, backend="eager")(x), mlp(x))
+
+
+def test_quant_x_rounds_follow_the_measured_rule():
+    """One (row, k-group) pair per thread up to 2^17 of them (decode and M = 4096 at K = 4096), four
+    above (measured faster on each side, benchmarks/NOTES.md); both configurations are shipped."""
+    pytest.importorskip("cutlass")
+    from swiglu_fused.kernels.sm90 import quant_x
+
+    assert quant_x.select_config(16, 4096).rounds == 1
+    assert quant_x.select_config(4096, 4096).rounds == 1
+    assert quant_x.select_config(4096, 8192).rounds == 4
+    assert {c.rounds for c in quant_x.shipped_configs()} == {1, 4}
+    with pytest.raises(ValueError, match="QuantXConfig.rounds"):
+        quant_x.QuantXConfig(rounds=2)

@@ -43,8 +43,13 @@ class QuantXConfig:
     in_dtype: str = "bf16"
     threads: int = THREADS
     pdl: bool = False  # programmatic dependent launch, as gemm256.TileConfig.pdl (measured, not shipped)
+    # (row, k-group) pairs per thread, their 16-byte loads in flight together: 4 where there are
+    # enough groups to fill the SMs that way, 1 for decode-sized x (select_config)
+    rounds: int = ROUNDS
 
     def __post_init__(self):
+        if self.rounds not in (1, ROUNDS):
+            raise ValueError(f"QuantXConfig.rounds: expected 1 or {ROUNDS}, got {self.rounds}")
         if self.in_dtype != "bf16":
             raise ValueError(f"QuantXConfig.in_dtype: only 'bf16' is implemented, got {self.in_dtype!r}")
         if self.threads != THREADS:
@@ -75,7 +80,7 @@ class QuantXKernel:
         )
         mS = cute.make_tensor(s_ptr, cute.make_layout((m, kb), stride=(kb, 1)))
         groups = m * kb
-        per_cta = GROUPS_PER_CTA * ROUNDS
+        per_cta = GROUPS_PER_CTA * self.config.rounds
         grid = (groups + per_cta - 1) // per_cta
         self.kernel(mX, mQ, mS, m, k, kb).launch(grid=[grid, 1, 1], block=[THREADS, 1, 1], stream=stream,
                                                  use_pdl=self.config.pdl)
@@ -97,8 +102,9 @@ class QuantXKernel:
 
         # issue all ROUNDS loads first (more bytes in flight per thread), then quantize each
         rows, kgroups, cols, valids, regs = [], [], [], [], []
-        for r in cutlass.range_constexpr(ROUNDS):
-            group = (bidx * ROUNDS + r) * GROUPS_PER_CTA + tidx // lanes_per_group
+        rounds = self.config.rounds
+        for r in cutlass.range_constexpr(rounds):
+            group = (bidx * rounds + r) * GROUPS_PER_CTA + tidx // lanes_per_group
             row = group // kb
             kgroup = group - row * kb
             col = kgroup * GROUP + sub * VEC
@@ -113,7 +119,7 @@ class QuantXKernel:
             valids.append(valid)
             regs.append(rX)
 
-        for r in cutlass.range_constexpr(ROUNDS):
+        for r in cutlass.range_constexpr(rounds):
             rF = cute.make_rmem_tensor(cute.make_layout(VEC), Float32)
             rF.store(regs[r].load().to(Float32))
             amax = Float32(0.0)
@@ -156,7 +162,24 @@ def compile_quant_x(config: QuantXConfig = QuantXConfig()):
     )
 
 
-def quant_x(x, config: QuantXConfig = QuantXConfig(), *, out=None):
+# Up to this many (row, k-group) pairs one round per thread is faster (more CTAs, each with a shorter
+# serial chain), above it 4 (more loads in flight). Measured, µs, 1 / 4 rounds (benchmarks/NOTES.md):
+# M = 1..16 × K 4096: 2.2–2.4 / 3.7–5.6; 64 × 8192: 2.5 / 3.6; 256 × 4096: 2.9 / 3.7;
+# 4096 × 4096 (2^17 groups): 20.9 / 21.1; 4096 × 8192: 39.6 / 38.9; 16384 × 4096: 75.9 / 72.9.
+ONE_ROUND_GROUPS = 1 << 17
+
+
+def select_config(m: int, k: int) -> QuantXConfig:
+    """The rounds per thread for x [M, K] (ONE_ROUND_GROUPS)."""
+    groups = m * -(-k // GROUP)
+    return QuantXConfig(rounds=1 if groups <= ONE_ROUND_GROUPS else ROUNDS)
+
+
+def shipped_configs() -> list[QuantXConfig]:
+    return [QuantXConfig(rounds=r) for r in (1, ROUNDS)]
+
+
+def quant_x(x, config: QuantXConfig | None = None, *, out=None):
     """Run the kernel on a CUDA bf16 x [M, K] (contiguous, K % 8 == 0, 16-byte aligned);
     the caller (ops.py) validates. Returns (q e4m3 [M, K], x_scale fp32 [M, ceil(K/128)]);
     ``out`` = (q, x_scale) writes into given tensors (the tests poison them first)."""
@@ -165,6 +188,8 @@ def quant_x(x, config: QuantXConfig = QuantXConfig(), *, out=None):
     from . import compile_cache
 
     m, k = x.shape
+    if config is None:
+        config = select_config(m, k)
     if out is None:
         q = torch.empty((m, k), dtype=torch.float8_e4m3fn, device=x.device)
         s = torch.empty((m, -(-k // GROUP)), dtype=torch.float32, device=x.device)
