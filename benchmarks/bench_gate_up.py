@@ -6,6 +6,7 @@ rotate over enough independent sets that one pass moves more than twice the 50 M
 in the JSON), so small shapes are not timed from cache.
 
     python benchmarks/bench_gate_up.py [--shapes 4096x14336,...] [--m 16,64,1024,4096] [--json out.json]
+                                       [--rounds 5]   # ours and the peers timed in turn, 5 times
 
 Prints a table (µs, TFLOP/s, fused/separate speed-up) and writes JSON when asked.
 """
@@ -196,6 +197,8 @@ def main():
     p.add_argument("--mainloop", default="fp8_block128", choices=["fp8_block128", "bf16"],
                    help="bf16: bf16 x and weight, bf16 h; peers torch.mm (cuBLAS) + compiled SiLU·up")
     p.add_argument("--quant-x", action="store_true", help="benchmark quant_x instead of gate_up")
+    p.add_argument("--rounds", type=int, default=1,
+                   help="time ours and the peers in turn this many times (medians; per-round speed-ups in the JSON)")
     a = p.parse_args()
     if a.quant_x:
         write_json(a.json, quant_x=bench_quant_x(a.iters))
@@ -230,14 +233,18 @@ def main():
                 except RuntimeError as e:  # cuBLAS block scaling does not take every M (e.g. M = 1)
                     print(f"  (M={m}: no cuBLAS peer: {str(e)[:90]})")
                     gemm_fn, gemm_err = None, float("nan")
-            t_fused = graph_time_us(cycling(lambda x, xs, w, ws: k.gate_up(cfg, x, w, ws, xs), sets),
-                                    a.iters, reps)
+            # every timing captured first, then timed in turn (--rounds times): drift reaches all alike
+            fns = {"fused": cycling(lambda x, xs, w, ws: k.gate_up(cfg, x, w, ws, xs), sets)}
             if gemm_fn is not None:
                 psets = peer_sets(sets) if a.mainloop == "fp8_block128" else sets
                 ys = [(gemm_fn(*ops),) for ops in psets]
-                t_gemm = graph_time_us(cycling(gemm_fn, psets), a.iters, reps)
-                t_actq = graph_time_us(cycling(act_quant_c, ys), a.iters, reps)
-                t_sep = graph_time_us(cycling(lambda *ops: act_quant_c(gemm_fn(*ops)), psets), a.iters, reps)
+                fns.update(gemm=cycling(gemm_fn, psets), actq=cycling(act_quant_c, ys),
+                           sep=cycling(lambda *ops: act_quant_c(gemm_fn(*ops)), psets))
+            per_round = interleaved_us(fns, a.iters, a.rounds, reps)
+            t = {name: statistics.median(v) for name, v in per_round.items()}
+            t_fused = t["fused"]
+            if gemm_fn is not None:
+                t_gemm, t_actq, t_sep = t["gemm"], t["actq"], t["sep"]
                 del ys, psets
             else:
                 t_gemm = t_actq = t_sep = float("nan")
@@ -248,13 +255,17 @@ def main():
             r = dict(mainloop=a.mainloop, m=m, hidden=hidden, inter=inter, config=str(cfg), rotated_sets=len(sets),
                      fused_us=t_fused, gemm_us=t_gemm,
                      act_quant_us=t_actq, separate_us=t_sep, fused_tflops=flops / t_fused / 1e6,
-                     speedup=t_sep / t_fused, floor_us=floor, cublas_rel_err=gemm_err)
+                     speedup=t_sep / t_fused, floor_us=floor, cublas_rel_err=gemm_err,
+                     speedup_per_round=[s / f for s, f in zip(per_round.get("sep", []), per_round["fused"])])
             rows.append(r)
             tag = f"tile_m={cfg.tile_m},stages={cfg.stages}" + (",swap_ab" if cfg.swap_ab else "") + (
-                f",cluster_m={cfg.cluster_m}" if cfg.cluster_m > 1 else "")
+                f",cluster_m={cfg.cluster_m}" if cfg.cluster_m > 1 else "") + (
+                f",cluster_k={cfg.cluster_k}" if cfg.cluster_k > 1 else "")
             print(f"{m:>6} {hidden:>6} {inter:>6} {tag:>34} "
                   f"{t_fused:>9.1f} {r['fused_tflops']:>6.0f} {t_gemm:>8.1f} {t_actq:>8.1f} {t_sep:>8.1f} "
-                  f"{r['speedup']:>7.2f} {floor:>8.1f}", flush=True)
+                  f"{r['speedup']:>7.2f} {floor:>8.1f}"
+                  + (f"  rounds {min(r['speedup_per_round']):.2f}–{max(r['speedup_per_round']):.2f}"
+                     if a.rounds > 1 and r["speedup_per_round"] else ""), flush=True)
             del xq, xs, wq, ws, sets, first
             torch.cuda.empty_cache()
     write_json(a.json, rows=rows)
