@@ -53,7 +53,7 @@ def main():
         for m in map(int, a.m.split(",")):
             hb = torch.randn(m, inter, device="cuda", generator=g).to(torch.bfloat16)
             hq, hs = (hb, None) if bf16 else reference.quant_x(hb)
-            hs = hs if bf16 else b.colmajor(hs)  # M-major, as gate_up writes it (and both downs read)
+            hs = hs if bf16 else quant.m_major(hs)  # M-major, as gate_up writes it (and both downs read)
             res = torch.randn(m, hidden, device="cuda", generator=g).to(torch.bfloat16)
             cfg = k.select_config(hq, wq, ws, hs, None, torch.bfloat16)
             cfg_r = k.select_config(hq, wq, ws, hs, res, torch.bfloat16)
@@ -90,7 +90,7 @@ def interleaved(a):
             def make(seed):
                 g = torch.Generator(device="cuda").manual_seed(seed)
                 hq, hs = reference.quant_x(torch.randn(m, inter, device="cuda", generator=g).to(torch.bfloat16))
-                return (hq, b.colmajor(hs), *quant.quantize_fp8_block(
+                return (hq, quant.m_major(hs), *quant.quantize_fp8_block(
                     torch.randn(hidden, inter, device="cuda", generator=g) * 0.05))
             sets = b.rotation(make, hidden * inter)
             hq0, hs0, wq0, ws0 = sets[0]

@@ -45,16 +45,8 @@ def operands(m, hidden, inter, seed=0):
     return xq, xs, wq, ws
 
 
-def colmajor(s: torch.Tensor) -> torch.Tensor:
-    """Scales [M, G] stored M-fastest (strides (1, M)): the 1×128 layout cuBLAS's block-scaled GEMM
-    reads. A quantization kernel writes it at no cost (vLLM's per-token-group quant has the option;
-    our gate_up writes h_scale so), so the cuBLAS peers get their scales in it before timing, and
-    no transpose copy is charged to them."""
-    return s.t().contiguous().t()
-
-
 def _scaled_mm_candidates(xq, xs, wq, ws, out_dtype):
-    """torch._scaled_mm with the x scales M-major (colmajor); the weight-scale layouts torch versions accept."""
+    """torch._scaled_mm with the x scales M-major (quant.m_major); the weight-scale layouts torch versions accept."""
     yield lambda: torch._scaled_mm(xq, wq.t(), scale_a=xs, scale_b=ws.t(), out_dtype=out_dtype)
     yield lambda: torch._scaled_mm(xq, wq.t(), scale_a=xs, scale_b=ws, out_dtype=out_dtype)
 
@@ -63,7 +55,7 @@ def cublas_gemm(xq, xs, wq, ws, out_dtype=torch.bfloat16):
     """A callable (xq, xs, wq, ws) → the packed [M, 2I] bf16 GEMM with cuBLAS block scales, where xs
     is M-major (``peer_sets``), with the weight-scale layout this torch accepts (checked once, on these
     operands), and its relative error."""
-    xs = colmajor(xs)
+    xs = quant.m_major(xs)
     ref = reference.dequant_weight(wq, ws)
     ref = reference._dequant_operand(xq, xs, "x") @ ref.t()
     errors = []
@@ -81,8 +73,11 @@ def cublas_gemm(xq, xs, wq, ws, out_dtype=torch.bfloat16):
 
 
 def peer_sets(sets):
-    """Operand sets (xq, xs, wq, ws) with xs M-major, as cublas_gemm's callable takes them."""
-    return [(xq, colmajor(xs), wq, ws) for xq, xs, wq, ws in sets]
+    """Operand sets (xq, xs, wq, ws) with xs M-major (quant.m_major), as cublas_gemm's callable takes
+    them. A quantization kernel writes that layout at no cost (vLLM's per-token-group quant has the
+    option; our gate_up writes h_scale so), so the cuBLAS peers get it before timing, and no
+    transpose copy is charged to them."""
+    return [(xq, quant.m_major(xs), wq, ws) for xq, xs, wq, ws in sets]
 
 
 def rotation(make, one_set_bytes):
@@ -106,7 +101,7 @@ def act_quant(y: torch.Tensor):
     amax = h.abs().amax(-1)
     s = torch.where(amax > 0, amax / 448.0, torch.ones_like(amax))
     q = (h / s[..., None]).clamp(-448.0, 448.0).to(FP8)
-    return q.view(m, -1), colmajor(s)  # as a cuBLAS down GEMM reads them (inductor writes them so)
+    return q.view(m, -1), quant.m_major(s)  # as a cuBLAS down GEMM reads them (inductor writes them so)
 
 
 def act_mul_bf16(y: torch.Tensor):

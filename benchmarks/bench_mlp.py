@@ -5,7 +5,7 @@ Peers, in one process on the same inputs, each timed as a CUDA graph (median of 
   hf_compiled    the same under torch.compile
   fp8_unfused    compiled quant_x → cuBLAS block-scaled GEMM [M, 2I] → compiled SiLU·up·quant
                  → cuBLAS block-scaled GEMM (down); both quantizations write their scales M-major,
-                 the layout cuBLAS reads (bench_gate_up.colmajor), so no transpose copy is timed
+                 the layout cuBLAS reads (quant.m_major), so no transpose copy is timed
   ours_fp8       FusedSwiGLUMLP fp8_block128: quant_x + fused gate_up kernels, down as ops.down
                  dispatches it (sm90 kernel at M ≤ 16 and from a full wave of tiles, cuBLAS between)
   ours_bf16      FusedSwiGLUMLP bf16: fused gate_up kernel (bf16 mainloop), down as ops.down
@@ -31,9 +31,9 @@ import torch
 
 sys.path.insert(0, ".")
 sys.path.insert(0, "benchmarks")
-from bench_gate_up import act_quant, colmajor, graph_time_us, interleaved_us  # noqa: E402
+from bench_gate_up import act_quant, graph_time_us, interleaved_us  # noqa: E402
 
-from swiglu_fused import FusedSwiGLUMLP, patch_model  # noqa: E402
+from swiglu_fused import FusedSwiGLUMLP, patch_model, quant  # noqa: E402
 from swiglu_fused.kernels import reference  # noqa: E402
 
 PEERS = ("hf_bf16", "hf_compiled", "fp8_unfused", "ours_fp8", "ours_bf16")
@@ -51,22 +51,22 @@ def hf_mlp(hidden, inter, seed=0):
     return mlp.eval()
 
 
-def quant_x_colmajor(x):
+def quant_x_m_major(x):
     """reference.quant_x with the scales M-major (compiled: as fast as our quant_x kernel from M = 4096,
     faster below, benchmarks/NOTES.md)."""
     q, s = reference.quant_x(x)
-    return q, colmajor(s)
+    return q, quant.m_major(s)
 
 
 def unfused_fp8(fused: FusedSwiGLUMLP):
     """The best separate pipeline on the same packed fp8 weights (g = 128: [M, 2I] halves pair up).
     cuBLAS's block-scaled GEMM rejects some M (1 and 10 on the H100); the benchmark reports those."""
     gu, dn = fused.gate_up_proj.tensors(), fused.down_proj.tensors()
-    quant = torch.compile(quant_x_colmajor, dynamic=False)  # one graph per M: faster than dynamic shapes
+    quantize = torch.compile(quant_x_m_major, dynamic=False)  # one graph per M: faster than dynamic shapes
     actq = torch.compile(act_quant, dynamic=False)
 
     def run(x):
-        xq, xs = quant(x)
+        xq, xs = quantize(x)
         y = torch._scaled_mm(xq, gu["weight"].t(), scale_a=xs, scale_b=gu["weight_scale_inv"].t(),
                              out_dtype=torch.bfloat16)
         hq, hs = actq(y)

@@ -69,7 +69,7 @@ def down_operands(m, hidden, inter, seed, bf16=False):
     if bf16:
         return h, None, w.to(torch.bfloat16), None
     hq, hs = reference.quant_x(h)
-    return (hq, b.colmajor(hs), *quant.quantize_fp8_block(w))  # h_scale M-major, as gate_up writes it
+    return (hq, quant.m_major(hs), *quant.quantize_fp8_block(w))  # h_scale M-major, as gate_up writes it
 
 
 def variants(op, m, tiles, sms, mainloop):

@@ -13,6 +13,7 @@ separate launch and shows up too). Cases: --cases fp8_256,fp8_16,... (see CASES)
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import sys
 from unittest import mock
@@ -56,7 +57,7 @@ def run_case(name):
         if cfg is None:
             cfg = kg.select_config(x, w, ws, xs, act="silu", h_format="fp8_group128")
         else:
-            cfg = kg.GateUpConfig(**{**cfg.__dict__, "mainloop": mainloop})
+            cfg = dataclasses.replace(cfg, mainloop=mainloop)
         plan = forced(split[0]) if split else gemm256.plan
 
         def call(c=cfg, plan=plan):

@@ -34,6 +34,13 @@ def cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
+def m_major(scale: torch.Tensor) -> torch.Tensor:
+    """Per-row group scales [M, G] stored M-fastest (strides (1, M)): the layout cuBLAS's
+    block-scaled GEMM reads its 1×128 scales in, and that gate_up writes h_scale in. A view (no
+    copy) when ``scale`` is laid out so already."""
+    return scale.t().contiguous().t()
+
+
 def to_e4m3(x: torch.Tensor) -> torch.Tensor:
     """Saturating cast to e4m3 (torch's plain cast turns out-of-range values into NaN)."""
     return x.clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE)

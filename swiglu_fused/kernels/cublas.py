@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from .. import formats
+from .. import formats, quant
 
 FP8 = torch.float8_e4m3fn
 # cuBLAS' block-scaled heuristics reject some row counts (M = 1 and M = 10 seen on the H100, while
@@ -49,9 +49,9 @@ def down(h, weight, weight_scale, h_scale, residual, out_dtype):
     else:
         m = h.shape[0]
         h, h_scale = _pad_rows(h, h_scale, -m % ROWS)
-        # cuBLAS wants the 1×128 scales M-major (as gate_up returns them: then .t().contiguous() is
-        # a view, not a copy) and the weight K-major (its transpose is a view).
-        y = torch._scaled_mm(h, weight.t(), scale_a=h_scale.t().contiguous().t(), scale_b=weight_scale.t(),
+        # cuBLAS wants the 1×128 scales M-major (as gate_up returns them: then m_major is a view,
+        # not a copy) and the weight K-major (its transpose is a view).
+        y = torch._scaled_mm(h, weight.t(), scale_a=quant.m_major(h_scale), scale_b=weight_scale.t(),
                              out_dtype=torch.bfloat16)[:m]
     if residual is not None:
         y = y + residual

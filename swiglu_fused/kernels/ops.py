@@ -206,13 +206,8 @@ def _gate_up_impl(
         )
     if h_scale is None:
         h_scale = h.new_empty((h.shape[0], 0), dtype=torch.float32)
-    return h.contiguous(), _m_major(h_scale)
-
-
-def _m_major(scale: torch.Tensor) -> torch.Tensor:
-    """[M, G] scales stored M-fastest (strides (1, M)), the layout gate_up returns h_scale in: what
-    both down GEMMs read (the sm90 kernel and cuBLAS's block-scaled one) without a transpose copy."""
-    return scale.t().contiguous().t()
+    # M-major on every backend: what both down GEMMs read (the sm90 kernel and cuBLAS) without a copy
+    return h.contiguous(), quant.m_major(h_scale)
 
 
 _gate_up_op = torch.library.custom_op("swiglu_fused::gate_up", mutates_args=())(_gate_up_impl)

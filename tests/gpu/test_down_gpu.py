@@ -33,7 +33,7 @@ def make_operands(m, hidden, inter, mainloop, residual, seed):
         return dict(h=h.to(torch.bfloat16), weight=w.to(torch.bfloat16), residual=res)
     hq, hs = reference.quant_x(h.to(torch.bfloat16))
     wq, ws = quant.quantize_fp8_block(w)
-    return dict(h=hq, weight=wq, weight_scale=ws, h_scale=hs.t().contiguous().t(), residual=res)  # M-major
+    return dict(h=hq, weight=wq, weight_scale=ws, h_scale=quant.m_major(hs), residual=res)
 
 
 def check(mainloop, m, hidden, inter, residual):

@@ -155,11 +155,6 @@ def beats_cublas(config: DownConfig, m: int, n: int, k: int, sms: int) -> bool:
     return (fills_gpu(config, m, n, sms) and m <= MAX_M) or shares_k
 
 
-def m_major(scale) -> bool:
-    """Whether [M, G] scales are stored M-fastest (strides (1, M)), as gate_up writes h_scale."""
-    return scale.t().is_contiguous()
-
-
 def down(config: DownConfig, h, weight, weight_scale=None, h_scale=None, residual=None, *, out=None):
     """Run the kernel (operands validated by ops.py). Returns y bf16 [M, H]; ``out`` = y writes
     into a given tensor (the tests poison it first)."""
@@ -175,8 +170,10 @@ def down(config: DownConfig, h, weight, weight_scale=None, h_scale=None, residua
     if m == 0:
         return y
     fn = compile_cache.get("down", config, lambda: compile_down(config))
-    if config.fp8 and not m_major(h_scale):
-        h_scale = h_scale.t().contiguous().t()
+    if config.fp8:  # the kernel reads h_scale M-major: gate_up's is already (a view), others are copied
+        from ...quant import m_major
+
+        h_scale = m_major(h_scale)
     scales = (h_scale, weight_scale) if config.fp8 else (None, None)
     launch(fn, config, h, weight, *scales, y, cutlass.BFloat16, residual if config.residual else None,
            cutlass.BFloat16, 16)

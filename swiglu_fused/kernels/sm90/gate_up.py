@@ -83,14 +83,17 @@ CLUSTER_K_MAX_TILES = 0.25  # × SMs
 
 def cluster_k_applies(m: int, n: int, sms: int, mainloop: str) -> bool:
     """Whether gate_up's swap-AB tile (M rows, N = 2I weight rows) runs as K halves over cluster pairs."""
-    tiles = -(-m // SWAP_TILES[0][0]) * -(-n // 256)
-    return mainloop == "fp8_block128" and tiles <= CLUSTER_K_MAX_TILES * sms
+    return mainloop == "fp8_block128" and _swap_tiles(m, n) <= CLUSTER_K_MAX_TILES * sms
+
+
+def _swap_tiles(m: int, n: int) -> int:
+    """Tiles of the swap-AB tile for M rows and N = 2I weight rows."""
+    return -(-m // SWAP_TILES[0][0]) * -(-n // 256)
 
 
 def swap_ab_applies(m: int, n: int, sms: int) -> bool:
     """Whether gate_up with M rows and N = 2I weight rows runs the swap-AB tile."""
-    tiles = -(-m // SWAP_TILES[0][0]) * -(-n // 256)
-    return m <= SWAP_M or (m <= SWAP_M_ONE_WAVE and tiles <= sms)
+    return m <= SWAP_M or (m <= SWAP_M_ONE_WAVE and _swap_tiles(m, n) <= sms)
 
 
 def tile_for(m: int, n: int, sms: int) -> tuple[int, int, bool]:
