@@ -138,7 +138,10 @@ def quantize_nvfp4(
         global_scale = nvfp4_global_scale(w)
     gs = global_scale.float().reshape(())
     groups = _blocks(w.float(), 1, group).view(n, -1, group)
-    block_scale = to_e4m3(gs * (groups.abs().amax(dim=2) / E2M1_MAX))
+    amax = groups.abs().amax(dim=2)
+    # a true division on every device (see quantize_fp8_groups): with the scalar divisor, CUDA's
+    # reciprocal multiply flipped block scales that sit on an e4m3 rounding tie (GPU tests)
+    block_scale = to_e4m3(gs * (amax / torch.full_like(amax, E2M1_MAX)))
     # A block scale that rounds to 0 divides by e4m3's 0.125 instead (compressed-tensors' eps);
     # it dequantizes to 0 either way, but the stored codes must match.
     divisor = torch.where(block_scale.float() == 0, 0.125, block_scale.float()) / gs
