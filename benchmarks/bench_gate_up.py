@@ -14,6 +14,7 @@ Prints a table (µs, TFLOP/s, fused/separate speed-up) and writes JSON when aske
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import itertools
 import json
 import statistics
@@ -194,6 +195,9 @@ def main():
     p.add_argument("--quant-x", action="store_true", help="benchmark quant_x instead of gate_up")
     p.add_argument("--rounds", type=int, default=1,
                    help="time ours and the peers in turn this many times (medians; per-round speed-ups in the JSON)")
+    p.add_argument("--store-ab", action="store_true",
+                   help="also time the dispatched config with h copied out by the threads instead of TMA stores "
+                        "(TileConfig.tma_store = False), in the same rounds")
     a = p.parse_args()
     if a.quant_x:
         write_json(a.json, quant_x=bench_quant_x(a.iters))
@@ -230,6 +234,9 @@ def main():
                     gemm_fn, gemm_err = None, float("nan")
             # every timing captured first, then timed in turn (--rounds times): drift reaches all alike
             fns = {"fused": cycling(lambda x, xs, w, ws: k.gate_up(cfg, x, w, ws, xs), sets)}
+            if a.store_ab and cfg.h_tma_store:
+                cfg_copy = dataclasses.replace(cfg, tma_store=False)
+                fns["copyout"] = cycling(lambda x, xs, w, ws: k.gate_up(cfg_copy, x, w, ws, xs), sets)
             if gemm_fn is not None:
                 psets = peer_sets(sets) if a.mainloop == "fp8_block128" else sets
                 ys = [(gemm_fn(*ops),) for ops in psets]
@@ -252,6 +259,9 @@ def main():
                      act_quant_us=t_actq, separate_us=t_sep, fused_tflops=flops / t_fused / 1e6,
                      speedup=t_sep / t_fused, floor_us=floor, cublas_rel_err=gemm_err,
                      speedup_per_round=[s / f for s, f in zip(per_round.get("sep", []), per_round["fused"])])
+            if "copyout" in t:
+                r.update(copyout_us=t["copyout"], copyout_per_round=per_round["copyout"],
+                         fused_per_round=per_round["fused"])
             rows.append(r)
             tag = f"tile_m={cfg.tile_m},stages={cfg.stages}" + (",swap_ab" if cfg.swap_ab else "") + (
                 f",cluster_m={cfg.cluster_m}" if cfg.cluster_m > 1 else "") + (
@@ -260,7 +270,8 @@ def main():
                   f"{t_fused:>9.1f} {r['fused_tflops']:>6.0f} {t_gemm:>8.1f} {t_actq:>8.1f} {t_sep:>8.1f} "
                   f"{r['speedup']:>7.2f} {floor:>8.1f}"
                   + (f"  rounds {min(r['speedup_per_round']):.2f}–{max(r['speedup_per_round']):.2f}"
-                     if a.rounds > 1 and r["speedup_per_round"] else ""), flush=True)
+                     if a.rounds > 1 and r["speedup_per_round"] else "")
+                  + (f"  copy-out {t['copyout']:.1f} µs" if "copyout" in t else ""), flush=True)
             del xq, xs, wq, ws, sets, first
             torch.cuda.empty_cache()
     write_json(a.json, rows=rows)

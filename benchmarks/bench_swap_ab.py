@@ -79,6 +79,9 @@ def variants(op, m, tiles, sms, mainloop):
         out.append(("tile64 v1 plan", make(tile_m=64, stages=5, mainloop=mainloop, overlap=False), None))
     if m > 64:
         out.append(("tile64 whole", make(tile_m=64, stages=5, mainloop=mainloop), 1))
+    if m > 32 and 2 * -(-m // 64) * tiles <= sms:  # K halves over cluster pairs (DSMEM), 3 stages fit
+        out.append(("tile64 ck2", make(tile_m=64, stages=3, cluster_k=2, mainloop=mainloop), None))
+        out.append(("tile64 s3 whole", make(tile_m=64, stages=3, mainloop=mainloop), 1))
     if m > 32:
         out.append(("tile128 plan", make(tile_m=128, stages=4, mainloop=mainloop), None))
     if m > 512:

@@ -161,6 +161,10 @@ def _shipped():
         + [("gate_up", dataclasses.replace(gate_up.CLUSTER_PAIR, tile_m=16, stages=6, swap_ab=True, cluster_m=1,
                                            cluster_k=2, pdl=True), gate_up.compile_gate_up),
            ("quant_x", quant_x.QuantXConfig(pdl=True), quant_x.compile_quant_x)]
+        # h by TMA stores (TileConfig.tma_store) and the 64-row tile's K pairs: measured, not dispatched
+        + [("gate_up", gate_up.GateUpConfig(tile_m=128, stages=4, tma_store=True, h_format=f), gate_up.compile_gate_up)
+           for f in ("fp8_group128", "bf16")]
+        + [("gate_up", gate_up.GateUpConfig(tile_m=64, stages=3, cluster_k=2), gate_up.compile_gate_up)]
     )
 
 

@@ -247,4 +247,6 @@ def test_cluster_k_where_few_swap_tiles_leave_hbm_idle():
     with pytest.raises(ValueError, match="cluster_k"):
         g.schedule(cfg, 64, 16384, 2048, 132)  # 256 tiles: no cluster pair for each
     with pytest.raises(ValueError, match="cluster_k"):
-        gate_up.GateUpConfig(tile_m=64, stages=5, cluster_k=2)  # swap-AB tiles only
+        gate_up.GateUpConfig(tile_m=128, stages=2, cluster_k=2)  # swap-AB and 64-row tiles only
+    with pytest.raises(ValueError, match="stages"):
+        gate_up.GateUpConfig(tile_m=64, stages=4, cluster_k=2)  # the 64 KB accumulator leaves room for 3

@@ -150,8 +150,9 @@ def test_stream_k_is_repeatable(hidden, inter, m, residual):
 
 
 @pytest.mark.parametrize("residual", [False, True])
-@pytest.mark.parametrize("hidden,inter,m", [(8192, 3584, 16), (4096, 14336, 5), (576, 1536, 40)])
-def test_cluster_k_pairs_match_stream_k_split_2(hidden, inter, m, residual, monkeypatch):
+@pytest.mark.parametrize("hidden,inter,m,tile_m", [(8192, 3584, 16, 16), (4096, 14336, 5, 16), (576, 1536, 40, 16),
+                                                   (8192, 3584, 128, 64), (4096, 14336, 77, 64)])
+def test_cluster_k_pairs_match_stream_k_split_2(hidden, inter, m, tile_m, residual, monkeypatch):
     """cluster_k = 2 (K halves over a cluster pair, the accumulator through DSMEM) gives stream-K
     split 2's y bit for bit; the residual is added once, by the CTA that runs the epilogue."""
     import dataclasses
@@ -159,7 +160,8 @@ def test_cluster_k_pairs_match_stream_k_split_2(hidden, inter, m, residual, monk
     from swiglu_fused.kernels.sm90 import down as k, gemm256
 
     args = make_operands(m, hidden, inter, "fp8_block128", residual, seed=m + 3)
-    cfg = k.DownConfig(tile_m=16, stages=6, swap_ab=True, cluster_k=2, residual=residual)
+    swap = tile_m == 16
+    cfg = k.DownConfig(tile_m=tile_m, stages=6 if swap else 3, swap_ab=swap, cluster_k=2, residual=residual)
     ys = []
     for c in (cfg, dataclasses.replace(cfg, cluster_k=1)):
         if c.cluster_k == 1:

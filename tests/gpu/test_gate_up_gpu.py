@@ -179,15 +179,19 @@ def test_cluster_pairs_with_a_padding_m_tile(hidden, inter, m, h_format):
 
 
 @pytest.mark.parametrize("mainloop", ["fp8_block128", "bf16"])
-@pytest.mark.parametrize("hidden,inter,m", [(8192, 3584, 16), (8192, 3584, 3), (2048, 8192, 16), (576, 1536, 1)])
-def test_cluster_k_pairs_match_stream_k_split_2(hidden, inter, m, mainloop, monkeypatch):
-    """cluster_k = 2: the two CTAs of a cluster run the two K halves of a swap-AB tile and the
-    second sends its accumulator through DSMEM; the sum (first half + second half) is the one
-    stream-K split 2 forms through global partials, bit for bit, and every h element is written."""
+@pytest.mark.parametrize("hidden,inter,m,tile_m", [(8192, 3584, 16, 16), (8192, 3584, 3, 16), (2048, 8192, 16, 16),
+                                                   (576, 1536, 1, 16), (8192, 3584, 128, 64), (8192, 3584, 100, 64),
+                                                   (576, 1536, 70, 64)])
+def test_cluster_k_pairs_match_stream_k_split_2(hidden, inter, m, tile_m, mainloop, monkeypatch):
+    """cluster_k = 2: the two CTAs of a cluster run the two K halves of a tile (the 16-token
+    swap-AB tile or the 64-row tile) and the second sends its accumulator through DSMEM; the sum
+    (first half + second half) is the one stream-K split 2 forms through global partials, bit for
+    bit, and every h element is written."""
     from swiglu_fused.kernels.sm90 import gate_up as k, gemm256
 
     args = make_operands(m, hidden, inter, mainloop, seed=m + 5)
-    cfg = k.GateUpConfig(tile_m=16, stages=6, swap_ab=True, cluster_k=2, mainloop=mainloop)
+    swap = tile_m == 16
+    cfg = k.GateUpConfig(tile_m=tile_m, stages=6 if swap else 3, swap_ab=swap, cluster_k=2, mainloop=mainloop)
     h, hs = run_kernel(cfg, args)
     monkeypatch.setattr(gemm256, "plan", lambda tiles, *a, **kw: (2 * tiles, tiles))
     h2, hs2 = run_kernel(dataclasses.replace(cfg, cluster_k=1), args)
@@ -195,3 +199,27 @@ def test_cluster_k_pairs_match_stream_k_split_2(hidden, inter, m, mainloop, monk
     assert torch.equal(hs, hs2)
     h_ref, hs_ref = reference.gate_up(**args, act="silu", h_format="fp8_group128")
     assert_fp8_group_close(h, hs, h_ref, hs_ref, **TOL[mainloop])
+
+
+@pytest.mark.parametrize("h_format", ["fp8_group128", "bf16"])
+@pytest.mark.parametrize("tile_m", [64, 128])
+@pytest.mark.parametrize("hidden,inter,m", [(576, 1536, 1), (576, 1536, 100), (8192, 3584, 1024), (2048, 8192, 300)])
+def test_h_by_tma_store_is_the_copy_out_bit_for_bit(hidden, inter, m, tile_m, h_format):
+    """TileConfig.tma_store (measured, not dispatched): h leaves smem by TMA stores from a 128-byte
+    swizzled slab, rows ≥ M clipped by the tensor map; h and h_scale are bit-identical to the
+    threads' copy-out, every element is written (poisoned outputs), and both match the reference."""
+    from swiglu_fused.kernels.sm90 import gate_up as k
+
+    args = make_operands(m, hidden, inter, "fp8_block128", seed=m + tile_m)
+    cfg = k.GateUpConfig(tile_m=tile_m, stages=4 if tile_m == 128 else 5, h_format=h_format, tma_store=True)
+    h, hs = run_kernel(cfg, args)
+    h2, hs2 = run_kernel(dataclasses.replace(cfg, tma_store=False), args)
+    if h_format == "fp8_group128":
+        assert torch.equal(h.view(torch.uint8), h2.view(torch.uint8)) and torch.equal(hs, hs2)
+    else:
+        assert torch.equal(h, h2)
+    h_ref, hs_ref = reference.gate_up(**args, act="silu", h_format=h_format)
+    if h_format == "fp8_group128":
+        assert_fp8_group_close(h, hs, h_ref, hs_ref, **TOL["fp8_block128"])
+    else:
+        assert_bf16_close(h, h_ref)

@@ -25,10 +25,11 @@ measured, gate_up.CLUSTER_PAIR): CTAs 2c and 2c + 1 form a cluster and
 take tiles of the same weight tile at adjacent M (grid_m padded to even, whole tiles only); each
 loads its x tile and one half of the weight k tile, TMA-multicast into both CTAs' smem, and a stage
 is free once the consumers of both CTAs have released it. Weight traffic from L2 halves.
-K pairs (TileConfig.cluster_k = 2, swap-AB decode tiles; dispatched by gate_up.cluster_k_applies):
-the stream-K schedule with every tile split in two halves, CTAs 2t and 2t + 1 a cluster, and the
-fix-up through DSMEM instead of global memory: the second CTA st.async's its fp32 accumulator into
-the first's smem (completing bytes on its mbarrier), the first adds it and runs the epilogue.
+K pairs (TileConfig.cluster_k = 2, swap-AB decode tiles, dispatched by gate_up.cluster_k_applies;
+and the 64-row tile with 3 stages, measured no faster and not dispatched): the stream-K schedule
+with every tile split in two halves, CTAs 2t and 2t + 1 a cluster, and the fix-up through DSMEM
+instead of global memory: the second CTA st.async's its fp32 accumulator into the first's smem
+(completing bytes on its mbarrier), the first adds it and runs the epilogue.
 A tile's 256 weight rows are two 128-row halves, each with its own 128×128 weight scale per k
 block:
 
@@ -67,7 +68,9 @@ Stores: each warpgroup writes a 64 × 128-column slab into smem in fragment orde
 row-contiguous, 16 bytes per thread per step (masked at M, and for "linear" at N). "swiglu" stages
 one slab (h), "linear" two in turn (the two halves; the residual, when compiled in, is first
 copied into the slab the same way in reverse, then added in fp32 in fragment order before the
-single rounding to bf16, as reference.down does).
+single rounding to bf16, as reference.down does). TileConfig.tma_store (measured slower, off) has
+gate_up's 64/128-row tiles stage h unpadded and 128-byte swizzled instead and store each 64-row
+slab with one TMA store.
 Performance and accuracy measurements: benchmarks/NOTES.md.
 """
 
@@ -125,6 +128,13 @@ class TileConfig:
     # suite passed with it on everywhere) but off: in the whole MLP it measured from 15 µs faster
     # to 44 µs slower depending on the shape and M (benchmarks/NOTES.md, bench_mlp --pdl-ab).
     pdl: bool = False
+    # gate_up's 64/128-row tiles: each warpgroup's h slab leaves smem by a TMA store (issued by one
+    # thread, asynchronous: the warpgroup goes on to its next tile while the TMA unit writes, rows
+    # ≥ M clipped by the tensor map) instead of the threads' 16-byte copy-out (which the swap-AB
+    # tiles and the linear epilogue always use). Correct (GPU tests: bit-identical h) but off:
+    # measured 0-8 % slower at prefill (gate_up 4096×14336 M = 1024: 249.6 vs 230.0 µs; the TMA
+    # unit also serves the producer's loads), benchmarks/NOTES.md; bench_gate_up --store-ab.
+    tma_store: bool = False
 
     # the epilogue and the bytes per element of the staged output (set by subclasses)
     epilogue = "swiglu"
@@ -138,8 +148,9 @@ class TileConfig:
 
         if self.cluster_m not in (1, 2) or (self.swap_ab and self.cluster_m != 1):
             raise ValueError(f"{name}.cluster_m: expected 1 or 2 (1 with swap_ab), got {self.cluster_m}")
-        if self.cluster_k not in (1, 2) or (self.cluster_k == 2 and not self.swap_ab):
-            raise ValueError(f"{name}.cluster_k: expected 1 or 2 (2 only with swap_ab), got {self.cluster_k}")
+        if self.cluster_k not in (1, 2) or (self.cluster_k == 2 and not (self.swap_ab or self.tile_m == 64)):
+            raise ValueError(f"{name}.cluster_k: expected 1 or 2 (2 only with swap_ab or tile_m = 64), "
+                             f"got {self.cluster_k}")
         if self.tile_n != 2 * G:
             raise ValueError(f"{name}.tile_n: expected {2 * G} (two 128-row weight blocks), got {self.tile_n}")
         if self.mainloop not in MAINLOOPS:
@@ -160,11 +171,17 @@ class TileConfig:
             )
 
     @property
+    def h_tma_store(self) -> bool:
+        """Whether h leaves through TMA stores (tma_store; the swiglu epilogue of the 64/128-row tiles)."""
+        return self.tma_store and self.epilogue == "swiglu" and not self.swap_ab
+
+    @property
     def out_row_words(self) -> int:
         """32-bit words per row of the smem staging slab: 128 output columns + 16 bytes of padding,
         so that a warp's 8 rows × 4 lanes of fragment stores hit distinct banks and rows stay
-        16-byte aligned for the vector copy-out."""
-        return (G * self.out_bytes + 16) // 4
+        16-byte aligned for the vector copy-out. With TMA stores no padding: the slab is 128-byte
+        swizzled instead (Gemm256Kernel._h_store_layout), which spreads those stores as well."""
+        return G * self.out_bytes // 4 if self.h_tma_store else (G * self.out_bytes + 16) // 4
 
     @property
     def out_stage_bytes(self) -> int:
@@ -283,12 +300,24 @@ class Gemm256Kernel:
         tma_b, tma_tB = cute.nvgpu.cpasync.make_tiled_tma_atom(
             b_op, mB, cute.slice_(b_layout, (None, None, 0)), (cfg.tile_n, cfg.tile_k), num_multicast=cfg.cluster_m,
         )
+        tma_o, mO_tma = tma_a, mA  # (placeholders: the kernel reads them only with h_tma_store)
+        if cutlass.const_expr(cfg.h_tma_store):
+            h_dtype = cutlass.Float8E4M3FN if cfg.out_bytes == 1 else cutlass.BFloat16
+            i_cols = cute.assume(n_tiles * G, divby=G)
+            mH = cute.make_tensor(
+                cute.recast_ptr(out_ptr, dtype=h_dtype), cute.make_layout((m, i_cols), stride=(i_cols, 1))
+            )
+            box = self._h_store_layout()
+            tma_o, mO_tma = cute.nvgpu.cpasync.make_tiled_tma_atom(
+                cute.nvgpu.cpasync.CopyBulkTensorTileS2GOp(), mH, cute.slice_(box, (None, None, 0)),
+                (64, 128 // cfg.out_bytes),
+            )
 
         @cute.struct
         class SharedStorage:
             sA: cute.struct.Align[cute.struct.MemRange[self.ab_dtype, cute.cosize(a_layout)], 1024]
             sB: cute.struct.Align[cute.struct.MemRange[self.ab_dtype, cute.cosize(b_layout)], 1024]
-            sO: cute.struct.Align[cute.struct.MemRange[Int32, cfg.tile_m * cfg.out_row_words], 16]
+            sO: cute.struct.Align[cute.struct.MemRange[Int32, cfg.tile_m * cfg.out_row_words], 1024]
             mbar: cute.struct.MemRange[cutlass.Int64, cfg.stages * 2]
             flag: cute.struct.MemRange[Int32, 4]  # stream-K: the arrival count seen by this CTA
             red: cute.struct.MemRange[Float32, cfg.red_words]  # swap-AB: cross-warp amax
@@ -304,9 +333,21 @@ class Gemm256Kernel:
         mCtr = cute.make_tensor(ctr_ptr, cute.make_layout(sk_tiles + 1))
         cluster = {"cluster": [cfg.cluster_size, 1, 1]} if cfg.cluster_size > 1 else {}
         self.kernel(
-            tma_a, tma_tA, tma_b, tma_tB, mAS, mWS, mOut, mAux, mPart, mCtr, tiled_mma, a_layout, b_layout,
-            m, n, n_tiles, sk_tiles,
+            tma_a, tma_tA, tma_b, tma_tB, tma_o, mO_tma, mAS, mWS, mOut, mAux, mPart, mCtr, tiled_mma, a_layout,
+            b_layout, m, n, n_tiles, sk_tiles,
         ).launch(grid=[ctas, 1, 1], block=[self.threads, 1, 1], stream=stream, use_pdl=cfg.pdl, **cluster)
+
+    def _h_store_layout(self):
+        """gate_up's h slab (h_tma_store) as TMA boxes of 64 rows × 128 bytes (fp8: 128 h columns,
+        bf16: 64), 128-byte swizzled: (64, box columns, boxes), box 2w + j (bf16) or w (fp8) for
+        warpgroup w; the same bytes as the unpadded slab rows, the swizzle aside."""
+        cfg = self.cfg
+        h_dtype = cutlass.Float8E4M3FN if cfg.out_bytes == 1 else cutlass.BFloat16
+        cols = 128 // cfg.out_bytes
+        atom = cute.nvgpu.warpgroup.make_smem_layout_atom(
+            sm90_utils.get_smem_layout_atom(utils.LayoutEnum.ROW_MAJOR, h_dtype, cols), h_dtype
+        )
+        return cute.tile_to_shape(atom, (64, cols, cfg.tile_m // 64 * cfg.out_bytes), order=(0, 1, 2))
 
     def _tiled_mma(self, tile_n: int = G):
         """64 rows of A × tile_n weight rows per warpgroup: one B half (128) per wgmma chain, or
@@ -332,6 +373,8 @@ class Gemm256Kernel:
         mA: cute.Tensor,
         tma_b: cute.CopyAtom,
         mB: cute.Tensor,
+        tma_o: cute.CopyAtom,  # h_tma_store: the TMA store of h, and h as its tensor
+        mO_tma: cute.Tensor,
         mAS: cute.Tensor,
         mWS: cute.Tensor,
         mOut: cute.Tensor,
@@ -374,7 +417,8 @@ class Gemm256Kernel:
         else:
             # ---------------- consumer warpgroups: wgmma, promotion, epilogue
             cute.arch.setmaxregister_increase(self.consumer_regs)
-            self._consume(tiled_mma, mainloop, sA, sB, storage, mAS, mWS, mOut, mAux, mPart, mCtr, m, n, tidx, wg_idx,
+            self._consume(tiled_mma, mainloop, sA, sB, storage, mAS, mWS, (mOut, tma_o, mO_tma), mAux, mPart, mCtr, m, n,
+                          tidx, wg_idx,
                           bidx, k_tiles, nctas, tiling, dp_tiles, sk_iters, it_begin, it_end, dp_iters, cursor_end)
         if cutlass.const_expr(self.cfg.cluster_k > 1):
             # no CTA leaves while its peer may still be sending to it (or its st.async are in flight)
@@ -382,11 +426,13 @@ class Gemm256Kernel:
             cute.arch.cluster_wait()
 
     @cute.jit
-    def _consume(self, tiled_mma, mainloop, sA, sB, storage, mAS, mWS, mOut, mAux, mPart, mCtr, m, n, tidx, wg_idx,
+    def _consume(self, tiled_mma, mainloop, sA, sB, storage, mAS, mWS, outs, mAux, mPart, mCtr, m, n, tidx, wg_idx,
                  bidx, k_tiles, nctas, tiling, dp_tiles, sk_iters, it_begin, it_end, dp_iters, cursor_end):
         """The consumer warpgroups (tidx ≥ 128): wgmma, promotion, stream-K fix-up, epilogue, over this
-        CTA's segments (the schedule values come from _prologue). swap_ab.py overrides this."""
+        CTA's segments (the schedule values come from _prologue). outs = (the output as 32-bit
+        words, the TMA store atom of h and h as its tensor). swap_ab.py overrides this."""
         cfg = self.cfg
+        mOut, tma_o, mO_tma = outs
         ws_last = (n + G - 1) // G - 1  # last weight-scale row (a partial last tile reads no further)
         thr_mma = tiled_mma.get_slice(tidx - 128)
         tCsA = thr_mma.partition_A(sA)
@@ -415,6 +461,17 @@ class Gemm256Kernel:
         mmas_per_promotion = cfg.promote_k // cute.size(tiled_mma.shape_mnk, mode=[2])
         # output staging slab in smem: (tile_m rows, out_row_words) 32-bit words; each warpgroup owns its 64 rows
         sO = storage.sO.get_tensor(cute.make_layout((cfg.tile_m, cfg.out_row_words), stride=(cfg.out_row_words, 1)))
+        h_store = None
+        if cutlass.const_expr(cfg.h_tma_store):
+            # the same smem as TMA boxes: (64 rows, 128 bytes of h, box), box = warpgroup · boxes + j
+            box = self._h_store_layout()
+            h_dtype = cutlass.Float8E4M3FN if cfg.out_bytes == 1 else cutlass.BFloat16
+            sBox = storage.sO.get_tensor(box.outer, swizzle=box.inner, dtype=h_dtype)
+            gBox = cute.local_tile(mO_tma, (64, 128 // cfg.out_bytes), (None, None))
+            tHs, tHg = cute.nvgpu.cpasync.tma_partition(
+                tma_o, 0, cute.make_layout(1), cute.group_modes(sBox, 0, 2), cute.group_modes(gBox, 0, 2)
+            )
+            h_store = (tma_o, tHs, tHg)
 
         if cutlass.const_expr(self.overlap):
             # wgmma chains over 64-row quarters of B (quarter c: B rows [64c, 64c + 64), half c // 2)
@@ -565,9 +622,13 @@ class Gemm256Kernel:
                                     sk_iters, mPart, mCtr, storage, tidx - 128)
             if epi != 0:
                 if cutlass.const_expr(cfg.epilogue == "swiglu"):
-                    self._epilogue_swiglu(acc, n_vals, r0, col0, tm, tn, m, sO, mOut, mAux, wg_idx - 1, tidx % 128)
+                    self._epilogue_swiglu(acc, n_vals, r0, col0, tm, tn, m, sO, mOut, mAux, wg_idx - 1, tidx % 128,
+                                          h_store)
                 else:
                     self._epilogue_linear(acc, n_vals, r0, col0, tm, tn, m, n, sO, mOut, mAux, wg_idx - 1, tidx % 128)
+        if cutlass.const_expr(cfg.h_tma_store):
+            if tidx % 128 == 0:  # the last h stores have read this CTA's smem before it exits
+                cute.arch.cp_async_bulk_wait_group(0, read=True)
 
     # trace-time helpers of the fp8 mainloops (plain Python, inlined where called)
     def _issue(self, tiled_mma, temp, tCrA, tCrB, stage, num_k_blocks):
@@ -833,10 +894,12 @@ class Gemm256Kernel:
 
     # ------------------------------------------------------------------ epilogues
     @cute.jit
-    def _epilogue_swiglu(self, acc, n_vals: cutlass.Constexpr, r0, col0, tm, tn, m, sH, mH, mHS, wg, tid):
+    def _epilogue_swiglu(self, acc, n_vals: cutlass.Constexpr, r0, col0, tm, tn, m, sH, mH, mHS, wg, tid, h_store):
         """h = act(gate) · up in place in the gate half; quantize (fp8) or round (bf16); stage the
-        warpgroup's 64 × 128 h slab in smem (fragment order), then copy it out."""
+        warpgroup's 64 × 128 h slab in smem (fragment order), then store it: TMA (h_store =
+        (atom, smem boxes, gmem boxes), cfg.h_tma_store) or a copy-out by the threads."""
         cfg = self.cfg
+        tma = cfg.h_tma_store
         for v in cutlass.range_constexpr(n_vals):
             acc[(v, 0, 0)] = self.act(acc[(v, 0, 0)]) * acc[(v, 0, 1)]
         ra = r0  # tile-local rows of values with (v/2)%2 == 0 / 1
@@ -844,7 +907,12 @@ class Gemm256Kernel:
         row_a = tm * cfg.tile_m + ra
         row_b = row_a + 8
         bar = pipeline.NamedBarrier(barrier_id=1 + wg, num_threads=128)
+        if cutlass.const_expr(tma):
+            if tid == 0:  # the previous tile's TMA store has read the slab
+                cute.arch.cp_async_bulk_wait_group(0, read=True)
         bar.arrive_and_wait()  # the previous tile's copy-out of this slab is done
+        # TMA: the slab is 128-byte swizzled (_h_store_layout): 16-byte chunk c of row r is stored
+        # at chunk c ^ (r % 8), so a warp's 8 rows of fragment stores hit 8 different chunks
         if cutlass.const_expr(cfg.h_format == "fp8_group128"):
             amax_a = Float32(0.0)
             amax_b = Float32(0.0)
@@ -869,8 +937,9 @@ class Gemm256Kernel:
                 cute.recast_ptr(sH.iterator, dtype=cutlass.Int16),
                 cute.make_layout((cfg.tile_m, 2 * cfg.out_row_words), stride=(2 * cfg.out_row_words, 1)),
             )
+            sw = (ra % 8) * 8 if tma else 0  # (ra and rb = ra + 8 have the same row % 8)
             for v in cutlass.range_constexpr(0, n_vals, 2):
-                c2 = (col0 + 8 * (v // 4)) // 2  # 16-bit word (column pair) in the row
+                c2 = (col0 + 8 * (v // 4)) // 2 ^ sw  # 16-bit word (column pair) in the row
                 if cutlass.const_expr((v // 2) % 2 == 0):
                     sH16[ra, c2] = cvt_e4m3x2(acc[(v, 0, 0)] * inv_a, acc[(v + 1, 0, 0)] * inv_a)
                 else:
@@ -880,6 +949,16 @@ class Gemm256Kernel:
                     mHS[row_a, tn] = s_a
                 if row_b < m:
                     mHS[row_b, tn] = s_b
+        elif cutlass.const_expr(tma):  # bf16: two boxes of 64 columns (128 bytes) per row
+            sBox = cute.make_tensor(sH.iterator, cute.make_layout((cfg.tile_m // 32, 64, 32), stride=(2048, 32, 1)))
+            sw = (ra % 8) * 4
+            for v in cutlass.range_constexpr(0, n_vals, 2):
+                c2 = (col0 + 8 * (v // 4)) // 2  # 32-bit word (bf16 pair) in the row: box c2 // 32
+                word = cvt_bf16x2(acc[(v, 0, 0)], acc[(v + 1, 0, 0)])
+                r = rb % 64
+                if cutlass.const_expr((v // 2) % 2 == 0):
+                    r = ra % 64
+                sBox[2 * wg + (v // 4) // 8, r, c2 % 32 ^ sw] = word
         else:
             for v in cutlass.range_constexpr(0, n_vals, 2):
                 c2 = (col0 + 8 * (v // 4)) // 2  # 32-bit word (bf16 pair) in the row
@@ -888,8 +967,19 @@ class Gemm256Kernel:
                     sH[ra, c2] = word
                 else:
                     sH[rb, c2] = word
-        bar.arrive_and_wait()
-        self._copy_slab(sH, mH, tm, tn, m, Int32(0), wg, tid, False)
+        if cutlass.const_expr(tma):
+            cute.arch.fence_proxy("async.shared", space="cta")  # the stores are visible to the TMA unit
+            bar.arrive_and_wait()
+            if tid == 0:
+                tma_o, tHs, tHg = h_store
+                boxes = cfg.out_bytes  # per warpgroup: 128 columns of h in 128-byte boxes
+                for j in cutlass.range_constexpr(boxes):
+                    cute.copy(tma_o, tHs[(None, boxes * wg + j)],
+                              tHg[(None, tm * (cfg.tile_m // 64) + wg, boxes * tn + j)])
+                cute.arch.cp_async_bulk_commit_group()
+        else:
+            bar.arrive_and_wait()
+            self._copy_slab(sH, mH, tm, tn, m, Int32(0), wg, tid, False)
 
     @cute.jit
     def _epilogue_linear(self, acc, n_vals: cutlass.Constexpr, r0, col0, tm, tn, m, n, sY, mY, mR, wg, tid):

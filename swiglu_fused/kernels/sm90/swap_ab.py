@@ -63,10 +63,12 @@ class SwapABKernel(Gemm256Kernel):
         )
 
     @cute.jit
-    def _consume(self, tiled_mma, mainloop, sA, sB, storage, mAS, mWS, mOut, mAux, mPart, mCtr, m, n, tidx, wg_idx,
+    def _consume(self, tiled_mma, mainloop, sA, sB, storage, mAS, mWS, outs, mAux, mPart, mCtr, m, n, tidx, wg_idx,
                  bidx, k_tiles, nctas, tiling, dp_tiles, sk_iters, it_begin, it_end, dp_iters, cursor_end):
-        """The swap-AB consumer warpgroups (see the module docstring)."""
+        """The swap-AB consumer warpgroups (see the module docstring); its output leaves by vector
+        stores (outs[0], the output as 32-bit words)."""
         cfg = self.cfg
+        mOut = outs[0]
         ws_last = (n + G - 1) // G - 1
         t = tidx - 128
         thr_mma = tiled_mma.get_slice(t)
