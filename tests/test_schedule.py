@@ -250,22 +250,3 @@ def test_cluster_k_where_few_swap_tiles_leave_hbm_idle():
         gate_up.GateUpConfig(tile_m=128, stages=2, cluster_k=2)  # swap-AB and 64-row tiles only
     with pytest.raises(ValueError, match="stages"):
         gate_up.GateUpConfig(tile_m=64, stages=4, cluster_k=2)  # the 64 KB accumulator leaves room for 3
-
-
-def test_pair_tiles_run_whole_tiles_on_an_even_grid():
-    """The 128 × 128 pair tile (tile_n = 128): a cluster pair per h scale group, so whole tiles on
-    an even grid (the CTAs of a cluster take tiles 2p and 2p + 1 of the same pair p); fp8 gate_up
-    with tile_m = 128 only."""
-    from swiglu_fused.kernels.sm90 import down, gate_up
-
-    cfg = gate_up.PAIR_TILE
-    assert cfg.pair_n and cfg.cluster_size == 2 and cfg.slab_cols == 64
-    # 8192×3584 at M = 4096: 32 M tiles × 56 pair halves
-    assert g.schedule(cfg, 4096, 7168, 8192, 132) == (132, 0)
-    assert g.schedule(cfg, 100, 3072, 576, 132) == (24, 0)  # 24 tiles: one each
-    assert g.schedule(cfg, 100, 3072, 576, 131)[0] % 2 == 0
-    for bad in (dict(tile_m=64), dict(mainloop="bf16"), dict(swap_ab=True, tile_m=16), dict(cluster_m=2)):
-        with pytest.raises(ValueError, match="tile_n"):
-            gate_up.GateUpConfig(**{"tile_m": 128, "tile_n": 128, "stages": 4, **bad})
-    with pytest.raises(ValueError, match="tile_n"):
-        down.DownConfig(tile_m=128, tile_n=128, stages=4)  # the linear epilogue has no pair tile

@@ -153,9 +153,6 @@ def select_config(x, weight, weight_scale, x_scale, *, act: str, h_format: str) 
 # weight k tiles by TMA multicast (TileConfig.cluster_m) measured no reliable gain (benchmarks/NOTES.md,
 # fourth session: -7 % to +13 % against the same tile without clusters, depending on the run).
 CLUSTER_PAIR = GateUpConfig(tile_m=128, stages=4, cluster_m=2)
-# Likewise the 128 × 128 pair tile (pair_n.py: double-buffered promotion, h scale groups shared by a
-# cluster pair): measured 3-10 % slower than the 128-row tile at prefill (benchmarks/NOTES.md).
-PAIR_TILE = GateUpConfig(tile_m=128, tile_n=128, stages=6)
 
 
 def gate_up(config: GateUpConfig, x, weight, weight_scale=None, x_scale=None, *, out=None):

@@ -30,10 +30,6 @@ and the 64-row tile with 3 stages, measured no faster and not dispatched): the s
 with every tile split in two halves, CTAs 2t and 2t + 1 a cluster, and the fix-up through DSMEM
 instead of global memory: the second CTA st.async's its fp32 accumulator into the first's smem
 (completing bytes on its mbarrier), the first adds it and runs the epilogue.
-Pair tiles (TileConfig.tile_n = 128, pair_n.py; correct, measured slower, not dispatched): 128 × 128
-tiles, 64 gate + 64 up rows, the two CTAs of a cluster sharing each h scale group (row amaxes
-exchanged through DSMEM) and the x tile (multicast); their 64-register accumulator leaves room
-for two wgmma temps.
 A tile's 256 weight rows are two 128-row halves, each with its own 128×128 weight scale per k
 block:
 
@@ -106,10 +102,7 @@ class TileConfig:
     """Mainloop part of a compile-time configuration; subclasses name the epilogue."""
 
     tile_m: int = 128  # 128 (prefill: 2 consumer warpgroups) or 64 (decode: 1); swap-AB: 16, 32 or 64 tokens
-    # weight rows per tile: 256 = two 128-row blocks (gate, up); 128 = the pair tile (pair_n.py,
-    # fp8 gate_up with tile_m = 128): 64 gate + 64 up rows, the two CTAs of a cluster taking the
-    # two 64-column halves of one h scale group
-    tile_n: int = 256
+    tile_n: int = 256  # weight rows per tile = two 128-row halves
     stages: int = 4
     mainloop: str = "fp8_block128"
     promote_k: int = 128  # fp8: K elements per wgmma chain before promotion into the fp32 accumulator
@@ -158,13 +151,8 @@ class TileConfig:
         if self.cluster_k not in (1, 2) or (self.cluster_k == 2 and not (self.swap_ab or self.tile_m == 64)):
             raise ValueError(f"{name}.cluster_k: expected 1 or 2 (2 only with swap_ab or tile_m = 64), "
                              f"got {self.cluster_k}")
-        if self.tile_n not in (2 * G, G):
-            raise ValueError(f"{name}.tile_n: expected {2 * G} (two 128-row weight blocks) or {G} (pair tiles), "
-                             f"got {self.tile_n}")
-        if self.pair_n and not (self.tile_m == 128 and self.epilogue == "swiglu" and self.fp8 and not self.swap_ab
-                                and self.cluster_m == 1 and self.cluster_k == 1):
-            raise ValueError(f"{name}.tile_n = {G} (pair tiles): fp8 gate_up with tile_m = 128 only, "
-                             f"no swap_ab, cluster_m or cluster_k")
+        if self.tile_n != 2 * G:
+            raise ValueError(f"{name}.tile_n: expected {2 * G} (two 128-row weight blocks), got {self.tile_n}")
         if self.mainloop not in MAINLOOPS:
             raise ValueError(f"{name}.mainloop: expected one of {MAINLOOPS}, got {self.mainloop!r}")
         if self.promote_k not in (32, 64, 128):
@@ -174,7 +162,7 @@ class TileConfig:
         stage_bytes = (self.tile_m + self.tile_n) * self.tile_k * self.elem_bytes
         # output staging + the swap-AB amax exchange + the cluster_k accumulator + mbarriers (16 B a
         # stage; 64 reserved)
-        fixed = self.out_stage_bytes + 4 * self.red_words + 4 * self.xacc_words + 4 * self.xamax_words + 64 * self.stages
+        fixed = self.out_stage_bytes + 4 * self.red_words + 4 * self.xacc_words + 64 * self.stages
         if self.stages < 2 or self.stages * stage_bytes + fixed > SMEM_BYTES:
             raise ValueError(
                 f"{name}.stages: {self.stages} stages of {stage_bytes} B plus {self.out_stage_bytes} B of "
@@ -183,24 +171,9 @@ class TileConfig:
             )
 
     @property
-    def pair_n(self) -> bool:
-        """The 128 × 128 pair tile (pair_n.py): the CTAs of a cluster pair share h scale groups."""
-        return self.tile_n == G
-
-    @property
-    def slab_cols(self) -> int:
-        """Output columns a tile stages at a time: h columns of a tile (swiglu), or half a tile (linear)."""
-        return self.tile_n // 2
-
-    @property
-    def xamax_words(self) -> int:
-        """fp32 words of smem receiving the pair CTA's row amaxes (pair tiles: two slots of tile_m)."""
-        return 2 * self.tile_m if self.pair_n else 4
-
-    @property
     def h_tma_store(self) -> bool:
         """Whether h leaves through TMA stores (tma_store; the swiglu epilogue of the 64/128-row tiles)."""
-        return self.tma_store and self.epilogue == "swiglu" and not self.swap_ab and not self.pair_n
+        return self.tma_store and self.epilogue == "swiglu" and not self.swap_ab
 
     @property
     def out_row_words(self) -> int:
@@ -208,7 +181,7 @@ class TileConfig:
         so that a warp's 8 rows × 4 lanes of fragment stores hit distinct banks and rows stay
         16-byte aligned for the vector copy-out. With TMA stores no padding: the slab is 128-byte
         swizzled instead (Gemm256Kernel._h_store_layout), which spreads those stores as well."""
-        return G * self.out_bytes // 4 if self.h_tma_store else (self.slab_cols * self.out_bytes + 16) // 4
+        return G * self.out_bytes // 4 if self.h_tma_store else (G * self.out_bytes + 16) // 4
 
     @property
     def out_stage_bytes(self) -> int:
@@ -232,7 +205,7 @@ class TileConfig:
 
     @property
     def cluster_size(self) -> int:
-        return self.cluster_m * self.cluster_k * (2 if self.pair_n else 1)
+        return self.cluster_m * self.cluster_k
 
     @property
     def fp8(self) -> bool:
@@ -259,8 +232,6 @@ class Gemm256Kernel:
         self.num_mma_wg = config.consumer_threads // 128
         self.threads = 128 * (1 + self.num_mma_wg)
         self.tile_mnk = (config.tile_m, config.tile_n, config.tile_k)
-        # weight rows per TMA box: a whole tile, or (pair tiles) its 64 gate rows, then its 64 up rows
-        self.b_box_rows = 64 if config.pair_n else config.tile_n
         self.overlap = (config.fp8 and config.overlap and not config.swap_ab and self.num_mma_wg == 1
                         and config.promote_k == G)
         # registers per consumer thread after setmaxnreg (the producer keeps 40): the 64K register
@@ -304,15 +275,14 @@ class Gemm256Kernel:
         mWS = cute.make_tensor(ws_ptr, cute.make_layout(((n + G - 1) // G, kb), stride=(kb, 1)))
         # outputs as 32-bit words (4 e4m3 or 2 bf16 each), written 16 bytes at a time
         if cutlass.const_expr(cfg.epilogue == "swiglu"):
-            out_words = cute.assume(n_tiles * (cfg.slab_cols * cfg.out_bytes // 4), divby=cfg.slab_cols * cfg.out_bytes // 4)
+            out_words = cute.assume(n_tiles * (G * cfg.out_bytes // 4), divby=G * cfg.out_bytes // 4)
         else:
             out_words = cute.assume(n_units * (N_ALIGN // 2), divby=N_ALIGN // 2)
         mOut = cute.make_tensor(
             cute.recast_ptr(out_ptr, dtype=Int32), cute.make_layout((m, out_words), stride=(out_words, 1))
         )
         if cutlass.const_expr(cfg.epilogue == "swiglu"):
-            hs_cols = n_tiles // (G // cfg.slab_cols)  # (a pair tile holds half a scale group)
-            mAux = cute.make_tensor(aux_ptr, cute.make_layout((m, hs_cols), stride=(1, m)))  # h_scale, M-major
+            mAux = cute.make_tensor(aux_ptr, cute.make_layout((m, n_tiles), stride=(1, m)))  # h_scale, M-major
         else:  # residual, bf16 pairs as words like y
             mAux = cute.make_tensor(
                 cute.recast_ptr(aux_ptr, dtype=Int32), cute.make_layout((m, out_words), stride=(out_words, 1))
@@ -321,18 +291,14 @@ class Gemm256Kernel:
         tiled_mma = self._tiled_mma()
         a_layout = self._smem_layout(cfg.tile_m)
         b_layout = self._smem_layout(cfg.tile_n)
-        # (pair tiles: the x tile is multicast over the cluster pair, each CTA loading half of it)
-        a_op = (cute.nvgpu.cpasync.CopyBulkTensorTileG2SMulticastOp() if cfg.pair_n
-                else cute.nvgpu.cpasync.CopyBulkTensorTileG2SOp())
         tma_a, tma_tA = cute.nvgpu.cpasync.make_tiled_tma_atom(
-            a_op, mA, cute.slice_(a_layout, (None, None, 0)), (cfg.tile_m, cfg.tile_k),
-            num_multicast=2 if cfg.pair_n else 1,
+            cute.nvgpu.cpasync.CopyBulkTensorTileG2SOp(), mA,
+            cute.slice_(a_layout, (None, None, 0)), (cfg.tile_m, cfg.tile_k),
         )
         b_op = (cute.nvgpu.cpasync.CopyBulkTensorTileG2SMulticastOp() if cfg.cluster_m > 1
                 else cute.nvgpu.cpasync.CopyBulkTensorTileG2SOp())
-        b_box = self._smem_layout(self.b_box_rows)
         tma_b, tma_tB = cute.nvgpu.cpasync.make_tiled_tma_atom(
-            b_op, mB, cute.slice_(b_box, (None, None, 0)), (self.b_box_rows, cfg.tile_k), num_multicast=cfg.cluster_m,
+            b_op, mB, cute.slice_(b_layout, (None, None, 0)), (cfg.tile_n, cfg.tile_k), num_multicast=cfg.cluster_m,
         )
         tma_o, mO_tma = tma_a, mA  # (placeholders: the kernel reads them only with h_tma_store)
         if cutlass.const_expr(cfg.h_tma_store):
@@ -357,8 +323,6 @@ class Gemm256Kernel:
             red: cute.struct.MemRange[Float32, cfg.red_words]  # swap-AB: cross-warp amax
             xacc: cute.struct.Align[cute.struct.MemRange[Float32, cfg.xacc_words], 16]  # cluster_k: peer's acc
             xbar: cute.struct.MemRange[cutlass.Int64, 1]  # cluster_k: its arrival (st.async bytes)
-            xamax: cute.struct.Align[cute.struct.MemRange[Float32, cfg.xamax_words], 16]  # pair tiles: peer's amax
-            xabar: cute.struct.MemRange[cutlass.Int64, 2]  # pair tiles: their arrival, per slot
 
         self.shared_storage = SharedStorage
 
@@ -441,14 +405,14 @@ class Gemm256Kernel:
         )
         if cutlass.const_expr(self.cfg.pdl):  # the previous kernel's outputs (x, scales) are complete
             cute.arch.griddepcontrol_wait()
-        tAsA, tAgA, tBsB, tBgB, mc_mask = tma_parts
+        tAsA, tAgA, tBsB, tBgB, b_mask = tma_parts
         k_tiles, nctas, tiling, dp_tiles, sk_iters, it_begin, it_end, dp_iters, cursor_end = sched
 
         if wg_idx == 0:
             # ---------------- producer warpgroup: one warp issues the TMA loads
             cute.arch.setmaxregister_decrease(40)
             if warp_idx == 0:
-                self._produce(mainloop, tma_a, tAgA, tAsA, tma_b, tBgB, tBsB, mc_mask, cursor_end, bidx, nctas,
+                self._produce(mainloop, tma_a, tAgA, tAsA, tma_b, tBgB, tBsB, b_mask, cursor_end, bidx, nctas,
                               dp_iters, k_tiles, dp_tiles, it_begin, it_end, tiling)
         else:
             # ---------------- consumer warpgroups: wgmma, promotion, epilogue
@@ -456,7 +420,7 @@ class Gemm256Kernel:
             self._consume(tiled_mma, mainloop, sA, sB, storage, mAS, mWS, (mOut, tma_o, mO_tma), mAux, mPart, mCtr, m, n,
                           tidx, wg_idx,
                           bidx, k_tiles, nctas, tiling, dp_tiles, sk_iters, it_begin, it_end, dp_iters, cursor_end)
-        if cutlass.const_expr(self.cfg.cluster_size > 1 and self.cfg.cluster_m == 1):
+        if cutlass.const_expr(self.cfg.cluster_k > 1):
             # no CTA leaves while its peer may still be sending to it (or its st.async are in flight)
             cute.arch.cluster_arrive()
             cute.arch.cluster_wait()
@@ -721,22 +685,19 @@ class Gemm256Kernel:
             self.ab_dtype, cute.slice_(b_layout, (None, None, 0))
         )
         cl = cfg.cluster_m
-        mc = 2 if cfg.pair_n else cl  # CTAs a stage's loads are multicast over (weights, or x for pair tiles)
-        # a stage is free once every consumer warp of every CTA its tiles were multicast to has
-        # released it (lane r of each consumer warp arrives on CTA r's barrier)
+        # a stage is free once every consumer warp of every CTA its weight tile was multicast to
+        # has released it (lane r of each consumer warp arrives on CTA r's barrier)
         mainloop = pipeline.PipelineTmaAsync.create(
             barrier_storage=storage.mbar.data_ptr(),
             num_stages=cfg.stages,
             producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread),
-            consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, self.num_mma_wg * 4 * mc),
+            consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, self.num_mma_wg * 4 * cl),
             tx_count=stage_bytes,
-            cta_layout_vmnk=cute.make_layout((1, mc, 1, 1)),
+            cta_layout_vmnk=cute.make_layout((1, cl, 1, 1)),
             defer_sync=True,
         )
         if cfg.cluster_k > 1:
             self._init_xbar(storage)
-        if cfg.pair_n:
-            self._init_xabar(storage)
         # (a cluster-wide sync when the launch has clusters: the peer's barriers are initialized
         # before anyone signals them)
         pipeline_init_arrive(cluster_shape_mn=(cfg.cluster_size, 1), is_relaxed=True)
@@ -746,30 +707,19 @@ class Gemm256Kernel:
 
         # (bM, bK, RestM, RestK) and (bN, bK, RestN, RestK)
         gA = cute.local_tile(mA, (cfg.tile_m, cfg.tile_k), (None, None))
-        gB = cute.local_tile(mB, (self.b_box_rows, cfg.tile_k), (None, None))
+        gB = cute.local_tile(mB, (cfg.tile_n, cfg.tile_k), (None, None))
         k_tiles = cute.size(gA, mode=[3])
-        rank = 0
-        mc_mask = None
-        if mc > 1:  # trace time: this CTA loads its part of each multicast k tile for the whole cluster
-            rank = cute.arch.make_warp_uniform(cute.arch.block_idx_in_cluster())
-            mc_mask = cute.make_layout_image_mask(cute.make_layout((mc, 1, 1)), (rank, 0, 0), mode=0)
-        a_mc = 2 if cfg.pair_n else 1
         tAsA, tAgA = cute.nvgpu.cpasync.tma_partition(
-            tma_a, rank if cfg.pair_n else 0, cute.make_layout(a_mc), cute.group_modes(sA, 0, 2),
-            cute.group_modes(gA, 0, 2)
+            tma_a, 0, cute.make_layout(1), cute.group_modes(sA, 0, 2), cute.group_modes(gA, 0, 2)
         )
-        if cfg.pair_n:  # the two 64-row boxes of a stage: its gate rows, then its up rows
-            tBsB = []
-            for part in range(2):
-                sPart = cute.local_tile(sB, (64, cfg.tile_k, cfg.stages), (part, 0, 0))
-                tBsB_p, tBgB = cute.nvgpu.cpasync.tma_partition(
-                    tma_b, 0, cute.make_layout(1), cute.group_modes(sPart, 0, 2), cute.group_modes(gB, 0, 2)
-                )
-                tBsB.append(tBsB_p)
-        else:
-            tBsB, tBgB = cute.nvgpu.cpasync.tma_partition(
-                tma_b, rank, cute.make_layout(cl), cute.group_modes(sB, 0, 2), cute.group_modes(gB, 0, 2)
-            )
+        rank = 0
+        b_mask = None
+        if cl > 1:  # trace time: this CTA loads its part of each weight k tile for the whole cluster
+            rank = cute.arch.make_warp_uniform(cute.arch.block_idx_in_cluster())
+            b_mask = cute.make_layout_image_mask(cute.make_layout((cl, 1, 1)), (rank, 0, 0), mode=0)
+        tBsB, tBgB = cute.nvgpu.cpasync.tma_partition(
+            tma_b, rank, cute.make_layout(cl), cute.group_modes(sB, 0, 2), cute.group_modes(gB, 0, 2)
+        )
 
         pipeline_init_wait(cluster_shape_mn=(cfg.cluster_size, 1))
 
@@ -790,15 +740,7 @@ class Gemm256Kernel:
         dp_iters = (dp_tiles - bidx + nctas - 1) // nctas * k_tiles
         cursor_end = dp_iters + it_end - it_begin
         sched = (k_tiles, nctas, tiling, dp_tiles, sk_iters, it_begin, it_end, dp_iters, cursor_end)
-        return storage, mainloop, sA, sB, (tAsA, tAgA, tBsB, tBgB, mc_mask), sched
-
-    @cute.jit
-    def _init_xabar(self, storage):
-        """Pair tiles: the barriers the peer's row amaxes complete on, one per slot (one arrival each)."""
-        if cute.arch.thread_idx()[0] == 0:
-            cute.arch.mbarrier_init(storage.xabar.data_ptr(), 1)
-            cute.arch.mbarrier_init(storage.xabar.data_ptr() + 1, 1)
-        cute.arch.mbarrier_init_fence()
+        return storage, mainloop, sA, sB, (tAsA, tAgA, tBsB, tBgB, b_mask), sched
 
     @cute.jit
     def _init_xbar(self, storage):
@@ -1076,7 +1018,7 @@ class Gemm256Kernel:
         [128·slab, 128·slab + 128), 16 bytes per thread per step, row-contiguous; rows ≥ M skipped,
         and for the linear epilogue 16-byte chunks ≥ n_chunks (its column mask at N)."""
         cfg = self.cfg
-        chunks = cfg.slab_cols * cfg.out_bytes // 16
+        chunks = G * cfg.out_bytes // 16
         gO = cute.zipped_divide(mO, (1, 4))  # ((1, 4), (M, words / 4))
         sOv = cute.zipped_divide(sO, (1, 4))
         copy16 = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), Int32, num_bits_per_copy=128)
@@ -1175,8 +1117,7 @@ def schedule(config: TileConfig, m: int, n: int, k: int, sms: int) -> tuple[int,
     cl = config.cluster_m
     grid_m = -(-m // (config.tile_m * cl)) * cl
     tiles = grid_m * -(-n // config.tile_n)
-    if cl > 1 or config.pair_n:  # whole tiles, cluster pairs (the pair tiles: 2 along N)
-        cl = config.cluster_size
+    if cl > 1:
         return max(cl, min(tiles, sms) // cl * cl), 0
     if config.cluster_k > 1:  # every tile split over a cluster pair; one tile per cluster
         if 2 * tiles > sms:
@@ -1212,10 +1153,6 @@ def kernel_class(config: TileConfig):
         from .swap_ab import SwapABKernel
 
         return SwapABKernel
-    if config.pair_n:
-        from .pair_n import PairNKernel
-
-        return PairNKernel
     return Gemm256Kernel
 
 
