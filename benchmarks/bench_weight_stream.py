@@ -7,9 +7,9 @@ layout of the weight matter (GPU, Triton)?
     tile-major    W as [N/256, K/128, 256, 128]: a tile is one contiguous 32 KB run
 
 Each program takes work items (a tile and a share of its k tiles, as stream-K deals them out, so
-that every program has work) and xors them into one value (kept, so that nothing is optimized away). Reported:
-µs per pass (median of CUDA-event-timed CUDA-graph replays, operands rotated past L2) and TB/s.
-A plain copy (`torch.Tensor.copy_`) of the same bytes is the yardstick (the roofline floor of
+that every program has work) and xors them into one value (kept, so that nothing is optimized
+away). Reported: µs per pass (median of CUDA-event-timed CUDA-graph replays, operands rotated
+past L2) and TB/s. A plain copy (`torch.Tensor.copy_`) of the same bytes is the yardstick (the roofline floor of
 bench_gate_up.py uses its rate, 2.96 TB/s).
 
     python benchmarks/bench_weight_stream.py [--shapes 8192x3584,4096x14336] [--programs 56,112,132]
@@ -18,11 +18,15 @@ bench_gate_up.py uses its rate, 2.96 TB/s).
 from __future__ import annotations
 
 import argparse
-import statistics
+import os
+import sys
 
 import torch
 import triton
 import triton.language as tl
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench_gate_up import graph_time_us  # noqa: E402
 
 
 @triton.jit
@@ -49,27 +53,6 @@ def _stream(w_ptr, out_ptr, n_tiles, k_tiles, k_split, K, TILE_MAJOR: tl.constex
     tl.store(out_ptr + pid, tl.sum(acc))
 
 
-def time_us(fn, iters=30):
-    s = torch.cuda.Stream()
-    with torch.cuda.stream(s):
-        fn()
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        fn()
-    for _ in range(3):
-        g.replay()
-    times = []
-    for _ in range(iters):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        g.replay()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b) * 1e3)
-    return statistics.median(times)
-
-
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--shapes", default="8192x3584,4096x14336", help="HxI: W = packed gate_up [2I, H]")
@@ -87,7 +70,7 @@ def main():
         tiled = [w.view(n // a.rows, a.rows, k // a.cols, cols).permute(0, 2, 1, 3).contiguous() for w in ws]
         dst = torch.empty_like(ws[0])
         mb = n * k / 1e6
-        copy_us = time_us(lambda: [dst.copy_(w) for w in ws]) / rot
+        copy_us = graph_time_us(lambda: [dst.copy_(w) for w in ws], 30, reps=1) / rot
         # a copy moves 2× the bytes: its rate is read + write bytes over time
         print(f"{hidden}x{inter}: W {mb:.1f} MB; copy {copy_us:.1f} µs ({2 * mb / copy_us:.2f} TB/s read+write)")
         for progs in map(int, a.programs.split(",")):
@@ -98,7 +81,7 @@ def main():
                     for w in bufs:
                         _stream[(progs,)](w, out, n // a.rows, k // a.cols, split, k // 4, TILE_MAJOR=tile_major,
                                           ROWS=a.rows, COLS=cols, STAGES=a.stages, num_warps=8)
-                us = time_us(run) / rot
+                us = graph_time_us(run, 30, reps=1) / rot
                 print(f"  {progs:4d} programs ({split} k chunks per tile) {name:>10}: {us:6.1f} µs  {mb / us:.2f} TB/s",
                       flush=True)
 
