@@ -240,6 +240,7 @@ class Gemm256Kernel:
         self.consumer_regs = 232 if self.num_mma_wg == 2 else 256
         if config.epilogue == "swiglu":
             self.act = epilogue.activation(config.act)
+            self.h_dtype = cutlass.Float8E4M3FN if config.out_bytes == 1 else cutlass.BFloat16
 
     # ------------------------------------------------------------------ host
     @cute.jit
@@ -302,10 +303,9 @@ class Gemm256Kernel:
         )
         tma_o, mO_tma = tma_a, mA  # (placeholders: the kernel reads them only with h_tma_store)
         if cutlass.const_expr(cfg.h_tma_store):
-            h_dtype = cutlass.Float8E4M3FN if cfg.out_bytes == 1 else cutlass.BFloat16
             i_cols = cute.assume(n_tiles * G, divby=G)
             mH = cute.make_tensor(
-                cute.recast_ptr(out_ptr, dtype=h_dtype), cute.make_layout((m, i_cols), stride=(i_cols, 1))
+                cute.recast_ptr(out_ptr, dtype=self.h_dtype), cute.make_layout((m, i_cols), stride=(i_cols, 1))
             )
             box = self._h_store_layout()
             tma_o, mO_tma = cute.nvgpu.cpasync.make_tiled_tma_atom(
@@ -342,10 +342,9 @@ class Gemm256Kernel:
         bf16: 64), 128-byte swizzled: (64, box columns, boxes), box 2w + j (bf16) or w (fp8) for
         warpgroup w; the same bytes as the unpadded slab rows, the swizzle aside."""
         cfg = self.cfg
-        h_dtype = cutlass.Float8E4M3FN if cfg.out_bytes == 1 else cutlass.BFloat16
         cols = 128 // cfg.out_bytes
         atom = cute.nvgpu.warpgroup.make_smem_layout_atom(
-            sm90_utils.get_smem_layout_atom(utils.LayoutEnum.ROW_MAJOR, h_dtype, cols), h_dtype
+            sm90_utils.get_smem_layout_atom(utils.LayoutEnum.ROW_MAJOR, self.h_dtype, cols), self.h_dtype
         )
         return cute.tile_to_shape(atom, (64, cols, cfg.tile_m // 64 * cfg.out_bytes), order=(0, 1, 2))
 
@@ -417,9 +416,9 @@ class Gemm256Kernel:
         else:
             # ---------------- consumer warpgroups: wgmma, promotion, epilogue
             cute.arch.setmaxregister_increase(self.consumer_regs)
-            self._consume(tiled_mma, mainloop, sA, sB, storage, mAS, mWS, (mOut, tma_o, mO_tma), mAux, mPart, mCtr, m, n,
-                          tidx, wg_idx,
-                          bidx, k_tiles, nctas, tiling, dp_tiles, sk_iters, it_begin, it_end, dp_iters, cursor_end)
+            self._consume(tiled_mma, mainloop, sA, sB, storage, mAS, mWS, (mOut, tma_o, mO_tma), mAux, mPart, mCtr,
+                          m, n, tidx, wg_idx, bidx, k_tiles, nctas, tiling, dp_tiles, sk_iters, it_begin, it_end,
+                          dp_iters, cursor_end)
         if cutlass.const_expr(self.cfg.cluster_k > 1):
             # no CTA leaves while its peer may still be sending to it (or its st.async are in flight)
             cute.arch.cluster_arrive()
@@ -465,8 +464,7 @@ class Gemm256Kernel:
         if cutlass.const_expr(cfg.h_tma_store):
             # the same smem as TMA boxes: (64 rows, 128 bytes of h, box), box = warpgroup · boxes + j
             box = self._h_store_layout()
-            h_dtype = cutlass.Float8E4M3FN if cfg.out_bytes == 1 else cutlass.BFloat16
-            sBox = storage.sO.get_tensor(box.outer, swizzle=box.inner, dtype=h_dtype)
+            sBox = storage.sO.get_tensor(box.outer, swizzle=box.inner, dtype=self.h_dtype)
             gBox = cute.local_tile(mO_tma, (64, 128 // cfg.out_bytes), (None, None))
             tHs, tHg = cute.nvgpu.cpasync.tma_partition(
                 tma_o, 0, cute.make_layout(1), cute.group_modes(sBox, 0, 2), cute.group_modes(gBox, 0, 2)
