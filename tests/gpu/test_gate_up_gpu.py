@@ -64,6 +64,15 @@ TOL = {
 }
 
 
+def assert_matches_reference(h, hs, args, act, h_format, mainloop="fp8_block128"):
+    """h (and its scales) within the tolerance of the mainloop against reference.gate_up."""
+    h_ref, hs_ref = reference.gate_up(**args, act=act, h_format=h_format)
+    if h_format == "fp8_group128":
+        assert_fp8_group_close(h, hs, h_ref, hs_ref, **TOL[mainloop])
+    else:
+        assert_bf16_close(h, h_ref)
+
+
 def check(mainloop, h_format, act, m, hidden, inter):
     from swiglu_fused.kernels.sm90 import gate_up as k
 
@@ -73,10 +82,7 @@ def check(mainloop, h_format, act, m, hidden, inter):
                           act=act, h_format=h_format)
     assert cfg is not None and cfg.mainloop == mainloop
     h, hs = run_kernel(cfg, args)
-    h_ref, hs_ref = reference.gate_up(**args, act=act, h_format=h_format)
-    if h_format == "fp8_group128":
-        return assert_fp8_group_close(h, hs, h_ref, hs_ref, **TOL[mainloop])
-    assert_bf16_close(h, h_ref)
+    assert_matches_reference(h, hs, args, act, h_format, mainloop)
 
 
 @pytest.mark.parametrize("act", ACTS)
@@ -156,8 +162,7 @@ def test_stream_k_is_repeatable_and_leaves_counters_zero(monkeypatch, mainloop, 
     assert sk_tiles > 0 and not ctr.any()
     for h, hs in outs[1:]:
         assert torch.equal(h.view(torch.uint8), outs[0][0].view(torch.uint8)) and torch.equal(hs, outs[0][1])
-    h_ref, hs_ref = reference.gate_up(**args, act="silu", h_format="fp8_group128")
-    assert_fp8_group_close(outs[0][0], outs[0][1], h_ref, hs_ref, **TOL[mainloop])
+    assert_matches_reference(outs[0][0], outs[0][1], args, "silu", "fp8_group128", mainloop)
 
 
 @pytest.mark.parametrize("h_format", ["fp8_group128", "bf16"])
@@ -171,11 +176,7 @@ def test_cluster_pairs_with_a_padding_m_tile(hidden, inter, m, h_format):
     args = make_operands(m, hidden, inter, "fp8_block128", seed=m)
     cfg = dataclasses.replace(k.CLUSTER_PAIR, h_format=h_format)
     h, hs = run_kernel(cfg, args)
-    h_ref, hs_ref = reference.gate_up(**args, act="silu", h_format=h_format)
-    if h_format == "fp8_group128":
-        assert_fp8_group_close(h, hs, h_ref, hs_ref, **TOL["fp8_block128"])
-    else:
-        assert_bf16_close(h, h_ref)
+    assert_matches_reference(h, hs, args, "silu", h_format)
 
 
 @pytest.mark.parametrize("mainloop", ["fp8_block128", "bf16"])
@@ -197,8 +198,7 @@ def test_cluster_k_pairs_match_stream_k_split_2(hidden, inter, m, tile_m, mainlo
     h2, hs2 = run_kernel(dataclasses.replace(cfg, cluster_k=1), args)
     assert torch.equal(h.view(torch.uint8), h2.view(torch.uint8))
     assert torch.equal(hs, hs2)
-    h_ref, hs_ref = reference.gate_up(**args, act="silu", h_format="fp8_group128")
-    assert_fp8_group_close(h, hs, h_ref, hs_ref, **TOL[mainloop])
+    assert_matches_reference(h, hs, args, "silu", "fp8_group128", mainloop)
 
 
 @pytest.mark.parametrize("h_format", ["fp8_group128", "bf16"])
@@ -218,8 +218,4 @@ def test_h_by_tma_store_is_the_copy_out_bit_for_bit(hidden, inter, m, tile_m, h_
         assert torch.equal(h.view(torch.uint8), h2.view(torch.uint8)) and torch.equal(hs, hs2)
     else:
         assert torch.equal(h, h2)
-    h_ref, hs_ref = reference.gate_up(**args, act="silu", h_format=h_format)
-    if h_format == "fp8_group128":
-        assert_fp8_group_close(h, hs, h_ref, hs_ref, **TOL["fp8_block128"])
-    else:
-        assert_bf16_close(h, h_ref)
+    assert_matches_reference(h, hs, args, "silu", h_format)

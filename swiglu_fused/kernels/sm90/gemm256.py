@@ -115,7 +115,8 @@ class TileConfig:
     # tile, each loads half of its weight k tiles and TMA multicasts it to both (half the L2
     # traffic for weights). Whole tiles only (no stream-K); the M tiles are padded to a multiple.
     cluster_m: int = 1
-    # CTAs per cluster along K (1 or 2; swap-AB tiles only): every tile is split in two K halves
+    # CTAs per cluster along K (1 or 2; swap-AB tiles, and the 64-row tile with 3 stages, measured no
+    # faster and not dispatched): every tile is split in two K halves
     # run by the two CTAs of a cluster, and the second sends its fp32 accumulator into the first's
     # shared memory (st.async, DSMEM), which adds it and runs the epilogue. Twice the CTAs
     # streaming weights at decode, without stream-K's global partials, counters and their memset.
@@ -241,6 +242,7 @@ class Gemm256Kernel:
         if config.epilogue == "swiglu":
             self.act = epilogue.activation(config.act)
             self.h_dtype = cutlass.Float8E4M3FN if config.out_bytes == 1 else cutlass.BFloat16
+            self.h_box = (64, 128 // config.out_bytes)  # TMA store box of h (tma_store): 128 bytes a row
 
     # ------------------------------------------------------------------ host
     @cute.jit
@@ -309,8 +311,7 @@ class Gemm256Kernel:
             )
             box = self._h_store_layout()
             tma_o, mO_tma = cute.nvgpu.cpasync.make_tiled_tma_atom(
-                cute.nvgpu.cpasync.CopyBulkTensorTileS2GOp(), mH, cute.slice_(box, (None, None, 0)),
-                (64, 128 // cfg.out_bytes),
+                cute.nvgpu.cpasync.CopyBulkTensorTileS2GOp(), mH, cute.slice_(box, (None, None, 0)), self.h_box,
             )
 
         @cute.struct
@@ -342,11 +343,10 @@ class Gemm256Kernel:
         bf16: 64), 128-byte swizzled: (64, box columns, boxes), box 2w + j (bf16) or w (fp8) for
         warpgroup w; the same bytes as the unpadded slab rows, the swizzle aside."""
         cfg = self.cfg
-        cols = 128 // cfg.out_bytes
         atom = cute.nvgpu.warpgroup.make_smem_layout_atom(
-            sm90_utils.get_smem_layout_atom(utils.LayoutEnum.ROW_MAJOR, self.h_dtype, cols), self.h_dtype
+            sm90_utils.get_smem_layout_atom(utils.LayoutEnum.ROW_MAJOR, self.h_dtype, self.h_box[1]), self.h_dtype
         )
-        return cute.tile_to_shape(atom, (64, cols, cfg.tile_m // 64 * cfg.out_bytes), order=(0, 1, 2))
+        return cute.tile_to_shape(atom, (*self.h_box, cfg.tile_m // 64 * cfg.out_bytes), order=(0, 1, 2))
 
     def _tiled_mma(self, tile_n: int = G):
         """64 rows of A × tile_n weight rows per warpgroup: one B half (128) per wgmma chain, or
@@ -465,7 +465,7 @@ class Gemm256Kernel:
             # the same smem as TMA boxes: (64 rows, 128 bytes of h, box), box = warpgroup · boxes + j
             box = self._h_store_layout()
             sBox = storage.sO.get_tensor(box.outer, swizzle=box.inner, dtype=self.h_dtype)
-            gBox = cute.local_tile(mO_tma, (64, 128 // cfg.out_bytes), (None, None))
+            gBox = cute.local_tile(mO_tma, self.h_box, (None, None))
             tHs, tHg = cute.nvgpu.cpasync.tma_partition(
                 tma_o, 0, cute.make_layout(1), cute.group_modes(sBox, 0, 2), cute.group_modes(gBox, 0, 2)
             )
