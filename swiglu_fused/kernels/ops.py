@@ -17,9 +17,11 @@ the kernel; everything else (CPU, other GPUs, formats without a kernel yet) runs
 ``down`` runs its sm90 kernel (fp8_block128 or bf16, bf16 output, H a multiple of 8) with the fp8
 swap-AB tile (M ≤ 64), where its 64-row tile shares a long K out by stream-K (M ≤ 128 at I = 14336:
 1.12× cuBLAS), for bf16 also from a full wave of tiles up to M = 4096, and elsewhere only where
-cuBLAS does not take the shape (cuBLAS is as fast or faster there, sm90/down.py beats_cublas); cuBLAS (block-scaled ``torch._scaled_mm`` for fp8, a bf16 GEMM
-for bf16; see cublas.py) runs the rest on CUDA, and the reference elsewhere (CPU, nvfp4). Plain eager calls skip the torch.library dispatcher (``_direct``); the registered
-ops run under torch.compile, fake-tensor modes and for inputs that require grad.
+cuBLAS does not take the shape (cuBLAS is as fast or faster there, sm90/down.py beats_cublas);
+cuBLAS (block-scaled ``torch._scaled_mm`` for fp8, a bf16 GEMM for bf16; see cublas.py) runs the
+rest on CUDA, and the reference elsewhere (CPU, nvfp4). Plain eager calls skip the torch.library
+dispatcher (``_direct``); the registered ops run under torch.compile, fake-tensor modes and for
+inputs that require grad.
 """
 
 from __future__ import annotations
