@@ -250,3 +250,31 @@ def test_cluster_k_where_few_swap_tiles_leave_hbm_idle():
         gate_up.GateUpConfig(tile_m=128, stages=2, cluster_k=2)  # swap-AB and 64-row tiles only
     with pytest.raises(ValueError, match="stages"):
         gate_up.GateUpConfig(tile_m=64, stages=4, cluster_k=2)  # the 64 KB accumulator leaves room for 3
+
+
+@pytest.mark.parametrize("m,inter,expect", [
+    (1024, 3584, True),  # 28 → 32 h tiles a row of M tiles: 224 → 256 tiles, two rounds of 7/8 the work
+    (256, 14336, True),
+    (512, 3584, True),  # one round either way, of 112 columns instead of 128
+    (1024, 14336, False),  # 896 → 1024 tiles: seven rounds → eight of 7/8, no gain
+    (4096, 3584, False),
+    (1024, 1536, False),  # I % 112 != 0
+    (1024, 8192, False),
+])
+def test_gate_up_granule_tile_where_its_rounds_are_shorter(m, inter, expect):
+    from swiglu_fused.kernels.sm90 import gate_up
+
+    assert gate_up.granules_apply(m, 2 * inter, 132) == expect
+    cfg = gate_up.GateUpConfig(tile_m=128, tile_n=224, stages=4, mainloop="bf16", h_format="bf16")
+    assert cfg in gate_up.shipped_configs()
+    assert g.schedule(cfg, m, 2 * inter, 4096, 132) == (min(132, -(-m // 128) * -(-inter // 112)), 0)  # whole tiles
+
+
+@pytest.mark.parametrize("kw", [dict(mainloop="fp8_block128", h_format="bf16"), dict(mainloop="bf16"),
+                                dict(mainloop="bf16", h_format="bf16", tile_m=64),
+                                dict(mainloop="bf16", h_format="bf16", cluster_m=2)])
+def test_granule_tile_only_for_bf16_to_bf16_on_128_rows(kw):
+    from swiglu_fused.kernels.sm90 import gate_up
+
+    with pytest.raises(ValueError, match="tile_n = 224"):
+        gate_up.GateUpConfig(**{"tile_m": 128, "tile_n": 224, "stages": 4, **kw})

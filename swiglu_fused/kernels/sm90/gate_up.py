@@ -12,7 +12,8 @@ Operands (ground truth: reference.gate_up):
 
 The kernel is gemm256.Gemm256Kernel (mainloop, fragment layout and stores are drawn there) with
 the "swiglu" epilogue: a tile of 256 packed rows = 128 gate rows + 128 up rows yields h columns
-[128n, 128n+128), one fp8 scale group. This module holds its configuration, the shipped configs,
+[128n, 128n+128), one fp8 scale group (for bf16 → bf16 h, where waves fit better, a tile of
+224 rows: 112 h columns, granules_apply). This module holds its configuration, the shipped configs,
 the config selection and the host launch.
 Performance and accuracy measurements: benchmarks/NOTES.md.
 """
@@ -25,7 +26,7 @@ import cutlass
 from cutlass import Float32
 
 from . import epilogue
-from .gemm256 import G, MAINLOOPS, TileConfig, compile_kernel, launch
+from .gemm256 import G, MAINLOOPS, TILE_N_GRANULES, TileConfig, compile_kernel, launch
 
 
 @dataclass(frozen=True)
@@ -109,6 +110,26 @@ def tile_for(m: int, n: int, sms: int) -> tuple[int, int, bool]:
     return 128, 4, False
 
 
+# The bf16 → bf16 h 128-row tile over 112 h columns (tile_n = 224, 16-row gate/up granules) where
+# whole waves of it take less time than the 256-row tile's: I = 3584 at M = 1024 has 224 tiles of
+# 256 rows on 132 SMs (1.7 waves, two rounds) but 256 of 224 rows (1.94 waves, two rounds of 7/8
+# the work). Needs I % 112 == 0. GRANULE_MIN_GAIN: the predicted round time must be this much lower.
+GRANULE_MIN_GAIN = 0.95
+
+
+def granules_apply(m: int, n: int, sms: int) -> bool:
+    """Whether the 128-row bf16 → bf16 h tile of M rows, N = 2I weight rows takes 112 h columns."""
+    i_cols = n // 2
+    if i_cols % (TILE_N_GRANULES // 2):
+        return False
+    grid_m = -(-m // 128)
+
+    def rounds_cost(cols):
+        return -(-grid_m * (i_cols // cols) // sms) * cols
+
+    return rounds_cost(TILE_N_GRANULES // 2) < GRANULE_MIN_GAIN * rounds_cost(G)
+
+
 def shipped_configs() -> list[GateUpConfig]:
     out = []
     for mainloop in MAINLOOPS:
@@ -121,6 +142,9 @@ def shipped_configs() -> list[GateUpConfig]:
                 if mainloop == "fp8_block128":  # cluster_k_applies
                     out.append(GateUpConfig(tile_m=SWAP_TILES[0][0], stages=SWAP_TILES[0][1], act=act,
                                             h_format=h_format, mainloop=mainloop, swap_ab=True, cluster_k=2))
+                elif h_format == "bf16":  # granules_apply
+                    out.append(GateUpConfig(tile_m=128, tile_n=TILE_N_GRANULES, stages=4, act=act,
+                                            h_format=h_format, mainloop=mainloop))
     return out
 
 
@@ -145,8 +169,11 @@ def select_config(x, weight, weight_scale, x_scale, *, act: str, h_format: str) 
     sms = sm_count(x.device)
     tile_m, stages, swap = tile_for(x.shape[0], weight.shape[0], sms)
     ck = 2 if swap and cluster_k_applies(x.shape[0], weight.shape[0], sms, mainloop) else 1
-    return GateUpConfig(tile_m=tile_m, stages=stages, act=act, h_format=h_format, mainloop=mainloop, swap_ab=swap,
-                        cluster_k=ck)
+    tile_n = 256
+    if mainloop == "bf16" and h_format == "bf16" and tile_m == 128 and granules_apply(x.shape[0], weight.shape[0], sms):
+        tile_n = TILE_N_GRANULES
+    return GateUpConfig(tile_m=tile_m, tile_n=tile_n, stages=stages, act=act, h_format=h_format, mainloop=mainloop,
+                        swap_ab=swap, cluster_k=ck)
 
 
 # Runs, is tested (tests/gpu) and compile-checked, but is not dispatched: cluster pairs sharing
@@ -165,6 +192,9 @@ def gate_up(config: GateUpConfig, x, weight, weight_scale=None, x_scale=None, *,
     m = x.shape[0]
     n = weight.shape[0]
     i_cols = n // 2
+    if config.granules and i_cols % (config.tile_n // 2):
+        raise ValueError(f"gate_up: {config} takes {config.tile_n // 2} h columns a tile, and I = {i_cols} is not a "
+                         f"multiple of that; use tile_n = 256 (select_config does)")
     fp8_out = config.h_format == "fp8_group128"
     if out is None:
         h = torch.empty((m, i_cols), dtype=torch.float8_e4m3fn if fp8_out else torch.bfloat16, device=x.device)

@@ -95,6 +95,8 @@ G = 128  # weight block = half tile = gate_up's interleave granularity and h sca
 SMEM_BYTES = 227 * 1024
 MAINLOOPS = ("fp8_block128", "bf16")
 N_ALIGN = 8  # weight rows (N) must be a multiple of this: 16-byte rows of a bf16 output
+TILE_N_GRANULES = 224  # TileConfig.tile_n of the granule tile
+GRANULE = 16  # its gate (and up) rows per TMA box: 16 | 112 and 16 | 128, so no box straddles a g = 128 chunk
 
 
 @dataclass(frozen=True)
@@ -102,7 +104,10 @@ class TileConfig:
     """Mainloop part of a compile-time configuration; subclasses name the epilogue."""
 
     tile_m: int = 128  # 128 (prefill: 2 consumer warpgroups) or 64 (decode: 1); swap-AB: 16, 32 or 64 tokens
-    tile_n: int = 256  # weight rows per tile = two 128-row halves
+    # weight rows per tile: 256 = two 128-row halves (h columns [128n, 128n + 128)), or 224 (bf16
+    # mainloop, bf16 h, 128-row tile: TILE_N_GRANULES): 7 granules of 16 gate + 16 up rows, h columns
+    # [112n, 112n + 112), for I = 3584 / 14336 where 224 tiles of 256 would leave 1.7 waves of 132 SMs
+    tile_n: int = 256
     stages: int = 4
     mainloop: str = "fp8_block128"
     promote_k: int = 128  # fp8: K elements per wgmma chain before promotion into the fp32 accumulator
@@ -152,8 +157,13 @@ class TileConfig:
         if self.cluster_k not in (1, 2) or (self.cluster_k == 2 and not (self.swap_ab or self.tile_m == 64)):
             raise ValueError(f"{name}.cluster_k: expected 1 or 2 (2 only with swap_ab or tile_m = 64), "
                              f"got {self.cluster_k}")
-        if self.tile_n != 2 * G:
-            raise ValueError(f"{name}.tile_n: expected {2 * G} (two 128-row weight blocks), got {self.tile_n}")
+        if self.tile_n not in (2 * G, TILE_N_GRANULES):
+            raise ValueError(f"{name}.tile_n: expected {2 * G} (two 128-row weight blocks) or {TILE_N_GRANULES} "
+                             f"(16-row granules), got {self.tile_n}")
+        if self.granules and (self.mainloop != "bf16" or self.out_bytes != 2 or self.epilogue != "swiglu"
+                              or self.tile_m != 128 or self.swap_ab or self.cluster_size > 1 or self.tma_store):
+            raise ValueError(f"{name}.tile_n = {TILE_N_GRANULES} is the bf16 mainloop's 128-row gate_up tile with "
+                             f"bf16 h (no swap_ab, clusters or tma_store); got {self}")
         if self.mainloop not in MAINLOOPS:
             raise ValueError(f"{name}.mainloop: expected one of {MAINLOOPS}, got {self.mainloop!r}")
         if self.promote_k not in (32, 64, 128):
@@ -170,6 +180,16 @@ class TileConfig:
                 f"output staging do not fit in {SMEM_BYTES} B of shared memory "
                 f"(at most {(SMEM_BYTES - fixed) // stage_bytes})"
             )
+
+    @property
+    def granules(self) -> bool:
+        """Whether the tile is 16-row gate/up granules (tile_n = TILE_N_GRANULES), not two 128-row halves."""
+        return self.tile_n == TILE_N_GRANULES
+
+    @property
+    def out_chunks(self) -> int:
+        """16-byte chunks per row of a staged output slab: 128 columns, or gate_up's 112 h columns."""
+        return self.tile_n // 2 * self.out_bytes // 16
 
     @property
     def h_tma_store(self) -> bool:
@@ -278,7 +298,7 @@ class Gemm256Kernel:
         mWS = cute.make_tensor(ws_ptr, cute.make_layout(((n + G - 1) // G, kb), stride=(kb, 1)))
         # outputs as 32-bit words (4 e4m3 or 2 bf16 each), written 16 bytes at a time
         if cutlass.const_expr(cfg.epilogue == "swiglu"):
-            out_words = cute.assume(n_tiles * (G * cfg.out_bytes // 4), divby=G * cfg.out_bytes // 4)
+            out_words = cute.assume(n_tiles * (cfg.out_chunks * 4), divby=cfg.out_chunks * 4)
         else:
             out_words = cute.assume(n_units * (N_ALIGN // 2), divby=N_ALIGN // 2)
         mOut = cute.make_tensor(
@@ -291,9 +311,11 @@ class Gemm256Kernel:
                 cute.recast_ptr(aux_ptr, dtype=Int32), cute.make_layout((m, out_words), stride=(out_words, 1))
             )
 
-        tiled_mma = self._tiled_mma()
+        # the granule tile: one wgmma of N = 224 per k step; B arrives as 14 boxes of 16 weight rows
+        tiled_mma = self._tiled_mma(cfg.tile_n) if cfg.granules else self._tiled_mma()
         a_layout = self._smem_layout(cfg.tile_m)
         b_layout = self._smem_layout(cfg.tile_n)
+        b_box = GRANULE if cfg.granules else cfg.tile_n
         tma_a, tma_tA = cute.nvgpu.cpasync.make_tiled_tma_atom(
             cute.nvgpu.cpasync.CopyBulkTensorTileG2SOp(), mA,
             cute.slice_(a_layout, (None, None, 0)), (cfg.tile_m, cfg.tile_k),
@@ -301,7 +323,8 @@ class Gemm256Kernel:
         b_op = (cute.nvgpu.cpasync.CopyBulkTensorTileG2SMulticastOp() if cfg.cluster_m > 1
                 else cute.nvgpu.cpasync.CopyBulkTensorTileG2SOp())
         tma_b, tma_tB = cute.nvgpu.cpasync.make_tiled_tma_atom(
-            b_op, mB, cute.slice_(b_layout, (None, None, 0)), (cfg.tile_n, cfg.tile_k), num_multicast=cfg.cluster_m,
+            b_op, mB, cute.slice_(self._smem_layout(b_box), (None, None, 0)), (b_box, cfg.tile_k),
+            num_multicast=cfg.cluster_m,
         )
         tma_o, mO_tma = tma_a, mA  # (placeholders: the kernel reads them only with h_tma_store)
         if cutlass.const_expr(cfg.h_tma_store):
@@ -436,27 +459,30 @@ class Gemm256Kernel:
         thr_mma = tiled_mma.get_slice(tidx - 128)
         tCsA = thr_mma.partition_A(sA)
         tCrA = tiled_mma.make_fragment_A(tCsA)  # (MMA, 1, MMA_K, STAGES)
-        tCrB = tiled_mma.make_fragment_B(thr_mma.partition_B(sB))  # (MMA, 2, MMA_K, STAGES): both halves
-        # the two halves of B on their own, (MMA, 1, MMA_K, STAGES) each
+        # (MMA, 2, MMA_K, STAGES): both halves (the granule tile: (MMA, 1, MMA_K, STAGES))
+        tCrB = tiled_mma.make_fragment_B(thr_mma.partition_B(sB))
+        # the two halves of B on their own, (MMA, 1, MMA_K, STAGES) each (the fp8 mainloop)
         tCrB_half = [
             tiled_mma.make_fragment_B(
                 thr_mma.partition_B(cute.local_tile(sB, (G, cfg.tile_k, cfg.stages), (h, 0, 0)))
             )
-            for h in range(2)
+            for h in range(2 if cfg.fp8 else 0)
         ]
         num_k_blocks = cute.size(tCrA, mode=[2])
 
         cC = cute.make_identity_tensor((cfg.tile_m, cfg.tile_n))
         tCcC = thr_mma.partition_C(cC)  # (MMA, 1, 2) coordinates of this thread's values
         acc = cute.make_rmem_tensor(tCcC.shape, self.acc_dtype)
-        n_vals = cute.size(tCcC, mode=[0])  # 64 values per half
+        n_vals = cute.size(tCcC, mode=[0])  # 64 values per half (the granule tile: 112 in all)
         # this thread's two rows in the tile (value v has row r0 + 8·((v/2)%2)) and first column
         crd0 = tCcC[(0, 0, 0)]
         r0 = crd0[0]
         col0 = crd0[1]
-        temp = cute.make_rmem_tensor(
-            thr_mma.partition_C(cute.make_identity_tensor((cfg.tile_m, G))).shape, self.acc_dtype
-        )  # (MMA, 1, 1): one half
+        temp = None
+        if cutlass.const_expr(cfg.fp8):
+            temp = cute.make_rmem_tensor(
+                thr_mma.partition_C(cute.make_identity_tensor((cfg.tile_m, G))).shape, self.acc_dtype
+            )  # (MMA, 1, 1): one half
         mmas_per_promotion = cfg.promote_k // cute.size(tiled_mma.shape_mnk, mode=[2])
         # output staging slab in smem: (tile_m rows, out_row_words) 32-bit words; each warpgroup owns its 64 rows
         sO = storage.sO.get_tensor(cute.make_layout((cfg.tile_m, cfg.out_row_words), stride=(cfg.out_row_words, 1)))
@@ -616,10 +642,14 @@ class Gemm256Kernel:
                 cute.nvgpu.warpgroup.wait_group(0)
                 mainloop.consumer_release(release)
                 release.advance()
-            epi = self._finish_tile(acc, n_vals, tm * cfg.tile_m + r0, m, tile, dp_tiles, k_tiles, bidx, nctas,
-                                    sk_iters, mPart, mCtr, storage, tidx - 128)
+            epi = Int32(1)
+            if cutlass.const_expr(not cfg.granules):  # (whole tiles only: schedule())
+                epi = self._finish_tile(acc, n_vals, tm * cfg.tile_m + r0, m, tile, dp_tiles, k_tiles, bidx, nctas,
+                                        sk_iters, mPart, mCtr, storage, tidx - 128)
             if epi != 0:
-                if cutlass.const_expr(cfg.epilogue == "swiglu"):
+                if cutlass.const_expr(cfg.granules):
+                    self._epilogue_swiglu_granules(acc, n_vals, r0, col0, tm, tn, m, sO, mOut, wg_idx - 1, tidx % 128)
+                elif cutlass.const_expr(cfg.epilogue == "swiglu"):
                     self._epilogue_swiglu(acc, n_vals, r0, col0, tm, tn, m, sO, mOut, mAux, wg_idx - 1, tidx % 128,
                                           h_store)
                 else:
@@ -705,7 +735,8 @@ class Gemm256Kernel:
 
         # (bM, bK, RestM, RestK) and (bN, bK, RestN, RestK)
         gA = cute.local_tile(mA, (cfg.tile_m, cfg.tile_k), (None, None))
-        gB = cute.local_tile(mB, (cfg.tile_n, cfg.tile_k), (None, None))
+        b_box = GRANULE if cfg.granules else cfg.tile_n
+        gB = cute.local_tile(mB, (b_box, cfg.tile_k), (None, None))
         k_tiles = cute.size(gA, mode=[3])
         tAsA, tAgA = cute.nvgpu.cpasync.tma_partition(
             tma_a, 0, cute.make_layout(1), cute.group_modes(sA, 0, 2), cute.group_modes(gA, 0, 2)
@@ -715,9 +746,19 @@ class Gemm256Kernel:
         if cl > 1:  # trace time: this CTA loads its part of each weight k tile for the whole cluster
             rank = cute.arch.make_warp_uniform(cute.arch.block_idx_in_cluster())
             b_mask = cute.make_layout_image_mask(cute.make_layout((cl, 1, 1)), (rank, 0, 0), mode=0)
-        tBsB, tBgB = cute.nvgpu.cpasync.tma_partition(
-            tma_b, rank, cute.make_layout(cl), cute.group_modes(sB, 0, 2), cute.group_modes(gB, 0, 2)
-        )
+        if cfg.granules:  # trace time: smem rows [16r, 16r + 16) of each stage, one box each (_produce)
+            tBsB = []
+            for r in range(cfg.tile_n // GRANULE):
+                sBr = cute.local_tile(sB, (GRANULE, cfg.tile_k, cfg.stages), (r, 0, 0))
+                tBsBr, tBgB = cute.nvgpu.cpasync.tma_partition(
+                    tma_b, 0, cute.make_layout(1), cute.group_modes(sBr, 0, 2), cute.group_modes(gB, 0, 2)
+                )
+                tBsB.append(tBsBr)
+            tBsB = tuple(tBsB)
+        else:
+            tBsB, tBgB = cute.nvgpu.cpasync.tma_partition(
+                tma_b, rank, cute.make_layout(cl), cute.group_modes(sB, 0, 2), cute.group_modes(gB, 0, 2)
+            )
 
         pipeline_init_wait(cluster_shape_mn=(cfg.cluster_size, 1))
 
@@ -761,7 +802,16 @@ class Gemm256Kernel:
                 mainloop.producer_acquire(state)
                 bar = mainloop.producer_get_barrier(state)
                 cute.copy(tma_a, tAgA[(None, tm, kt)], tAsA[(None, state.index)], tma_bar_ptr=bar)
-                if cutlass.const_expr(self.cfg.cluster_m > 1):
+                if cutlass.const_expr(self.cfg.granules):
+                    # h-tile tn is granules u = 7·tn + j; granule u's gate rows are the packed rows
+                    # of 16-row box p = 16·(u // 8) + u % 8, its up rows box p + 8 (interleave g = 128)
+                    for j in cutlass.range_constexpr(self.cfg.tile_n // (2 * GRANULE)):
+                        u = tn * (self.cfg.tile_n // (2 * GRANULE)) + j
+                        p = u + u // 8 * 8
+                        cute.copy(tma_b, tBgB[(None, p, kt)], tBsB[2 * j][(None, state.index)], tma_bar_ptr=bar)
+                        cute.copy(tma_b, tBgB[(None, p + 8, kt)], tBsB[2 * j + 1][(None, state.index)],
+                                  tma_bar_ptr=bar)
+                elif cutlass.const_expr(self.cfg.cluster_m > 1):
                     cute.copy(tma_b, tBgB[(None, tn, kt)], tBsB[(None, state.index)], tma_bar_ptr=bar,
                               mcast_mask=b_mask)
                 else:
@@ -980,6 +1030,26 @@ class Gemm256Kernel:
             self._copy_slab(sH, mH, tm, tn, m, Int32(0), wg, tid, False)
 
     @cute.jit
+    def _epilogue_swiglu_granules(self, acc, n_vals: cutlass.Constexpr, r0, col0, tm, tn, m, sH, mH, wg, tid):
+        """The granule tile's bf16 h: smem B row (= wgmma column) c holds gate row 16·(c // 32) + c % 16
+        of the tile's 112 if c % 32 < 16, else the up row of c - 16, so the up partner of gate value v
+        is value v + 8 (col(v) = 8·(v/4) + 2·(lane%4) + v%2, module docstring). Staged like the
+        128-column slab (rows of 14 chunks), then copied out."""
+        bar = pipeline.NamedBarrier(barrier_id=1 + wg, num_threads=128)
+        bar.arrive_and_wait()  # the previous tile's copy-out of this slab is done
+        for v in cutlass.range_constexpr(0, n_vals, 2):
+            if cutlass.const_expr((v // 8) % 2 == 0):  # a gate pair
+                lo = self.act(acc[(v, 0, 0)]) * acc[(v + 8, 0, 0)]
+                hi = self.act(acc[(v + 1, 0, 0)]) * acc[(v + 9, 0, 0)]
+                c2 = (col0 + 16 * (v // 16) + 8 * ((v // 4) % 2)) // 2  # 32-bit word (bf16 pair) in the row
+                if cutlass.const_expr((v // 2) % 2 == 0):
+                    sH[r0, c2] = cvt_bf16x2(lo, hi)
+                else:
+                    sH[r0 + 8, c2] = cvt_bf16x2(lo, hi)
+        bar.arrive_and_wait()
+        self._copy_slab(sH, mH, tm, tn, m, Int32(0), wg, tid, False)
+
+    @cute.jit
     def _epilogue_linear(self, acc, n_vals: cutlass.Constexpr, r0, col0, tm, tn, m, n, sY, mY, mR, wg, tid):
         """y = acc (+ residual) rounded once to bf16, half by half: output columns
         [256·tn + 128·half, +128), staged through the slab and copied out masked at M and N. The
@@ -1016,7 +1086,7 @@ class Gemm256Kernel:
         [128·slab, 128·slab + 128), 16 bytes per thread per step, row-contiguous; rows ≥ M skipped,
         and for the linear epilogue 16-byte chunks ≥ n_chunks (its column mask at N)."""
         cfg = self.cfg
-        chunks = G * cfg.out_bytes // 16
+        chunks = cfg.out_chunks
         gO = cute.zipped_divide(mO, (1, 4))  # ((1, 4), (M, words / 4))
         sOv = cute.zipped_divide(sO, (1, 4))
         copy16 = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), Int32, num_bits_per_copy=128)
@@ -1115,6 +1185,8 @@ def schedule(config: TileConfig, m: int, n: int, k: int, sms: int) -> tuple[int,
     cl = config.cluster_m
     grid_m = -(-m // (config.tile_m * cl)) * cl
     tiles = grid_m * -(-n // config.tile_n)
+    if config.granules:  # whole tiles (its epilogue has no stream-K fix-up)
+        return max(1, min(tiles, sms)), 0
     if cl > 1:
         return max(cl, min(tiles, sms) // cl * cl), 0
     if config.cluster_k > 1:  # every tile split over a cluster pair; one tile per cluster
