@@ -37,7 +37,11 @@ block:
              W rows [256n+128, 256n+256)   → B half 1   (gate_up: up rows   [128n, 128n+128))
 
 so for gate_up (interleave g = 128) the tile yields h columns [128n, 128n+128): exactly one fp8
-scale group; for down it is output columns [256n, 256n+256). Rows ≥ N of a partial last tile are
+scale group; for down it is output columns [256n, 256n+256). The granule tile (tile_n = 224, bf16
+mainloop and bf16 h only, gate_up.granules_apply) yields h columns [112n, 112n+112) instead, which
+straddle the g = 128 chunks: its B stage is 7 granules, each 16 gate rows then the 16 up rows of the
+same h columns, one 16-row TMA box each; one wgmma of N = 224 covers them, and the up partner of
+gate value v is value v + 8 (_epilogue_swiglu_granules). Rows ≥ N of a partial last tile are
 TMA zero-fill; their weight-scale row is clamped to the last one (ceil(N/128) - 1), so no scale is
 read out of bounds, and the linear epilogue masks columns ≥ N.
 
