@@ -237,6 +237,9 @@ def main():
             if a.store_ab and cfg.h_tma_store:
                 cfg_copy = dataclasses.replace(cfg, tma_store=False)
                 fns["copyout"] = cycling(lambda x, xs, w, ws: k.gate_up(cfg_copy, x, w, ws, xs), sets)
+            if cfg.granules:  # the granule tile's A/B: the 256-row tile it replaces
+                cfg_256 = dataclasses.replace(cfg, tile_n=256)
+                fns["tile256"] = cycling(lambda x, xs, w, ws: k.gate_up(cfg_256, x, w, ws, xs), sets)
             if gemm_fn is not None:
                 psets = peer_sets(sets) if a.mainloop == "fp8_block128" else sets
                 ys = [(gemm_fn(*ops),) for ops in psets]
@@ -259,6 +262,8 @@ def main():
                      act_quant_us=t_actq, separate_us=t_sep, fused_tflops=flops / t_fused / 1e6,
                      speedup=t_sep / t_fused, floor_us=floor, cublas_rel_err=gemm_err,
                      speedup_per_round=[s / f for s, f in zip(per_round.get("sep", []), per_round["fused"])])
+            if "tile256" in t:
+                r.update(tile256_us=t["tile256"], tile256_per_round=per_round["tile256"])
             if "copyout" in t:
                 r.update(copyout_us=t["copyout"], copyout_per_round=per_round["copyout"],
                          fused_per_round=per_round["fused"])
@@ -272,7 +277,8 @@ def main():
                   f"{r['speedup']:>7.2f} {floor:>8.1f}"
                   + (f"  rounds {min(r['speedup_per_round']):.2f}–{max(r['speedup_per_round']):.2f}"
                      if a.rounds > 1 and r["speedup_per_round"] else "")
-                  + (f"  copy-out {t['copyout']:.1f} µs" if "copyout" in t else ""), flush=True)
+                  + (f"  copy-out {t['copyout']:.1f} µs" if "copyout" in t else "")
+                  + (f"  tile_n=256 {t['tile256']:.1f} µs" if "tile256" in t else ""), flush=True)
             del xq, xs, wq, ws, sets, first
             torch.cuda.empty_cache()
     write_json(a.json, rows=rows)

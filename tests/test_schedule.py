@@ -253,21 +253,25 @@ def test_cluster_k_where_few_swap_tiles_leave_hbm_idle():
 
 
 @pytest.mark.parametrize("m,inter,expect", [
-    (1024, 3584, True),  # 28 → 32 h tiles a row of M tiles: 224 → 256 tiles, two rounds of 7/8 the work
-    (256, 14336, True),
-    (512, 3584, True),  # one round either way, of 112 columns instead of 128
-    (1024, 14336, False),  # 896 → 1024 tiles: seven rounds → eight of 7/8, no gain
-    (4096, 3584, False),
-    (1024, 1536, False),  # I % 112 != 0
-    (1024, 8192, False),
+    (1024, 3584, 224),  # 28 → 32 h tiles a row of M tiles: 224 → 256 tiles, two rounds of 7/8 the work
+    (256, 14336, 224),
+    (512, 3584, 224),  # one round either way, of 112 columns instead of 128
+    (1024, 14336, None),  # 896 → 1024 tiles: seven rounds → eight of 7/8, no gain
+    (4096, 3584, None),
+    (1024, 1536, 192),  # 96 → 128 tiles: one round of 3/4 the work (I % 112 != 0)
+    (256, 12288, 192),  # (Qwen3-8B) 192 → 256 tiles: two rounds of 3/4
+    (1024, 12288, None),  # 768 → 1024: six rounds → eight of 3/4, a tie
+    (1024, 8192, None),  # neither width divides I
 ])
 def test_gate_up_granule_tile_where_its_rounds_are_shorter(m, inter, expect):
     from swiglu_fused.kernels.sm90 import gate_up
 
-    assert gate_up.granules_apply(m, 2 * inter, 132) == expect
-    cfg = gate_up.GateUpConfig(tile_m=128, tile_n=224, stages=4, mainloop="bf16", h_format="bf16")
-    assert cfg in gate_up.shipped_configs()
-    assert g.schedule(cfg, m, 2 * inter, 4096, 132) == (min(132, -(-m // 128) * -(-inter // 112)), 0)  # whole tiles
+    assert gate_up.granule_tile_n(m, 2 * inter, 132) == expect
+    for tile_n in g.TILE_N_GRANULES:
+        cfg = gate_up.GateUpConfig(tile_m=128, tile_n=tile_n, stages=4, mainloop="bf16", h_format="bf16")
+        assert cfg in gate_up.shipped_configs()
+        tiles = -(-m // 128) * -(-inter // (tile_n // 2))
+        assert g.schedule(cfg, m, 2 * inter, 4096, 132) == (min(132, tiles), 0)  # whole tiles
 
 
 @pytest.mark.parametrize("kw", [dict(mainloop="fp8_block128", h_format="bf16"), dict(mainloop="bf16"),

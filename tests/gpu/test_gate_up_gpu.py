@@ -222,21 +222,23 @@ def test_h_by_tma_store_is_the_copy_out_bit_for_bit(hidden, inter, m, tile_m, h_
 
 
 @pytest.mark.parametrize("act", ACTS)
-@pytest.mark.parametrize("hidden,inter,m", [(8192, 3584, 1024), (8192, 3584, 1), (4096, 14336, 256),
-                                            (4096, 14336, 300), (8192, 3584, 2047), (576, 3584, 130)])
-def test_granule_tile(hidden, inter, m, act):
-    """tile_n = 224 (bf16 → bf16 h, 112 h columns a tile from 16-row gate/up granules that straddle
-    the g = 128 chunks): every element of h written (poisoned), equal to the reference; and
-    select_config takes it where granules_apply says so."""
+@pytest.mark.parametrize("hidden,inter,m,tile_n", [
+    (8192, 3584, 1024, 224), (8192, 3584, 1, 224), (4096, 14336, 256, 224), (4096, 14336, 300, 224),
+    (8192, 3584, 2047, 224), (576, 3584, 130, 224),
+    (576, 1536, 1024, 192), (4096, 12288, 256, 192), (576, 1536, 77, 192), (4096, 3072, 1500, 192)])
+def test_granule_tile(hidden, inter, m, tile_n, act):
+    """tile_n = 224 / 192 (bf16 → bf16 h, 112 / 96 h columns a tile from 16-row gate/up granules that
+    straddle the g = 128 chunks): every element of h written (poisoned), equal to the reference; and
+    select_config takes it where granule_tile_n says so."""
     from swiglu_fused.kernels.sm90 import gate_up as k
 
     args = make_operands(m, hidden, inter, "bf16", seed=zlib.crc32(repr((hidden, inter, m, act)).encode()))
-    cfg = k.GateUpConfig(tile_m=128, tile_n=224, stages=4, mainloop="bf16", h_format="bf16", act=act)
+    cfg = k.GateUpConfig(tile_m=128, tile_n=tile_n, stages=4, mainloop="bf16", h_format="bf16", act=act)
     h, _ = run_kernel(cfg, args)
     assert_matches_reference(h, None, args, act, "bf16", "bf16")
     picked = k.select_config(args["x"], args["weight"], None, None, act=act, h_format="bf16")
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    expect = k.tile_for(m, 2 * inter, sms) == (128, 4, False) and k.granules_apply(m, 2 * inter, sms)
+    expect = k.tile_for(m, 2 * inter, sms) == (128, 4, False) and k.granule_tile_n(m, 2 * inter, sms) == tile_n
     assert (picked == cfg) == expect
 
 
@@ -245,5 +247,5 @@ def test_granule_tile_refuses_an_intermediate_size_it_cannot_tile():
 
     args = make_operands(16, 576, 1536, "bf16", seed=1)
     cfg = k.GateUpConfig(tile_m=128, tile_n=224, stages=4, mainloop="bf16", h_format="bf16")
-    with pytest.raises(ValueError, match="I = 1536 is not a multiple"):
+    with pytest.raises(ValueError, match="I = 1536 is not a multiple"):  # (of 112)
         run_kernel(cfg, args)

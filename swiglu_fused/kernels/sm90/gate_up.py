@@ -13,7 +13,7 @@ Operands (ground truth: reference.gate_up):
 The kernel is gemm256.Gemm256Kernel (mainloop, fragment layout and stores are drawn there) with
 the "swiglu" epilogue: a tile of 256 packed rows = 128 gate rows + 128 up rows yields h columns
 [128n, 128n+128), one fp8 scale group (for bf16 → bf16 h, where waves fit better, a tile of
-224 rows: 112 h columns, granules_apply). This module holds its configuration, the shipped configs,
+224 or 192 rows: 112 or 96 h columns, granule_tile_n). This module holds its configuration, the shipped configs,
 the config selection and the host launch.
 Performance and accuracy measurements: benchmarks/NOTES.md.
 """
@@ -110,24 +110,31 @@ def tile_for(m: int, n: int, sms: int) -> tuple[int, int, bool]:
     return 128, 4, False
 
 
-# The bf16 → bf16 h 128-row tile over 112 h columns (tile_n = 224, 16-row gate/up granules) where
-# whole waves of it take less time than the 256-row tile's: I = 3584 at M = 1024 has 224 tiles of
-# 256 rows on 132 SMs (1.7 waves, two rounds) but 256 of 224 rows (1.94 waves, two rounds of 7/8
-# the work). Needs I % 112 == 0. GRANULE_MIN_GAIN: the predicted round time must be this much lower.
+# The bf16 → bf16 h 128-row tile over 112 or 96 h columns (tile_n = 224 / 192, 16-row gate/up
+# granules) where whole waves of it take less time than the 256-row tile's: I = 3584 at M = 1024 has
+# 224 tiles of 256 rows on 132 SMs (1.7 waves, two rounds) but 256 of 224 rows (1.94 waves, two
+# rounds of 7/8 the work). Needs I % (tile_n / 2) == 0. GRANULE_MIN_GAIN: the predicted time of the
+# rounds must be this much lower (measured 7-13 % faster where it is 12.5 % lower, benchmarks/NOTES.md).
 GRANULE_MIN_GAIN = 0.95
 
 
-def granules_apply(m: int, n: int, sms: int) -> bool:
-    """Whether the 128-row bf16 → bf16 h tile of M rows, N = 2I weight rows takes 112 h columns."""
+def granule_tile_n(m: int, n: int, sms: int) -> int | None:
+    """The granule tile_n for the 128-row bf16 → bf16 h tile of M rows and N = 2I weight rows, or
+    None where the 256-row tile's rounds are as short: the width whose ⌈tiles / SMs⌉ rounds of
+    tile_n / 2 h columns are shortest (the wider one on a tie)."""
     i_cols = n // 2
-    if i_cols % (TILE_N_GRANULES // 2):
-        return False
     grid_m = -(-m // 128)
 
     def rounds_cost(cols):
         return -(-grid_m * (i_cols // cols) // sms) * cols
 
-    return rounds_cost(TILE_N_GRANULES // 2) < GRANULE_MIN_GAIN * rounds_cost(G)
+    best = None
+    for tile_n in sorted(TILE_N_GRANULES, reverse=True):
+        cols = tile_n // 2
+        if i_cols % cols == 0 and rounds_cost(cols) < GRANULE_MIN_GAIN * rounds_cost(G):
+            if best is None or rounds_cost(cols) < rounds_cost(best // 2):
+                best = tile_n
+    return best
 
 
 def shipped_configs() -> list[GateUpConfig]:
@@ -142,9 +149,9 @@ def shipped_configs() -> list[GateUpConfig]:
                 if mainloop == "fp8_block128":  # cluster_k_applies
                     out.append(GateUpConfig(tile_m=SWAP_TILES[0][0], stages=SWAP_TILES[0][1], act=act,
                                             h_format=h_format, mainloop=mainloop, swap_ab=True, cluster_k=2))
-                elif h_format == "bf16":  # granules_apply
-                    out.append(GateUpConfig(tile_m=128, tile_n=TILE_N_GRANULES, stages=4, act=act,
-                                            h_format=h_format, mainloop=mainloop))
+                elif h_format == "bf16":  # granule_tile_n
+                    out.extend(GateUpConfig(tile_m=128, tile_n=tile_n, stages=4, act=act, h_format=h_format,
+                                            mainloop=mainloop) for tile_n in TILE_N_GRANULES)
     return out
 
 
@@ -169,9 +176,9 @@ def select_config(x, weight, weight_scale, x_scale, *, act: str, h_format: str) 
     sms = sm_count(x.device)
     tile_m, stages, swap = tile_for(x.shape[0], weight.shape[0], sms)
     ck = 2 if swap and cluster_k_applies(x.shape[0], weight.shape[0], sms, mainloop) else 1
-    tile_n = 256
-    if mainloop == "bf16" and h_format == "bf16" and tile_m == 128 and granules_apply(x.shape[0], weight.shape[0], sms):
-        tile_n = TILE_N_GRANULES
+    tile_n = 2 * G
+    if mainloop == "bf16" and h_format == "bf16" and tile_m == 128:
+        tile_n = granule_tile_n(x.shape[0], weight.shape[0], sms) or tile_n
     return GateUpConfig(tile_m=tile_m, tile_n=tile_n, stages=stages, act=act, h_format=h_format, mainloop=mainloop,
                         swap_ab=swap, cluster_k=ck)
 

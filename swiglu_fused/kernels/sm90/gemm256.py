@@ -38,10 +38,10 @@ block:
 
 so for gate_up (interleave g = 128) the tile yields h columns [128n, 128n+128): exactly one fp8
 scale group; for down it is output columns [256n, 256n+256). The granule tile (tile_n = 224, bf16
-mainloop and bf16 h only, gate_up.granules_apply) yields h columns [112n, 112n+112) instead, which
-straddle the g = 128 chunks: its B stage is 7 granules, each 16 gate rows then the 16 up rows of the
-same h columns, one 16-row TMA box each; one wgmma of N = 224 covers them, and the up partner of
-gate value v is value v + 8 (_epilogue_swiglu_granules). Rows ≥ N of a partial last tile are
+mainloop and bf16 h only, gate_up.granule_tile_n; also tile_n = 192: 96 columns) yields h columns
+[112n, 112n+112) instead, which straddle the g = 128 chunks: its B stage is 7 granules, each 16 gate
+rows then the 16 up rows of the same h columns, one 16-row TMA box each; one wgmma of N = 224 covers
+them, and the up partner of gate value v is value v + 8 (_epilogue_swiglu_granules). Rows ≥ N of a partial last tile are
 TMA zero-fill; their weight-scale row is clamped to the last one (ceil(N/128) - 1), so no scale is
 read out of bounds, and the linear epilogue masks columns ≥ N.
 
@@ -99,7 +99,7 @@ G = 128  # weight block = half tile = gate_up's interleave granularity and h sca
 SMEM_BYTES = 227 * 1024
 MAINLOOPS = ("fp8_block128", "bf16")
 N_ALIGN = 8  # weight rows (N) must be a multiple of this: 16-byte rows of a bf16 output
-TILE_N_GRANULES = 224  # TileConfig.tile_n of the granule tile
+TILE_N_GRANULES = (192, 224)  # TileConfig.tile_n of the granule tiles (96 and 112 h columns)
 GRANULE = 16  # its gate (and up) rows per TMA box: 16 | 112 and 16 | 128, so no box straddles a g = 128 chunk
 
 
@@ -108,9 +108,10 @@ class TileConfig:
     """Mainloop part of a compile-time configuration; subclasses name the epilogue."""
 
     tile_m: int = 128  # 128 (prefill: 2 consumer warpgroups) or 64 (decode: 1); swap-AB: 16, 32 or 64 tokens
-    # weight rows per tile: 256 = two 128-row halves (h columns [128n, 128n + 128)), or 224 (bf16
-    # mainloop, bf16 h, 128-row tile: TILE_N_GRANULES): 7 granules of 16 gate + 16 up rows, h columns
-    # [112n, 112n + 112), for I = 3584 / 14336 where 224 tiles of 256 would leave 1.7 waves of 132 SMs
+    # weight rows per tile: 256 = two 128-row halves (h columns [128n, 128n + 128)), or 192 / 224
+    # (bf16 mainloop, bf16 h, 128-row tile: TILE_N_GRANULES): 6 / 7 granules of 16 gate + 16 up rows,
+    # h columns [96n, 96n + 96) / [112n, 112n + 112), where whole waves of them are shorter
+    # (gate_up.granule_tile_n: e.g. I = 3584 at M = 1024, 224 tiles of 256 rows = 1.7 waves of 132 SMs)
     tile_n: int = 256
     stages: int = 4
     mainloop: str = "fp8_block128"
@@ -161,12 +162,12 @@ class TileConfig:
         if self.cluster_k not in (1, 2) or (self.cluster_k == 2 and not (self.swap_ab or self.tile_m == 64)):
             raise ValueError(f"{name}.cluster_k: expected 1 or 2 (2 only with swap_ab or tile_m = 64), "
                              f"got {self.cluster_k}")
-        if self.tile_n not in (2 * G, TILE_N_GRANULES):
-            raise ValueError(f"{name}.tile_n: expected {2 * G} (two 128-row weight blocks) or {TILE_N_GRANULES} "
-                             f"(16-row granules), got {self.tile_n}")
+        if self.tile_n not in (2 * G, *TILE_N_GRANULES):
+            raise ValueError(f"{name}.tile_n: expected {2 * G} (two 128-row weight blocks) or one of "
+                             f"{TILE_N_GRANULES} (16-row granules), got {self.tile_n}")
         if self.granules and (self.mainloop != "bf16" or self.out_bytes != 2 or self.epilogue != "swiglu"
                               or self.tile_m != 128 or self.swap_ab or self.cluster_size > 1 or self.tma_store):
-            raise ValueError(f"{name}.tile_n = {TILE_N_GRANULES} is the bf16 mainloop's 128-row gate_up tile with "
+            raise ValueError(f"{name}.tile_n = {self.tile_n} is the bf16 mainloop's 128-row gate_up tile with "
                              f"bf16 h (no swap_ab, clusters or tma_store); got {self}")
         if self.mainloop not in MAINLOOPS:
             raise ValueError(f"{name}.mainloop: expected one of {MAINLOOPS}, got {self.mainloop!r}")
@@ -187,8 +188,8 @@ class TileConfig:
 
     @property
     def granules(self) -> bool:
-        """Whether the tile is 16-row gate/up granules (tile_n = TILE_N_GRANULES), not two 128-row halves."""
-        return self.tile_n == TILE_N_GRANULES
+        """Whether the tile is 16-row gate/up granules (tile_n in TILE_N_GRANULES), not two 128-row halves."""
+        return self.tile_n in TILE_N_GRANULES
 
     @property
     def out_chunks(self) -> int:
