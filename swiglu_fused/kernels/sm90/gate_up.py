@@ -13,8 +13,8 @@ Operands (ground truth: reference.gate_up):
 The kernel is gemm256.Gemm256Kernel (mainloop, fragment layout and stores are drawn there) with
 the "swiglu" epilogue: a tile of 256 packed rows = 128 gate rows + 128 up rows yields h columns
 [128n, 128n+128), one fp8 scale group (for bf16 → bf16 h, where waves fit better, a tile of
-224 or 192 rows: 112 or 96 h columns, granule_tile_n). This module holds its configuration, the shipped configs,
-the config selection and the host launch.
+224 or 192 rows: 112 or 96 h columns, granule_tile_n). This module holds its configuration, the
+shipped configs, the config selection and the host launch.
 Performance and accuracy measurements: benchmarks/NOTES.md.
 """
 

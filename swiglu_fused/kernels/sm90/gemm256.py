@@ -40,9 +40,9 @@ so for gate_up (interleave g = 128) the tile yields h columns [128n, 128n+128): 
 scale group; for down it is output columns [256n, 256n+256). The granule tile (tile_n = 224, bf16
 mainloop and bf16 h only, gate_up.granule_tile_n; also tile_n = 192: 96 columns) yields h columns
 [112n, 112n+112) instead, which straddle the g = 128 chunks: its B stage is 7 granules, each 16 gate
-rows then the 16 up rows of the same h columns, one 16-row TMA box each; one wgmma of N = 224 covers
-them, and the up partner of gate value v is value v + 8 (_epilogue_swiglu_granules). Rows ≥ N of a partial last tile are
-TMA zero-fill; their weight-scale row is clamped to the last one (ceil(N/128) - 1), so no scale is
+rows then the 16 up rows of the same h columns, one 16-row TMA box each; one wgmma of N = 224
+covers them, and the up partner of gate value v is value v + 8 (_epilogue_swiglu_granules).
+Rows ≥ N of a partial last tile are TMA zero-fill; their weight-scale row is clamped to the last one (ceil(N/128) - 1), so no scale is
 read out of bounds, and the linear epilogue masks columns ≥ N.
 
 Mainloop (fp8_block128), per 128-wide k block kb and per B half:
@@ -193,7 +193,7 @@ class TileConfig:
 
     @property
     def out_chunks(self) -> int:
-        """16-byte chunks per row of a staged output slab: 128 columns, or gate_up's 112 h columns."""
+        """16-byte chunks per row of a staged output slab: 128 columns, or the granule tile's tile_n / 2."""
         return self.tile_n // 2 * self.out_bytes // 16
 
     @property
@@ -316,7 +316,7 @@ class Gemm256Kernel:
                 cute.recast_ptr(aux_ptr, dtype=Int32), cute.make_layout((m, out_words), stride=(out_words, 1))
             )
 
-        # the granule tile: one wgmma of N = 224 per k step; B arrives as 14 boxes of 16 weight rows
+        # the granule tile: one wgmma of N = tile_n per k step; B arrives in boxes of 16 weight rows
         tiled_mma = self._tiled_mma(cfg.tile_n) if cfg.granules else self._tiled_mma()
         a_layout = self._smem_layout(cfg.tile_m)
         b_layout = self._smem_layout(cfg.tile_n)
@@ -808,13 +808,16 @@ class Gemm256Kernel:
                 bar = mainloop.producer_get_barrier(state)
                 cute.copy(tma_a, tAgA[(None, tm, kt)], tAsA[(None, state.index)], tma_bar_ptr=bar)
                 if cutlass.const_expr(self.cfg.granules):
-                    # h-tile tn is granules u = 7·tn + j; granule u's gate rows are the packed rows
-                    # of 16-row box p = 16·(u // 8) + u % 8, its up rows box p + 8 (interleave g = 128)
-                    for j in cutlass.range_constexpr(self.cfg.tile_n // (2 * GRANULE)):
-                        u = tn * (self.cfg.tile_n // (2 * GRANULE)) + j
-                        p = u + u // 8 * 8
+                    # h-tile tn is granules u = per_tile·tn + j; with c = G / 16 = 8 granules a
+                    # g = 128 chunk, granule u's gate rows are 16-row box p = 2c·(u // c) + u % c of
+                    # the packed weight, its up rows box p + c
+                    per_tile = self.cfg.tile_n // (2 * GRANULE)
+                    c = G // GRANULE
+                    for j in cutlass.range_constexpr(per_tile):
+                        u = tn * per_tile + j
+                        p = u + u // c * c
                         cute.copy(tma_b, tBgB[(None, p, kt)], tBsB[2 * j][(None, state.index)], tma_bar_ptr=bar)
-                        cute.copy(tma_b, tBgB[(None, p + 8, kt)], tBsB[2 * j + 1][(None, state.index)],
+                        cute.copy(tma_b, tBgB[(None, p + c, kt)], tBsB[2 * j + 1][(None, state.index)],
                                   tma_bar_ptr=bar)
                 elif cutlass.const_expr(self.cfg.cluster_m > 1):
                     cute.copy(tma_b, tBgB[(None, tn, kt)], tBsB[(None, state.index)], tma_bar_ptr=bar,
