@@ -1,0 +1,104 @@
+"""gate_up config variants against the dispatched config, timed in turn on the same operands (GPU).
+
+Each variant is the dispatched config (gate_up.select_config) with some fields replaced:
+
+    python benchmarks/ab_gate_up.py --shapes 8192x3584 --m 1024,4096 --rounds 5 \\
+        --variant stagger:stagger=True --variant tile64:tile_m=64,stages=5
+
+Every variant's h is first compared with the dispatched config's (bit-identical, or the largest
+difference is printed), then all are captured as CUDA graphs (operands rotated past L2, as in
+bench_gate_up) and timed in turn, --rounds times: medians and per-round ratios to the dispatched.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import statistics
+import sys
+
+import torch
+
+sys.path.insert(0, ".")
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import bench_gate_up as b  # noqa: E402
+from bench_swap_ab import bf16_operands  # noqa: E402
+from swiglu_fused.kernels.sm90 import gate_up as kg  # noqa: E402
+
+
+def parse_variant(text: str) -> tuple[str, dict]:
+    """'name:field=value,field=value' → (name, {field: value}); values are Python literals."""
+    import ast
+
+    name, _, fields = text.partition(":")
+    out = {}
+    for item in filter(None, fields.split(",")):
+        key, _, value = item.partition("=")
+        try:
+            out[key] = ast.literal_eval(value)
+        except (ValueError, SyntaxError):
+            out[key] = value  # a bare string such as gelu_tanh
+    return name, out
+
+
+def same_h(cfg_a, cfg_b, ops) -> str:
+    x, xs, w, ws = ops
+    h_a, hs_a = kg.gate_up(cfg_a, x, w, ws, xs)
+    h_b, hs_b = kg.gate_up(cfg_b, x, w, ws, xs)
+    if torch.equal(h_a.view(torch.uint8), h_b.view(torch.uint8)) and (hs_a is None or torch.equal(hs_a, hs_b)):
+        return "bit-identical"
+    return f"max |dh| {(h_a.float() - h_b.float()).abs().max().item():.3g}"
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--shapes", default="8192x3584,4096x14336", help="HxI list")
+    p.add_argument("--m", default="1024,4096")
+    p.add_argument("--mainloop", default="fp8_block128", choices=["fp8_block128", "bf16"])
+    p.add_argument("--variant", action="append", default=[], metavar="NAME:FIELD=VALUE,...",
+                   help="a GateUpConfig with these fields replaced (repeatable)")
+    p.add_argument("--iters", type=int, default=30)
+    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--json", default=None)
+    a = p.parse_args()
+    variants = [parse_variant(v) for v in a.variant]
+    h_format = "fp8_group128" if a.mainloop == "fp8_block128" else "bf16"
+    rows = []
+    for shape in a.shapes.split(","):
+        hidden, inter = map(int, shape.split("x"))
+        for m in map(int, a.m.split(",")):
+            def make(seed, m=m, hidden=hidden, inter=inter):
+                if a.mainloop == "bf16":
+                    return bf16_operands(m, hidden, inter, seed)
+                return b.operands(m, hidden, inter, seed)
+
+            first = make(0)
+            sets = b.rotation(make, sum(t.nbytes for t in first if t is not None))
+            del first
+            x, xs, w, ws = sets[0]
+            base = kg.select_config(x, w, ws, xs, act="silu", h_format=h_format)
+            cfgs = {"dispatched": base} | {n: dataclasses.replace(base, **f) for n, f in variants}
+            checks = {n: same_h(base, c, sets[0]) for n, c in cfgs.items() if n != "dispatched"}
+            fns = {n: b.cycling(lambda x, xs, w, ws, c=c: kg.gate_up(c, x, w, ws, xs), sets) for n, c in cfgs.items()}
+            per_round = b.interleaved_us(fns, a.iters, a.rounds, max(b.REPS, len(sets)))
+            med = {n: statistics.median(v) for n, v in per_round.items()}
+            ratios = {n: [d / t for d, t in zip(per_round["dispatched"], v)] for n, v in per_round.items()}
+            rows.append(dict(hidden=hidden, inter=inter, m=m, configs={n: str(c) for n, c in cfgs.items()},
+                             us=med, us_per_round=per_round, checks=checks))
+            print(f"H={hidden} I={inter} M={m}: dispatched {med['dispatched']:.1f} µs ({base})")
+            for n in cfgs:
+                if n != "dispatched":
+                    print(f"  {n:>14}: {med[n]:8.1f} µs  speed-up {min(ratios[n]):.3f}–{max(ratios[n]):.3f}"
+                          f"  (h {checks[n]})", flush=True)
+            del sets
+            torch.cuda.empty_cache()
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(dict(device=torch.cuda.get_device_name(), torch=torch.__version__, rounds=a.rounds,
+                           rows=rows), f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
