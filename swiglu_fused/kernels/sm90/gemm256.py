@@ -146,11 +146,6 @@ class TileConfig:
     # measured 0-8 % slower at prefill (gate_up 4096×14336 M = 1024: 249.6 vs 230.0 µs; the TMA
     # unit also serves the producer's loads), benchmarks/NOTES.md; bench_gate_up --store-ab.
     tma_store: bool = False
-    # (experiment) ping-pong: the granule tile of 128 rows × 128 weight rows (h columns [64n, 64n + 64)),
-    # each consumer warpgroup owning whole tiles in turn (the CTA's tiles 0, 2, … and 1, 3, …), so
-    # that one warpgroup's epilogue runs under the other's mainloop. Their mainloops take turns
-    # (named barriers): a stage's full-barrier phase then always belongs to the next tile in order.
-    pingpong: bool = False
 
     # the epilogue and the bytes per element of the staged output (set by subclasses)
     epilogue = "swiglu"
@@ -167,11 +162,9 @@ class TileConfig:
         if self.cluster_k not in (1, 2) or (self.cluster_k == 2 and not (self.swap_ab or self.tile_m == 64)):
             raise ValueError(f"{name}.cluster_k: expected 1 or 2 (2 only with swap_ab or tile_m = 64), "
                              f"got {self.cluster_k}")
-        if self.tile_n not in (2 * G, *TILE_N_GRANULES) and not (self.pingpong and self.tile_n == G):
+        if self.tile_n not in (2 * G, *TILE_N_GRANULES):
             raise ValueError(f"{name}.tile_n: expected {2 * G} (two 128-row weight blocks) or one of "
                              f"{TILE_N_GRANULES} (16-row granules), got {self.tile_n}")
-        if self.pingpong and self.tile_n != G:
-            raise ValueError(f"{name}.pingpong: the ping-pong tile has tile_n = {G}, got {self.tile_n}")
         if self.granules and (self.mainloop != "bf16" or self.out_bytes != 2 or self.epilogue != "swiglu"
                               or self.tile_m != 128 or self.swap_ab or self.cluster_size > 1 or self.tma_store):
             raise ValueError(f"{name}.tile_n = {self.tile_n} is the bf16 mainloop's 128-row gate_up tile with "
@@ -195,9 +188,8 @@ class TileConfig:
 
     @property
     def granules(self) -> bool:
-        """Whether the tile is 16-row gate/up granules (tile_n in TILE_N_GRANULES, or the ping-pong
-        tile), not two 128-row halves."""
-        return self.tile_n in TILE_N_GRANULES or self.pingpong
+        """Whether the tile is 16-row gate/up granules (tile_n in TILE_N_GRANULES), not two 128-row halves."""
+        return self.tile_n in TILE_N_GRANULES
 
     @property
     def out_chunks(self) -> int:
@@ -215,13 +207,11 @@ class TileConfig:
         so that a warp's 8 rows × 4 lanes of fragment stores hit distinct banks and rows stay
         16-byte aligned for the vector copy-out. With TMA stores no padding: the slab is 128-byte
         swizzled instead (Gemm256Kernel._h_store_layout), which spreads those stores as well."""
-        if self.pingpong:  # each warpgroup a slab of its own, tile_m rows of 64 h columns
-            return (self.tile_n // 2 * self.out_bytes + 16) // 4
         return G * self.out_bytes // 4 if self.h_tma_store else (G * self.out_bytes + 16) // 4
 
     @property
     def out_stage_bytes(self) -> int:
-        return (2 if self.pingpong else 1) * self.tile_m * self.out_row_words * 4
+        return self.tile_m * self.out_row_words * 4
 
     @property
     def consumer_threads(self) -> int:
@@ -356,7 +346,7 @@ class Gemm256Kernel:
         class SharedStorage:
             sA: cute.struct.Align[cute.struct.MemRange[self.ab_dtype, cute.cosize(a_layout)], 1024]
             sB: cute.struct.Align[cute.struct.MemRange[self.ab_dtype, cute.cosize(b_layout)], 1024]
-            sO: cute.struct.Align[cute.struct.MemRange[Int32, cfg.out_stage_bytes // 4], 1024]
+            sO: cute.struct.Align[cute.struct.MemRange[Int32, cfg.tile_m * cfg.out_row_words], 1024]
             mbar: cute.struct.MemRange[cutlass.Int64, cfg.stages * 2]
             flag: cute.struct.MemRange[Int32, 4]  # stream-K: the arrival count seen by this CTA
             red: cute.struct.MemRange[Float32, cfg.red_words]  # swap-AB: cross-warp amax
@@ -388,11 +378,10 @@ class Gemm256Kernel:
 
     def _tiled_mma(self, tile_n: int = G):
         """64 rows of A × tile_n weight rows per warpgroup: one B half (128) per wgmma chain, or
-        one quarter (64) for the overlapped promotion (ping-pong: one warpgroup, all tile_m rows)."""
+        one quarter (64) for the overlapped promotion."""
         major = cute.nvgpu.warpgroup.OperandMajorMode.K
-        wgs = 1 if self.cfg.pingpong else self.num_mma_wg  # (ping-pong: the tile's M blocks are its MMA_M)
         return sm90_utils.make_trivial_tiled_mma(
-            self.ab_dtype, self.ab_dtype, major, major, self.acc_dtype, (wgs, 1, 1), tiler_mn=(64, tile_n)
+            self.ab_dtype, self.ab_dtype, major, major, self.acc_dtype, (self.num_mma_wg, 1, 1), tiler_mn=(64, tile_n)
         )
 
     def _smem_layout(self, rows: int):
@@ -455,13 +444,9 @@ class Gemm256Kernel:
         else:
             # ---------------- consumer warpgroups: wgmma, promotion, epilogue
             cute.arch.setmaxregister_increase(self.consumer_regs)
-            if cutlass.const_expr(self.cfg.pingpong):
-                self._consume_pingpong(tiled_mma, mainloop, sA, sB, storage, mOut, m, tidx, wg_idx, bidx, k_tiles,
-                                       nctas, tiling, dp_iters)
-            else:
-                self._consume(tiled_mma, mainloop, sA, sB, storage, mAS, mWS, (mOut, tma_o, mO_tma), mAux, mPart,
-                              mCtr, m, n, tidx, wg_idx, bidx, k_tiles, nctas, tiling, dp_tiles, sk_iters, it_begin,
-                              it_end, dp_iters, cursor_end)
+            self._consume(tiled_mma, mainloop, sA, sB, storage, mAS, mWS, (mOut, tma_o, mO_tma), mAux, mPart, mCtr,
+                          m, n, tidx, wg_idx, bidx, k_tiles, nctas, tiling, dp_tiles, sk_iters, it_begin, it_end,
+                          dp_iters, cursor_end)
         if cutlass.const_expr(self.cfg.cluster_k > 1):
             # no CTA leaves while its peer may still be sending to it (or its st.async are in flight)
             cute.arch.cluster_arrive()
@@ -678,60 +663,6 @@ class Gemm256Kernel:
             if tidx % 128 == 0:  # the last h stores have read this CTA's smem before it exits
                 cute.arch.cp_async_bulk_wait_group(0, read=True)
 
-    @cute.jit
-    def _consume_pingpong(self, tiled_mma, mainloop, sA, sB, storage, mOut, m, tidx, wg_idx, bidx, k_tiles, nctas,
-                          tiling, dp_iters):
-        """TileConfig.pingpong: warpgroup w runs the mainloop and epilogue of this CTA's tiles j with
-        j % 2 == w (whole tiles), stepping its pipeline states over the other's k tiles. Before the
-        mainloop of tile j it waits on named barrier 5 + w, which the other warpgroup arrives on once
-        its mainloop of tile j - 1 has released every stage."""
-        cfg = self.cfg
-        wg = wg_idx - 1
-        tid = tidx % 128
-        thr_mma = tiled_mma.get_slice(tid)
-        tCrA = tiled_mma.make_fragment_A(thr_mma.partition_A(sA))  # (MMA, 2, MMA_K, STAGES)
-        tCrB = tiled_mma.make_fragment_B(thr_mma.partition_B(sB))  # (MMA, 1, MMA_K, STAGES)
-        num_k_blocks = cute.size(tCrA, mode=[2])
-        tCcC = thr_mma.partition_C(cute.make_identity_tensor((cfg.tile_m, cfg.tile_n)))  # (MMA, 2, 1)
-        acc = cute.make_rmem_tensor(tCcC.shape, self.acc_dtype)
-        n_vals = cute.size(tCcC, mode=[0])
-        crd0 = tCcC[(0, 0, 0)]
-        r0 = crd0[0]
-        col0 = crd0[1]
-        sO = storage.sO.get_tensor(cute.make_layout((2 * cfg.tile_m, cfg.out_row_words), stride=(cfg.out_row_words, 1)))
-        sO_w = cute.local_tile(sO, (cfg.tile_m, cfg.out_row_words), (wg, 0))
-        state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, cfg.stages)
-        release = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, cfg.stages)
-        n_local = dp_iters // k_tiles
-        for j in cutlass.range(n_local, unroll=1):
-            if j % 2 == wg:
-                tm, tn = self._tile_mn(bidx + j * nctas, tiling)
-                if j >= 1:
-                    pipeline.NamedBarrier(barrier_id=5 + wg, num_threads=256).arrive_and_wait()
-                acc.fill(0.0)
-                tiled_mma.set(cute.nvgpu.warpgroup.Field.ACCUMULATE, True)
-                for kt in cutlass.range(k_tiles, unroll=1):
-                    mainloop.consumer_wait(state)
-                    cute.nvgpu.warpgroup.fence()
-                    for kk in cutlass.range_constexpr(num_k_blocks):
-                        cute.gemm(tiled_mma, acc, tCrA[(None, None, kk, state.index)],
-                                  tCrB[(None, None, kk, state.index)], acc)
-                    cute.nvgpu.warpgroup.commit_group()
-                    cute.nvgpu.warpgroup.wait_group(1)
-                    if kt > 0:
-                        mainloop.consumer_release(release)
-                        release.advance()
-                    state.advance()
-                cute.nvgpu.warpgroup.wait_group(0)
-                mainloop.consumer_release(release)
-                release.advance()
-                if j + 1 < n_local:
-                    pipeline.NamedBarrier(barrier_id=6 - wg, num_threads=256).arrive()
-                self._epilogue_swiglu_granules(acc, n_vals, r0, col0, tm, tn, m, sO_w, mOut, wg, tid, True)
-            else:
-                state.advance(k_tiles)
-                release.advance(k_tiles)
-
     # trace-time helpers of the fp8 mainloops (plain Python, inlined where called)
     def _issue(self, tiled_mma, temp, tCrA, tCrB, stage, num_k_blocks):
         """One k tile's wgmma chain into temp (the first wgmma overwrites it), committed as one
@@ -793,8 +724,7 @@ class Gemm256Kernel:
             barrier_storage=storage.mbar.data_ptr(),
             num_stages=cfg.stages,
             producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread),
-            consumer_group=pipeline.CooperativeGroup(
-                pipeline.Agent.Thread, (1 if cfg.pingpong else self.num_mma_wg) * 4 * cl),
+            consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, self.num_mma_wg * 4 * cl),
             tx_count=stage_bytes,
             cta_layout_vmnk=cute.make_layout((1, cl, 1, 1)),
             defer_sync=True,
@@ -1108,29 +1038,24 @@ class Gemm256Kernel:
             self._copy_slab(sH, mH, tm, tn, m, Int32(0), wg, tid, False)
 
     @cute.jit
-    def _epilogue_swiglu_granules(self, acc, n_vals: cutlass.Constexpr, r0, col0, tm, tn, m, sH, mH, wg, tid,
-                                  own_slab: cutlass.Constexpr = False):
+    def _epilogue_swiglu_granules(self, acc, n_vals: cutlass.Constexpr, r0, col0, tm, tn, m, sH, mH, wg, tid):
         """The granule tile's bf16 h: smem B row (= wgmma column) c holds gate row 16·(c // 32) + c % 16
         of the tile's 112 if c % 32 < 16, else the up row of c - 16, so the up partner of gate value v
         is value v + 8 (col(v) = 8·(v/4) + 2·(lane%4) + v%2, module docstring). Staged like the
         128-column slab (rows of 14 chunks), then copied out."""
         bar = pipeline.NamedBarrier(barrier_id=1 + wg, num_threads=128)
         bar.arrive_and_wait()  # the previous tile's copy-out of this slab is done
-        for mb in cutlass.range_constexpr(cute.size(acc, mode=[1])):  # (ping-pong: two 64-row blocks)
-            for v in cutlass.range_constexpr(0, n_vals, 2):
-                if cutlass.const_expr((v // 8) % 2 == 0):  # a gate pair
-                    lo = self.act(acc[(v, mb, 0)]) * acc[(v + 8, mb, 0)]
-                    hi = self.act(acc[(v + 1, mb, 0)]) * acc[(v + 9, mb, 0)]
-                    c2 = (col0 + 16 * (v // 16) + 8 * ((v // 4) % 2)) // 2  # 32-bit word (bf16 pair) in the row
-                    if cutlass.const_expr((v // 2) % 2 == 0):
-                        sH[r0 + 64 * mb, c2] = cvt_bf16x2(lo, hi)
-                    else:
-                        sH[r0 + 64 * mb + 8, c2] = cvt_bf16x2(lo, hi)
+        for v in cutlass.range_constexpr(0, n_vals, 2):
+            if cutlass.const_expr((v // 8) % 2 == 0):  # a gate pair
+                lo = self.act(acc[(v, 0, 0)]) * acc[(v + 8, 0, 0)]
+                hi = self.act(acc[(v + 1, 0, 0)]) * acc[(v + 9, 0, 0)]
+                c2 = (col0 + 16 * (v // 16) + 8 * ((v // 4) % 2)) // 2  # 32-bit word (bf16 pair) in the row
+                if cutlass.const_expr((v // 2) % 2 == 0):
+                    sH[r0, c2] = cvt_bf16x2(lo, hi)
+                else:
+                    sH[r0 + 8, c2] = cvt_bf16x2(lo, hi)
         bar.arrive_and_wait()
-        if cutlass.const_expr(own_slab):  # the warpgroup's slab is the whole tile
-            self._copy_slab(sH, mH, tm, tn, m, Int32(0), Int32(0), tid, False, self.cfg.tile_m)
-        else:
-            self._copy_slab(sH, mH, tm, tn, m, Int32(0), wg, tid, False)
+        self._copy_slab(sH, mH, tm, tn, m, Int32(0), wg, tid, False)
 
     @cute.jit
     def _epilogue_linear(self, acc, n_vals: cutlass.Constexpr, r0, col0, tm, tn, m, n, sY, mY, mR, wg, tid):
