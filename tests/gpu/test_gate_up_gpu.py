@@ -249,20 +249,3 @@ def test_granule_tile_refuses_an_intermediate_size_it_cannot_tile():
     cfg = k.GateUpConfig(tile_m=128, tile_n=224, stages=4, mainloop="bf16", h_format="bf16")
     with pytest.raises(ValueError, match="I = 1536 is not a multiple"):  # (of 112)
         run_kernel(cfg, args)
-
-
-@pytest.mark.parametrize("tile_n", [224, 192])
-@pytest.mark.parametrize("hidden,inter,m", [(8192, 3584, 1024), (576, 1536, 129), (4096, 3072, 300)])
-def test_granule_tile_in_cluster_pairs_is_bit_identical(hidden, inter, m, tile_n):
-    """cluster_m = 2 on the granule tile: each CTA of a pair loads half of every 16-row box and
-    multicasts it; the M tiles are padded to pairs (M = 129, 300: a padding tile)."""
-    from swiglu_fused.kernels.sm90 import gate_up as k
-
-    if inter % (tile_n // 2):
-        pytest.skip("I is not a multiple of the tile's h columns")
-    args = make_operands(m, hidden, inter, "bf16", seed=m + tile_n)
-    cfg = k.GateUpConfig(tile_m=128, tile_n=tile_n, stages=4, mainloop="bf16", h_format="bf16", cluster_m=2)
-    h, _ = run_kernel(cfg, args)
-    h2, _ = run_kernel(dataclasses.replace(cfg, cluster_m=1), args)
-    assert torch.equal(h, h2)
-    assert_matches_reference(h, None, args, "silu", "bf16", "bf16")

@@ -166,9 +166,9 @@ class TileConfig:
             raise ValueError(f"{name}.tile_n: expected {2 * G} (two 128-row weight blocks) or one of "
                              f"{TILE_N_GRANULES} (16-row granules), got {self.tile_n}")
         if self.granules and (self.mainloop != "bf16" or self.out_bytes != 2 or self.epilogue != "swiglu"
-                              or self.tile_m != 128 or self.swap_ab or self.cluster_k > 1 or self.tma_store):
+                              or self.tile_m != 128 or self.swap_ab or self.cluster_size > 1 or self.tma_store):
             raise ValueError(f"{name}.tile_n = {self.tile_n} is the bf16 mainloop's 128-row gate_up tile with "
-                             f"bf16 h (no swap_ab, cluster_k or tma_store); got {self}")
+                             f"bf16 h (no swap_ab, clusters or tma_store); got {self}")
         if self.mainloop not in MAINLOOPS:
             raise ValueError(f"{name}.mainloop: expected one of {MAINLOOPS}, got {self.mainloop!r}")
         if self.promote_k not in (32, 64, 128):
@@ -756,7 +756,7 @@ class Gemm256Kernel:
             for r in range(cfg.tile_n // GRANULE):
                 sBr = cute.local_tile(sB, (GRANULE, cfg.tile_k, cfg.stages), (r, 0, 0))
                 tBsBr, tBgB = cute.nvgpu.cpasync.tma_partition(
-                    tma_b, rank, cute.make_layout(cl), cute.group_modes(sBr, 0, 2), cute.group_modes(gB, 0, 2)
+                    tma_b, 0, cute.make_layout(1), cute.group_modes(sBr, 0, 2), cute.group_modes(gB, 0, 2)
                 )
                 tBsB.append(tBsBr)
             tBsB = tuple(tBsB)
@@ -816,13 +816,9 @@ class Gemm256Kernel:
                     for j in cutlass.range_constexpr(per_tile):
                         u = tn * per_tile + j
                         p = u + u // c * c
-                        for s, box in ((0, p), (1, p + c)):
-                            if cutlass.const_expr(self.cfg.cluster_m > 1):  # (its rows of the box, multicast)
-                                cute.copy(tma_b, tBgB[(None, box, kt)], tBsB[2 * j + s][(None, state.index)],
-                                          tma_bar_ptr=bar, mcast_mask=b_mask)
-                            else:
-                                cute.copy(tma_b, tBgB[(None, box, kt)], tBsB[2 * j + s][(None, state.index)],
-                                          tma_bar_ptr=bar)
+                        cute.copy(tma_b, tBgB[(None, p, kt)], tBsB[2 * j][(None, state.index)], tma_bar_ptr=bar)
+                        cute.copy(tma_b, tBgB[(None, p + c, kt)], tBsB[2 * j + 1][(None, state.index)],
+                                  tma_bar_ptr=bar)
                 elif cutlass.const_expr(self.cfg.cluster_m > 1):
                     cute.copy(tma_b, tBgB[(None, tn, kt)], tBsB[(None, state.index)], tma_bar_ptr=bar,
                               mcast_mask=b_mask)
