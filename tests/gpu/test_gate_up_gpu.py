@@ -249,19 +249,3 @@ def test_granule_tile_refuses_an_intermediate_size_it_cannot_tile():
     cfg = k.GateUpConfig(tile_m=128, tile_n=224, stages=4, mainloop="bf16", h_format="bf16")
     with pytest.raises(ValueError, match="I = 1536 is not a multiple"):  # (of 112)
         run_kernel(cfg, args)
-
-
-@pytest.mark.parametrize("mainloop,h_format,tile_m,tile_n", [
-    ("fp8_block128", "fp8_group128", 128, 256), ("fp8_block128", "fp8_group128", 64, 256),
-    ("fp8_block128", "bf16", 128, 256), ("bf16", "bf16", 128, 256), ("bf16", "bf16", 128, 224)])
-@pytest.mark.parametrize("hidden,inter,m", [(8192, 3584, 1024), (576, 3584, 130), (4096, 14336, 77)])
-def test_direct_store_is_the_copy_out_bit_for_bit(hidden, inter, m, mainloop, h_format, tile_m, tile_n):
-    from swiglu_fused.kernels.sm90 import gate_up as k
-
-    args = make_operands(m, hidden, inter, mainloop, seed=m + tile_m)
-    cfg = k.GateUpConfig(tile_m=tile_m, tile_n=tile_n, stages=4 if tile_m == 128 else 5, mainloop=mainloop,
-                         h_format=h_format, direct_store=True)
-    h, hs = run_kernel(cfg, args)
-    h2, hs2 = run_kernel(dataclasses.replace(cfg, direct_store=False), args)
-    assert torch.equal(h.view(torch.uint8), h2.view(torch.uint8))
-    assert hs is None or torch.equal(hs, hs2)

@@ -146,9 +146,6 @@ class TileConfig:
     # measured 0-8 % slower at prefill (gate_up 4096×14336 M = 1024: 249.6 vs 230.0 µs; the TMA
     # unit also serves the producer's loads), benchmarks/NOTES.md; bench_gate_up --store-ab.
     tma_store: bool = False
-    # (experiment) gate_up's 64/128-row tiles: each thread stores its h pairs straight from registers
-    # to global memory (2- or 4-byte stores, rows ≥ M masked), no smem slab, no barriers
-    direct_store: bool = False
 
     # the epilogue and the bytes per element of the staged output (set by subclasses)
     epilogue = "swiglu"
@@ -966,12 +963,10 @@ class Gemm256Kernel:
         row_a = tm * cfg.tile_m + ra
         row_b = row_a + 8
         bar = pipeline.NamedBarrier(barrier_id=1 + wg, num_threads=128)
-        direct = cfg.direct_store
         if cutlass.const_expr(tma):
             if tid == 0:  # the previous tile's TMA store has read the slab
                 cute.arch.cp_async_bulk_wait_group(0, read=True)
-        if cutlass.const_expr(not direct):
-            bar.arrive_and_wait()  # the previous tile's copy-out of this slab is done
+        bar.arrive_and_wait()  # the previous tile's copy-out of this slab is done
         # TMA: the slab is 128-byte swizzled (_h_store_layout): 16-byte chunk c of row r is stored
         # at chunk c ^ (r % 8), so a warp's 8 rows of fragment stores hit 8 different chunks
         if cutlass.const_expr(cfg.h_format == "fp8_group128"):
@@ -999,25 +994,12 @@ class Gemm256Kernel:
                 cute.make_layout((cfg.tile_m, 2 * cfg.out_row_words), stride=(2 * cfg.out_row_words, 1)),
             )
             sw = (ra % 8) * 8 if tma else 0  # (ra and rb = ra + 8 have the same row % 8)
-            if cutlass.const_expr(direct):
-                w2 = mH.shape[1] * 2
-                mH16 = cute.make_tensor(cute.recast_ptr(mH.iterator, dtype=cutlass.Int16),
-                                        cute.make_layout((m, w2), stride=(w2, 1)))
-                for v in cutlass.range_constexpr(0, n_vals, 2):
-                    c2 = tn * (G // 2) + (col0 + 8 * (v // 4)) // 2
-                    if cutlass.const_expr((v // 2) % 2 == 0):
-                        if row_a < m:
-                            mH16[row_a, c2] = cvt_e4m3x2(acc[(v, 0, 0)] * inv_a, acc[(v + 1, 0, 0)] * inv_a)
-                    else:
-                        if row_b < m:
-                            mH16[row_b, c2] = cvt_e4m3x2(acc[(v, 0, 0)] * inv_b, acc[(v + 1, 0, 0)] * inv_b)
-            else:
-                for v in cutlass.range_constexpr(0, n_vals, 2):
-                    c2 = (col0 + 8 * (v // 4)) // 2 ^ sw  # 16-bit word (column pair) in the row
-                    if cutlass.const_expr((v // 2) % 2 == 0):
-                        sH16[ra, c2] = cvt_e4m3x2(acc[(v, 0, 0)] * inv_a, acc[(v + 1, 0, 0)] * inv_a)
-                    else:
-                        sH16[rb, c2] = cvt_e4m3x2(acc[(v, 0, 0)] * inv_b, acc[(v + 1, 0, 0)] * inv_b)
+            for v in cutlass.range_constexpr(0, n_vals, 2):
+                c2 = (col0 + 8 * (v // 4)) // 2 ^ sw  # 16-bit word (column pair) in the row
+                if cutlass.const_expr((v // 2) % 2 == 0):
+                    sH16[ra, c2] = cvt_e4m3x2(acc[(v, 0, 0)] * inv_a, acc[(v + 1, 0, 0)] * inv_a)
+                else:
+                    sH16[rb, c2] = cvt_e4m3x2(acc[(v, 0, 0)] * inv_b, acc[(v + 1, 0, 0)] * inv_b)
             if col0 == 0:
                 if row_a < m:
                     mHS[row_a, tn] = s_a
@@ -1033,16 +1015,6 @@ class Gemm256Kernel:
                 if cutlass.const_expr((v // 2) % 2 == 0):
                     r = ra % 64
                 sBox[2 * wg + (v // 4) // 8, r, c2 % 32 ^ sw] = word
-        elif cutlass.const_expr(direct):
-            for v in cutlass.range_constexpr(0, n_vals, 2):
-                c2 = tn * (G // 2) + (col0 + 8 * (v // 4)) // 2  # 32-bit word (bf16 pair) in h's row
-                word = cvt_bf16x2(acc[(v, 0, 0)], acc[(v + 1, 0, 0)])
-                if cutlass.const_expr((v // 2) % 2 == 0):
-                    if row_a < m:
-                        mH[row_a, c2] = word
-                else:
-                    if row_b < m:
-                        mH[row_b, c2] = word
         else:
             for v in cutlass.range_constexpr(0, n_vals, 2):
                 c2 = (col0 + 8 * (v // 4)) // 2  # 32-bit word (bf16 pair) in the row
@@ -1051,9 +1023,7 @@ class Gemm256Kernel:
                     sH[ra, c2] = word
                 else:
                     sH[rb, c2] = word
-        if cutlass.const_expr(direct):
-            pass
-        elif cutlass.const_expr(tma):
+        if cutlass.const_expr(tma):
             cute.arch.fence_proxy("async.shared", space="cta")  # the stores are visible to the TMA unit
             bar.arrive_and_wait()
             if tid == 0:
@@ -1073,30 +1043,19 @@ class Gemm256Kernel:
         of the tile's 112 if c % 32 < 16, else the up row of c - 16, so the up partner of gate value v
         is value v + 8 (col(v) = 8·(v/4) + 2·(lane%4) + v%2, module docstring). Staged like the
         128-column slab (rows of 14 chunks), then copied out."""
-        if cutlass.const_expr(self.cfg.direct_store):
-            row_a = tm * self.cfg.tile_m + r0
-            for v in cutlass.range_constexpr(0, n_vals, 2):
-                if cutlass.const_expr((v // 8) % 2 == 0):  # a gate pair
-                    lo = self.act(acc[(v, 0, 0)]) * acc[(v + 8, 0, 0)]
-                    hi = self.act(acc[(v + 1, 0, 0)]) * acc[(v + 9, 0, 0)]
-                    c2 = tn * (self.cfg.tile_n // 4) + (col0 + 16 * (v // 16) + 8 * ((v // 4) % 2)) // 2
-                    row = row_a if (v // 2) % 2 == 0 else row_a + 8
-                    if row < m:
-                        mH[row, c2] = cvt_bf16x2(lo, hi)
-        else:
-            bar = pipeline.NamedBarrier(barrier_id=1 + wg, num_threads=128)
-            bar.arrive_and_wait()  # the previous tile's copy-out of this slab is done
-            for v in cutlass.range_constexpr(0, n_vals, 2):
-                if cutlass.const_expr((v // 8) % 2 == 0):  # a gate pair
-                    lo = self.act(acc[(v, 0, 0)]) * acc[(v + 8, 0, 0)]
-                    hi = self.act(acc[(v + 1, 0, 0)]) * acc[(v + 9, 0, 0)]
-                    c2 = (col0 + 16 * (v // 16) + 8 * ((v // 4) % 2)) // 2  # 32-bit word (bf16 pair) in the row
-                    if cutlass.const_expr((v // 2) % 2 == 0):
-                        sH[r0, c2] = cvt_bf16x2(lo, hi)
-                    else:
-                        sH[r0 + 8, c2] = cvt_bf16x2(lo, hi)
-            bar.arrive_and_wait()
-            self._copy_slab(sH, mH, tm, tn, m, Int32(0), wg, tid, False)
+        bar = pipeline.NamedBarrier(barrier_id=1 + wg, num_threads=128)
+        bar.arrive_and_wait()  # the previous tile's copy-out of this slab is done
+        for v in cutlass.range_constexpr(0, n_vals, 2):
+            if cutlass.const_expr((v // 8) % 2 == 0):  # a gate pair
+                lo = self.act(acc[(v, 0, 0)]) * acc[(v + 8, 0, 0)]
+                hi = self.act(acc[(v + 1, 0, 0)]) * acc[(v + 9, 0, 0)]
+                c2 = (col0 + 16 * (v // 16) + 8 * ((v // 4) % 2)) // 2  # 32-bit word (bf16 pair) in the row
+                if cutlass.const_expr((v // 2) % 2 == 0):
+                    sH[r0, c2] = cvt_bf16x2(lo, hi)
+                else:
+                    sH[r0 + 8, c2] = cvt_bf16x2(lo, hi)
+        bar.arrive_and_wait()
+        self._copy_slab(sH, mH, tm, tn, m, Int32(0), wg, tid, False)
 
     @cute.jit
     def _epilogue_linear(self, acc, n_vals: cutlass.Constexpr, r0, col0, tm, tn, m, n, sY, mY, mR, wg, tid):
