@@ -249,21 +249,3 @@ def test_granule_tile_refuses_an_intermediate_size_it_cannot_tile():
     cfg = k.GateUpConfig(tile_m=128, tile_n=224, stages=4, mainloop="bf16", h_format="bf16")
     with pytest.raises(ValueError, match="I = 1536 is not a multiple"):  # (of 112)
         run_kernel(cfg, args)
-
-
-@pytest.mark.parametrize("split", [1, 3])
-@pytest.mark.parametrize("tile_m,h_format", [(128, "bf16"), (128, "fp8_group128"), (64, "bf16")])
-@pytest.mark.parametrize("hidden,inter,m", [(8192, 3584, 1024), (576, 1536, 130), (4096, 14336, 77)])
-def test_wide_mma_is_the_two_halves_bit_for_bit(hidden, inter, m, tile_m, h_format, split, monkeypatch):
-    from swiglu_fused.kernels.sm90 import gate_up as k, gemm256
-
-    if split > 1:  # every tile stream-K split 3 ways: the partials go through the (64, 1, 2) view
-        monkeypatch.setattr(gemm256, "plan", lambda tiles, *a, **kw: (3 * tiles, tiles))
-    args = make_operands(m, hidden, inter, "bf16", seed=m + tile_m)
-    cfg = k.GateUpConfig(tile_m=tile_m, stages=4 if tile_m == 128 else 5, mainloop="bf16", h_format=h_format,
-                         wide_mma=True)
-    h, hs = run_kernel(cfg, args)
-    h2, hs2 = run_kernel(dataclasses.replace(cfg, wide_mma=False), args)
-    assert torch.equal(h.view(torch.uint8), h2.view(torch.uint8))
-    assert hs is None or torch.equal(hs, hs2)
-    assert_matches_reference(h, hs, args, "silu", h_format, "bf16")

@@ -146,10 +146,6 @@ class TileConfig:
     # measured 0-8 % slower at prefill (gate_up 4096×14336 M = 1024: 249.6 vs 230.0 µs; the TMA
     # unit also serves the producer's loads), benchmarks/NOTES.md; bench_gate_up --store-ab.
     tma_store: bool = False
-    # (experiment) the bf16 → bf16 h 128-row tile of 256 weight rows in the granule layout: one
-    # m64n256k16 wgmma per k step (A read from smem once, not once per half)
-    wide_mma: bool = False
-    wide_granules: bool = False  # (experiment) the same in the granule layout
 
     # the epilogue and the bytes per element of the staged output (set by subclasses)
     epilogue = "swiglu"
@@ -193,7 +189,7 @@ class TileConfig:
     @property
     def granules(self) -> bool:
         """Whether the tile is 16-row gate/up granules (tile_n in TILE_N_GRANULES), not two 128-row halves."""
-        return self.tile_n in TILE_N_GRANULES or self.wide_granules
+        return self.tile_n in TILE_N_GRANULES
 
     @property
     def out_chunks(self) -> int:
@@ -321,8 +317,7 @@ class Gemm256Kernel:
             )
 
         # the granule tile: one wgmma of N = tile_n per k step; B arrives in boxes of 16 weight rows
-        wide = cfg.granules or (cfg.wide_mma and not cfg.fp8)
-        tiled_mma = self._tiled_mma(cfg.tile_n) if wide else self._tiled_mma()
+        tiled_mma = self._tiled_mma(cfg.tile_n) if cfg.granules else self._tiled_mma()
         a_layout = self._smem_layout(cfg.tile_m)
         b_layout = self._smem_layout(cfg.tile_n)
         b_box = GRANULE if cfg.granules else cfg.tile_n
@@ -484,12 +479,6 @@ class Gemm256Kernel:
         tCcC = thr_mma.partition_C(cC)  # (MMA, 1, 2) coordinates of this thread's values
         acc = cute.make_rmem_tensor(tCcC.shape, self.acc_dtype)
         n_vals = cute.size(tCcC, mode=[0])  # 64 values per half (the granule tile: 112 in all)
-        acc_mma = acc
-        if cutlass.const_expr(cfg.wide_mma and not cfg.fp8 and not cfg.granules):
-            # one m64n256 wgmma per k step: its 128 values viewed as (64 values, 1, half), value
-            # v + 64·half being column col(v) + 128·half
-            acc = cute.make_tensor(acc_mma.iterator, cute.make_layout(((2, 2, 16), 1, 2), stride=((1, 2, 4), 0, 64)))
-            n_vals = 64
         # this thread's two rows in the tile (value v has row r0 + 8·((v/2)%2)) and first column
         crd0 = tCcC[(0, 0, 0)]
         r0 = crd0[0]
@@ -644,10 +633,10 @@ class Gemm256Kernel:
                     cute.nvgpu.warpgroup.fence()
                     for kk in cutlass.range_constexpr(num_k_blocks):
                         cute.gemm(
-                            tiled_mma, acc_mma,
+                            tiled_mma, acc,
                             tCrA[(None, None, kk, state.index)],
                             tCrB[(None, None, kk, state.index)],
-                            acc_mma,
+                            acc,
                         )
                     cute.nvgpu.warpgroup.commit_group()
                     cute.nvgpu.warpgroup.wait_group(1)
