@@ -42,8 +42,8 @@ mainloop and bf16 h only, gate_up.granule_tile_n; also tile_n = 192: 96 columns)
 [112n, 112n+112) instead, which straddle the g = 128 chunks: its B stage is 7 granules, each 16 gate
 rows then the 16 up rows of the same h columns, one 16-row TMA box each; one wgmma of N = 224
 covers them, and the up partner of gate value v is value v + 8 (_epilogue_swiglu_granules).
-Rows ≥ N of a partial last tile are TMA zero-fill; their weight-scale row is clamped to the last one (ceil(N/128) - 1), so no scale is
-read out of bounds, and the linear epilogue masks columns ≥ N.
+Rows ≥ N of a partial last tile are TMA zero-fill; their weight-scale row is clamped to the last
+one (ceil(N/128) - 1), so no scale is read out of bounds, and the linear epilogue masks columns ≥ N.
 
 Mainloop (fp8_block128), per 128-wide k block kb and per B half:
 
@@ -100,7 +100,7 @@ SMEM_BYTES = 227 * 1024
 MAINLOOPS = ("fp8_block128", "bf16")
 N_ALIGN = 8  # weight rows (N) must be a multiple of this: 16-byte rows of a bf16 output
 TILE_N_GRANULES = (192, 224)  # TileConfig.tile_n of the granule tiles (96 and 112 h columns)
-GRANULE = 16  # its gate (and up) rows per TMA box: 16 | 112 and 16 | 128, so no box straddles a g = 128 chunk
+GRANULE = 16  # gate (and up) rows per TMA box: 16 divides 96, 112 and g = 128, so no box straddles a chunk
 
 
 @dataclass(frozen=True)
@@ -478,7 +478,7 @@ class Gemm256Kernel:
         cC = cute.make_identity_tensor((cfg.tile_m, cfg.tile_n))
         tCcC = thr_mma.partition_C(cC)  # (MMA, 1, 2) coordinates of this thread's values
         acc = cute.make_rmem_tensor(tCcC.shape, self.acc_dtype)
-        n_vals = cute.size(tCcC, mode=[0])  # 64 values per half (the granule tile: 112 in all)
+        n_vals = cute.size(tCcC, mode=[0])  # 64 values per half (the granule tile: tile_n / 2 in all)
         # this thread's two rows in the tile (value v has row r0 + 8·((v/2)%2)) and first column
         crd0 = tCcC[(0, 0, 0)]
         r0 = crd0[0]
