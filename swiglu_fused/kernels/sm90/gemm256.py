@@ -146,10 +146,6 @@ class TileConfig:
     # measured 0-8 % slower at prefill (gate_up 4096×14336 M = 1024: 249.6 vs 230.0 µs; the TMA
     # unit also serves the producer's loads), benchmarks/NOTES.md; bench_gate_up --store-ab.
     tma_store: bool = False
-    # (experiment) the 128-row fp8 tile: the two consumer warpgroups issue their wgmma chains in a
-    # fixed order, every chain (one 256-thread named barrier: the first warpgroup syncs on it after
-    # issuing, the second before issuing), as cuBLAS's block-scaled kernel does
-    ordered_chains: bool = False
 
     # the epilogue and the bytes per element of the staged output (set by subclasses)
     epilogue = "swiglu"
@@ -582,7 +578,6 @@ class Gemm256Kernel:
                     state.advance()
                     self._promote_quarter(acc, tq[1], 3, sc0[2], sc0[3])
             elif cutlass.const_expr(cfg.fp8):
-                ordered = cfg.ordered_chains and self.num_mma_wg == 2
                 # rows past M read the last row's scale (their A rows are TMA zero-fill)
                 arow_a = cutlass.min(row_a, m - 1)
                 arow_b = cutlass.min(row_b, m - 1)
@@ -610,9 +605,6 @@ class Gemm256Kernel:
                         sc_a = as_a * ws
                         sc_b = as_b * ws
                         for grp in cutlass.range_constexpr(num_k_blocks // mmas_per_promotion):
-                            if cutlass.const_expr(ordered):
-                                if wg_idx == 2:  # after the first warpgroup has issued its chain
-                                    pipeline.NamedBarrier(barrier_id=4, num_threads=256).arrive_and_wait()
                             cute.nvgpu.warpgroup.fence()
                             tiled_mma.set(cute.nvgpu.warpgroup.Field.ACCUMULATE, False)
                             for j in cutlass.range_constexpr(mmas_per_promotion):
@@ -625,9 +617,6 @@ class Gemm256Kernel:
                                 )
                                 tiled_mma.set(cute.nvgpu.warpgroup.Field.ACCUMULATE, True)
                             cute.nvgpu.warpgroup.commit_group()
-                            if cutlass.const_expr(ordered):
-                                if wg_idx == 1:  # the second warpgroup issues its chain only now
-                                    pipeline.NamedBarrier(barrier_id=4, num_threads=256).arrive_and_wait()
                             cute.nvgpu.warpgroup.wait_group(0)
                             for v in cutlass.range_constexpr(n_vals):
                                 if cutlass.const_expr((v // 2) % 2 == 0):
