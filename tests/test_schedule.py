@@ -282,3 +282,19 @@ def test_granule_tile_only_for_bf16_to_bf16_on_128_rows(kw):
 
     with pytest.raises(ValueError, match="tile_n = 224"):
         gate_up.GateUpConfig(**{"tile_m": 128, "tile_n": 224, "stages": 4, **kw})
+
+
+def test_smem_scales_only_where_they_fit():
+    """gate_up's fp8 128-row tile stages its promotion scales in smem with fp8 h; with bf16 h the
+    four stages and the wider h slab leave no room, so that config keeps the global loads."""
+    from swiglu_fused.kernels.sm90 import gate_up
+
+    assert gate_up.smem_scales_apply(128, False, "fp8_block128", "fp8_group128")
+    assert not gate_up.smem_scales_apply(128, False, "fp8_block128", "bf16")
+    assert not gate_up.smem_scales_apply(64, False, "fp8_block128", "fp8_group128")
+    assert not gate_up.smem_scales_apply(128, False, "bf16", "bf16")
+    assert gate_up.GateUpConfig(tile_m=128, stages=4, smem_scales=True) in gate_up.shipped_configs()
+    with pytest.raises(ValueError, match="stages"):
+        gate_up.GateUpConfig(tile_m=128, stages=4, h_format="bf16", smem_scales=True)
+    with pytest.raises(ValueError, match="smem_scales"):
+        gate_up.GateUpConfig(tile_m=64, stages=5, smem_scales=True)

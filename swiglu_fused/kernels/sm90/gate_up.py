@@ -137,6 +137,11 @@ def granule_tile_n(m: int, n: int, sms: int) -> int | None:
     return best
 
 
+def smem_scales_apply(tile_m: int, swap_ab: bool, mainloop: str, h_format: str) -> bool:
+    """TileConfig.smem_scales for the fp8 128-row tile with fp8 h (bf16 h leaves no smem for it)."""
+    return mainloop == "fp8_block128" and tile_m == 128 and not swap_ab and h_format == "fp8_group128"
+
+
 def shipped_configs() -> list[GateUpConfig]:
     out = []
     for mainloop in MAINLOOPS:
@@ -145,7 +150,8 @@ def shipped_configs() -> list[GateUpConfig]:
                 tiles = [(128, 4, False), (64, 5, False)] + [(t, s, True) for t, s in SWAP_TILES]
                 for tile_m, stages, swap in tiles:
                     out.append(GateUpConfig(tile_m=tile_m, stages=stages, act=act, h_format=h_format,
-                                            mainloop=mainloop, swap_ab=swap))
+                                            mainloop=mainloop, swap_ab=swap,
+                                            smem_scales=smem_scales_apply(tile_m, swap, mainloop, h_format)))
                 if mainloop == "fp8_block128":  # cluster_k_applies
                     out.append(GateUpConfig(tile_m=SWAP_TILES[0][0], stages=SWAP_TILES[0][1], act=act,
                                             h_format=h_format, mainloop=mainloop, swap_ab=True, cluster_k=2))
@@ -180,7 +186,7 @@ def select_config(x, weight, weight_scale, x_scale, *, act: str, h_format: str) 
     if mainloop == "bf16" and h_format == "bf16" and tile_m == 128:
         tile_n = granule_tile_n(x.shape[0], weight.shape[0], sms) or tile_n
     return GateUpConfig(tile_m=tile_m, tile_n=tile_n, stages=stages, act=act, h_format=h_format, mainloop=mainloop,
-                        swap_ab=swap, cluster_k=ck)
+                        swap_ab=swap, cluster_k=ck, smem_scales=smem_scales_apply(tile_m, swap, mainloop, h_format))
 
 
 # Runs, is tested (tests/gpu) and compile-checked, but is not dispatched: cluster pairs sharing
