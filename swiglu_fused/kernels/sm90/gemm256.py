@@ -178,8 +178,8 @@ class TileConfig:
                              f"bf16 h (no swap_ab, clusters or tma_store); got {self}")
         if self.mainloop not in MAINLOOPS:
             raise ValueError(f"{name}.mainloop: expected one of {MAINLOOPS}, got {self.mainloop!r}")
-        if self.smem_scales and (not self.fp8 or self.swap_ab):
-            raise ValueError(f"{name}.smem_scales: the fp8 mainloop's 64/128-row tiles only; got {self}")
+        if self.smem_scales and (not self.fp8 or self.tile_m != 128 or self.swap_ab):
+            raise ValueError(f"{name}.smem_scales: the fp8 mainloop's 128-row tile only; got {self}")
         if self.promote_k not in (32, 64, 128):
             raise ValueError(f"{name}.promote_k: expected 32, 64 or 128, got {self.promote_k}")
         if self.epilogue not in epilogue.EPILOGUES:
@@ -565,28 +565,18 @@ class Gemm256Kernel:
                 wrow_0 = cutlass.min(2 * tn, ws_last)
                 wrow_1 = cutlass.min(2 * tn + 1, ws_last)
                 scales = (mAS, mWS, arow_a, arow_b, wrow_0, wrow_1)
-                sScl = None
-                if cutlass.const_expr(cfg.smem_scales):  # (the producer stages them, _produce)
-                    sScl = storage.scl.get_tensor(self._scale_layout())
-                raw0 = raw1 = (Float32(0.0),) * 4  # (smem_scales: read after each stage's wait instead)
-                if cutlass.const_expr(not cfg.smem_scales):
-                    raw0 = self._load_scales(scales, kb0)
-                    raw1 = self._load_scales(scales, cutlass.min(kb0 + 1, kb1 - 1))
+                raw0 = self._load_scales(scales, kb0)
+                raw1 = self._load_scales(scales, cutlass.min(kb0 + 1, kb1 - 1))
                 for kt in cutlass.range(kb0, kb1 - 1, 2, unroll=1):
                     sc0 = self._scale_products(raw0)
                     sc1 = self._scale_products(raw1)
-                    if cutlass.const_expr(not cfg.smem_scales):
-                        raw0 = self._load_scales(scales, cutlass.min(kt + 2, kb1 - 1))
-                        raw1 = self._load_scales(scales, cutlass.min(kt + 3, kb1 - 1))
+                    raw0 = self._load_scales(scales, cutlass.min(kt + 2, kb1 - 1))
+                    raw1 = self._load_scales(scales, cutlass.min(kt + 3, kb1 - 1))
                     mainloop.consumer_wait(state)
-                    if cutlass.const_expr(cfg.smem_scales):
-                        sc0 = self._scale_products(self._staged_scales(sScl, state.index, r0))
                     self._issue(mma_q, tq[0], tCrA_q, tCrB_q[0], state.index, num_k_blocks)
                     self._quarters_1_to_3(quarters, state.index, acc, sc0)
                     state.advance()
                     mainloop.consumer_wait(state)
-                    if cutlass.const_expr(cfg.smem_scales):
-                        sc1 = self._scale_products(self._staged_scales(sScl, state.index, r0))
                     self._issue(mma_q, tq[0], tCrA_q, tCrB_q[0], state.index, num_k_blocks)
                     cute.nvgpu.warpgroup.wait_group(1)
                     mainloop.consumer_release(release)
@@ -601,8 +591,6 @@ class Gemm256Kernel:
                 if (kb1 - kb0) % 2 == 1:  # the last k tile, alone (its scales are in raw0)
                     sc0 = self._scale_products(raw0)
                     mainloop.consumer_wait(state)
-                    if cutlass.const_expr(cfg.smem_scales):
-                        sc0 = self._scale_products(self._staged_scales(sScl, state.index, r0))
                     self._issue(mma_q, tq[0], tCrA_q, tCrB_q[0], state.index, num_k_blocks)
                     self._quarters_1_to_3(quarters, state.index, acc, sc0)
                     cute.nvgpu.warpgroup.wait_group(0)
@@ -617,14 +605,11 @@ class Gemm256Kernel:
                 # weight rows past N (partial last tile) read the last scale row (their B rows are zero-fill)
                 wrow_0 = cutlass.min(2 * tn, ws_last)
                 wrow_1 = cutlass.min(2 * tn + 1, ws_last)
-                # scales of k block kt are loaded one iteration ahead (global-load latency), or
-                # (smem_scales) read from the stage once it is full
-                na_a = na_b = nw_0 = nw_1 = Float32(0.0)
-                if cutlass.const_expr(not cfg.smem_scales):
-                    na_a = mAS[arow_a, kb0]
-                    na_b = mAS[arow_b, kb0]
-                    nw_0 = mWS[wrow_0, kb0]
-                    nw_1 = mWS[wrow_1, kb0]
+                # scales of k block kt are loaded one iteration ahead (global-load latency)
+                na_a = mAS[arow_a, kb0]
+                na_b = mAS[arow_b, kb0]
+                nw_0 = mWS[wrow_0, kb0]
+                nw_1 = mWS[wrow_1, kb0]
                 sScl = None
                 if cutlass.const_expr(cfg.smem_scales):  # (the producer stages them, _produce)
                     sScl = storage.scl.get_tensor(self._scale_layout())
@@ -727,10 +712,6 @@ class Gemm256Kernel:
         """Raw scales of k block kt: x scale of row a, of row b; weight scale of half 0, of half 1."""
         mAS, mWS, arow_a, arow_b, wrow_0, wrow_1 = scales
         return mAS[arow_a, kt], mAS[arow_b, kt], mWS[wrow_0, kt], mWS[wrow_1, kt]
-
-    def _staged_scales(self, sScl, stage, r0):
-        """_load_scales' values from the stage's smem scales (smem_scales): rows r0, r0 + 8 of the tile."""
-        return sScl[stage, r0], sScl[stage, r0 + 8], sScl[stage, self.cfg.tile_m], sScl[stage, self.cfg.tile_m + 1]
 
     def _scale_products(self, raw):
         """(row a, row b) promotion scales for weight half 0, then half 1, from _load_scales."""
