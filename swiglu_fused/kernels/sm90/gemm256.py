@@ -52,7 +52,9 @@ Mainloop (fp8_block128), per 128-wide k block kb and per B half:
 
 acc holds both halves (128 fp32 registers per thread) and temp one half (64), so a 64×256
 warpgroup tile fits the 232-register budget. With two consumer warpgroups (128-row tile) one
-warpgroup's promotion runs under the other's wgmma. With one (64-row tile, TileConfig.overlap) the
+warpgroup's promotion runs under the other's wgmma; there the producer warp stages each k block's
+scales in smem beside the stage (TileConfig.smem_scales, dispatched with fp8 h), so the consumers
+issue no global loads. With one (64-row tile, TileConfig.overlap) the
 k block is four 64-column quarter chains into two 32-register temps, and quarter c is promoted
 while quarter c + 1 runs, across pairs of k blocks (measured 10–20 % faster where the tile is
 tensor-bound). The bf16 mainloop accumulates straight into acc.
