@@ -842,12 +842,9 @@ class Gemm256Kernel:
             tm, tn = self._tile_mn(tile, tiling)
             cursor += kb1 - kb0
             for kt in cutlass.range(kb0, kb1, unroll=1):
-                xs = [Float32(0.0)] * (self.cfg.tile_m // 32)
-                wsc = Float32(0.0)
+                staged = None
                 if cutlass.const_expr(self.cfg.smem_scales):  # loaded before the empty-slot wait, which hides them
-                    for i in cutlass.range_constexpr(self.cfg.tile_m // 32):
-                        xs[i] = mAS[cutlass.min(tm * self.cfg.tile_m + lane + 32 * i, m - 1), kt]
-                    wsc = mWS[cutlass.min(2 * tn + lane % 2, ws_last), kt]
+                    staged = self._load_tile_scales(mAS, mWS, m, ws_last, tm, tn, kt, lane)
                 mainloop.producer_acquire(state)
                 bar = mainloop.producer_get_barrier(state)
                 cute.copy(tma_a, tAgA[(None, tm, kt)], tAsA[(None, state.index)], tma_bar_ptr=bar)
@@ -869,16 +866,30 @@ class Gemm256Kernel:
                 else:
                     cute.copy(tma_b, tBgB[(None, tn, kt)], tBsB[(None, state.index)], tma_bar_ptr=bar)
                 if cutlass.const_expr(self.cfg.smem_scales):
-                    for i in cutlass.range_constexpr(self.cfg.tile_m // 32):
-                        sScl[state.index, lane + 32 * i] = xs[i]
-                    if lane < 2:
-                        sScl[state.index, self.cfg.tile_m + lane] = wsc
-                    cute.arch.sync_warp()
-                    if lane == 0:  # the stage's second arrival: its scales are in smem
-                        cute.arch.mbarrier_arrive(bar)
+                    self._store_tile_scales(sScl, state.index, staged, lane, bar)
                 mainloop.producer_commit(state)
                 state.advance()
         mainloop.producer_tail(state)
+
+    def _load_tile_scales(self, mAS, mWS, m, ws_last, tm, tn, kt, lane):
+        """smem_scales, producer lanes (plain Python, inlined): k block kt's scales of the tile's A
+        rows lane + 32i (rows ≥ M read the last row's, as the consumers did) and, in lanes 0 and 1,
+        of weight block 2·tn + lane (clamped to the last block row)."""
+        xs = [mAS[cutlass.min(tm * self.cfg.tile_m + lane + 32 * i, m - 1), kt] for i in range(self.cfg.tile_m // 32)]
+        return xs, mWS[cutlass.min(2 * tn + lane % 2, ws_last), kt]
+
+    @cute.jit
+    def _store_tile_scales(self, sScl, stage, staged, lane, bar):
+        """smem_scales: the loaded scales into the stage's slots, then the stage's second arrival
+        (after the warp's stores: the arrive releases them to the consumers' wait)."""
+        xs, wsc = staged
+        for i in cutlass.range_constexpr(self.cfg.tile_m // 32):
+            sScl[stage, lane + 32 * i] = xs[i]
+        if lane < 2:
+            sScl[stage, self.cfg.tile_m + lane] = wsc
+        cute.arch.sync_warp()
+        if lane == 0:
+            cute.arch.mbarrier_arrive(bar)
 
     def _tile_mn(self, tile, tiling):
         """(tm, tn) of tile index ``tile`` (plain Python, inlined). M tiles go in bands of ``band``
