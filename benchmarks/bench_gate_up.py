@@ -271,7 +271,7 @@ def main():
             tag = f"tile_m={cfg.tile_m},stages={cfg.stages}" + (",swap_ab" if cfg.swap_ab else "") + (
                 f",cluster_m={cfg.cluster_m}" if cfg.cluster_m > 1 else "") + (
                 f",cluster_k={cfg.cluster_k}" if cfg.cluster_k > 1 else "") + (
-                f",tile_n={cfg.tile_n}" if cfg.tile_n != 256 else "")
+                f",tile_n={cfg.tile_n}" if cfg.tile_n != 256 else "") + (",smem_scales" if cfg.smem_scales else "")
             print(f"{m:>6} {hidden:>6} {inter:>6} {tag:>34} "
                   f"{t_fused:>9.1f} {r['fused_tflops']:>6.0f} {t_gemm:>8.1f} {t_actq:>8.1f} {t_sep:>8.1f} "
                   f"{r['speedup']:>7.2f} {floor:>8.1f}"
