@@ -209,6 +209,11 @@ class TileConfig:
         return self.tile_n in TILE_N_GRANULES
 
     @property
+    def b_box_rows(self) -> int:
+        """Weight rows per TMA box of B: the whole tile, or one 16-row granule (the granule tile)."""
+        return GRANULE if self.granules else self.tile_n
+
+    @property
     def out_chunks(self) -> int:
         """16-byte chunks per row of a staged output slab: 128 columns, or the granule tile's tile_n / 2."""
         return self.tile_n // 2 * self.out_bytes // 16
@@ -337,7 +342,7 @@ class Gemm256Kernel:
         tiled_mma = self._tiled_mma(cfg.tile_n) if cfg.granules else self._tiled_mma()
         a_layout = self._smem_layout(cfg.tile_m)
         b_layout = self._smem_layout(cfg.tile_n)
-        b_box = GRANULE if cfg.granules else cfg.tile_n
+        b_box = cfg.b_box_rows
         tma_a, tma_tA = cute.nvgpu.cpasync.make_tiled_tma_atom(
             cute.nvgpu.cpasync.CopyBulkTensorTileG2SOp(), mA,
             cute.slice_(a_layout, (None, None, 0)), (cfg.tile_m, cfg.tile_k),
@@ -772,8 +777,7 @@ class Gemm256Kernel:
 
         # (bM, bK, RestM, RestK) and (bN, bK, RestN, RestK)
         gA = cute.local_tile(mA, (cfg.tile_m, cfg.tile_k), (None, None))
-        b_box = GRANULE if cfg.granules else cfg.tile_n
-        gB = cute.local_tile(mB, (b_box, cfg.tile_k), (None, None))
+        gB = cute.local_tile(mB, (cfg.b_box_rows, cfg.tile_k), (None, None))
         k_tiles = cute.size(gA, mode=[3])
         tAsA, tAgA = cute.nvgpu.cpasync.tma_partition(
             tma_a, 0, cute.make_layout(1), cute.group_modes(sA, 0, 2), cute.group_modes(gA, 0, 2)
@@ -1103,9 +1107,9 @@ class Gemm256Kernel:
     @cute.jit
     def _epilogue_swiglu_granules(self, acc, n_vals: cutlass.Constexpr, r0, col0, tm, tn, m, sH, mH, wg, tid):
         """The granule tile's bf16 h: smem B row (= wgmma column) c holds gate row 16·(c // 32) + c % 16
-        of the tile's 112 if c % 32 < 16, else the up row of c - 16, so the up partner of gate value v
-        is value v + 8 (col(v) = 8·(v/4) + 2·(lane%4) + v%2, module docstring). Staged like the
-        128-column slab (rows of 14 chunks), then copied out."""
+        of the tile's tile_n / 2 if c % 32 < 16, else the up row of c - 16, so the up partner of gate
+        value v is value v + 8 (col(v) = 8·(v/4) + 2·(lane%4) + v%2, module docstring). Staged like
+        the 128-column slab (rows of cfg.out_chunks 16-byte chunks), then copied out."""
         bar = pipeline.NamedBarrier(barrier_id=1 + wg, num_threads=128)
         bar.arrive_and_wait()  # the previous tile's copy-out of this slab is done
         for v in cutlass.range_constexpr(0, n_vals, 2):
