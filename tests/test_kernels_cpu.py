@@ -2,8 +2,6 @@
 fake implementations; and every shipped sm_90a kernel configuration compiles (CuTe DSL compiles
 for sm_90a without a GPU; skipped only where nvidia-cutlass-dsl is not installed)."""
 
-import dataclasses
-
 import pytest
 import torch
 
@@ -158,8 +156,8 @@ def _shipped():
         + [("down", c, down.compile_down) for c in down.shipped_configs()]
         + [("gate_up", gate_up.CLUSTER_PAIR, gate_up.compile_gate_up)]  # not dispatched; GPU-tested
         # programmatic dependent launch (TileConfig.pdl): measured, not dispatched
-        + [("gate_up", dataclasses.replace(gate_up.CLUSTER_PAIR, tile_m=16, stages=6, swap_ab=True, cluster_m=1,
-                                           cluster_k=2, pdl=True), gate_up.compile_gate_up),
+        + [("gate_up", gate_up.GateUpConfig(tile_m=16, stages=6, swap_ab=True, cluster_k=2, pdl=True),
+            gate_up.compile_gate_up),
            ("quant_x", quant_x.QuantXConfig(pdl=True), quant_x.compile_quant_x)]
         # h by TMA stores (TileConfig.tma_store) and the 64-row tile's K pairs: measured, not dispatched
         + [("gate_up", gate_up.GateUpConfig(tile_m=128, stages=4, tma_store=True, h_format=f), gate_up.compile_gate_up)
