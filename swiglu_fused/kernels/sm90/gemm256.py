@@ -612,27 +612,30 @@ class Gemm256Kernel:
                 # weight rows past N (partial last tile) read the last scale row (their B rows are zero-fill)
                 wrow_0 = cutlass.min(2 * tn, ws_last)
                 wrow_1 = cutlass.min(2 * tn + 1, ws_last)
-                # scales of k block kt are loaded one iteration ahead (global-load latency)
-                na_a = mAS[arow_a, kb0]
-                na_b = mAS[arow_b, kb0]
-                nw_0 = mWS[wrow_0, kb0]
-                nw_1 = mWS[wrow_1, kb0]
+                # scales of k block kt are loaded one iteration ahead (global-load latency), or
+                # (smem_scales) read from the stage once it is full: the producer staged them
+                na_a = na_b = nw_0 = nw_1 = Float32(0.0)
                 sScl = None
-                if cutlass.const_expr(cfg.smem_scales):  # (the producer stages them, _produce)
+                if cutlass.const_expr(cfg.smem_scales):
                     sScl = storage.scl.get_tensor(self._scale_layout())
+                else:
+                    na_a = mAS[arow_a, kb0]
+                    na_b = mAS[arow_b, kb0]
+                    nw_0 = mWS[wrow_0, kb0]
+                    nw_1 = mWS[wrow_1, kb0]
                 for kt in cutlass.range(kb0, kb1, unroll=1):
                     as_a = na_a
                     as_b = na_b
                     ws_0 = nw_0
                     ws_1 = nw_1
-                    if cutlass.const_expr(not self.cfg.smem_scales):
+                    if cutlass.const_expr(not cfg.smem_scales):
                         kn = cutlass.min(kt + 1, kb1 - 1)
                         na_a = mAS[arow_a, kn]
                         na_b = mAS[arow_b, kn]
                         nw_0 = mWS[wrow_0, kn]
                         nw_1 = mWS[wrow_1, kn]
                     mainloop.consumer_wait(state)
-                    if cutlass.const_expr(self.cfg.smem_scales):
+                    if cutlass.const_expr(cfg.smem_scales):
                         as_a = sScl[state.index, r0]
                         as_b = sScl[state.index, r0 + 8]
                         ws_0 = sScl[state.index, cfg.tile_m]
