@@ -154,7 +154,6 @@ def _shipped():
         [("quant_x", c, quant_x.compile_quant_x) for c in quant_x.shipped_configs()]
         + [("gate_up", c, gate_up.compile_gate_up) for c in gate_up.shipped_configs()]
         + [("down", c, down.compile_down) for c in down.shipped_configs()]
-        + [("gate_up", gate_up.CLUSTER_PAIR, gate_up.compile_gate_up)]  # not dispatched; GPU-tested
         # programmatic dependent launch (TileConfig.pdl): measured, not dispatched
         + [("gate_up", gate_up.GateUpConfig(tile_m=16, stages=6, swap_ab=True, cluster_k=2, pdl=True),
             gate_up.compile_gate_up),

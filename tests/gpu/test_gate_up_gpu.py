@@ -174,9 +174,26 @@ def test_cluster_pairs_with_a_padding_m_tile(hidden, inter, m, h_format):
     from swiglu_fused.kernels.sm90 import gate_up as k
 
     args = make_operands(m, hidden, inter, "fp8_block128", seed=m)
-    cfg = dataclasses.replace(k.CLUSTER_PAIR, h_format=h_format)
+    cfg = dataclasses.replace(k.CLUSTER_PAIR, h_format=h_format,
+                              smem_scales=k.smem_scales_apply(128, False, "fp8_block128", h_format))
     h, hs = run_kernel(cfg, args)
     assert_matches_reference(h, hs, args, "silu", h_format)
+
+
+@pytest.mark.parametrize("mainloop,h_format", [("fp8_block128", "fp8_group128"), ("fp8_block128", "bf16"),
+                                               ("bf16", "bf16"), ("bf16", "fp8_group128")])
+@pytest.mark.parametrize("hidden,inter,m", [(576, 1536, 4100), (2048, 8192, 4097)])
+def test_dispatched_cluster_pairs_at_a_ragged_m(hidden, inter, m, mainloop, h_format):
+    """From M = 4096 on the 128-row tile runs in cluster pairs (gate_up.cluster_m_for); with 33
+    M tiles the last pair's second tile lies wholly past M."""
+    from swiglu_fused.kernels.sm90 import gate_up as k
+
+    args = make_operands(m, hidden, inter, mainloop, seed=m + hidden)
+    cfg = k.select_config(args["x"], args["weight"], args.get("weight_scale"), args.get("x_scale"),
+                          act="silu", h_format=h_format)
+    assert cfg.cluster_m == 2
+    h, hs = run_kernel(cfg, args)
+    assert_matches_reference(h, hs, args, "silu", h_format, mainloop)
 
 
 @pytest.mark.parametrize("mainloop", ["fp8_block128", "bf16"])

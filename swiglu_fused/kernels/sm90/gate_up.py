@@ -137,6 +137,21 @@ def granule_tile_n(m: int, n: int, sms: int) -> int | None:
     return best
 
 
+# The 128 × 256 tile runs in cluster pairs (TileConfig.cluster_m = 2: the two CTAs take M-adjacent
+# tiles and each loads half of the shared weight k tile, TMA-multicast to both) from this M on.
+# Prefill runs at the board's power cap (700 W, clocks 1.3-1.6 GHz: benchmarks/clock_probe.py), so
+# what counts is energy per tile, and multicast reads a third less from L2 per k tile. Measured
+# against the same tile without clusters, interleaved rounds (benchmarks/NOTES.md, eighth
+# session): 1-4 % faster at M = 4096-16384 on both shapes and mainloops (47 of 51 rounds), level
+# at M = 1024-2048 (where it is not dispatched).
+CLUSTER_M_MIN = 4096
+
+
+def cluster_m_for(m: int, tile_m: int, tile_n: int) -> int:
+    """TileConfig.cluster_m for M rows on this tile: 2 for the 128 × 256 tile from CLUSTER_M_MIN on."""
+    return 2 if m >= CLUSTER_M_MIN and tile_m == 128 and tile_n == 2 * G else 1
+
+
 def smem_scales_apply(tile_m: int, swap_ab: bool, mainloop: str, h_format: str) -> bool:
     """TileConfig.smem_scales for the fp8 128-row tile with fp8 h (bf16 h leaves no smem for it)."""
     return mainloop == "fp8_block128" and tile_m == 128 and not swap_ab and h_format == "fp8_group128"
@@ -147,10 +162,11 @@ def shipped_configs() -> list[GateUpConfig]:
     for mainloop in MAINLOOPS:
         for act in epilogue.ACTIVATIONS:
             for h_format in epilogue.H_FORMATS:
-                tiles = [(128, 4, False), (64, 5, False)] + [(t, s, True) for t, s in SWAP_TILES]
-                for tile_m, stages, swap in tiles:
+                tiles = [(128, 4, False, 1), (128, 4, False, 2), (64, 5, False, 1)]  # (cluster_m_for)
+                tiles += [(t, s, True, 1) for t, s in SWAP_TILES]
+                for tile_m, stages, swap, cl in tiles:
                     out.append(GateUpConfig(tile_m=tile_m, stages=stages, act=act, h_format=h_format,
-                                            mainloop=mainloop, swap_ab=swap,
+                                            mainloop=mainloop, swap_ab=swap, cluster_m=cl,
                                             smem_scales=smem_scales_apply(tile_m, swap, mainloop, h_format)))
                 if mainloop == "fp8_block128":  # cluster_k_applies
                     out.append(GateUpConfig(tile_m=SWAP_TILES[0][0], stages=SWAP_TILES[0][1], act=act,
@@ -186,13 +202,12 @@ def select_config(x, weight, weight_scale, x_scale, *, act: str, h_format: str) 
     if mainloop == "bf16" and h_format == "bf16" and tile_m == 128:
         tile_n = granule_tile_n(x.shape[0], weight.shape[0], sms) or tile_n
     return GateUpConfig(tile_m=tile_m, tile_n=tile_n, stages=stages, act=act, h_format=h_format, mainloop=mainloop,
-                        swap_ab=swap, cluster_k=ck, smem_scales=smem_scales_apply(tile_m, swap, mainloop, h_format))
+                        swap_ab=swap, cluster_k=ck, cluster_m=cluster_m_for(x.shape[0], tile_m, tile_n),
+                        smem_scales=smem_scales_apply(tile_m, swap, mainloop, h_format))
 
 
-# Runs, is tested (tests/gpu) and compile-checked, but is not dispatched: cluster pairs sharing
-# weight k tiles by TMA multicast (TileConfig.cluster_m) measured no reliable gain (benchmarks/NOTES.md,
-# fourth session: -7 % to +13 % against the same tile without clusters, depending on the run).
-CLUSTER_PAIR = GateUpConfig(tile_m=128, stages=4, cluster_m=2)
+# The cluster pair as dispatched for fp8 x and h (tests force it at any M: padding M tiles)
+CLUSTER_PAIR = GateUpConfig(tile_m=128, stages=4, cluster_m=2, smem_scales=True)
 
 
 def gate_up(config: GateUpConfig, x, weight, weight_scale=None, x_scale=None, *, out=None):

@@ -20,8 +20,8 @@ whole tiles would leave HBM idle (decode with I = 3584: 28 tiles for 132 SMs) th
 stream-K instead (plan()): their k iterations are dealt out evenly over more CTAs, a CTA finishing
 part of a tile stores its fp32 accumulator to a workspace, and the last of the tile's CTAs to
 arrive (an atomic counter per tile) sums the partials in CTA order and runs the epilogue (_fixup).
-Cluster pairs (TileConfig.cluster_m = 2; supported and tested, not dispatched: no reliable gain
-measured, gate_up.CLUSTER_PAIR): CTAs 2c and 2c + 1 form a cluster and
+Cluster pairs (TileConfig.cluster_m = 2; gate_up's 128-row tile from M = 4096 on,
+gate_up.cluster_m_for): CTAs 2c and 2c + 1 form a cluster and
 take tiles of the same weight tile at adjacent M (grid_m padded to even, whole tiles only); each
 loads its x tile and one half of the weight k tile, TMA-multicast into both CTAs' smem, and a stage
 is free once the consumers of both CTAs have released it. Weight traffic from L2 halves.
