@@ -168,8 +168,6 @@ class TileConfig:
     # "a_resident" / "b_resident": A (x) / B (weights) arrive in the first ring only; afterwards
     #   a stage is only the other operand's bytes. h is garbage.
     # "scales_ahead": smem_scales' producer loads the scales one k tile ahead (h unchanged).
-    # "no_tma": the pipeline runs as usual (waits, releases, the producer's arrivals) but no TMA
-    #   load is issued after the first ring (stages expect 0 bytes then). h is garbage.
     probe: str = ""
 
     # the epilogue and the bytes per element of the staged output (set by subclasses)
@@ -200,7 +198,7 @@ class TileConfig:
             raise ValueError(f"{name}.smem_scales: the fp8 mainloop's 128-row tile only; got {self}")
         if self.promote_k not in (32, 64, 128):
             raise ValueError(f"{name}.promote_k: expected 32, 64 or 128, got {self.promote_k}")
-        probes = {"resident", "noprom", "early_release", "same_k", "a_resident", "b_resident", "scales_ahead", "no_tma"}
+        probes = {"resident", "noprom", "early_release", "same_k", "a_resident", "b_resident", "scales_ahead"}
         if not set(filter(None, self.probe.split("+"))) <= probes:
             raise ValueError(f"{name}.probe: '+'-joined subset of {sorted(probes)}; got {self.probe!r}")
         if self.epilogue not in epilogue.EPILOGUES:
@@ -801,8 +799,6 @@ class Gemm256Kernel:
             stage_bytes = b_bytes
         if cfg.probing("b_resident"):
             stage_bytes = a_bytes
-        if cfg.probing("no_tma"):
-            stage_bytes = 0
         self.ab_bytes = (a_bytes, b_bytes)
         cl = cfg.cluster_m
         # a stage is free once every consumer warp of every CTA its weight tile was multicast to
@@ -928,26 +924,23 @@ class Gemm256Kernel:
         staged = pre
         if cutlass.const_expr(cfg.smem_scales and pre is None):  # loaded before the empty-slot wait, which hides them
             staged = self._load_tile_scales(mAS, mWS, m, ws_last, tm, tn, kt, lane)
-        # (probes) bytes that only the first ring's stages receive; expected before the producer's
-        # arrival, which may otherwise complete a stage that expects nothing else (no_tma)
-        a_bytes, b_bytes = self.ab_bytes
-        extra = 0
-        if cutlass.const_expr(cfg.probing("a_resident") or cfg.probing("no_tma")):
-            extra += a_bytes
-        if cutlass.const_expr(cfg.probing("b_resident") or cfg.probing("no_tma")):
-            extra += b_bytes
-        load_a = True
-        load_b = True
-        if cutlass.const_expr(extra > 0):
-            load_a = first or extra == b_bytes
-            load_b = first or extra == a_bytes
-            if first:
-                with cute.arch.elect_one():
-                    cute.arch.mbarrier_expect_tx(mainloop.producer_get_barrier(state), extra)
         mainloop.producer_acquire(state)
         bar = mainloop.producer_get_barrier(state)
         if cutlass.const_expr(cfg.probing("same_k")):
             kt = Int32(0)
+        a_bytes, b_bytes = self.ab_bytes
+        load_a = True
+        load_b = True
+        if cutlass.const_expr(cfg.probing("a_resident")):
+            load_a = first
+            if first:
+                with cute.arch.elect_one():
+                    cute.arch.mbarrier_expect_tx(bar, a_bytes)
+        if cutlass.const_expr(cfg.probing("b_resident")):
+            load_b = first
+            if first:
+                with cute.arch.elect_one():
+                    cute.arch.mbarrier_expect_tx(bar, b_bytes)
         if load_a:
             cute.copy(tma_a, tAgA[(None, tm, kt)], tAsA[(None, state.index)], tma_bar_ptr=bar)
         if load_b:
