@@ -163,11 +163,6 @@ class TileConfig:
     #   no promotion and no wait per chain (the bf16 loop): the tensor pipe's ceiling. h is garbage.
     # "early_release": the fp8 128-row loop releases the stage once its last chain is complete,
     #   before that chain's promotion (h unchanged).
-    # "same_k": every TMA load reads k tile 0 of its tile (L2 hits; same bytes, barriers and
-    #   TMA work, no DRAM traffic). h is garbage.
-    # "a_resident" / "b_resident": A (x) / B (weights) arrive in the first ring only; afterwards
-    #   a stage is only the other operand's bytes. h is garbage.
-    # "scales_ahead": smem_scales' producer loads the scales one k tile ahead (h unchanged).
     probe: str = ""
 
     # the epilogue and the bytes per element of the staged output (set by subclasses)
@@ -198,9 +193,8 @@ class TileConfig:
             raise ValueError(f"{name}.smem_scales: the fp8 mainloop's 128-row tile only; got {self}")
         if self.promote_k not in (32, 64, 128):
             raise ValueError(f"{name}.promote_k: expected 32, 64 or 128, got {self.promote_k}")
-        probes = {"resident", "noprom", "early_release", "same_k", "a_resident", "b_resident", "scales_ahead"}
-        if not set(filter(None, self.probe.split("+"))) <= probes:
-            raise ValueError(f"{name}.probe: '+'-joined subset of {sorted(probes)}; got {self.probe!r}")
+        if not set(filter(None, self.probe.split("+"))) <= {"resident", "noprom", "early_release"}:
+            raise ValueError(f"{name}.probe: '+'-joined subset of resident, noprom, early_release; got {self.probe!r}")
         if self.epilogue not in epilogue.EPILOGUES:
             raise ValueError(f"{name}.epilogue: expected one of {epilogue.EPILOGUES}, got {self.epilogue!r}")
         stage_bytes = (self.tile_m + self.tile_n) * self.tile_k * self.elem_bytes
@@ -792,14 +786,9 @@ class Gemm256Kernel:
         cfg = self.cfg
         smem = cutlass.utils.SmemAllocator()
         storage = smem.allocate(self.shared_storage)
-        a_bytes = cute.size_in_bytes(self.ab_dtype, cute.slice_(a_layout, (None, None, 0)))
-        b_bytes = cute.size_in_bytes(self.ab_dtype, cute.slice_(b_layout, (None, None, 0)))
-        stage_bytes = a_bytes + b_bytes
-        if cfg.probing("a_resident"):  # (probe) A arrives in the first ring only: expected then (_produce_one)
-            stage_bytes = b_bytes
-        if cfg.probing("b_resident"):
-            stage_bytes = a_bytes
-        self.ab_bytes = (a_bytes, b_bytes)
+        stage_bytes = cute.size_in_bytes(self.ab_dtype, cute.slice_(a_layout, (None, None, 0))) + cute.size_in_bytes(
+            self.ab_dtype, cute.slice_(b_layout, (None, None, 0))
+        )
         cl = cfg.cluster_m
         # a stage is free once every consumer warp of every CTA its weight tile was multicast to
         # has released it (lane r of each consumer warp arrives on CTA r's barrier)
@@ -892,66 +881,29 @@ class Gemm256Kernel:
             tile, kb0, kb1 = self._segment(cursor, bidx, nctas, dp_iters, k_tiles, dp_tiles, it_begin, it_end)
             tm, tn = self._tile_mn(tile, tiling)
             cursor += kb1 - kb0
-            ahead = self.cfg.probing("scales_ahead")
-            x0 = x1 = x2 = x3 = w0 = Float32(0.0)
-            if cutlass.const_expr(ahead):
-                xs, w0 = self._load_tile_scales(mAS, mWS, m, ws_last, tm, tn, kb0, lane)
-                x0, x1, x2, x3 = xs
             for kt in cutlass.range(kb0, kb1, unroll=1):
-                pre = None
-                if cutlass.const_expr(ahead):
-                    pre = ([x0, x1, x2, x3], w0)
-                    xs, w0 = self._load_tile_scales(mAS, mWS, m, ws_last, tm, tn, cutlass.min(kt + 1, kb1 - 1), lane)
-                    x0, x1, x2, x3 = xs
-                first = seen < self.cfg.stages
                 if cutlass.const_expr(self.cfg.probing("resident")):
-                    if first:
+                    if seen < self.cfg.stages:
                         self._produce_one(mainloop, state, tma_a, tAgA, tAsA, tma_b, tBgB, tBsB, b_mask, tm, tn, kt,
-                                          (mAS, mWS, m, ws_last, lane, sScl, pre), first)
+                                          (mAS, mWS, m, ws_last, lane, sScl))
                 else:
                     self._produce_one(mainloop, state, tma_a, tAgA, tAsA, tma_b, tBgB, tBsB, b_mask, tm, tn, kt,
-                                      (mAS, mWS, m, ws_last, lane, sScl, pre), first)
+                                      (mAS, mWS, m, ws_last, lane, sScl))
                 seen += 1
                 state.advance()
         if cutlass.const_expr(not self.cfg.probing("resident")):
             mainloop.producer_tail(state)
 
     @cute.jit
-    def _produce_one(self, mainloop, state, tma_a, tAgA, tAsA, tma_b, tBgB, tBsB, b_mask, tm, tn, kt, scales, first):
+    def _produce_one(self, mainloop, state, tma_a, tAgA, tAsA, tma_b, tBgB, tBsB, b_mask, tm, tn, kt, scales):
         """The producer's loads of k tile kt of tile (tm, tn) into the stage at ``state``."""
-        mAS, mWS, m, ws_last, lane, sScl, pre = scales
-        cfg = self.cfg
-        staged = pre
-        if cutlass.const_expr(cfg.smem_scales and pre is None):  # loaded before the empty-slot wait, which hides them
+        mAS, mWS, m, ws_last, lane, sScl = scales
+        staged = None
+        if cutlass.const_expr(self.cfg.smem_scales):  # loaded before the empty-slot wait, which hides them
             staged = self._load_tile_scales(mAS, mWS, m, ws_last, tm, tn, kt, lane)
         mainloop.producer_acquire(state)
         bar = mainloop.producer_get_barrier(state)
-        if cutlass.const_expr(cfg.probing("same_k")):
-            kt = Int32(0)
-        a_bytes, b_bytes = self.ab_bytes
-        load_a = True
-        load_b = True
-        if cutlass.const_expr(cfg.probing("a_resident")):
-            load_a = first
-            if first:
-                with cute.arch.elect_one():
-                    cute.arch.mbarrier_expect_tx(bar, a_bytes)
-        if cutlass.const_expr(cfg.probing("b_resident")):
-            load_b = first
-            if first:
-                with cute.arch.elect_one():
-                    cute.arch.mbarrier_expect_tx(bar, b_bytes)
-        if load_a:
-            cute.copy(tma_a, tAgA[(None, tm, kt)], tAsA[(None, state.index)], tma_bar_ptr=bar)
-        if load_b:
-            self._produce_b(tma_b, tBgB, tBsB, b_mask, tn, kt, state, bar)
-        if cutlass.const_expr(cfg.smem_scales):
-            self._store_tile_scales(sScl, state.index, staged, lane, bar)
-        mainloop.producer_commit(state)
-
-    @cute.jit
-    def _produce_b(self, tma_b, tBgB, tBsB, b_mask, tn, kt, state, bar):
-        """The TMA load(s) of B's k tile kt of weight tile tn into the stage at ``state``."""
+        cute.copy(tma_a, tAgA[(None, tm, kt)], tAsA[(None, state.index)], tma_bar_ptr=bar)
         if cutlass.const_expr(self.cfg.granules):
             # h-tile tn is granules u = per_tile·tn + j; with c = G / 16 = 8 granules a
             # g = 128 chunk, granule u's gate rows are 16-row box p = 2c·(u // c) + u % c of
@@ -969,6 +921,9 @@ class Gemm256Kernel:
                       mcast_mask=b_mask)
         else:
             cute.copy(tma_b, tBgB[(None, tn, kt)], tBsB[(None, state.index)], tma_bar_ptr=bar)
+        if cutlass.const_expr(self.cfg.smem_scales):
+            self._store_tile_scales(sScl, state.index, staged, lane, bar)
+        mainloop.producer_commit(state)
 
     def _load_tile_scales(self, mAS, mWS, m, ws_last, tm, tn, kt, lane):
         """smem_scales, producer lanes (plain Python, inlined): k block kt's scales of the tile's A
