@@ -155,15 +155,6 @@ class TileConfig:
     # M = 1024: 114.2 vs 119.7 µs, 9 rounds; benchmarks/NOTES.md). Dispatched for gate_up with
     # fp8 h; with bf16 h its 4 stages leave no room for the scales.
     smem_scales: bool = False
-    # Diagnostics for benchmarks/ab_gate_up.py only (never dispatched), '+'-joined:
-    # "resident": the producer loads only the first ring of stages; afterwards the consumers
-    #   neither wait nor release, and compute on those stages again (no operand traffic, no
-    #   barrier waits: the consumer loop and epilogue alone). h is garbage.
-    # "noprom": the fp8 mainloop accumulates its wgmma chains straight into the accumulator, with
-    #   no promotion and no wait per chain (the bf16 loop): the tensor pipe's ceiling. h is garbage.
-    # "early_release": the fp8 128-row loop releases the stage once its last chain is complete,
-    #   before that chain's promotion (h unchanged).
-    probe: str = ""
 
     # the epilogue and the bytes per element of the staged output (set by subclasses)
     epilogue = "swiglu"
@@ -193,8 +184,6 @@ class TileConfig:
             raise ValueError(f"{name}.smem_scales: the fp8 mainloop's 128-row tile only; got {self}")
         if self.promote_k not in (32, 64, 128):
             raise ValueError(f"{name}.promote_k: expected 32, 64 or 128, got {self.promote_k}")
-        if not set(filter(None, self.probe.split("+"))) <= {"resident", "noprom", "early_release"}:
-            raise ValueError(f"{name}.probe: '+'-joined subset of resident, noprom, early_release; got {self.probe!r}")
         if self.epilogue not in epilogue.EPILOGUES:
             raise ValueError(f"{name}.epilogue: expected one of {epilogue.EPILOGUES}, got {self.epilogue!r}")
         stage_bytes = (self.tile_m + self.tile_n) * self.tile_k * self.elem_bytes
@@ -213,9 +202,6 @@ class TileConfig:
     def scale_words(self) -> int:
         """fp32 words of smem for staged promotion scales (smem_scales: per stage, tile_m + 2)."""
         return self.stages * (self.tile_m + 2) if self.smem_scales else 4
-
-    def probing(self, name: str) -> bool:
-        return name in self.probe.split("+")
 
     @property
     def granules(self) -> bool:
@@ -562,9 +548,6 @@ class Gemm256Kernel:
 
         state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, cfg.stages)
         release = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, cfg.stages)
-        resident = cfg.probing("resident")
-        early = cfg.probing("early_release")
-        seen = Int32(0)  # k tiles consumed (the resident probe waits for the first ring only)
         cursor = Int32(0)
         while cursor < cursor_end:
             tile, kb0, kb1 = self._segment(cursor, bidx, nctas, dp_iters, k_tiles, dp_tiles, it_begin, it_end)
@@ -622,7 +605,7 @@ class Gemm256Kernel:
                     release.advance()
                     state.advance()
                     self._promote_quarter(acc, tq[1], 3, sc0[2], sc0[3])
-            elif cutlass.const_expr(cfg.fp8 and not cfg.probing("noprom")):
+            elif cutlass.const_expr(cfg.fp8):
                 # rows past M read the last row's scale (their A rows are TMA zero-fill)
                 arow_a = cutlass.min(row_a, m - 1)
                 arow_b = cutlass.min(row_b, m - 1)
@@ -651,12 +634,7 @@ class Gemm256Kernel:
                         na_b = mAS[arow_b, kn]
                         nw_0 = mWS[wrow_0, kn]
                         nw_1 = mWS[wrow_1, kn]
-                    if cutlass.const_expr(resident):
-                        if seen < cfg.stages:
-                            mainloop.consumer_wait(state)
-                    else:
-                        mainloop.consumer_wait(state)
-                    seen += 1
+                    mainloop.consumer_wait(state)
                     if cutlass.const_expr(cfg.smem_scales):
                         as_a = sScl[state.index, r0]
                         as_b = sScl[state.index, r0 + 8]
@@ -680,26 +658,18 @@ class Gemm256Kernel:
                                 tiled_mma.set(cute.nvgpu.warpgroup.Field.ACCUMULATE, True)
                             cute.nvgpu.warpgroup.commit_group()
                             cute.nvgpu.warpgroup.wait_group(0)
-                            if cutlass.const_expr(early and half == 1):
-                                mainloop.consumer_release(state)
                             for v in cutlass.range_constexpr(n_vals):
                                 if cutlass.const_expr((v // 2) % 2 == 0):
                                     acc[(v, 0, half)] = acc[(v, 0, half)] + temp[(v, 0, 0)] * sc_a
                                 else:
                                     acc[(v, 0, half)] = acc[(v, 0, half)] + temp[(v, 0, 0)] * sc_b
-                    if cutlass.const_expr(not resident and not early):
-                        mainloop.consumer_release(state)
+                    mainloop.consumer_release(state)
                     state.advance()
             else:
                 # one wgmma group in flight: stage kt-1 is released once group kt is issued
                 tiled_mma.set(cute.nvgpu.warpgroup.Field.ACCUMULATE, True)
                 for kt in cutlass.range(kb0, kb1, unroll=1):
-                    if cutlass.const_expr(resident):
-                        if seen < cfg.stages:
-                            mainloop.consumer_wait(state)
-                    else:
-                        mainloop.consumer_wait(state)
-                    seen += 1
+                    mainloop.consumer_wait(state)
                     cute.nvgpu.warpgroup.fence()
                     for kk in cutlass.range_constexpr(num_k_blocks):
                         cute.gemm(
@@ -711,13 +681,11 @@ class Gemm256Kernel:
                     cute.nvgpu.warpgroup.commit_group()
                     cute.nvgpu.warpgroup.wait_group(1)
                     if kt > kb0:
-                        if cutlass.const_expr(not resident):
-                            mainloop.consumer_release(release)
+                        mainloop.consumer_release(release)
                         release.advance()
                     state.advance()
                 cute.nvgpu.warpgroup.wait_group(0)
-                if cutlass.const_expr(not resident):
-                    mainloop.consumer_release(release)
+                mainloop.consumer_release(release)
                 release.advance()
             epi = Int32(1)
             if cutlass.const_expr(not cfg.granules):  # (whole tiles only: schedule())
@@ -876,54 +844,39 @@ class Gemm256Kernel:
         sScl = None
         if cutlass.const_expr(self.cfg.smem_scales):
             sScl = storage.scl.get_tensor(self._scale_layout())
-        seen = Int32(0)
         while cursor < cursor_end:
             tile, kb0, kb1 = self._segment(cursor, bidx, nctas, dp_iters, k_tiles, dp_tiles, it_begin, it_end)
             tm, tn = self._tile_mn(tile, tiling)
             cursor += kb1 - kb0
             for kt in cutlass.range(kb0, kb1, unroll=1):
-                if cutlass.const_expr(self.cfg.probing("resident")):
-                    if seen < self.cfg.stages:
-                        self._produce_one(mainloop, state, tma_a, tAgA, tAsA, tma_b, tBgB, tBsB, b_mask, tm, tn, kt,
-                                          (mAS, mWS, m, ws_last, lane, sScl))
+                staged = None
+                if cutlass.const_expr(self.cfg.smem_scales):  # loaded before the empty-slot wait, which hides them
+                    staged = self._load_tile_scales(mAS, mWS, m, ws_last, tm, tn, kt, lane)
+                mainloop.producer_acquire(state)
+                bar = mainloop.producer_get_barrier(state)
+                cute.copy(tma_a, tAgA[(None, tm, kt)], tAsA[(None, state.index)], tma_bar_ptr=bar)
+                if cutlass.const_expr(self.cfg.granules):
+                    # h-tile tn is granules u = per_tile·tn + j; with c = G / 16 = 8 granules a
+                    # g = 128 chunk, granule u's gate rows are 16-row box p = 2c·(u // c) + u % c of
+                    # the packed weight, its up rows box p + c
+                    per_tile = self.cfg.tile_n // (2 * GRANULE)
+                    c = G // GRANULE
+                    for j in cutlass.range_constexpr(per_tile):
+                        u = tn * per_tile + j
+                        p = u + u // c * c
+                        cute.copy(tma_b, tBgB[(None, p, kt)], tBsB[2 * j][(None, state.index)], tma_bar_ptr=bar)
+                        cute.copy(tma_b, tBgB[(None, p + c, kt)], tBsB[2 * j + 1][(None, state.index)],
+                                  tma_bar_ptr=bar)
+                elif cutlass.const_expr(self.cfg.cluster_m > 1):
+                    cute.copy(tma_b, tBgB[(None, tn, kt)], tBsB[(None, state.index)], tma_bar_ptr=bar,
+                              mcast_mask=b_mask)
                 else:
-                    self._produce_one(mainloop, state, tma_a, tAgA, tAsA, tma_b, tBgB, tBsB, b_mask, tm, tn, kt,
-                                      (mAS, mWS, m, ws_last, lane, sScl))
-                seen += 1
+                    cute.copy(tma_b, tBgB[(None, tn, kt)], tBsB[(None, state.index)], tma_bar_ptr=bar)
+                if cutlass.const_expr(self.cfg.smem_scales):
+                    self._store_tile_scales(sScl, state.index, staged, lane, bar)
+                mainloop.producer_commit(state)
                 state.advance()
-        if cutlass.const_expr(not self.cfg.probing("resident")):
-            mainloop.producer_tail(state)
-
-    @cute.jit
-    def _produce_one(self, mainloop, state, tma_a, tAgA, tAsA, tma_b, tBgB, tBsB, b_mask, tm, tn, kt, scales):
-        """The producer's loads of k tile kt of tile (tm, tn) into the stage at ``state``."""
-        mAS, mWS, m, ws_last, lane, sScl = scales
-        staged = None
-        if cutlass.const_expr(self.cfg.smem_scales):  # loaded before the empty-slot wait, which hides them
-            staged = self._load_tile_scales(mAS, mWS, m, ws_last, tm, tn, kt, lane)
-        mainloop.producer_acquire(state)
-        bar = mainloop.producer_get_barrier(state)
-        cute.copy(tma_a, tAgA[(None, tm, kt)], tAsA[(None, state.index)], tma_bar_ptr=bar)
-        if cutlass.const_expr(self.cfg.granules):
-            # h-tile tn is granules u = per_tile·tn + j; with c = G / 16 = 8 granules a
-            # g = 128 chunk, granule u's gate rows are 16-row box p = 2c·(u // c) + u % c of
-            # the packed weight, its up rows box p + c
-            per_tile = self.cfg.tile_n // (2 * GRANULE)
-            c = G // GRANULE
-            for j in cutlass.range_constexpr(per_tile):
-                u = tn * per_tile + j
-                p = u + u // c * c
-                cute.copy(tma_b, tBgB[(None, p, kt)], tBsB[2 * j][(None, state.index)], tma_bar_ptr=bar)
-                cute.copy(tma_b, tBgB[(None, p + c, kt)], tBsB[2 * j + 1][(None, state.index)],
-                          tma_bar_ptr=bar)
-        elif cutlass.const_expr(self.cfg.cluster_m > 1):
-            cute.copy(tma_b, tBgB[(None, tn, kt)], tBsB[(None, state.index)], tma_bar_ptr=bar,
-                      mcast_mask=b_mask)
-        else:
-            cute.copy(tma_b, tBgB[(None, tn, kt)], tBsB[(None, state.index)], tma_bar_ptr=bar)
-        if cutlass.const_expr(self.cfg.smem_scales):
-            self._store_tile_scales(sScl, state.index, staged, lane, bar)
-        mainloop.producer_commit(state)
+        mainloop.producer_tail(state)
 
     def _load_tile_scales(self, mAS, mWS, m, ws_last, tm, tn, kt, lane):
         """smem_scales, producer lanes (plain Python, inlined): k block kt's scales of the tile's A
