@@ -193,6 +193,7 @@ def main():
             q_short = (f"{q_cfg.tile_m}x{q_cfg.tile_n} {'pp' if q_cfg.pingpong else 'coop'} "
                        f"c{q_cfg.cluster_m}x{q_cfg.cluster_n}")
             o_short = (f"tile_m={getattr(o_cfg, 'tile_m', '?')}{' swap_ab' if getattr(o_cfg, 'swap_ab', False) else ''}"
+                       f"{' cluster_m=2' if getattr(o_cfg, 'cluster_m', 1) == 2 else ''}"
                        if o_cfg is not None else "REFERENCE PATH (no kernel)")
             if t_256 is not None:
                 o_short += f" tile_n=224 (tile_n=256: {t_256:.1f} us)"
