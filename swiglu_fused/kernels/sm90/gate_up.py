@@ -142,8 +142,8 @@ def granule_tile_n(m: int, n: int, sms: int) -> int | None:
 # Prefill runs at the board's power cap (700 W, clocks 1.3-1.6 GHz: benchmarks/clock_probe.py), so
 # what counts is energy per tile, and multicast reads a third less from L2 per k tile. Measured
 # against the same tile without clusters, interleaved rounds (benchmarks/NOTES.md, eighth
-# session): 1-4 % faster at M = 4096-16384 on both shapes and mainloops (47 of 51 rounds), level
-# at M = 1024-2048 (where it is not dispatched).
+# session): 1-4 % faster at M = 4096-16384 on both shapes and mainloops (faster in 94 of 102
+# rounds), level at M = 1024-2048 (where it is not dispatched).
 CLUSTER_M_MIN = 4096
 
 
