@@ -202,10 +202,13 @@ def main():
     if a.quant_x:
         write_json(a.json, quant_x=bench_quant_x(a.iters))
         return
-    act_quant_c = torch.compile(act_quant if a.mainloop == "fp8_block128" else act_mul_bf16, dynamic=False)
+    import act_quant_peer  # (Triton: GPU machine only)
+
+    fp8 = a.mainloop == "fp8_block128"
+    act_quant_c = torch.compile(act_quant if fp8 else act_mul_bf16, dynamic=False)
     rows = []
     print(f"{'M':>6} {'H':>6} {'I':>6} {'config':>34} {'fused us':>9} {'TF/s':>6} {'gemm us':>8} "
-          f"{'actq us':>8} {'sep us':>8} {'speedup':>7} {'floor us':>8}")
+          f"{'actq us':>8} {'(TB/s, kernel)':>15} {'sep us':>8} {'speedup':>7} {'floor us':>8}")
     for shape in a.shapes.split(","):
         hidden, inter = map(int, shape.split("x"))
         for m in map(int, a.m.split(",")):
@@ -240,11 +243,15 @@ def main():
             if cfg.granules:  # the granule tile's A/B: the 256-row tile it replaces
                 cfg_256 = dataclasses.replace(cfg, tile_n=256)
                 fns["tile256"] = cycling(lambda x, xs, w, ws: k.gate_up(cfg_256, x, w, ws, xs), sets)
+            actq_name = None
             if gemm_fn is not None:
                 psets = peer_sets(sets) if a.mainloop == "fp8_block128" else sets
                 ys = [(gemm_fn(*ops),) for ops in psets]
-                fns.update(gemm=cycling(gemm_fn, psets), actq=cycling(act_quant_c, ys),
-                           sep=cycling(lambda *ops: act_quant_c(gemm_fn(*ops)), psets))
+                # the separate kernel: the faster of inductor's and a one-pass Triton kernel here
+                actq_name, actq_fn = act_quant_peer.best(ys[0][0], fp8, act_quant_c,
+                                                         lambda f: graph_time_us(f, 10))
+                fns.update(gemm=cycling(gemm_fn, psets), actq=cycling(actq_fn, ys),
+                           sep=cycling(lambda *ops, f=actq_fn: f(gemm_fn(*ops)), psets))
             per_round = interleaved_us(fns, a.iters, a.rounds, reps)
             t = {name: statistics.median(v) for name, v in per_round.items()}
             t_fused = t["fused"]
@@ -261,6 +268,8 @@ def main():
                      fused_us=t_fused, gemm_us=t_gemm,
                      act_quant_us=t_actq, separate_us=t_sep, fused_tflops=flops / t_fused / 1e6,
                      speedup=t_sep / t_fused, floor_us=floor, cublas_rel_err=gemm_err,
+                     act_quant_kernel=actq_name,
+                     act_quant_tbps=act_quant_peer.bytes_moved(m, inter, fp8) / t_actq / 1e6,
                      speedup_per_round=[s / f for s, f in zip(per_round.get("sep", []), per_round["fused"])])
             if "tile256" in t:
                 r.update(tile256_us=t["tile256"], tile256_per_round=per_round["tile256"])
@@ -273,7 +282,8 @@ def main():
                 f",cluster_k={cfg.cluster_k}" if cfg.cluster_k > 1 else "") + (
                 f",tile_n={cfg.tile_n}" if cfg.tile_n != 256 else "") + (",smem_scales" if cfg.smem_scales else "")
             print(f"{m:>6} {hidden:>6} {inter:>6} {tag:>34} "
-                  f"{t_fused:>9.1f} {r['fused_tflops']:>6.0f} {t_gemm:>8.1f} {t_actq:>8.1f} {t_sep:>8.1f} "
+                  f"{t_fused:>9.1f} {r['fused_tflops']:>6.0f} {t_gemm:>8.1f} {t_actq:>8.1f} "
+                  f"{r['act_quant_tbps']:>5.2f} {actq_name or '-':>9} {t_sep:>8.1f} "
                   f"{r['speedup']:>7.2f} {floor:>8.1f}"
                   + (f"  rounds {min(r['speedup_per_round']):.2f}–{max(r['speedup_per_round']):.2f}"
                      if a.rounds > 1 and r["speedup_per_round"] else "")

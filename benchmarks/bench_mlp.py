@@ -60,10 +60,20 @@ def quant_x_m_major(x):
 
 def unfused_fp8(fused: FusedSwiGLUMLP):
     """The best separate pipeline on the same packed fp8 weights (g = 128: [M, 2I] halves pair up).
-    cuBLAS's block-scaled GEMM rejects some M (1 and 10 on the H100); the benchmark reports those."""
+    cuBLAS's block-scaled GEMM rejects some M (1 and 10 on the H100); the benchmark reports those.
+    The act·quant step is inductor's or a one-pass Triton kernel, whichever is faster at the M of
+    the first call (act_quant_peer.best)."""
+    import act_quant_peer  # (Triton: GPU machine only)
+
     gu, dn = fused.gate_up_proj.tensors(), fused.down_proj.tensors()
     quantize = torch.compile(quant_x_m_major, dynamic=False)  # one graph per M: faster than dynamic shapes
-    actq = torch.compile(act_quant, dynamic=False)
+    compiled = torch.compile(act_quant, dynamic=False)
+    picked = {}
+
+    def actq(y):
+        if y.shape[0] not in picked:
+            picked[y.shape[0]] = act_quant_peer.best(y, True, compiled, lambda f: graph_time_us(f, 10))[1]
+        return picked[y.shape[0]](y)
 
     def run(x):
         xq, xs = quantize(x)

@@ -284,3 +284,43 @@ def test_smem_scales_are_the_global_loads_bit_for_bit(hidden, inter, m, monkeypa
     h2, hs2 = run_kernel(dataclasses.replace(cfg, smem_scales=False), args)
     assert torch.equal(h.view(torch.uint8), h2.view(torch.uint8)) and torch.equal(hs, hs2)
     assert_matches_reference(h, hs, args, "silu", "fp8_group128")
+
+
+@pytest.mark.parametrize("mainloop,h_format", [("fp8_block128", "fp8_group128"), ("fp8_block128", "bf16"),
+                                               ("bf16", "bf16"), ("bf16", "fp8_group128")])
+@pytest.mark.parametrize("m", [3, 300])
+def test_nan_and_inf_in_x_as_the_reference(m, mainloop, h_format):
+    """x row 1 holds a NaN and row 2 a +Inf (in bf16, before quant_x for the fp8 mainloop). h and
+    its scales are NaN (or ±Inf) exactly where the reference's are, never a silent 0: row 1 all
+    NaN; row 2 all NaN, except with bf16 mainloop and bf16 h, where gate +Inf gives ±Inf and gate
+    -Inf gives NaN (SiLU(-Inf) = -Inf · 0). The other rows match as usual. M = 3 runs the swap-AB
+    tile, M = 300 the 128-row tile; K = 576 ends in a partial k block."""
+    hidden, inter = 576, 1536
+    g = torch.Generator(device="cuda").manual_seed(m)
+    x = torch.randn(m, hidden, device="cuda", generator=g)
+    x[1, 7] = float("nan")
+    x[2, 100] = float("inf")
+    x = x.to(torch.bfloat16)
+    w = torch.randn(2 * inter, hidden, device="cuda", generator=g) * 0.05
+    if mainloop == "bf16":
+        args = dict(x=x, weight=w.to(torch.bfloat16))
+    else:
+        xq, xs = reference.quant_x(x)
+        wq, ws = quant.quantize_fp8_block(w)
+        args = dict(x=xq, weight=wq, weight_scale=ws, x_scale=xs)
+    from swiglu_fused.kernels.sm90 import gate_up as k
+
+    cfg = k.select_config(args["x"], args["weight"], args.get("weight_scale"), args.get("x_scale"),
+                          act="silu", h_format=h_format)
+    h, hs = run_kernel(cfg, args)
+    h_ref, hs_ref = reference.gate_up(**args, act="silu", h_format=h_format)
+    out, ref = h.float(), h_ref.float()
+    assert ref[1].isnan().all() and ref[2].isnan().any()  # (the reference's semantics, pinned)
+    assert torch.equal(out.isnan(), ref.isnan())
+    assert torch.equal(out.isinf(), ref.isinf()) and torch.equal(out[out.isinf()], ref[ref.isinf()])
+    rows = [0] + list(range(3, m))
+    if h_format == "fp8_group128":
+        assert torch.equal(hs.isnan(), hs_ref.isnan()) and hs_ref[1:3].isnan().all()
+        assert_fp8_group_close(h[rows], hs[rows], h_ref[rows], hs_ref[rows], **TOL[mainloop])
+    else:
+        assert_bf16_close(h[rows], h_ref[rows])
