@@ -1,6 +1,7 @@
 """gate_up fp8_block128 benchmark: the fused sm90 kernel against cuBLAS block-scaled GEMM
 (torch._scaled_mm, 1x128 / 128x128 scales) followed by the best separate SiLU·up + group-quant
-(torch.compile). Peers run in the same process on the same inputs; every timing is a CUDA graph of
+(the faster of torch.compile's and a one-pass Triton kernel on each shape, act_quant_peer.py; its
+achieved TB/s is printed). Peers run in the same process on the same inputs; every timing is a CUDA graph of
 ``REPS`` launches (so Python launch cost is excluded for both), median of ``--iters`` replays. Operands
 rotate over enough independent sets that one pass moves more than twice the 50 MB L2 (``rotated_sets``
 in the JSON), so small shapes are not timed from cache.

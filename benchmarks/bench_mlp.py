@@ -3,7 +3,8 @@
 Peers, in one process on the same inputs, each timed as a CUDA graph (median of --iters replays):
   hf_bf16        transformers LlamaMLP, bf16, eager
   hf_compiled    the same under torch.compile
-  fp8_unfused    compiled quant_x → cuBLAS block-scaled GEMM [M, 2I] → compiled SiLU·up·quant
+  fp8_unfused    compiled quant_x → cuBLAS block-scaled GEMM [M, 2I] → SiLU·up·quant (the faster
+                 of inductor's and a Triton kernel at that M, act_quant_peer.py)
                  → cuBLAS block-scaled GEMM (down); both quantizations write their scales M-major,
                  the layout cuBLAS reads (quant.m_major), so no transpose copy is timed
   ours_fp8       FusedSwiGLUMLP fp8_block128: quant_x + fused gate_up kernels, down as ops.down
