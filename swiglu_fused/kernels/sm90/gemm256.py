@@ -155,12 +155,6 @@ class TileConfig:
     # M = 1024: 114.2 vs 119.7 µs, 9 rounds; benchmarks/NOTES.md). Dispatched for gate_up with
     # fp8 h; with bf16 h its 4 stages leave no room for the scales.
     smem_scales: bool = False
-    # the fp8 64-row gate_up tile with two consumer warpgroups instead of one: warpgroup w takes
-    # the weight quarters of h columns [64w, 64w + 64) (gate rows 64w.., up rows 128 + 64w..) over
-    # all 64 rows, and the two exchange their row amaxes through smem for the shared h scale group.
-    # Twice the wgmma issue where one warpgroup cannot keep the tensor pipe busy (few tiles, long
-    # K). Whole tiles only.
-    split_n: bool = False
 
     # the epilogue and the bytes per element of the staged output (set by subclasses)
     epilogue = "swiglu"
@@ -186,10 +180,6 @@ class TileConfig:
                              f"bf16 h (no swap_ab, clusters or tma_store); got {self}")
         if self.mainloop not in MAINLOOPS:
             raise ValueError(f"{name}.mainloop: expected one of {MAINLOOPS}, got {self.mainloop!r}")
-        if self.split_n and (self.tile_m != 64 or not self.fp8 or self.swap_ab or self.cluster_size > 1
-                             or self.tma_store or self.epilogue != "swiglu" or self.tile_n != 2 * G):
-            raise ValueError(f"{name}.split_n: the fp8 mainloop's 64-row gate_up tile only (no swap_ab, clusters "
-                             f"or tma_store); got {self}")
         if self.smem_scales and (not self.fp8 or self.tile_m != 128 or self.swap_ab):
             raise ValueError(f"{name}.smem_scales: the fp8 mainloop's 128-row tile only; got {self}")
         if self.promote_k not in (32, 64, 128):
@@ -247,16 +237,13 @@ class TileConfig:
 
     @property
     def consumer_threads(self) -> int:
-        """Two consumer warpgroups for the 128-row tile, the 64-token swap-AB tile (whose
-        accumulator, 256 × 64 fp32, is too large for one) and the split_n 64-row tile, else one."""
-        return 256 if self.tile_m >= (64 if self.swap_ab else 128) or self.split_n else 128
+        """Two consumer warpgroups for the 128-row tile and the 64-token swap-AB tile (whose
+        accumulator, 256 × 64 fp32, is too large for one), else one."""
+        return 256 if self.tile_m >= (64 if self.swap_ab else 128) else 128
 
     @property
     def red_words(self) -> int:
-        """fp32 words of smem for the swap-AB epilogue's cross-warp amax (consumer warps × tokens), or
-        split_n's per-warpgroup row amaxes."""
-        if self.split_n:
-            return 2 * self.tile_m  # the two warpgroups' row amaxes
+        """fp32 words of smem for the swap-AB epilogue's cross-warp amax (consumer warps × tokens)."""
         return self.consumer_threads // 32 * self.tile_m if self.swap_ab else 4
 
     @property
@@ -299,8 +286,6 @@ class Gemm256Kernel:
         # file holds 40·128 + 232·256 with two consumer warpgroups; with one, the kernel starts with
         # up to 255 (256 threads) and the consumer may keep them all (ptxas reports 237-249)
         self.consumer_regs = 232 if self.num_mma_wg == 2 else 256
-        # warpgroups the tiled MMA spreads over M (split_n: each warpgroup runs its own 64-row MMA)
-        self.mma_wgs_m = 1 if config.split_n else self.num_mma_wg
         if config.epilogue == "swiglu":
             self.act = epilogue.activation(config.act)
             self.h_dtype = cutlass.Float8E4M3FN if config.out_bytes == 1 else cutlass.BFloat16
@@ -419,7 +404,7 @@ class Gemm256Kernel:
         one quarter (64) for the overlapped promotion."""
         major = cute.nvgpu.warpgroup.OperandMajorMode.K
         return sm90_utils.make_trivial_tiled_mma(
-            self.ab_dtype, self.ab_dtype, major, major, self.acc_dtype, (self.mma_wgs_m, 1, 1), tiler_mn=(64, tile_n)
+            self.ab_dtype, self.ab_dtype, major, major, self.acc_dtype, (self.num_mma_wg, 1, 1), tiler_mn=(64, tile_n)
         )
 
     def _scale_layout(self):
@@ -504,9 +489,7 @@ class Gemm256Kernel:
         cfg = self.cfg
         mOut, tma_o, mO_tma = outs
         ws_last = (n + G - 1) // G - 1  # last weight-scale row (a partial last tile reads no further)
-        split = cfg.split_n
-        t_mma = (tidx - 128) % 128 if split else tidx - 128  # (split_n: each warpgroup its own MMA)
-        thr_mma = tiled_mma.get_slice(t_mma)
+        thr_mma = tiled_mma.get_slice(tidx - 128)
         tCsA = thr_mma.partition_A(sA)
         tCrA = tiled_mma.make_fragment_A(tCsA)  # (MMA, 1, MMA_K, STAGES)
         # (MMA, 2, MMA_K, STAGES): both halves (the granule tile: (MMA, 1, MMA_K, STAGES))
@@ -547,19 +530,17 @@ class Gemm256Kernel:
             )
             h_store = (tma_o, tHs, tHg)
 
-        if cutlass.const_expr(self.overlap or split):
+        if cutlass.const_expr(self.overlap):
             # wgmma chains over 64-row quarters of B (quarter c: B rows [64c, 64c + 64), half c // 2)
             # into two 32-register temps, so that one is promoted while the other is computed
             mma_q = self._tiled_mma(G // 2)
-            thr_q = mma_q.get_slice(t_mma)
+            thr_q = mma_q.get_slice(tidx - 128)
             tCrA_q = mma_q.make_fragment_A(thr_q.partition_A(sA))
-            # split_n: warpgroup w's gate quarter w and up quarter 2 + w only
-            quarter_ids = [wg_idx - 1, wg_idx + 1] if split else range(4)
             tCrB_q = [
                 mma_q.make_fragment_B(
                     thr_q.partition_B(cute.local_tile(sB, (G // 2, cfg.tile_k, cfg.stages), (c, 0, 0)))
                 )
-                for c in quarter_ids
+                for c in range(4)
             ]
             temp_q = thr_q.partition_C(cute.make_identity_tensor((64, G // 2))).shape
             tq = (cute.make_rmem_tensor(temp_q, self.acc_dtype), cute.make_rmem_tensor(temp_q, self.acc_dtype))
@@ -624,25 +605,6 @@ class Gemm256Kernel:
                     release.advance()
                     state.advance()
                     self._promote_quarter(acc, tq[1], 3, sc0[2], sc0[3])
-            elif cutlass.const_expr(split):
-                # per k tile: this warpgroup's gate and up quarters into the two temps, promoted into
-                # the accumulator slots of quarters 0 and 2 (values [0, 32) of each half); the other
-                # warpgroup's chains fill the tensor pipe meanwhile. Scales one k tile ahead.
-                scales = (mAS, mWS, cutlass.min(row_a, m - 1), cutlass.min(row_b, m - 1),
-                          cutlass.min(2 * tn, ws_last), cutlass.min(2 * tn + 1, ws_last))
-                raw = self._load_scales(scales, kb0)
-                for kt in cutlass.range(kb0, kb1, unroll=1):
-                    sc = self._scale_products(raw)
-                    raw = self._load_scales(scales, cutlass.min(kt + 1, kb1 - 1))
-                    mainloop.consumer_wait(state)
-                    self._issue(mma_q, tq[0], tCrA_q, tCrB_q[0], state.index, num_k_blocks)
-                    self._issue(mma_q, tq[1], tCrA_q, tCrB_q[1], state.index, num_k_blocks)
-                    cute.nvgpu.warpgroup.wait_group(1)
-                    self._promote_quarter(acc, tq[0], 0, sc[0], sc[1])
-                    cute.nvgpu.warpgroup.wait_group(0)
-                    mainloop.consumer_release(state)
-                    state.advance()
-                    self._promote_quarter(acc, tq[1], 2, sc[2], sc[3])
             elif cutlass.const_expr(cfg.fp8):
                 # rows past M read the last row's scale (their A rows are TMA zero-fill)
                 arow_a = cutlass.min(row_a, m - 1)
@@ -726,15 +688,12 @@ class Gemm256Kernel:
                 mainloop.consumer_release(release)
                 release.advance()
             epi = Int32(1)
-            if cutlass.const_expr(not (cfg.granules or split)):  # (whole tiles only: schedule())
+            if cutlass.const_expr(not cfg.granules):  # (whole tiles only: schedule())
                 epi = self._finish_tile(acc, n_vals, tm * cfg.tile_m + r0, m, tile, dp_tiles, k_tiles, bidx, nctas,
                                         sk_iters, mPart, mCtr, storage, tidx - 128)
             if epi != 0:
                 if cutlass.const_expr(cfg.granules):
                     self._epilogue_swiglu_granules(acc, n_vals, r0, col0, tm, tn, m, sO, mOut, wg_idx - 1, tidx % 128)
-                elif cutlass.const_expr(split):  # this warpgroup's 64 h columns: values [0, 32) of each half
-                    self._epilogue_swiglu(acc, n_vals // 2, r0, col0, tm, tn, m, sO, mOut, mAux, wg_idx - 1,
-                                          tidx % 128, h_store, storage.red.get_tensor(cute.make_layout((2, 64), stride=(64, 1))))
                 elif cutlass.const_expr(cfg.epilogue == "swiglu"):
                     self._epilogue_swiglu(acc, n_vals, r0, col0, tm, tn, m, sO, mOut, mAux, wg_idx - 1, tidx % 128,
                                           h_store)
@@ -1061,17 +1020,12 @@ class Gemm256Kernel:
 
     # ------------------------------------------------------------------ epilogues
     @cute.jit
-    def _epilogue_swiglu(self, acc, n_vals: cutlass.Constexpr, r0, col0, tm, tn, m, sH, mH, mHS, wg, tid, h_store,
-                         sRed=None):
+    def _epilogue_swiglu(self, acc, n_vals: cutlass.Constexpr, r0, col0, tm, tn, m, sH, mH, mHS, wg, tid, h_store):
         """h = act(gate) · up in place in the gate half; quantize (fp8) or round (bf16); stage the
         warpgroup's 64 × 128 h slab in smem (fragment order), then store it: TMA (h_store =
-        (atom, smem boxes, gmem boxes), cfg.h_tma_store) or a copy-out by the threads.
-        split_n: the warpgroup holds h columns [64·wg, 64·wg + 64) of the tile's 64 rows; the row
-        amaxes meet in sRed (2, 64), and each warpgroup copies out 32 of the rows."""
+        (atom, smem boxes, gmem boxes), cfg.h_tma_store) or a copy-out by the threads."""
         cfg = self.cfg
         tma = cfg.h_tma_store
-        split = cfg.split_n
-        cw = 32 * wg if split else 0  # 16-bit (fp8) / 32-bit (bf16) words of the slab before this warpgroup's columns
         for v in cutlass.range_constexpr(n_vals):
             acc[(v, 0, 0)] = self.act(acc[(v, 0, 0)]) * acc[(v, 0, 1)]
         ra = r0  # tile-local rows of values with (v/2)%2 == 0 / 1
@@ -1079,8 +1033,6 @@ class Gemm256Kernel:
         row_a = tm * cfg.tile_m + ra
         row_b = row_a + 8
         bar = pipeline.NamedBarrier(barrier_id=1 + wg, num_threads=128)
-        if cutlass.const_expr(split):  # (both warpgroups share the slab's rows)
-            bar = pipeline.NamedBarrier(barrier_id=1, num_threads=256)
         if cutlass.const_expr(tma):
             if tid == 0:  # the previous tile's TMA store has read the slab
                 cute.arch.cp_async_bulk_wait_group(0, read=True)
@@ -1098,12 +1050,6 @@ class Gemm256Kernel:
             for off in cutlass.range_constexpr(2):  # the quad holds the row's 128 columns
                 amax_a = cute.arch.fmax(amax_a, cute.arch.shuffle_sync_bfly(amax_a, offset=1 << off), nan=True)
                 amax_b = cute.arch.fmax(amax_b, cute.arch.shuffle_sync_bfly(amax_b, offset=1 << off), nan=True)
-            if cutlass.const_expr(split):  # (a quad holds 64 of them: the other half is the other warpgroup's)
-                sRed[wg, ra] = amax_a
-                sRed[wg, rb] = amax_b
-                bar.arrive_and_wait()
-                amax_a = cute.arch.fmax(amax_a, sRed[1 - wg, ra], nan=True)
-                amax_b = cute.arch.fmax(amax_b, sRed[1 - wg, rb], nan=True)
             s_a = div_rn(amax_a, Float32(FP8_MAX))
             if amax_a == Float32(0.0):
                 s_a = Float32(1.0)
@@ -1119,12 +1065,12 @@ class Gemm256Kernel:
             )
             sw = (ra % 8) * 8 if tma else 0  # (ra and rb = ra + 8 have the same row % 8)
             for v in cutlass.range_constexpr(0, n_vals, 2):
-                c2 = ((col0 + 8 * (v // 4)) // 2 + cw) ^ sw  # 16-bit word (column pair) in the row
+                c2 = (col0 + 8 * (v // 4)) // 2 ^ sw  # 16-bit word (column pair) in the row
                 if cutlass.const_expr((v // 2) % 2 == 0):
                     sH16[ra, c2] = cvt_e4m3x2(acc[(v, 0, 0)] * inv_a, acc[(v + 1, 0, 0)] * inv_a)
                 else:
                     sH16[rb, c2] = cvt_e4m3x2(acc[(v, 0, 0)] * inv_b, acc[(v + 1, 0, 0)] * inv_b)
-            if col0 + cw == 0:  # one thread per row (split_n: of warpgroup 0)
+            if col0 == 0:
                 if row_a < m:
                     mHS[row_a, tn] = s_a
                 if row_b < m:
@@ -1141,7 +1087,7 @@ class Gemm256Kernel:
                 sBox[2 * wg + (v // 4) // 8, r, c2 % 32 ^ sw] = word
         else:
             for v in cutlass.range_constexpr(0, n_vals, 2):
-                c2 = (col0 + 8 * (v // 4)) // 2 + cw  # 32-bit word (bf16 pair) in the row
+                c2 = (col0 + 8 * (v // 4)) // 2  # 32-bit word (bf16 pair) in the row
                 word = cvt_bf16x2(acc[(v, 0, 0)], acc[(v + 1, 0, 0)])
                 if cutlass.const_expr((v // 2) % 2 == 0):
                     sH[ra, c2] = word
@@ -1159,7 +1105,7 @@ class Gemm256Kernel:
                 cute.arch.cp_async_bulk_commit_group()
         else:
             bar.arrive_and_wait()
-            self._copy_slab(sH, mH, tm, tn, m, Int32(0), wg, tid, False, rows=32 if split else 64)
+            self._copy_slab(sH, mH, tm, tn, m, Int32(0), wg, tid, False)
 
     @cute.jit
     def _epilogue_swiglu_granules(self, acc, n_vals: cutlass.Constexpr, r0, col0, tm, tn, m, sH, mH, wg, tid):
@@ -1317,7 +1263,7 @@ def schedule(config: TileConfig, m: int, n: int, k: int, sms: int) -> tuple[int,
     cl = config.cluster_m
     grid_m = -(-m // (config.tile_m * cl)) * cl
     tiles = grid_m * -(-n // config.tile_n)
-    if config.granules or config.split_n:  # whole tiles (their epilogues have no stream-K fix-up)
+    if config.granules:  # whole tiles (its epilogue has no stream-K fix-up)
         return max(1, min(tiles, sms)), 0
     if cl > 1:
         return max(cl, min(tiles, sms) // cl * cl), 0
