@@ -155,6 +155,12 @@ class TileConfig:
     # M = 1024: 114.2 vs 119.7 µs, 9 rounds; benchmarks/NOTES.md). Dispatched for gate_up with
     # fp8 h; with bf16 h its 4 stages leave no room for the scales.
     smem_scales: bool = False
+    # the fp8 64-row gate_up tile with two consumer warpgroups instead of one: warpgroup w runs B
+    # half w (gate, up) over all 64 rows in N = 128 chains, double-buffered; the up warpgroup hands
+    # its accumulator to the gate one through smem for the epilogue. The one-warpgroup tile uses
+    # N = 64 chains (its registers hold no more), whose SS operands take all of smem's 128 B/clk
+    # at the tensor pipe's rate. Whole tiles only.
+    split_n: bool = False
 
     # the epilogue and the bytes per element of the staged output (set by subclasses)
     epilogue = "swiglu"
@@ -180,6 +186,10 @@ class TileConfig:
                              f"bf16 h (no swap_ab, clusters or tma_store); got {self}")
         if self.mainloop not in MAINLOOPS:
             raise ValueError(f"{name}.mainloop: expected one of {MAINLOOPS}, got {self.mainloop!r}")
+        if self.split_n and (self.tile_m != 64 or not self.fp8 or self.swap_ab or self.cluster_size > 1
+                             or self.tma_store or self.epilogue != "swiglu" or self.tile_n != 2 * G):
+            raise ValueError(f"{name}.split_n: the fp8 mainloop's 64-row gate_up tile only (no swap_ab, clusters "
+                             f"or tma_store); got {self}")
         if self.smem_scales and (not self.fp8 or self.tile_m != 128 or self.swap_ab):
             raise ValueError(f"{name}.smem_scales: the fp8 mainloop's 128-row tile only; got {self}")
         if self.promote_k not in (32, 64, 128):
@@ -237,9 +247,9 @@ class TileConfig:
 
     @property
     def consumer_threads(self) -> int:
-        """Two consumer warpgroups for the 128-row tile and the 64-token swap-AB tile (whose
-        accumulator, 256 × 64 fp32, is too large for one), else one."""
-        return 256 if self.tile_m >= (64 if self.swap_ab else 128) else 128
+        """Two consumer warpgroups for the 128-row tile, the 64-token swap-AB tile (whose
+        accumulator, 256 × 64 fp32, is too large for one) and the split_n 64-row tile, else one."""
+        return 256 if self.tile_m >= (64 if self.swap_ab else 128) or self.split_n else 128
 
     @property
     def red_words(self) -> int:
@@ -249,6 +259,8 @@ class TileConfig:
     @property
     def xacc_words(self) -> int:
         """fp32 words of smem that receive the peer CTA's accumulator (cluster_k = 2: the whole tile)."""
+        if self.split_n:  # the up half's accumulator, handed to the gate half's warpgroup
+            return G * self.tile_m
         return self.tile_n * self.tile_m if self.cluster_k > 1 else 4
 
     @property
@@ -286,6 +298,8 @@ class Gemm256Kernel:
         # file holds 40·128 + 232·256 with two consumer warpgroups; with one, the kernel starts with
         # up to 255 (256 threads) and the consumer may keep them all (ptxas reports 237-249)
         self.consumer_regs = 232 if self.num_mma_wg == 2 else 256
+        # warpgroups the tiled MMA spreads over M (split_n: each warpgroup runs its own 64-row MMA)
+        self.mma_wgs_m = 1 if config.split_n else self.num_mma_wg
         if config.epilogue == "swiglu":
             self.act = epilogue.activation(config.act)
             self.h_dtype = cutlass.Float8E4M3FN if config.out_bytes == 1 else cutlass.BFloat16
@@ -404,7 +418,7 @@ class Gemm256Kernel:
         one quarter (64) for the overlapped promotion."""
         major = cute.nvgpu.warpgroup.OperandMajorMode.K
         return sm90_utils.make_trivial_tiled_mma(
-            self.ab_dtype, self.ab_dtype, major, major, self.acc_dtype, (self.num_mma_wg, 1, 1), tiler_mn=(64, tile_n)
+            self.ab_dtype, self.ab_dtype, major, major, self.acc_dtype, (self.mma_wgs_m, 1, 1), tiler_mn=(64, tile_n)
         )
 
     def _scale_layout(self):
@@ -489,7 +503,9 @@ class Gemm256Kernel:
         cfg = self.cfg
         mOut, tma_o, mO_tma = outs
         ws_last = (n + G - 1) // G - 1  # last weight-scale row (a partial last tile reads no further)
-        thr_mma = tiled_mma.get_slice(tidx - 128)
+        split = cfg.split_n
+        t_mma = (tidx - 128) % 128 if split else tidx - 128  # (split_n: each warpgroup its own MMA)
+        thr_mma = tiled_mma.get_slice(t_mma)
         tCsA = thr_mma.partition_A(sA)
         tCrA = tiled_mma.make_fragment_A(tCsA)  # (MMA, 1, MMA_K, STAGES)
         # (MMA, 2, MMA_K, STAGES): both halves (the granule tile: (MMA, 1, MMA_K, STAGES))
@@ -511,11 +527,13 @@ class Gemm256Kernel:
         crd0 = tCcC[(0, 0, 0)]
         r0 = crd0[0]
         col0 = crd0[1]
-        temp = None
+        temp = temp2 = None
         if cutlass.const_expr(cfg.fp8):
             temp = cute.make_rmem_tensor(
                 thr_mma.partition_C(cute.make_identity_tensor((cfg.tile_m, G))).shape, self.acc_dtype
             )  # (MMA, 1, 1): one half
+        if cutlass.const_expr(split):
+            temp2 = cute.make_rmem_tensor(temp.shape, self.acc_dtype)
         mmas_per_promotion = cfg.promote_k // cute.size(tiled_mma.shape_mnk, mode=[2])
         # output staging slab in smem: (tile_m rows, out_row_words) 32-bit words; each warpgroup owns its 64 rows
         sO = storage.sO.get_tensor(cute.make_layout((cfg.tile_m, cfg.out_row_words), stride=(cfg.out_row_words, 1)))
@@ -534,7 +552,7 @@ class Gemm256Kernel:
             # wgmma chains over 64-row quarters of B (quarter c: B rows [64c, 64c + 64), half c // 2)
             # into two 32-register temps, so that one is promoted while the other is computed
             mma_q = self._tiled_mma(G // 2)
-            thr_q = mma_q.get_slice(tidx - 128)
+            thr_q = mma_q.get_slice(t_mma)
             tCrA_q = mma_q.make_fragment_A(thr_q.partition_A(sA))
             tCrB_q = [
                 mma_q.make_fragment_B(
@@ -605,6 +623,46 @@ class Gemm256Kernel:
                     release.advance()
                     state.advance()
                     self._promote_quarter(acc, tq[1], 3, sc0[2], sc0[3])
+            elif cutlass.const_expr(split):
+                # warpgroup w: B half w (0: gate, 1: up) over all 64 rows, N = 128 chains (no smem
+                # bandwidth spent re-reading A per quarter) into two temps, k tiles in pairs: the
+                # second tile's chain runs while the first one's is promoted. Scales a pair ahead.
+                w = wg_idx - 1
+                tCrB_w = tiled_mma.make_fragment_B(
+                    thr_mma.partition_B(cute.local_tile(sB, (G, cfg.tile_k, cfg.stages), (w, 0, 0)))
+                )
+                wrow = cutlass.min(2 * tn + w, ws_last)
+                scales = (mAS, mWS, cutlass.min(row_a, m - 1), cutlass.min(row_b, m - 1), wrow, wrow)
+                raw0 = self._load_scales(scales, kb0)
+                raw1 = self._load_scales(scales, cutlass.min(kb0 + 1, kb1 - 1))
+                for kt in cutlass.range(kb0, kb1 - 1, 2, unroll=1):
+                    sc0 = self._scale_products(raw0)
+                    sc1 = self._scale_products(raw1)
+                    raw0 = self._load_scales(scales, cutlass.min(kt + 2, kb1 - 1))
+                    raw1 = self._load_scales(scales, cutlass.min(kt + 3, kb1 - 1))
+                    mainloop.consumer_wait(state)
+                    self._issue(tiled_mma, temp, tCrA, tCrB_w, state.index, num_k_blocks)
+                    state.advance()
+                    mainloop.consumer_wait(state)
+                    self._issue(tiled_mma, temp2, tCrA, tCrB_w, state.index, num_k_blocks)
+                    state.advance()
+                    cute.nvgpu.warpgroup.wait_group(1)
+                    mainloop.consumer_release(release)
+                    release.advance()
+                    self._promote_half(acc, temp, sc0[0], sc0[1])
+                    cute.nvgpu.warpgroup.wait_group(0)
+                    mainloop.consumer_release(release)
+                    release.advance()
+                    self._promote_half(acc, temp2, sc1[0], sc1[1])
+                if (kb1 - kb0) % 2 == 1:  # the last k tile, alone (its scales are in raw0)
+                    sc0 = self._scale_products(raw0)
+                    mainloop.consumer_wait(state)
+                    self._issue(tiled_mma, temp, tCrA, tCrB_w, state.index, num_k_blocks)
+                    state.advance()
+                    cute.nvgpu.warpgroup.wait_group(0)
+                    mainloop.consumer_release(release)
+                    release.advance()
+                    self._promote_half(acc, temp, sc0[0], sc0[1])
             elif cutlass.const_expr(cfg.fp8):
                 # rows past M read the last row's scale (their A rows are TMA zero-fill)
                 arow_a = cutlass.min(row_a, m - 1)
@@ -688,12 +746,30 @@ class Gemm256Kernel:
                 mainloop.consumer_release(release)
                 release.advance()
             epi = Int32(1)
-            if cutlass.const_expr(not cfg.granules):  # (whole tiles only: schedule())
+            if cutlass.const_expr(not (cfg.granules or split)):  # (whole tiles only: schedule())
                 epi = self._finish_tile(acc, n_vals, tm * cfg.tile_m + r0, m, tile, dp_tiles, k_tiles, bidx, nctas,
                                         sk_iters, mPart, mCtr, storage, tidx - 128)
             if epi != 0:
                 if cutlass.const_expr(cfg.granules):
                     self._epilogue_swiglu_granules(acc, n_vals, r0, col0, tm, tn, m, sO, mOut, wg_idx - 1, tidx % 128)
+                elif cutlass.const_expr(split):
+                    # the up half's warpgroup hands its accumulator to the gate half's through smem
+                    # (value v of thread t at word v · 128 + t: same fragment positions on both
+                    # sides), which then runs the whole tile's epilogue. Barrier 4: the previous
+                    # tile's values have been read; barrier 5: this tile's are written.
+                    t = tidx % 128
+                    sX = storage.xacc.get_tensor(cute.make_layout((n_vals, 128), stride=(128, 1)))
+                    if wg_idx == 2:
+                        pipeline.NamedBarrier(barrier_id=4, num_threads=256).arrive_and_wait()
+                        for v in cutlass.range_constexpr(n_vals):
+                            sX[v, t] = acc[(v, 0, 0)]
+                        pipeline.NamedBarrier(barrier_id=5, num_threads=256).arrive_and_wait()
+                    else:
+                        pipeline.NamedBarrier(barrier_id=4, num_threads=256).arrive_and_wait()
+                        pipeline.NamedBarrier(barrier_id=5, num_threads=256).arrive_and_wait()
+                        for v in cutlass.range_constexpr(n_vals):
+                            acc[(v, 0, 1)] = sX[v, t]
+                        self._epilogue_swiglu(acc, n_vals, r0, col0, tm, tn, m, sO, mOut, mAux, 0, t, h_store)
                 elif cutlass.const_expr(cfg.epilogue == "swiglu"):
                     self._epilogue_swiglu(acc, n_vals, r0, col0, tm, tn, m, sO, mOut, mAux, wg_idx - 1, tidx % 128,
                                           h_store)
@@ -738,6 +814,12 @@ class Gemm256Kernel:
             cute.nvgpu.warpgroup.wait_group(1)
             half = (c - 1) // 2
             self._promote_quarter(acc, tq[(c - 1) % 2], c - 1, sc[2 * half], sc[2 * half + 1])
+
+    def _promote_half(self, acc, temp, sc_a, sc_b):
+        """split_n: acc half 0 += temp (one B half's chain) · scale (row a / row b values)."""
+        for v in range(cute.size(temp, mode=[0])):
+            sc = sc_a if (v // 2) % 2 == 0 else sc_b
+            acc[(v, 0, 0)] = acc[(v, 0, 0)] + temp[(v, 0, 0)] * sc
 
     def _promote_quarter(self, acc, temp, c, sc_a, sc_b):
         """acc[quarter c] += temp · scale: temp value v is column 64·(c % 2) + col(v) of half c // 2,
@@ -1263,7 +1345,7 @@ def schedule(config: TileConfig, m: int, n: int, k: int, sms: int) -> tuple[int,
     cl = config.cluster_m
     grid_m = -(-m // (config.tile_m * cl)) * cl
     tiles = grid_m * -(-n // config.tile_n)
-    if config.granules:  # whole tiles (its epilogue has no stream-K fix-up)
+    if config.granules or config.split_n:  # whole tiles (their epilogues have no stream-K fix-up)
         return max(1, min(tiles, sms)), 0
     if cl > 1:
         return max(cl, min(tiles, sms) // cl * cl), 0
