@@ -162,9 +162,7 @@ def _shipped():
         + [("gate_up", gate_up.GateUpConfig(tile_m=128, stages=4, tma_store=True, h_format=f), gate_up.compile_gate_up)
            for f in ("fp8_group128", "bf16")]
         + [("gate_up", gate_up.GateUpConfig(tile_m=64, stages=3, cluster_k=2), gate_up.compile_gate_up)]
-        # the 64-row tile's two-warpgroup split (TileConfig.split_n), being measured
-        + [("gate_up", gate_up.GateUpConfig(tile_m=64, stages=4, split_n=True, h_format=f), gate_up.compile_gate_up)
-           for f in ("fp8_group128", "bf16")]
+
     )
 
 

@@ -300,6 +300,25 @@ def test_gate_up_cluster_pairs_from_m_4096(m, tile_m, tile_n, expect):
             assert cfg in gate_up.shipped_configs()
 
 
+def test_gate_up_fp8_64_row_tile_on_two_warpgroups():
+    """The fp8 64-row tile is shipped as split_n (4 stages: the up half's 32 KB hand-over takes a
+    stage's room); bf16 keeps the one-warpgroup tile; split_n is that tile only."""
+    from swiglu_fused.kernels.sm90 import gate_up
+
+    assert gate_up.split_n_applies(64, False, "fp8_block128")
+    assert not gate_up.split_n_applies(64, False, "bf16") and not gate_up.split_n_applies(128, False, "fp8_block128")
+    assert not gate_up.split_n_applies(16, True, "fp8_block128")
+    shipped = gate_up.shipped_configs()
+    assert gate_up.GateUpConfig(tile_m=64, stages=4, split_n=True) in shipped
+    assert gate_up.GateUpConfig(tile_m=64, stages=5) not in shipped
+    assert gate_up.GateUpConfig(tile_m=64, stages=5, mainloop="bf16") in shipped
+    for bad in (dict(tile_m=128), dict(mainloop="bf16"), dict(cluster_k=2, stages=3)):
+        with pytest.raises(ValueError, match="split_n"):
+            gate_up.GateUpConfig(**{"tile_m": 64, "stages": 4, "split_n": True, **bad})
+    with pytest.raises(ValueError, match="stages"):
+        gate_up.GateUpConfig(tile_m=64, stages=5, split_n=True)
+
+
 def test_smem_scales_only_where_they_fit():
     """gate_up's fp8 128-row tile stages its promotion scales in smem with fp8 h; with bf16 h the
     four stages and the wider h slab leave no room, so that config keeps the global loads."""

@@ -152,6 +152,18 @@ def cluster_m_for(m: int, tile_m: int, tile_n: int) -> int:
     return 2 if m >= CLUSTER_M_MIN and tile_m == 128 and tile_n == 2 * G else 1
 
 
+# The fp8 64-row tile runs on two consumer warpgroups, one per B half (TileConfig.split_n, 4 stages).
+# Measured against the one-warpgroup tile (benchmarks/NOTES.md, eighth session, 5 interleaved
+# rounds): 4096×14336 M = 64 47.4 → 46.1 µs, 2048×8192 M = 64 17.3 → 16.8; level (±1 %) at
+# 8192×3584 M = 128 and 256 and 2048×8192 M = 128. h is bit-identical.
+SPLIT_N_STAGES = 4
+
+
+def split_n_applies(tile_m: int, swap_ab: bool, mainloop: str) -> bool:
+    """TileConfig.split_n for gate_up's tile: the fp8 mainloop's 64-row tile."""
+    return mainloop == "fp8_block128" and tile_m == 64 and not swap_ab
+
+
 def smem_scales_apply(tile_m: int, swap_ab: bool, mainloop: str, h_format: str) -> bool:
     """TileConfig.smem_scales for the fp8 128-row tile with fp8 h (bf16 h leaves no smem for it)."""
     return mainloop == "fp8_block128" and tile_m == 128 and not swap_ab and h_format == "fp8_group128"
@@ -165,9 +177,11 @@ def shipped_configs() -> list[GateUpConfig]:
                 tiles = [(128, 4, False, 1), (128, 4, False, 2), (64, 5, False, 1)]  # (cluster_m_for)
                 tiles += [(t, s, True, 1) for t, s in SWAP_TILES]
                 for tile_m, stages, swap, cl in tiles:
-                    out.append(GateUpConfig(tile_m=tile_m, stages=stages, act=act, h_format=h_format,
-                                            mainloop=mainloop, swap_ab=swap, cluster_m=cl,
-                                            smem_scales=smem_scales_apply(tile_m, swap, mainloop, h_format)))
+                    split = split_n_applies(tile_m, swap, mainloop)
+                    out.append(GateUpConfig(tile_m=tile_m, stages=SPLIT_N_STAGES if split else stages, act=act,
+                                            h_format=h_format, mainloop=mainloop, swap_ab=swap, cluster_m=cl,
+                                            smem_scales=smem_scales_apply(tile_m, swap, mainloop, h_format),
+                                            split_n=split))
                 if mainloop == "fp8_block128":  # cluster_k_applies
                     out.append(GateUpConfig(tile_m=SWAP_TILES[0][0], stages=SWAP_TILES[0][1], act=act,
                                             h_format=h_format, mainloop=mainloop, swap_ab=True, cluster_k=2))
@@ -201,9 +215,11 @@ def select_config(x, weight, weight_scale, x_scale, *, act: str, h_format: str) 
     tile_n = 2 * G
     if mainloop == "bf16" and h_format == "bf16" and tile_m == 128:
         tile_n = granule_tile_n(x.shape[0], weight.shape[0], sms) or tile_n
-    return GateUpConfig(tile_m=tile_m, tile_n=tile_n, stages=stages, act=act, h_format=h_format, mainloop=mainloop,
-                        swap_ab=swap, cluster_k=ck, cluster_m=cluster_m_for(x.shape[0], tile_m, tile_n),
-                        smem_scales=smem_scales_apply(tile_m, swap, mainloop, h_format))
+    split = split_n_applies(tile_m, swap, mainloop)
+    return GateUpConfig(tile_m=tile_m, tile_n=tile_n, stages=SPLIT_N_STAGES if split else stages, act=act,
+                        h_format=h_format, mainloop=mainloop, swap_ab=swap, cluster_k=ck,
+                        cluster_m=cluster_m_for(x.shape[0], tile_m, tile_n),
+                        smem_scales=smem_scales_apply(tile_m, swap, mainloop, h_format), split_n=split)
 
 
 # The cluster pair as dispatched for fp8 x and h (tests force it at any M: padding M tiles)
