@@ -162,9 +162,6 @@ def _shipped():
         + [("gate_up", gate_up.GateUpConfig(tile_m=128, stages=4, tma_store=True, h_format=f), gate_up.compile_gate_up)
            for f in ("fp8_group128", "bf16")]
         + [("gate_up", gate_up.GateUpConfig(tile_m=64, stages=3, cluster_k=2), gate_up.compile_gate_up)]
-        # the 128 × 128 pair tile (pair_n.py): being measured
-        + [("gate_up", gate_up.GateUpConfig(tile_m=128, tile_n=128, stages=6, h_format=f), gate_up.compile_gate_up)
-           for f in ("fp8_group128", "bf16")]
 
     )
 

@@ -224,9 +224,6 @@ def select_config(x, weight, weight_scale, x_scale, *, act: str, h_format: str) 
 
 # The cluster pair as dispatched for fp8 x and h (tests force it at any M: padding M tiles)
 CLUSTER_PAIR = GateUpConfig(tile_m=128, stages=4, cluster_m=2, smem_scales=True)
-# The 128 × 128 pair tile (pair_n.py: double-buffered promotion, h scale groups shared by a
-# cluster pair), being measured at M = 65-256.
-PAIR_TILE = GateUpConfig(tile_m=128, tile_n=128, stages=6)
 
 
 def gate_up(config: GateUpConfig, x, weight, weight_scale=None, x_scale=None, *, out=None):

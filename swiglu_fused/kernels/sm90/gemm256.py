@@ -30,9 +30,6 @@ and the 64-row tile with 3 stages, measured no faster and not dispatched): the s
 with every tile split in two halves, CTAs 2t and 2t + 1 a cluster, and the fix-up through DSMEM
 instead of global memory: the second CTA st.async's its fp32 accumulator into the first's smem
 (completing bytes on its mbarrier), the first adds it and runs the epilogue.
-Pair tiles (TileConfig.tile_n = 128, pair_n.py, fp8 gate_up): 128 × 128 tiles, 64 gate + 64 up
-rows, the two CTAs of a cluster sharing each h scale group (row amaxes exchanged through DSMEM)
-and the x tile (multicast); their 64-register accumulator leaves room for two wgmma temps.
 A tile's 256 weight rows are two 128-row halves, each with its own 128×128 weight scale per k
 block:
 
@@ -180,14 +177,9 @@ class TileConfig:
         if self.cluster_k not in (1, 2) or (self.cluster_k == 2 and not (self.swap_ab or self.tile_m == 64)):
             raise ValueError(f"{name}.cluster_k: expected 1 or 2 (2 only with swap_ab or tile_m = 64), "
                              f"got {self.cluster_k}")
-        if self.tile_n not in (2 * G, G, *TILE_N_GRANULES):
-            raise ValueError(f"{name}.tile_n: expected {2 * G} (two 128-row weight blocks), {G} (pair tiles) or "
-                             f"one of {TILE_N_GRANULES} (16-row granules), got {self.tile_n}")
-        if self.pair_n and not (self.tile_m == 128 and self.epilogue == "swiglu" and self.fp8 and not self.swap_ab
-                                and self.cluster_m == 1 and self.cluster_k == 1 and not self.smem_scales
-                                and not self.split_n and not self.tma_store):
-            raise ValueError(f"{name}.tile_n = {G} (pair tiles): fp8 gate_up with tile_m = 128 only, no swap_ab, "
-                             f"clusters, smem_scales, split_n or tma_store; got {self}")
+        if self.tile_n not in (2 * G, *TILE_N_GRANULES):
+            raise ValueError(f"{name}.tile_n: expected {2 * G} (two 128-row weight blocks) or one of "
+                             f"{TILE_N_GRANULES} (16-row granules), got {self.tile_n}")
         if self.granules and (self.mainloop != "bf16" or self.out_bytes != 2 or self.epilogue != "swiglu"
                               or self.tile_m != 128 or self.swap_ab or self.cluster_size > 1 or self.tma_store):
             raise ValueError(f"{name}.tile_n = {self.tile_n} is the bf16 mainloop's 128-row gate_up tile with "
@@ -208,7 +200,7 @@ class TileConfig:
         # output staging + the swap-AB amax exchange + the cluster_k accumulator + mbarriers (16 B a
         # stage; 64 reserved)
         fixed = (self.out_stage_bytes + 4 * self.red_words + 4 * self.xacc_words + 4 * self.scale_words
-                 + 4 * self.xamax_words + 64 * self.stages)
+                 + 64 * self.stages)
         if self.stages < 2 or self.stages * stage_bytes + fixed > SMEM_BYTES:
             raise ValueError(
                 f"{name}.stages: {self.stages} stages of {stage_bytes} B plus {self.out_stage_bytes} B of "
@@ -222,26 +214,13 @@ class TileConfig:
         return self.stages * (self.tile_m + 2) if self.smem_scales else 4
 
     @property
-    def pair_n(self) -> bool:
-        """The 128 × 128 pair tile (pair_n.py): the CTAs of a cluster pair share h scale groups."""
-        return self.tile_n == G
-
-    @property
-    def xamax_words(self) -> int:
-        """fp32 words of smem receiving the pair CTA's row amaxes (pair tiles: two slots of tile_m)."""
-        return 2 * self.tile_m if self.pair_n else 4
-
-    @property
     def granules(self) -> bool:
         """Whether the tile is 16-row gate/up granules (tile_n in TILE_N_GRANULES), not two 128-row halves."""
         return self.tile_n in TILE_N_GRANULES
 
     @property
     def b_box_rows(self) -> int:
-        """Weight rows per TMA box of B: the whole tile, one 16-row granule (the granule tile), or
-        64 (the pair tile: its gate rows, then its up rows)."""
-        if self.pair_n:
-            return 64
+        """Weight rows per TMA box of B: the whole tile, or one 16-row granule (the granule tile)."""
         return GRANULE if self.granules else self.tile_n
 
     @property
@@ -252,7 +231,7 @@ class TileConfig:
     @property
     def h_tma_store(self) -> bool:
         """Whether h leaves through TMA stores (tma_store; the swiglu epilogue of the 64/128-row tiles)."""
-        return self.tma_store and self.epilogue == "swiglu" and not self.swap_ab and not self.pair_n
+        return self.tma_store and self.epilogue == "swiglu" and not self.swap_ab
 
     @property
     def out_row_words(self) -> int:
@@ -260,8 +239,7 @@ class TileConfig:
         so that a warp's 8 rows × 4 lanes of fragment stores hit distinct banks and rows stay
         16-byte aligned for the vector copy-out. With TMA stores no padding: the slab is 128-byte
         swizzled instead (Gemm256Kernel._h_store_layout), which spreads those stores as well."""
-        cols = G // 2 if self.pair_n else G  # (a pair tile stages its 64 h columns)
-        return G * self.out_bytes // 4 if self.h_tma_store else (cols * self.out_bytes + 16) // 4
+        return G * self.out_bytes // 4 if self.h_tma_store else (G * self.out_bytes + 16) // 4
 
     @property
     def out_stage_bytes(self) -> int:
@@ -287,7 +265,7 @@ class TileConfig:
 
     @property
     def cluster_size(self) -> int:
-        return self.cluster_m * self.cluster_k * (2 if self.pair_n else 1)
+        return self.cluster_m * self.cluster_k
 
     @property
     def fp8(self) -> bool:
@@ -368,8 +346,7 @@ class Gemm256Kernel:
             cute.recast_ptr(out_ptr, dtype=Int32), cute.make_layout((m, out_words), stride=(out_words, 1))
         )
         if cutlass.const_expr(cfg.epilogue == "swiglu"):
-            hs_cols = n_tiles // 2 if cfg.pair_n else n_tiles  # (a pair tile holds half a scale group)
-            mAux = cute.make_tensor(aux_ptr, cute.make_layout((m, hs_cols), stride=(1, m)))  # h_scale, M-major
+            mAux = cute.make_tensor(aux_ptr, cute.make_layout((m, n_tiles), stride=(1, m)))  # h_scale, M-major
         else:  # residual, bf16 pairs as words like y
             mAux = cute.make_tensor(
                 cute.recast_ptr(aux_ptr, dtype=Int32), cute.make_layout((m, out_words), stride=(out_words, 1))
@@ -380,12 +357,9 @@ class Gemm256Kernel:
         a_layout = self._smem_layout(cfg.tile_m)
         b_layout = self._smem_layout(cfg.tile_n)
         b_box = cfg.b_box_rows
-        # (pair tiles: the x tile is multicast over the cluster pair, each CTA loading half of it)
-        a_op = (cute.nvgpu.cpasync.CopyBulkTensorTileG2SMulticastOp() if cfg.pair_n
-                else cute.nvgpu.cpasync.CopyBulkTensorTileG2SOp())
         tma_a, tma_tA = cute.nvgpu.cpasync.make_tiled_tma_atom(
-            a_op, mA, cute.slice_(a_layout, (None, None, 0)), (cfg.tile_m, cfg.tile_k),
-            num_multicast=2 if cfg.pair_n else 1,
+            cute.nvgpu.cpasync.CopyBulkTensorTileG2SOp(), mA,
+            cute.slice_(a_layout, (None, None, 0)), (cfg.tile_m, cfg.tile_k),
         )
         b_op = (cute.nvgpu.cpasync.CopyBulkTensorTileG2SMulticastOp() if cfg.cluster_m > 1
                 else cute.nvgpu.cpasync.CopyBulkTensorTileG2SOp())
@@ -415,8 +389,6 @@ class Gemm256Kernel:
             xacc: cute.struct.Align[cute.struct.MemRange[Float32, cfg.xacc_words], 16]  # cluster_k: peer's acc
             xbar: cute.struct.MemRange[cutlass.Int64, 1]  # cluster_k: its arrival (st.async bytes)
             scl: cute.struct.Align[cute.struct.MemRange[Float32, cfg.scale_words], 16]  # smem_scales
-            xamax: cute.struct.Align[cute.struct.MemRange[Float32, cfg.xamax_words], 16]  # pair tiles: peer's amax
-            xabar: cute.struct.MemRange[cutlass.Int64, 2]  # pair tiles: their arrival, per slot
 
         self.shared_storage = SharedStorage
 
@@ -517,7 +489,7 @@ class Gemm256Kernel:
             self._consume(tiled_mma, mainloop, sA, sB, storage, mAS, mWS, (mOut, tma_o, mO_tma), mAux, mPart, mCtr,
                           m, n, tidx, wg_idx, bidx, k_tiles, nctas, tiling, dp_tiles, sk_iters, it_begin, it_end,
                           dp_iters, cursor_end)
-        if cutlass.const_expr(self.cfg.cluster_k > 1 or self.cfg.pair_n):
+        if cutlass.const_expr(self.cfg.cluster_k > 1):
             # no CTA leaves while its peer may still be sending to it (or its st.async are in flight)
             cute.arch.cluster_arrive()
             cute.arch.cluster_wait()
@@ -868,22 +840,19 @@ class Gemm256Kernel:
             self.ab_dtype, cute.slice_(b_layout, (None, None, 0))
         )
         cl = cfg.cluster_m
-        mc = 2 if cfg.pair_n else cl  # CTAs a stage's loads are multicast over (weights, or x for pair tiles)
-        # a stage is free once every consumer warp of every CTA its tiles were multicast to has
-        # released it (lane r of each consumer warp arrives on CTA r's barrier)
+        # a stage is free once every consumer warp of every CTA its weight tile was multicast to
+        # has released it (lane r of each consumer warp arrives on CTA r's barrier)
         mainloop = pipeline.PipelineTmaAsync.create(
             barrier_storage=storage.mbar.data_ptr(),
             num_stages=cfg.stages,
             producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 2 if cfg.smem_scales else 1),
-            consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, self.num_mma_wg * 4 * mc),
+            consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, self.num_mma_wg * 4 * cl),
             tx_count=stage_bytes,
-            cta_layout_vmnk=cute.make_layout((1, mc, 1, 1)),
+            cta_layout_vmnk=cute.make_layout((1, cl, 1, 1)),
             defer_sync=True,
         )
         if cfg.cluster_k > 1:
             self._init_xbar(storage)
-        if cfg.pair_n:
-            self._init_xabar(storage)
         # (a cluster-wide sync when the launch has clusters: the peer's barriers are initialized
         # before anyone signals them)
         pipeline_init_arrive(cluster_shape_mn=(cfg.cluster_size, 1), is_relaxed=True)
@@ -895,21 +864,18 @@ class Gemm256Kernel:
         gA = cute.local_tile(mA, (cfg.tile_m, cfg.tile_k), (None, None))
         gB = cute.local_tile(mB, (cfg.b_box_rows, cfg.tile_k), (None, None))
         k_tiles = cute.size(gA, mode=[3])
-        rank = 0
-        b_mask = None  # (pair tiles: the multicast mask of x)
-        if mc > 1:  # trace time: this CTA loads its part of each multicast k tile for the whole cluster
-            rank = cute.arch.make_warp_uniform(cute.arch.block_idx_in_cluster())
-            b_mask = cute.make_layout_image_mask(cute.make_layout((mc, 1, 1)), (rank, 0, 0), mode=0)
-        a_mc = 2 if cfg.pair_n else 1
         tAsA, tAgA = cute.nvgpu.cpasync.tma_partition(
-            tma_a, rank if cfg.pair_n else 0, cute.make_layout(a_mc), cute.group_modes(sA, 0, 2),
-            cute.group_modes(gA, 0, 2)
+            tma_a, 0, cute.make_layout(1), cute.group_modes(sA, 0, 2), cute.group_modes(gA, 0, 2)
         )
-        if cfg.granules or cfg.pair_n:  # trace time: smem rows [b·r, b·r + b) of each stage, one box each
+        rank = 0
+        b_mask = None
+        if cl > 1:  # trace time: this CTA loads its part of each weight k tile for the whole cluster
+            rank = cute.arch.make_warp_uniform(cute.arch.block_idx_in_cluster())
+            b_mask = cute.make_layout_image_mask(cute.make_layout((cl, 1, 1)), (rank, 0, 0), mode=0)
+        if cfg.granules:  # trace time: smem rows [16r, 16r + 16) of each stage, one box each (_produce)
             tBsB = []
-            box = cfg.b_box_rows
-            for r in range(cfg.tile_n // box):
-                sBr = cute.local_tile(sB, (box, cfg.tile_k, cfg.stages), (r, 0, 0))
+            for r in range(cfg.tile_n // GRANULE):
+                sBr = cute.local_tile(sB, (GRANULE, cfg.tile_k, cfg.stages), (r, 0, 0))
                 tBsBr, tBgB = cute.nvgpu.cpasync.tma_partition(
                     tma_b, 0, cute.make_layout(1), cute.group_modes(sBr, 0, 2), cute.group_modes(gB, 0, 2)
                 )
@@ -940,14 +906,6 @@ class Gemm256Kernel:
         cursor_end = dp_iters + it_end - it_begin
         sched = (k_tiles, nctas, tiling, dp_tiles, sk_iters, it_begin, it_end, dp_iters, cursor_end)
         return storage, mainloop, sA, sB, (tAsA, tAgA, tBsB, tBgB, b_mask), sched
-
-    @cute.jit
-    def _init_xabar(self, storage):
-        """Pair tiles: the barriers the peer's row amaxes complete on, one per slot (one arrival each)."""
-        if cute.arch.thread_idx()[0] == 0:
-            cute.arch.mbarrier_init(storage.xabar.data_ptr(), 1)
-            cute.arch.mbarrier_init(storage.xabar.data_ptr() + 1, 1)
-        cute.arch.mbarrier_init_fence()
 
     @cute.jit
     def _init_xbar(self, storage):
@@ -1389,8 +1347,6 @@ def schedule(config: TileConfig, m: int, n: int, k: int, sms: int) -> tuple[int,
     tiles = grid_m * -(-n // config.tile_n)
     if config.granules or config.split_n:  # whole tiles (their epilogues have no stream-K fix-up)
         return max(1, min(tiles, sms)), 0
-    if config.pair_n:  # whole tiles in cluster pairs (the CTAs of a cluster take tiles 2p, 2p + 1)
-        return max(2, min(tiles, sms) // 2 * 2), 0
     if cl > 1:
         return max(cl, min(tiles, sms) // cl * cl), 0
     if config.cluster_k > 1:  # every tile split over a cluster pair; one tile per cluster
@@ -1427,10 +1383,6 @@ def kernel_class(config: TileConfig):
         from .swap_ab import SwapABKernel
 
         return SwapABKernel
-    if config.pair_n:
-        from .pair_n import PairNKernel
-
-        return PairNKernel
     return Gemm256Kernel
 
 
