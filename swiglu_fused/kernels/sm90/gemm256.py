@@ -161,8 +161,6 @@ class TileConfig:
     # N = 64 chains (its registers hold no more), whose SS operands take all of smem's 128 B/clk
     # at the tensor pipe's rate. Whole tiles only.
     split_n: bool = False
-    # split_n only: M tile tm walks K starting (tm % k_rotate) / k_rotate of the way in (being measured)
-    k_rotate: int = 1
 
     # the epilogue and the bytes per element of the staged output (set by subclasses)
     epilogue = "swiglu"
@@ -188,8 +186,6 @@ class TileConfig:
                              f"bf16 h (no swap_ab, clusters or tma_store); got {self}")
         if self.mainloop not in MAINLOOPS:
             raise ValueError(f"{name}.mainloop: expected one of {MAINLOOPS}, got {self.mainloop!r}")
-        if self.k_rotate not in (1, 2, 4) or (self.k_rotate > 1 and not self.split_n):
-            raise ValueError(f"{name}.k_rotate: 1, 2 or 4, and only with split_n; got {self.k_rotate}")
         if self.split_n and (self.tile_m != 64 or not self.fp8 or self.swap_ab or self.cluster_size > 1
                              or self.tma_store or self.epilogue != "swiglu" or self.tile_n != 2 * G):
             raise ValueError(f"{name}.split_n: the fp8 mainloop's 64-row gate_up tile only (no swap_ab, clusters "
@@ -637,13 +633,13 @@ class Gemm256Kernel:
                 )
                 wrow = cutlass.min(2 * tn + w, ws_last)
                 scales = (mAS, mWS, cutlass.min(row_a, m - 1), cutlass.min(row_b, m - 1), wrow, wrow)
-                raw0 = self._load_scales(scales, self._krot(kb0, tm, kb0, kb1))
-                raw1 = self._load_scales(scales, self._krot(cutlass.min(kb0 + 1, kb1 - 1), tm, kb0, kb1))
+                raw0 = self._load_scales(scales, kb0)
+                raw1 = self._load_scales(scales, cutlass.min(kb0 + 1, kb1 - 1))
                 for kt in cutlass.range(kb0, kb1 - 1, 2, unroll=1):
                     sc0 = self._scale_products(raw0)
                     sc1 = self._scale_products(raw1)
-                    raw0 = self._load_scales(scales, self._krot(cutlass.min(kt + 2, kb1 - 1), tm, kb0, kb1))
-                    raw1 = self._load_scales(scales, self._krot(cutlass.min(kt + 3, kb1 - 1), tm, kb0, kb1))
+                    raw0 = self._load_scales(scales, cutlass.min(kt + 2, kb1 - 1))
+                    raw1 = self._load_scales(scales, cutlass.min(kt + 3, kb1 - 1))
                     mainloop.consumer_wait(state)
                     self._issue(tiled_mma, temp, tCrA, tCrB_w, state.index, num_k_blocks)
                     state.advance()
@@ -798,16 +794,6 @@ class Gemm256Kernel:
         cute.nvgpu.warpgroup.commit_group()
         tiled_mma._trait.value = outer
 
-    def _krot(self, k, tm, kb0, kb1):
-        """The k tile taken at step k of segment [kb0, kb1): k itself, or (TileConfig.k_rotate = R)
-        rotated by (tm % R) / R of the segment, so that the R M tiles sharing a weight tile stream
-        different parts of it from DRAM at any moment (more distinct streams in flight)."""
-        r = self.cfg.k_rotate
-        if r == 1:
-            return k
-        n = kb1 - kb0
-        return kb0 + (k - kb0 + (tm % r) * n // r) % n
-
     def _load_scales(self, scales, kt):
         """Raw scales of k block kt: x scale of row a, of row b; weight scale of half 0, of half 1."""
         mAS, mWS, arow_a, arow_b, wrow_0, wrow_1 = scales
@@ -944,8 +930,7 @@ class Gemm256Kernel:
             tile, kb0, kb1 = self._segment(cursor, bidx, nctas, dp_iters, k_tiles, dp_tiles, it_begin, it_end)
             tm, tn = self._tile_mn(tile, tiling)
             cursor += kb1 - kb0
-            for ki in cutlass.range(kb0, kb1, unroll=1):
-                kt = self._krot(ki, tm, kb0, kb1)  # (k_rotate: this M tile's k order)
+            for kt in cutlass.range(kb0, kb1, unroll=1):
                 staged = None
                 if cutlass.const_expr(self.cfg.smem_scales):  # loaded before the empty-slot wait, which hides them
                     staged = self._load_tile_scales(mAS, mWS, m, ws_last, tm, tn, kt, lane)
