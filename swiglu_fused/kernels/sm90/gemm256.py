@@ -161,7 +161,6 @@ class TileConfig:
     # N = 64 chains (its registers hold no more), whose SS operands take all of smem's 128 B/clk
     # at the tensor pipe's rate. Whole tiles only.
     split_n: bool = False
-    stream_only: bool = False  # (probe, not shipped) the consumers only wait for and release each stage
 
     # the epilogue and the bytes per element of the staged output (set by subclasses)
     epilogue = "swiglu"
@@ -575,12 +574,7 @@ class Gemm256Kernel:
             row_a = tm * cfg.tile_m + r0
             row_b = row_a + 8
             acc.fill(0.0)
-            if cutlass.const_expr(cfg.stream_only):  # (probe) the load stream alone: wait, release
-                for kt in cutlass.range(kb0, kb1, unroll=1):
-                    mainloop.consumer_wait(state)
-                    mainloop.consumer_release(state)
-                    state.advance()
-            elif cutlass.const_expr(self.overlap):
+            if cutlass.const_expr(self.overlap):
                 # Per k tile, quarters 0..3 alternate between the two temps: issue quarter c + 1,
                 # wait for c only (wait_group(1)), promote c. The loop takes k tiles in pairs: the
                 # second tile's quarter 0 is issued before the first tile's quarter 3 is promoted;
