@@ -161,7 +161,6 @@ class TileConfig:
     # N = 64 chains (its registers hold no more), whose SS operands take all of smem's 128 B/clk
     # at the tensor pipe's rate. Whole tiles only.
     split_n: bool = False
-    rs_a: bool = False  # (experiment) the 64-row fp8 tile with A in registers (RS wgmma), loaded once per k tile
 
     # the epilogue and the bytes per element of the staged output (set by subclasses)
     epilogue = "swiglu"
@@ -564,21 +563,6 @@ class Gemm256Kernel:
             temp_q = thr_q.partition_C(cute.make_identity_tensor((64, G // 2))).shape
             tq = (cute.make_rmem_tensor(temp_q, self.acc_dtype), cute.make_rmem_tensor(temp_q, self.acc_dtype))
             quarters = (mma_q, tCrA_q, tCrB_q, tq, num_k_blocks)
-            if cutlass.const_expr(cfg.rs_a):
-                major = cute.nvgpu.warpgroup.OperandMajorMode.K
-                mma_rs = sm90_utils.make_trivial_tiled_mma(
-                    self.ab_dtype, self.ab_dtype, major, major, self.acc_dtype, (1, 1, 1), tiler_mn=(64, G // 2),
-                    a_source=cute.nvgpu.warpgroup.OperandSource.RMEM,
-                )
-                thr_rs = mma_rs.get_slice(t_mma)
-                tCsA_rs = thr_rs.partition_A(sA)
-                tCrA_rs = mma_rs.make_fragment_A(tCsA_rs[(None, None, None, 0)])
-                tCrB_rs = [
-                    mma_rs.make_fragment_B(
-                        thr_rs.partition_B(cute.local_tile(sB, (G // 2, cfg.tile_k, cfg.stages), (c, 0, 0)))
-                    )
-                    for c in range(4)
-                ]
 
         state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, cfg.stages)
         release = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, cfg.stages)
@@ -590,34 +574,7 @@ class Gemm256Kernel:
             row_a = tm * cfg.tile_m + r0
             row_b = row_a + 8
             acc.fill(0.0)
-            if cutlass.const_expr(cfg.rs_a):
-                # (experiment) per k tile: A into registers once, then the four quarter chains from
-                # them, each promoted while the next runs; no overlap across k tiles
-                scales = (mAS, mWS, cutlass.min(row_a, m - 1), cutlass.min(row_b, m - 1),
-                          cutlass.min(2 * tn, ws_last), cutlass.min(2 * tn + 1, ws_last))
-                raw = self._load_scales(scales, kb0)
-                for kt in cutlass.range(kb0, kb1, unroll=1):
-                    sc = self._scale_products(raw)
-                    raw = self._load_scales(scales, cutlass.min(kt + 1, kb1 - 1))
-                    mainloop.consumer_wait(state)
-                    cute.autovec_copy(tCsA_rs[(None, None, None, state.index)], tCrA_rs)
-                    for c in cutlass.range_constexpr(4):
-                        cute.nvgpu.warpgroup.fence()
-                        mma_rs.set(cute.nvgpu.warpgroup.Field.ACCUMULATE, False)
-                        for kk in cutlass.range_constexpr(num_k_blocks):
-                            cute.gemm(mma_rs, tq[c % 2], tCrA_rs[(None, None, kk)],
-                                      tCrB_rs[c][(None, None, kk, state.index)], tq[c % 2])
-                            mma_rs.set(cute.nvgpu.warpgroup.Field.ACCUMULATE, True)
-                        cute.nvgpu.warpgroup.commit_group()
-                        if cutlass.const_expr(c > 0):
-                            cute.nvgpu.warpgroup.wait_group(1)
-                            half = (c - 1) // 2
-                            self._promote_quarter(acc, tq[(c - 1) % 2], c - 1, sc[2 * half], sc[2 * half + 1])
-                    cute.nvgpu.warpgroup.wait_group(0)
-                    mainloop.consumer_release(state)
-                    state.advance()
-                    self._promote_quarter(acc, tq[1], 3, sc[2], sc[3])
-            elif cutlass.const_expr(self.overlap):
+            if cutlass.const_expr(self.overlap):
                 # Per k tile, quarters 0..3 alternate between the two temps: issue quarter c + 1,
                 # wait for c only (wait_group(1)), promote c. The loop takes k tiles in pairs: the
                 # second tile's quarter 0 is issued before the first tile's quarter 3 is promoted;
