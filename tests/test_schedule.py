@@ -319,6 +319,18 @@ def test_gate_up_fp8_64_row_tile_on_two_warpgroups():
         gate_up.GateUpConfig(tile_m=64, stages=5, split_n=True)
 
 
+@pytest.mark.parametrize("m,inter,expect", [
+    (128, 14336, True), (80, 12288, True), (128, 13824, True),  # 112 / 96 / 108 tiles of 128 rows: one wave
+    (128, 28672, False),  # 224 tiles of 128 rows already fill 1.7 waves
+    (129, 14336, False),  # two M tiles of 128 rows
+])
+def test_gate_up_fp8_64_row_tile_up_to_m_128_where_128_row_tiles_fit_a_wave(m, inter, expect):
+    from swiglu_fused.kernels.sm90 import gate_up
+
+    assert gate_up.split64_applies(m, 2 * inter, 132, "fp8_block128") == expect
+    assert not gate_up.split64_applies(m, 2 * inter, 132, "bf16")
+
+
 def test_smem_scales_only_where_they_fit():
     """gate_up's fp8 128-row tile stages its promotion scales in smem with fp8 h; with bf16 h the
     four stages and the wider h slab leave no room, so that config keeps the global loads."""

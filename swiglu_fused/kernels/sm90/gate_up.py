@@ -164,6 +164,19 @@ def split_n_applies(tile_m: int, swap_ab: bool, mainloop: str) -> bool:
     return mainloop == "fp8_block128" and tile_m == 64 and not swap_ab
 
 
+# fp8, 64 < M ≤ 128 where the 128-row tiles (one M tile) fit one wave of SMs without filling it:
+# the two-warpgroup 64-row tile over two M tiles instead, measured 2-4 % faster (4096×14336,
+# 4096×12288 and 5120×13824 at M = 80 and 128; benchmarks/NOTES.md, eighth session). 8192×28672,
+# whose 224 tiles of 128 rows already fill 1.7 waves, was 0-5 % slower with it and keeps them.
+SPLIT64_M = 128
+
+
+def split64_applies(m: int, n: int, sms: int, mainloop: str) -> bool:
+    """Whether fp8 gate_up with M rows and N = 2I weight rows takes the 64-row tile (split_n) where
+    tile_for picks the 128-row one."""
+    return mainloop == "fp8_block128" and m <= SPLIT64_M and -(-n // (2 * G)) <= sms
+
+
 def smem_scales_apply(tile_m: int, swap_ab: bool, mainloop: str, h_format: str) -> bool:
     """TileConfig.smem_scales for the fp8 128-row tile with fp8 h (bf16 h leaves no smem for it)."""
     return mainloop == "fp8_block128" and tile_m == 128 and not swap_ab and h_format == "fp8_group128"
@@ -211,6 +224,8 @@ def select_config(x, weight, weight_scale, x_scale, *, act: str, h_format: str) 
 
     sms = sm_count(x.device)
     tile_m, stages, swap = tile_for(x.shape[0], weight.shape[0], sms)
+    if tile_m == 128 and split64_applies(x.shape[0], weight.shape[0], sms, mainloop):
+        tile_m = 64
     ck = 2 if swap and cluster_k_applies(x.shape[0], weight.shape[0], sms, mainloop) else 1
     tile_n = 2 * G
     if mainloop == "bf16" and h_format == "bf16" and tile_m == 128:
