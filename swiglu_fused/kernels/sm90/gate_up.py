@@ -164,7 +164,7 @@ def split_n_applies(tile_m: int, swap_ab: bool, mainloop: str) -> bool:
     return mainloop == "fp8_block128" and tile_m == 64 and not swap_ab
 
 
-# fp8, 64 < M ≤ 128 where the 128-row tiles (one M tile) fit one wave of SMs without filling it:
+# fp8, 64 < M ≤ 128 where the 128-row tiles (one M tile) fit one wave of SMs:
 # the two-warpgroup 64-row tile over two M tiles instead, measured 2-4 % faster (4096×14336,
 # 4096×12288 and 5120×13824 at M = 80 and 128; benchmarks/NOTES.md, eighth session). 8192×28672,
 # whose 224 tiles of 128 rows already fill 1.7 waves, was 0-5 % slower with it and keeps them.
