@@ -649,11 +649,11 @@ class Gemm256Kernel:
                     cute.nvgpu.warpgroup.wait_group(1)
                     mainloop.consumer_release(release)
                     release.advance()
-                    self._promote_half(acc, temp, sc0[0], sc0[1])
+                    self._promote_half(acc, temp, 0, sc0[0], sc0[1])
                     cute.nvgpu.warpgroup.wait_group(0)
                     mainloop.consumer_release(release)
                     release.advance()
-                    self._promote_half(acc, temp2, sc1[0], sc1[1])
+                    self._promote_half(acc, temp2, 0, sc1[0], sc1[1])
                 if (kb1 - kb0) % 2 == 1:  # the last k tile, alone (its scales are in raw0)
                     sc0 = self._scale_products(raw0)
                     mainloop.consumer_wait(state)
@@ -662,7 +662,7 @@ class Gemm256Kernel:
                     cute.nvgpu.warpgroup.wait_group(0)
                     mainloop.consumer_release(release)
                     release.advance()
-                    self._promote_half(acc, temp, sc0[0], sc0[1])
+                    self._promote_half(acc, temp, 0, sc0[0], sc0[1])
             elif cutlass.const_expr(cfg.fp8):
                 # rows past M read the last row's scale (their A rows are TMA zero-fill)
                 arow_a = cutlass.min(row_a, m - 1)
@@ -716,11 +716,7 @@ class Gemm256Kernel:
                                 tiled_mma.set(cute.nvgpu.warpgroup.Field.ACCUMULATE, True)
                             cute.nvgpu.warpgroup.commit_group()
                             cute.nvgpu.warpgroup.wait_group(0)
-                            for v in cutlass.range_constexpr(n_vals):
-                                if cutlass.const_expr((v // 2) % 2 == 0):
-                                    acc[(v, 0, half)] = acc[(v, 0, half)] + temp[(v, 0, 0)] * sc_a
-                                else:
-                                    acc[(v, 0, half)] = acc[(v, 0, half)] + temp[(v, 0, 0)] * sc_b
+                            self._promote_half(acc, temp, half, sc_a, sc_b)
                     mainloop.consumer_release(state)
                     state.advance()
             else:
@@ -815,11 +811,12 @@ class Gemm256Kernel:
             half = (c - 1) // 2
             self._promote_quarter(acc, tq[(c - 1) % 2], c - 1, sc[2 * half], sc[2 * half + 1])
 
-    def _promote_half(self, acc, temp, sc_a, sc_b):
-        """split_n: acc half 0 += temp (one B half's chain) · scale (row a / row b values)."""
+    def _promote_half(self, acc, temp, half, sc_a, sc_b):
+        """acc half ``half`` += temp (one B half's chain) · scale (row a / row b values). split_n
+        promotes into half 0 whichever B half its warpgroup runs."""
         for v in range(cute.size(temp, mode=[0])):
             sc = sc_a if (v // 2) % 2 == 0 else sc_b
-            acc[(v, 0, 0)] = acc[(v, 0, 0)] + temp[(v, 0, 0)] * sc
+            acc[(v, 0, half)] = acc[(v, 0, half)] + temp[(v, 0, 0)] * sc
 
     def _promote_quarter(self, acc, temp, c, sc_a, sc_b):
         """acc[quarter c] += temp · scale: temp value v is column 64·(c % 2) + col(v) of half c // 2,
