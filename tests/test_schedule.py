@@ -136,7 +136,7 @@ def test_launch_plan_meets_the_kernels_preconditions(m, k, n, op, mainloop):
     from swiglu_fused.kernels.sm90 import down, gate_up
 
     mod = gate_up if op == "gate_up" else down
-    tile_m, _, swap = gate_up.tile_for(m, n, 132) if op == "gate_up" else down.tile_for(m, mainloop)
+    tile_m, _, swap = gate_up.tile_for(m, n, 132, mainloop) if op == "gate_up" else down.tile_for(m, mainloop)
     cfg = next(c for c in mod.shipped_configs()
                if c.mainloop == mainloop and c.tile_m == tile_m and c.swap_ab == swap)
     with mock.patch.object(g, "sm_count", lambda device: 132):
@@ -179,14 +179,17 @@ def test_down_runs_the_kernel_where_it_was_measured_faster(m, hidden, inter, exp
     (64, 14336, (64, False)),  # 4 × 112 do not: the 64-row tile
     (128, 3584, (64, False)),  # 2 × 28 64-row tiles fit one wave
     (256, 3584, (64, False)),
-    (128, 14336, (128, False)),  # 2 × 112 do not: the 128-row tile
+    (128, 14336, (128, False)),  # 2 × 112 do not: the 128-row tile (bf16; fp8: split64_applies)
     (1024, 3584, (128, False)),
 ])
 def test_gate_up_tile_for_follows_the_measured_rule(m, inter, expect):
     from swiglu_fused.kernels.sm90 import gate_up
 
-    tile_m, _, swap = gate_up.tile_for(m, 2 * inter, 132)
+    tile_m, _, swap = gate_up.tile_for(m, 2 * inter, 132, "bf16")
     assert (tile_m, swap) == expect
+    fp8 = gate_up.tile_for(m, 2 * inter, 132, "fp8_block128")
+    assert fp8 == ((64, 5, False) if gate_up.split64_applies(m, 2 * inter, 132, "fp8_block128") and not swap
+                   else gate_up.tile_for(m, 2 * inter, 132, "bf16"))
 
 
 @pytest.mark.parametrize("m,n", [(1, 7168), (129, 3072), (1100, 28672), (4096, 28672), (16384, 7168)])
@@ -329,6 +332,8 @@ def test_gate_up_fp8_64_row_tile_up_to_m_128_where_128_row_tiles_fit_a_wave(m, i
 
     assert gate_up.split64_applies(m, 2 * inter, 132, "fp8_block128") == expect
     assert not gate_up.split64_applies(m, 2 * inter, 132, "bf16")
+    assert gate_up.tile_for(m, 2 * inter, 132, "fp8_block128")[0] == (64 if expect else 128)
+    assert gate_up.tile_for(m, 2 * inter, 132, "bf16")[0] == 128
 
 
 def test_smem_scales_only_where_they_fit():

@@ -257,7 +257,7 @@ def test_granule_tile(hidden, inter, m, tile_n, act):
     assert_matches_reference(h, None, args, act, "bf16", "bf16")
     picked = k.select_config(args["x"], args["weight"], None, None, act=act, h_format="bf16")
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    expect = k.tile_for(m, 2 * inter, sms) == (128, 4, False) and k.granule_tile_n(m, 2 * inter, sms) == tile_n
+    expect = k.tile_for(m, 2 * inter, sms, "bf16") == (128, 4, False) and k.granule_tile_n(m, 2 * inter, sms) == tile_n
     assert (picked == cfg) == expect
 
 

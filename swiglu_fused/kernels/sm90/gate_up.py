@@ -97,15 +97,17 @@ def swap_ab_applies(m: int, n: int, sms: int) -> bool:
     return m <= SWAP_M or (m <= SWAP_M_ONE_WAVE and _swap_tiles(m, n) <= sms)
 
 
-def tile_for(m: int, n: int, sms: int) -> tuple[int, int, bool]:
+def tile_for(m: int, n: int, sms: int, mainloop: str) -> tuple[int, int, bool]:
     """(tile_m, stages, swap_ab) for M rows and N = 2I weight rows on ``sms`` SMs. Between the
     swap-AB range and M = 256 the 64-row tile wins where its tiles fit one wave, measured at
     M = 128 / 256: 8192×3584 35.4 / 41.0 µs vs 42.3 / 43.7 with the 128-row tile, 2048×8192 (M = 128)
     17.5 vs 19.6; where they do not, the 128-row tile is as fast or faster (4096×14336, M = 256:
-    61.3 vs 80.3)."""
+    61.3 vs 80.3), except for fp8 up to M = 128 (split64_applies)."""
     if swap_ab_applies(m, n, sms):
         return (*SWAP_TILES[0], True)
     if m <= DECODE_M or (m <= ONE_WAVE_64_M and -(-m // 64) * -(-n // 256) <= sms):
+        return 64, 5, False
+    if split64_applies(m, n, sms, mainloop):
         return 64, 5, False
     return 128, 4, False
 
@@ -173,7 +175,7 @@ SPLIT64_M = 128
 
 def split64_applies(m: int, n: int, sms: int, mainloop: str) -> bool:
     """Whether fp8 gate_up with M rows and N = 2I weight rows takes the 64-row tile (split_n) where
-    tile_for picks the 128-row one."""
+    tile_for's one-wave rule would pick the 128-row one."""
     return mainloop == "fp8_block128" and m <= SPLIT64_M and -(-n // (2 * G)) <= sms
 
 
@@ -223,9 +225,7 @@ def select_config(x, weight, weight_scale, x_scale, *, act: str, h_format: str) 
     from .gemm256 import sm_count
 
     sms = sm_count(x.device)
-    tile_m, stages, swap = tile_for(x.shape[0], weight.shape[0], sms)
-    if tile_m == 128 and split64_applies(x.shape[0], weight.shape[0], sms, mainloop):
-        tile_m = 64
+    tile_m, stages, swap = tile_for(x.shape[0], weight.shape[0], sms, mainloop)
     ck = 2 if swap and cluster_k_applies(x.shape[0], weight.shape[0], sms, mainloop) else 1
     tile_n = 2 * G
     if mainloop == "bf16" and h_format == "bf16" and tile_m == 128:
