@@ -161,6 +161,9 @@ class TileConfig:
     # N = 64 chains (its registers hold no more), whose SS operands take all of smem's 128 B/clk
     # at the tensor pipe's rate. Whole tiles only.
     split_n: bool = False
+    # split_n: k tiles per run of back-to-back wgmma chains (2 temps alternate; each chain is
+    # promoted while the next runs, the last one of a run with the tensor pipe idle)
+    split_unroll: int = 2
 
     # the epilogue and the bytes per element of the staged output (set by subclasses)
     epilogue = "swiglu"
@@ -190,6 +193,8 @@ class TileConfig:
                              or self.tma_store or self.epilogue != "swiglu" or self.tile_n != 2 * G):
             raise ValueError(f"{name}.split_n: the fp8 mainloop's 64-row gate_up tile only (no swap_ab, clusters "
                              f"or tma_store); got {self}")
+        if self.split_unroll not in (2, 3, 4, 6, 8):
+            raise ValueError(f"{name}.split_unroll: expected 2, 3, 4, 6 or 8 k tiles, got {self.split_unroll}")
         if self.smem_scales and (not self.fp8 or self.tile_m != 128 or self.swap_ab):
             raise ValueError(f"{name}.smem_scales: the fp8 mainloop's 128-row tile only; got {self}")
         if self.promote_k not in (32, 64, 128):
@@ -625,44 +630,45 @@ class Gemm256Kernel:
                     self._promote_quarter(acc, tq[1], 3, sc0[2], sc0[3])
             elif cutlass.const_expr(split):
                 # warpgroup w: B half w (0: gate, 1: up) over all 64 rows, N = 128 chains (no smem
-                # bandwidth spent re-reading A per quarter) into two temps, k tiles in pairs: the
-                # second tile's chain runs while the first one's is promoted. Scales a pair ahead.
+                # bandwidth spent re-reading A per quarter) into two temps, k tiles in runs of
+                # split_unroll: each tile's chain runs while the one before is promoted (the run's
+                # last promotion has the tensor pipe to itself). Scales a run ahead.
                 w = wg_idx - 1
                 tCrB_w = tiled_mma.make_fragment_B(
                     thr_mma.partition_B(cute.local_tile(sB, (G, cfg.tile_k, cfg.stages), (w, 0, 0)))
                 )
                 wrow = cutlass.min(2 * tn + w, ws_last)
                 scales = (mAS, mWS, cutlass.min(row_a, m - 1), cutlass.min(row_b, m - 1), wrow, wrow)
-                raw0 = self._load_scales(scales, kb0)
-                raw1 = self._load_scales(scales, cutlass.min(kb0 + 1, kb1 - 1))
-                for kt in cutlass.range(kb0, kb1 - 1, 2, unroll=1):
-                    sc0 = self._scale_products(raw0)
-                    sc1 = self._scale_products(raw1)
-                    raw0 = self._load_scales(scales, cutlass.min(kt + 2, kb1 - 1))
-                    raw1 = self._load_scales(scales, cutlass.min(kt + 3, kb1 - 1))
-                    mainloop.consumer_wait(state)
-                    self._issue(tiled_mma, temp, tCrA, tCrB_w, state.index, num_k_blocks)
-                    state.advance()
-                    mainloop.consumer_wait(state)
-                    self._issue(tiled_mma, temp2, tCrA, tCrB_w, state.index, num_k_blocks)
-                    state.advance()
-                    cute.nvgpu.warpgroup.wait_group(1)
-                    mainloop.consumer_release(release)
-                    release.advance()
-                    self._promote_half(acc, temp, 0, sc0[0], sc0[1])
+                run = cfg.split_unroll
+                temps = (temp, temp2)
+                raws = tuple(self._load_scales(scales, cutlass.min(kb0 + i, kb1 - 1))[:3] for i in range(run))
+                for kt in cutlass.range(kb0, kb1 - (run - 1), run, unroll=1):
+                    scs = tuple((r[0] * r[2], r[1] * r[2]) for r in raws)
+                    raws = tuple(self._load_scales(scales, cutlass.min(kt + run + i, kb1 - 1))[:3] for i in range(run))
+                    for i in cutlass.range_constexpr(run):
+                        mainloop.consumer_wait(state)
+                        self._issue(tiled_mma, temps[i % 2], tCrA, tCrB_w, state.index, num_k_blocks)
+                        state.advance()
+                        if cutlass.const_expr(i > 0):
+                            cute.nvgpu.warpgroup.wait_group(1)
+                            mainloop.consumer_release(release)
+                            release.advance()
+                            self._promote_half(acc, temps[(i - 1) % 2], 0, scs[i - 1][0], scs[i - 1][1])
                     cute.nvgpu.warpgroup.wait_group(0)
                     mainloop.consumer_release(release)
                     release.advance()
-                    self._promote_half(acc, temp2, 0, sc1[0], sc1[1])
-                if (kb1 - kb0) % 2 == 1:  # the last k tile, alone (its scales are in raw0)
-                    sc0 = self._scale_products(raw0)
-                    mainloop.consumer_wait(state)
-                    self._issue(tiled_mma, temp, tCrA, tCrB_w, state.index, num_k_blocks)
-                    state.advance()
-                    cute.nvgpu.warpgroup.wait_group(0)
-                    mainloop.consumer_release(release)
-                    release.advance()
-                    self._promote_half(acc, temp, 0, sc0[0], sc0[1])
+                    self._promote_half(acc, temps[(run - 1) % 2], 0, scs[run - 1][0], scs[run - 1][1])
+                left = (kb1 - kb0) % run
+                for i in cutlass.range_constexpr(run - 1):  # the last k tiles, one at a time (scales in raws)
+                    if i < left:
+                        sc = (raws[i][0] * raws[i][2], raws[i][1] * raws[i][2])
+                        mainloop.consumer_wait(state)
+                        self._issue(tiled_mma, temp, tCrA, tCrB_w, state.index, num_k_blocks)
+                        state.advance()
+                        cute.nvgpu.warpgroup.wait_group(0)
+                        mainloop.consumer_release(release)
+                        release.advance()
+                        self._promote_half(acc, temp, 0, sc[0], sc[1])
             elif cutlass.const_expr(cfg.fp8):
                 # rows past M read the last row's scale (their A rows are TMA zero-fill)
                 arow_a = cutlass.min(row_a, m - 1)
