@@ -305,7 +305,8 @@ def test_gate_up_cluster_pairs_from_m_4096(m, tile_m, tile_n, expect):
 
 def test_gate_up_fp8_64_row_tile_on_two_warpgroups():
     """The fp8 64-row tile is shipped as split_n (4 stages: the up half's 32 KB hand-over takes a
-    stage's room); bf16 keeps the one-warpgroup tile; split_n is that tile only."""
+    stage's room; 5 with the hand-over in parts); bf16 keeps the one-warpgroup tile; split_n is
+    that tile only."""
     from swiglu_fused.kernels.sm90 import gate_up
 
     assert gate_up.split_n_applies(64, False, "fp8_block128")
@@ -313,13 +314,32 @@ def test_gate_up_fp8_64_row_tile_on_two_warpgroups():
     assert not gate_up.split_n_applies(16, True, "fp8_block128")
     shipped = gate_up.shipped_configs()
     assert gate_up.GateUpConfig(tile_m=64, stages=4, split_n=True) in shipped
+    assert gate_up.GateUpConfig(tile_m=64, stages=5, split_n=True, xacc_parts=2) in shipped
+    assert gate_up.GateUpConfig(tile_m=64, stages=5, split_n=True, xacc_parts=4, h_format="bf16") in shipped
     assert gate_up.GateUpConfig(tile_m=64, stages=5) not in shipped
     assert gate_up.GateUpConfig(tile_m=64, stages=5, mainloop="bf16") in shipped
     for bad in (dict(tile_m=128), dict(mainloop="bf16"), dict(cluster_k=2, stages=3)):
         with pytest.raises(ValueError, match="split_n"):
             gate_up.GateUpConfig(**{"tile_m": 64, "stages": 4, "split_n": True, **bad})
-    with pytest.raises(ValueError, match="stages"):
-        gate_up.GateUpConfig(tile_m=64, stages=5, split_n=True)
+    for parts, h_format in ((1, "fp8_group128"), (2, "bf16")):  # a fifth stage needs the hand-over in parts
+        with pytest.raises(ValueError, match="stages"):
+            gate_up.GateUpConfig(tile_m=64, stages=5, split_n=True, xacc_parts=parts, h_format=h_format)
+    with pytest.raises(ValueError, match="xacc_parts"):
+        gate_up.GateUpConfig(tile_m=64, stages=5, xacc_parts=2)
+
+
+@pytest.mark.parametrize("inter,stages", [
+    (1024, 5), (3584, 5), (5120, 5),  # 8, 28, 40 weight tiles of 256 rows: few streams, a fifth stage
+    (5248, 4), (7168, 4), (14336, 4),  # 41, 56, 112
+])
+def test_gate_up_split_n_fifth_stage_where_the_weight_has_few_tiles(inter, stages):
+    from swiglu_fused.kernels.sm90 import gate_up
+
+    for h_format in ("fp8_group128", "bf16"):
+        pipe = gate_up.split_n_pipeline(2 * inter, h_format)
+        assert pipe["stages"] == stages
+        cfg = gate_up.GateUpConfig(tile_m=64, split_n=True, h_format=h_format, **pipe)
+        assert cfg in gate_up.shipped_configs()
 
 
 @pytest.mark.parametrize("m,inter,expect", [

@@ -330,22 +330,24 @@ def test_nan_and_inf_in_x_as_the_reference(m, mainloop, h_format):
 
 @pytest.mark.parametrize("h_format", ["fp8_group128", "bf16"])
 @pytest.mark.parametrize("act", ACTS)
+@pytest.mark.parametrize("deep", [False, True], ids=["4stages", "5stages"])
 @pytest.mark.parametrize("hidden,inter,m", [(8192, 3584, 256), (8192, 3584, 100), (576, 1536, 64), (2048, 8192, 1),
                                             (4096, 14336, 64)])
-def test_split_n_64_row_tile(hidden, inter, m, act, h_format, monkeypatch):
+def test_split_n_64_row_tile(hidden, inter, m, act, h_format, deep, monkeypatch):
     """TileConfig.split_n: the 64-row tile's two warpgroups each run one B half (gate, up) and the
     up half's accumulator reaches the gate half's warpgroup through smem; against the reference
     on poisoned outputs, and bit for bit the one-warpgroup tile's h and scales (the same k tiles
-    promoted in the same order)."""
+    promoted in the same order). Both pipelines: 4 stages, and 5 with the hand-over in parts."""
     from swiglu_fused.kernels.sm90 import gate_up as k, gemm256
 
     args = make_operands(m, hidden, inter, "fp8_block128", seed=m + inter)
-    cfg = k.GateUpConfig(tile_m=64, stages=4, act=act, h_format=h_format, split_n=True)
+    pipe = k.split_n_pipeline(2 * k.G if deep else None, h_format)
+    cfg = k.GateUpConfig(tile_m=64, act=act, h_format=h_format, split_n=True, **pipe)
     # (whole tiles for both: stream-K would sum the one-warpgroup tile's partials in another order)
     monkeypatch.setattr(gemm256, "plan", lambda tiles, k_tiles, sms, *a, **kw: (max(1, min(tiles, sms)), 0))
     h, hs = run_kernel(cfg, args)
     assert_matches_reference(h, hs, args, act, h_format)
-    h1, hs1 = run_kernel(dataclasses.replace(cfg, split_n=False), args)
+    h1, hs1 = run_kernel(dataclasses.replace(cfg, split_n=False, xacc_parts=1), args)
     assert torch.equal(h.view(torch.uint8), h1.view(torch.uint8))
     if h_format == "fp8_group128":
         assert torch.equal(hs, hs1)

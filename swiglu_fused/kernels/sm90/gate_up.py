@@ -160,10 +160,26 @@ def cluster_m_for(m: int, tile_m: int, tile_n: int) -> int:
 # 8192×3584 M = 128 and 256 and 2048×8192 M = 128. h is bit-identical.
 SPLIT_N_STAGES = 4
 
+# ... and with a fifth stage where the weight has few 256-row tiles: then few distinct weight
+# streams are in flight, and the stream is bound by the bytes each CTA keeps in flight. The fifth
+# stage fits when the up half's accumulator is handed over in parts (TileConfig.xacc_parts: 2 with
+# fp8 h, 4 with bf16 h's larger staging slab). Measured against 4 stages (benchmarks/NOTES.md,
+# ninth session; 3 interleaved rounds, M = 100-256): 16-28 weight tiles (8192×2048, 4096×3584,
+# 5120×3456, 8192×3584, 16384×3584) 3-5 % faster; 36 and 40 (8192×4608, 8192×5120) 1-3 %;
+# 48-112 (8192×6144, 16384×6656, 8192×7168, 4096×14336, 8192×14336, 5120×13824) 1-4 % slower.
+SPLIT_N_DEEP_TILES = 40
+
 
 def split_n_applies(tile_m: int, swap_ab: bool, mainloop: str) -> bool:
     """TileConfig.split_n for gate_up's tile: the fp8 mainloop's 64-row tile."""
     return mainloop == "fp8_block128" and tile_m == 64 and not swap_ab
+
+
+def split_n_pipeline(n: int | None, h_format: str) -> dict:
+    """The split_n tile's stages and xacc_parts for N = 2I weight rows (None: the 4-stage tile)."""
+    if n is not None and -(-n // (2 * G)) <= SPLIT_N_DEEP_TILES:
+        return dict(stages=SPLIT_N_STAGES + 1, xacc_parts=2 if h_format == "fp8_group128" else 4)
+    return dict(stages=SPLIT_N_STAGES)
 
 
 # fp8, 64 < M ≤ 128 where the 128-row tiles (one M tile) fit one wave of SMs:
@@ -193,10 +209,12 @@ def shipped_configs() -> list[GateUpConfig]:
                 tiles += [(t, s, True, 1) for t, s in SWAP_TILES]
                 for tile_m, stages, swap, cl in tiles:
                     split = split_n_applies(tile_m, swap, mainloop)
-                    out.append(GateUpConfig(tile_m=tile_m, stages=SPLIT_N_STAGES if split else stages, act=act,
-                                            h_format=h_format, mainloop=mainloop, swap_ab=swap, cluster_m=cl,
-                                            smem_scales=smem_scales_apply(tile_m, swap, mainloop, h_format),
-                                            split_n=split))
+                    for n in (None, 2 * G) if split else (None,):  # (split_n_pipeline: 4 or 5 stages)
+                        pipe = split_n_pipeline(n, h_format) if split else dict(stages=stages)
+                        out.append(GateUpConfig(tile_m=tile_m, act=act, h_format=h_format, mainloop=mainloop,
+                                                swap_ab=swap, cluster_m=cl, split_n=split,
+                                                smem_scales=smem_scales_apply(tile_m, swap, mainloop, h_format),
+                                                **pipe))
                 if mainloop == "fp8_block128":  # cluster_k_applies
                     out.append(GateUpConfig(tile_m=SWAP_TILES[0][0], stages=SWAP_TILES[0][1], act=act,
                                             h_format=h_format, mainloop=mainloop, swap_ab=True, cluster_k=2))
@@ -231,10 +249,10 @@ def select_config(x, weight, weight_scale, x_scale, *, act: str, h_format: str) 
     if mainloop == "bf16" and h_format == "bf16" and tile_m == 128:
         tile_n = granule_tile_n(x.shape[0], weight.shape[0], sms) or tile_n
     split = split_n_applies(tile_m, swap, mainloop)
-    return GateUpConfig(tile_m=tile_m, tile_n=tile_n, stages=SPLIT_N_STAGES if split else stages, act=act,
-                        h_format=h_format, mainloop=mainloop, swap_ab=swap, cluster_k=ck,
-                        cluster_m=cluster_m_for(x.shape[0], tile_m, tile_n),
-                        smem_scales=smem_scales_apply(tile_m, swap, mainloop, h_format), split_n=split)
+    pipe = split_n_pipeline(weight.shape[0], h_format) if split else dict(stages=stages)
+    return GateUpConfig(tile_m=tile_m, tile_n=tile_n, act=act, h_format=h_format, mainloop=mainloop, swap_ab=swap,
+                        cluster_k=ck, cluster_m=cluster_m_for(x.shape[0], tile_m, tile_n),
+                        smem_scales=smem_scales_apply(tile_m, swap, mainloop, h_format), split_n=split, **pipe)
 
 
 # The cluster pair as dispatched for fp8 x and h (tests force it at any M: padding M tiles)

@@ -164,6 +164,12 @@ class TileConfig:
     # split_n: k tiles per run of back-to-back wgmma chains (2 temps alternate; each chain is
     # promoted while the next runs, the last one of a run with the tensor pipe idle)
     split_unroll: int = 2
+    # split_n: the up half's accumulator is handed over in this many parts through a buffer of
+    # 1/parts of it (32 KB / parts of smem: with 2, a fifth stage fits)
+    xacc_parts: int = 1
+    # PROBE (benchmarks only): "resident" (split_n: the producer loads the first ring only, the
+    # consumers compute on it again and again), "noprom" (split_n: no promotion). h is garbage.
+    probe: str = ""
 
     # the epilogue and the bytes per element of the staged output (set by subclasses)
     epilogue = "swiglu"
@@ -193,8 +199,11 @@ class TileConfig:
                              or self.tma_store or self.epilogue != "swiglu" or self.tile_n != 2 * G):
             raise ValueError(f"{name}.split_n: the fp8 mainloop's 64-row gate_up tile only (no swap_ab, clusters "
                              f"or tma_store); got {self}")
-        if self.split_unroll not in (2, 3, 4, 6, 8):
-            raise ValueError(f"{name}.split_unroll: expected 2, 3, 4, 6 or 8 k tiles, got {self.split_unroll}")
+        if self.xacc_parts not in (1, 2, 4) or (self.xacc_parts > 1 and not self.split_n):
+            raise ValueError(f"{name}.xacc_parts: expected 1, 2 or 4 (more than 1 with split_n only), "
+                             f"got {self.xacc_parts}")
+        if self.split_unroll not in (1, 2, 3, 4, 6, 8):
+            raise ValueError(f"{name}.split_unroll: expected 1, 2, 3, 4, 6 or 8 k tiles, got {self.split_unroll}")
         if self.smem_scales and (not self.fp8 or self.tile_m != 128 or self.swap_ab):
             raise ValueError(f"{name}.smem_scales: the fp8 mainloop's 128-row tile only; got {self}")
         if self.promote_k not in (32, 64, 128):
@@ -265,7 +274,7 @@ class TileConfig:
     def xacc_words(self) -> int:
         """fp32 words of smem that receive the peer CTA's accumulator (cluster_k = 2: the whole tile)."""
         if self.split_n:  # the up half's accumulator, handed to the gate half's warpgroup
-            return G * self.tile_m
+            return G * self.tile_m // self.xacc_parts
         return self.tile_n * self.tile_m if self.cluster_k > 1 else 4
 
     @property
@@ -571,6 +580,7 @@ class Gemm256Kernel:
 
         state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, cfg.stages)
         release = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, cfg.stages)
+        seen = Int32(0)
         cursor = Int32(0)
         while cursor < cursor_end:
             tile, kb0, kb1 = self._segment(cursor, bidx, nctas, dp_iters, k_tiles, dp_tiles, it_begin, it_end)
@@ -646,18 +656,27 @@ class Gemm256Kernel:
                     scs = tuple((r[0] * r[2], r[1] * r[2]) for r in raws)
                     raws = tuple(self._load_scales(scales, cutlass.min(kt + run + i, kb1 - 1))[:3] for i in range(run))
                     for i in cutlass.range_constexpr(run):
-                        mainloop.consumer_wait(state)
+                        if cutlass.const_expr("resident" in cfg.probe):
+                            if seen < cfg.stages:
+                                mainloop.consumer_wait(state)
+                        else:
+                            mainloop.consumer_wait(state)
+                        seen += 1
                         self._issue(tiled_mma, temps[i % 2], tCrA, tCrB_w, state.index, num_k_blocks)
                         state.advance()
                         if cutlass.const_expr(i > 0):
                             cute.nvgpu.warpgroup.wait_group(1)
-                            mainloop.consumer_release(release)
+                            if cutlass.const_expr("resident" not in cfg.probe):
+                                mainloop.consumer_release(release)
                             release.advance()
-                            self._promote_half(acc, temps[(i - 1) % 2], 0, scs[i - 1][0], scs[i - 1][1])
+                            if cutlass.const_expr("noprom" not in cfg.probe):
+                                self._promote_half(acc, temps[(i - 1) % 2], 0, scs[i - 1][0], scs[i - 1][1])
                     cute.nvgpu.warpgroup.wait_group(0)
-                    mainloop.consumer_release(release)
+                    if cutlass.const_expr("resident" not in cfg.probe):
+                        mainloop.consumer_release(release)
                     release.advance()
-                    self._promote_half(acc, temps[(run - 1) % 2], 0, scs[run - 1][0], scs[run - 1][1])
+                    if cutlass.const_expr("noprom" not in cfg.probe):
+                        self._promote_half(acc, temps[(run - 1) % 2], 0, scs[run - 1][0], scs[run - 1][1])
                 left = (kb1 - kb0) % run
                 for i in cutlass.range_constexpr(run - 1):  # the last k tiles, one at a time (scales in raws)
                     if i < left:
@@ -759,18 +778,22 @@ class Gemm256Kernel:
                     # (value v of thread t at word v · 128 + t: same fragment positions on both
                     # sides), which then runs the whole tile's epilogue. Barrier 4: the previous
                     # tile's values have been read; barrier 5: this tile's are written.
+                    # (xacc_parts > 1: part by part through a smaller buffer, the two barriers per part)
                     t = tidx % 128
-                    sX = storage.xacc.get_tensor(cute.make_layout((n_vals, 128), stride=(128, 1)))
+                    n_part = n_vals // cfg.xacc_parts
+                    sX = storage.xacc.get_tensor(cute.make_layout((n_part, 128), stride=(128, 1)))
                     if wg_idx == 2:
-                        pipeline.NamedBarrier(barrier_id=4, num_threads=256).arrive_and_wait()
-                        for v in cutlass.range_constexpr(n_vals):
-                            sX[v, t] = acc[(v, 0, 0)]
-                        pipeline.NamedBarrier(barrier_id=5, num_threads=256).arrive_and_wait()
+                        for part in cutlass.range_constexpr(cfg.xacc_parts):
+                            pipeline.NamedBarrier(barrier_id=4, num_threads=256).arrive_and_wait()
+                            for v in cutlass.range_constexpr(n_part):
+                                sX[v, t] = acc[(part * n_part + v, 0, 0)]
+                            pipeline.NamedBarrier(barrier_id=5, num_threads=256).arrive_and_wait()
                     else:
-                        pipeline.NamedBarrier(barrier_id=4, num_threads=256).arrive_and_wait()
-                        pipeline.NamedBarrier(barrier_id=5, num_threads=256).arrive_and_wait()
-                        for v in cutlass.range_constexpr(n_vals):
-                            acc[(v, 0, 1)] = sX[v, t]
+                        for part in cutlass.range_constexpr(cfg.xacc_parts):
+                            pipeline.NamedBarrier(barrier_id=4, num_threads=256).arrive_and_wait()
+                            pipeline.NamedBarrier(barrier_id=5, num_threads=256).arrive_and_wait()
+                            for v in cutlass.range_constexpr(n_part):
+                                acc[(part * n_part + v, 0, 1)] = sX[v, t]
                         self._epilogue_swiglu(acc, n_vals, r0, col0, tm, tn, m, sO, mOut, mAux, 0, t, h_store)
                 elif cutlass.const_expr(cfg.epilogue == "swiglu"):
                     self._epilogue_swiglu(acc, n_vals, r0, col0, tm, tn, m, sO, mOut, mAux, wg_idx - 1, tidx % 128,
@@ -929,39 +952,50 @@ class Gemm256Kernel:
         sScl = None
         if cutlass.const_expr(self.cfg.smem_scales):
             sScl = storage.scl.get_tensor(self._scale_layout())
+        seen = Int32(0)
         while cursor < cursor_end:
             tile, kb0, kb1 = self._segment(cursor, bidx, nctas, dp_iters, k_tiles, dp_tiles, it_begin, it_end)
             tm, tn = self._tile_mn(tile, tiling)
             cursor += kb1 - kb0
             for kt in cutlass.range(kb0, kb1, unroll=1):
-                staged = None
-                if cutlass.const_expr(self.cfg.smem_scales):  # loaded before the empty-slot wait, which hides them
-                    staged = self._load_tile_scales(mAS, mWS, m, ws_last, tm, tn, kt, lane)
-                mainloop.producer_acquire(state)
-                bar = mainloop.producer_get_barrier(state)
-                cute.copy(tma_a, tAgA[(None, tm, kt)], tAsA[(None, state.index)], tma_bar_ptr=bar)
-                if cutlass.const_expr(self.cfg.granules):
-                    # h-tile tn is granules u = per_tile·tn + j; with c = G / 16 = 8 granules a
-                    # g = 128 chunk, granule u's gate rows are 16-row box p = 2c·(u // c) + u % c of
-                    # the packed weight, its up rows box p + c
-                    per_tile = self.cfg.tile_n // (2 * GRANULE)
-                    c = G // GRANULE
-                    for j in cutlass.range_constexpr(per_tile):
-                        u = tn * per_tile + j
-                        p = u + u // c * c
-                        cute.copy(tma_b, tBgB[(None, p, kt)], tBsB[2 * j][(None, state.index)], tma_bar_ptr=bar)
-                        cute.copy(tma_b, tBgB[(None, p + c, kt)], tBsB[2 * j + 1][(None, state.index)],
-                                  tma_bar_ptr=bar)
-                elif cutlass.const_expr(self.cfg.cluster_m > 1):
-                    cute.copy(tma_b, tBgB[(None, tn, kt)], tBsB[(None, state.index)], tma_bar_ptr=bar,
-                              mcast_mask=b_mask)
+                if cutlass.const_expr("resident" in self.cfg.probe):
+                    if seen < self.cfg.stages:
+                        mainloop.producer_acquire(state)
+                        bar = mainloop.producer_get_barrier(state)
+                        cute.copy(tma_a, tAgA[(None, tm, kt)], tAsA[(None, state.index)], tma_bar_ptr=bar)
+                        cute.copy(tma_b, tBgB[(None, tn, kt)], tBsB[(None, state.index)], tma_bar_ptr=bar)
+                        mainloop.producer_commit(state)
+                    seen += 1
                 else:
-                    cute.copy(tma_b, tBgB[(None, tn, kt)], tBsB[(None, state.index)], tma_bar_ptr=bar)
-                if cutlass.const_expr(self.cfg.smem_scales):
-                    self._store_tile_scales(sScl, state.index, staged, lane, bar)
-                mainloop.producer_commit(state)
+                    staged = None
+                    if cutlass.const_expr(self.cfg.smem_scales):  # loaded before the empty-slot wait, which hides them
+                        staged = self._load_tile_scales(mAS, mWS, m, ws_last, tm, tn, kt, lane)
+                    mainloop.producer_acquire(state)
+                    bar = mainloop.producer_get_barrier(state)
+                    cute.copy(tma_a, tAgA[(None, tm, kt)], tAsA[(None, state.index)], tma_bar_ptr=bar)
+                    if cutlass.const_expr(self.cfg.granules):
+                        # h-tile tn is granules u = per_tile·tn + j; with c = G / 16 = 8 granules a
+                        # g = 128 chunk, granule u's gate rows are 16-row box p = 2c·(u // c) + u % c of
+                        # the packed weight, its up rows box p + c
+                        per_tile = self.cfg.tile_n // (2 * GRANULE)
+                        c = G // GRANULE
+                        for j in cutlass.range_constexpr(per_tile):
+                            u = tn * per_tile + j
+                            p = u + u // c * c
+                            cute.copy(tma_b, tBgB[(None, p, kt)], tBsB[2 * j][(None, state.index)], tma_bar_ptr=bar)
+                            cute.copy(tma_b, tBgB[(None, p + c, kt)], tBsB[2 * j + 1][(None, state.index)],
+                                      tma_bar_ptr=bar)
+                    elif cutlass.const_expr(self.cfg.cluster_m > 1):
+                        cute.copy(tma_b, tBgB[(None, tn, kt)], tBsB[(None, state.index)], tma_bar_ptr=bar,
+                                  mcast_mask=b_mask)
+                    else:
+                        cute.copy(tma_b, tBgB[(None, tn, kt)], tBsB[(None, state.index)], tma_bar_ptr=bar)
+                    if cutlass.const_expr(self.cfg.smem_scales):
+                        self._store_tile_scales(sScl, state.index, staged, lane, bar)
+                    mainloop.producer_commit(state)
                 state.advance()
-        mainloop.producer_tail(state)
+        if cutlass.const_expr("resident" not in self.cfg.probe):
+            mainloop.producer_tail(state)
 
     def _load_tile_scales(self, mAS, mWS, m, ws_last, tm, tn, kt, lane):
         """smem_scales, producer lanes (plain Python, inlined): k block kt's scales of the tile's A
