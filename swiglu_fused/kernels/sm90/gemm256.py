@@ -167,9 +167,6 @@ class TileConfig:
     # split_n: the up half's accumulator is handed over in this many parts through a buffer of
     # 1/parts of it (32 KB / parts of smem: with 2, a fifth stage fits)
     xacc_parts: int = 1
-    # PROBE (benchmarks only): "resident" (split_n: the producer loads the first ring only, the
-    # consumers compute on it again and again), "noprom" (split_n: no promotion). h is garbage.
-    probe: str = ""
 
     # the epilogue and the bytes per element of the staged output (set by subclasses)
     epilogue = "swiglu"
@@ -580,7 +577,6 @@ class Gemm256Kernel:
 
         state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, cfg.stages)
         release = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, cfg.stages)
-        seen = Int32(0)
         cursor = Int32(0)
         while cursor < cursor_end:
             tile, kb0, kb1 = self._segment(cursor, bidx, nctas, dp_iters, k_tiles, dp_tiles, it_begin, it_end)
@@ -656,27 +652,18 @@ class Gemm256Kernel:
                     scs = tuple((r[0] * r[2], r[1] * r[2]) for r in raws)
                     raws = tuple(self._load_scales(scales, cutlass.min(kt + run + i, kb1 - 1))[:3] for i in range(run))
                     for i in cutlass.range_constexpr(run):
-                        if cutlass.const_expr("resident" in cfg.probe):
-                            if seen < cfg.stages:
-                                mainloop.consumer_wait(state)
-                        else:
-                            mainloop.consumer_wait(state)
-                        seen += 1
+                        mainloop.consumer_wait(state)
                         self._issue(tiled_mma, temps[i % 2], tCrA, tCrB_w, state.index, num_k_blocks)
                         state.advance()
                         if cutlass.const_expr(i > 0):
                             cute.nvgpu.warpgroup.wait_group(1)
-                            if cutlass.const_expr("resident" not in cfg.probe):
-                                mainloop.consumer_release(release)
+                            mainloop.consumer_release(release)
                             release.advance()
-                            if cutlass.const_expr("noprom" not in cfg.probe):
-                                self._promote_half(acc, temps[(i - 1) % 2], 0, scs[i - 1][0], scs[i - 1][1])
+                            self._promote_half(acc, temps[(i - 1) % 2], 0, scs[i - 1][0], scs[i - 1][1])
                     cute.nvgpu.warpgroup.wait_group(0)
-                    if cutlass.const_expr("resident" not in cfg.probe):
-                        mainloop.consumer_release(release)
+                    mainloop.consumer_release(release)
                     release.advance()
-                    if cutlass.const_expr("noprom" not in cfg.probe):
-                        self._promote_half(acc, temps[(run - 1) % 2], 0, scs[run - 1][0], scs[run - 1][1])
+                    self._promote_half(acc, temps[(run - 1) % 2], 0, scs[run - 1][0], scs[run - 1][1])
                 left = (kb1 - kb0) % run
                 for i in cutlass.range_constexpr(run - 1):  # the last k tiles, one at a time (scales in raws)
                     if i < left:
@@ -952,50 +939,39 @@ class Gemm256Kernel:
         sScl = None
         if cutlass.const_expr(self.cfg.smem_scales):
             sScl = storage.scl.get_tensor(self._scale_layout())
-        seen = Int32(0)
         while cursor < cursor_end:
             tile, kb0, kb1 = self._segment(cursor, bidx, nctas, dp_iters, k_tiles, dp_tiles, it_begin, it_end)
             tm, tn = self._tile_mn(tile, tiling)
             cursor += kb1 - kb0
             for kt in cutlass.range(kb0, kb1, unroll=1):
-                if cutlass.const_expr("resident" in self.cfg.probe):
-                    if seen < self.cfg.stages:
-                        mainloop.producer_acquire(state)
-                        bar = mainloop.producer_get_barrier(state)
-                        cute.copy(tma_a, tAgA[(None, tm, kt)], tAsA[(None, state.index)], tma_bar_ptr=bar)
-                        cute.copy(tma_b, tBgB[(None, tn, kt)], tBsB[(None, state.index)], tma_bar_ptr=bar)
-                        mainloop.producer_commit(state)
-                    seen += 1
+                staged = None
+                if cutlass.const_expr(self.cfg.smem_scales):  # loaded before the empty-slot wait, which hides them
+                    staged = self._load_tile_scales(mAS, mWS, m, ws_last, tm, tn, kt, lane)
+                mainloop.producer_acquire(state)
+                bar = mainloop.producer_get_barrier(state)
+                cute.copy(tma_a, tAgA[(None, tm, kt)], tAsA[(None, state.index)], tma_bar_ptr=bar)
+                if cutlass.const_expr(self.cfg.granules):
+                    # h-tile tn is granules u = per_tile·tn + j; with c = G / 16 = 8 granules a
+                    # g = 128 chunk, granule u's gate rows are 16-row box p = 2c·(u // c) + u % c of
+                    # the packed weight, its up rows box p + c
+                    per_tile = self.cfg.tile_n // (2 * GRANULE)
+                    c = G // GRANULE
+                    for j in cutlass.range_constexpr(per_tile):
+                        u = tn * per_tile + j
+                        p = u + u // c * c
+                        cute.copy(tma_b, tBgB[(None, p, kt)], tBsB[2 * j][(None, state.index)], tma_bar_ptr=bar)
+                        cute.copy(tma_b, tBgB[(None, p + c, kt)], tBsB[2 * j + 1][(None, state.index)],
+                                  tma_bar_ptr=bar)
+                elif cutlass.const_expr(self.cfg.cluster_m > 1):
+                    cute.copy(tma_b, tBgB[(None, tn, kt)], tBsB[(None, state.index)], tma_bar_ptr=bar,
+                              mcast_mask=b_mask)
                 else:
-                    staged = None
-                    if cutlass.const_expr(self.cfg.smem_scales):  # loaded before the empty-slot wait, which hides them
-                        staged = self._load_tile_scales(mAS, mWS, m, ws_last, tm, tn, kt, lane)
-                    mainloop.producer_acquire(state)
-                    bar = mainloop.producer_get_barrier(state)
-                    cute.copy(tma_a, tAgA[(None, tm, kt)], tAsA[(None, state.index)], tma_bar_ptr=bar)
-                    if cutlass.const_expr(self.cfg.granules):
-                        # h-tile tn is granules u = per_tile·tn + j; with c = G / 16 = 8 granules a
-                        # g = 128 chunk, granule u's gate rows are 16-row box p = 2c·(u // c) + u % c of
-                        # the packed weight, its up rows box p + c
-                        per_tile = self.cfg.tile_n // (2 * GRANULE)
-                        c = G // GRANULE
-                        for j in cutlass.range_constexpr(per_tile):
-                            u = tn * per_tile + j
-                            p = u + u // c * c
-                            cute.copy(tma_b, tBgB[(None, p, kt)], tBsB[2 * j][(None, state.index)], tma_bar_ptr=bar)
-                            cute.copy(tma_b, tBgB[(None, p + c, kt)], tBsB[2 * j + 1][(None, state.index)],
-                                      tma_bar_ptr=bar)
-                    elif cutlass.const_expr(self.cfg.cluster_m > 1):
-                        cute.copy(tma_b, tBgB[(None, tn, kt)], tBsB[(None, state.index)], tma_bar_ptr=bar,
-                                  mcast_mask=b_mask)
-                    else:
-                        cute.copy(tma_b, tBgB[(None, tn, kt)], tBsB[(None, state.index)], tma_bar_ptr=bar)
-                    if cutlass.const_expr(self.cfg.smem_scales):
-                        self._store_tile_scales(sScl, state.index, staged, lane, bar)
-                    mainloop.producer_commit(state)
+                    cute.copy(tma_b, tBgB[(None, tn, kt)], tBsB[(None, state.index)], tma_bar_ptr=bar)
+                if cutlass.const_expr(self.cfg.smem_scales):
+                    self._store_tile_scales(sScl, state.index, staged, lane, bar)
+                mainloop.producer_commit(state)
                 state.advance()
-        if cutlass.const_expr("resident" not in self.cfg.probe):
-            mainloop.producer_tail(state)
+        mainloop.producer_tail(state)
 
     def _load_tile_scales(self, mAS, mWS, m, ws_last, tm, tn, kt, lane):
         """smem_scales, producer lanes (plain Python, inlined): k block kt's scales of the tile's A
