@@ -167,9 +167,6 @@ class TileConfig:
     # split_n: the up half's accumulator is handed over in this many parts through a buffer of
     # 1/parts of it (32 KB / parts of smem: with 2, a fifth stage fits)
     xacc_parts: int = 1
-    # the producer also asks the TMA unit to prefetch the weight k tile this many k tiles ahead
-    # into L2 (no smem: DRAM requests in flight beyond the stage ring); 0: off
-    l2_prefetch: int = 0
 
     # the epilogue and the bytes per element of the staged output (set by subclasses)
     epilogue = "swiglu"
@@ -970,15 +967,6 @@ class Gemm256Kernel:
                               mcast_mask=b_mask)
                 else:
                     cute.copy(tma_b, tBgB[(None, tn, kt)], tBsB[(None, state.index)], tma_bar_ptr=bar)
-                    if cutlass.const_expr(self.cfg.l2_prefetch > 0):
-                        ahead = self.cfg.l2_prefetch
-                        with cute.arch.elect_one():  # (one request, not one per lane)
-                            if kt == kb0:  # the tile's first k tiles past the ring
-                                for j in cutlass.range_constexpr(self.cfg.stages, ahead):
-                                    if kb0 + j < kb1:
-                                        cute.prefetch(tma_b, tBgB[(None, tn, kb0 + j)])
-                            if kt + ahead < kb1:
-                                cute.prefetch(tma_b, tBgB[(None, tn, kt + ahead)])
                 if cutlass.const_expr(self.cfg.smem_scales):
                     self._store_tile_scales(sScl, state.index, staged, lane, bar)
                 mainloop.producer_commit(state)
