@@ -647,10 +647,11 @@ class Gemm256Kernel:
                 scales = (mAS, mWS, cutlass.min(row_a, m - 1), cutlass.min(row_b, m - 1), wrow, wrow)
                 run = cfg.split_unroll
                 temps = (temp, temp2)
-                raws = tuple(self._load_scales(scales, cutlass.min(kb0 + i, kb1 - 1))[:3] for i in range(run))
+                # (both weight scales are this half's: _scale_products' first pair is the one used)
+                raws = tuple(self._load_scales(scales, cutlass.min(kb0 + i, kb1 - 1)) for i in range(run))
                 for kt in cutlass.range(kb0, kb1 - (run - 1), run, unroll=1):
-                    scs = tuple((r[0] * r[2], r[1] * r[2]) for r in raws)
-                    raws = tuple(self._load_scales(scales, cutlass.min(kt + run + i, kb1 - 1))[:3] for i in range(run))
+                    scs = tuple(self._scale_products(r) for r in raws)
+                    raws = tuple(self._load_scales(scales, cutlass.min(kt + run + i, kb1 - 1)) for i in range(run))
                     for i in cutlass.range_constexpr(run):
                         mainloop.consumer_wait(state)
                         self._issue(tiled_mma, temps[i % 2], tCrA, tCrB_w, state.index, num_k_blocks)
@@ -667,7 +668,7 @@ class Gemm256Kernel:
                 left = (kb1 - kb0) % run
                 for i in cutlass.range_constexpr(run - 1):  # the last k tiles, one at a time (scales in raws)
                     if i < left:
-                        sc = (raws[i][0] * raws[i][2], raws[i][1] * raws[i][2])
+                        sc = self._scale_products(raws[i])
                         mainloop.consumer_wait(state)
                         self._issue(tiled_mma, temp, tCrA, tCrB_w, state.index, num_k_blocks)
                         state.advance()
