@@ -336,7 +336,7 @@ def test_gate_up_split_n_fifth_stage_where_the_weight_has_few_tiles(inter, stage
     from swiglu_fused.kernels.sm90 import gate_up
 
     for h_format in ("fp8_group128", "bf16"):
-        pipe = gate_up.split_n_pipeline(2 * inter, h_format)
+        pipe = gate_up.split_n_pipeline(gate_up.split_n_deep(2 * inter), h_format)
         assert pipe["stages"] == stages
         cfg = gate_up.GateUpConfig(tile_m=64, split_n=True, h_format=h_format, **pipe)
         assert cfg in gate_up.shipped_configs()

@@ -341,7 +341,7 @@ def test_split_n_64_row_tile(hidden, inter, m, act, h_format, deep, monkeypatch)
     from swiglu_fused.kernels.sm90 import gate_up as k, gemm256
 
     args = make_operands(m, hidden, inter, "fp8_block128", seed=m + inter)
-    pipe = k.split_n_pipeline(2 * k.G if deep else None, h_format)
+    pipe = k.split_n_pipeline(deep, h_format)
     cfg = k.GateUpConfig(tile_m=64, act=act, h_format=h_format, split_n=True, **pipe)
     # (whole tiles for both: stream-K would sum the one-warpgroup tile's partials in another order)
     monkeypatch.setattr(gemm256, "plan", lambda tiles, k_tiles, sms, *a, **kw: (max(1, min(tiles, sms)), 0))

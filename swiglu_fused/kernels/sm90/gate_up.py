@@ -175,9 +175,14 @@ def split_n_applies(tile_m: int, swap_ab: bool, mainloop: str) -> bool:
     return mainloop == "fp8_block128" and tile_m == 64 and not swap_ab
 
 
-def split_n_pipeline(n: int | None, h_format: str) -> dict:
-    """The split_n tile's stages and xacc_parts for N = 2I weight rows (None: the 4-stage tile)."""
-    if n is not None and -(-n // (2 * G)) <= SPLIT_N_DEEP_TILES:
+def split_n_deep(n: int) -> bool:
+    """Whether N = 2I weight rows have few enough 256-row tiles for the 5-stage split_n tile."""
+    return -(-n // (2 * G)) <= SPLIT_N_DEEP_TILES
+
+
+def split_n_pipeline(deep: bool, h_format: str) -> dict:
+    """The split_n tile's stages and xacc_parts: 4 stages, or (deep) 5 with the hand-over in parts."""
+    if deep:
         return dict(stages=SPLIT_N_STAGES + 1, xacc_parts=2 if h_format == "fp8_group128" else 4)
     return dict(stages=SPLIT_N_STAGES)
 
@@ -209,8 +214,8 @@ def shipped_configs() -> list[GateUpConfig]:
                 tiles += [(t, s, True, 1) for t, s in SWAP_TILES]
                 for tile_m, stages, swap, cl in tiles:
                     split = split_n_applies(tile_m, swap, mainloop)
-                    for n in (None, 2 * G) if split else (None,):  # (split_n_pipeline: 4 or 5 stages)
-                        pipe = split_n_pipeline(n, h_format) if split else dict(stages=stages)
+                    for deep in (False, True) if split else (False,):  # (split_n_pipeline: 4 or 5 stages)
+                        pipe = split_n_pipeline(deep, h_format) if split else dict(stages=stages)
                         out.append(GateUpConfig(tile_m=tile_m, act=act, h_format=h_format, mainloop=mainloop,
                                                 swap_ab=swap, cluster_m=cl, split_n=split,
                                                 smem_scales=smem_scales_apply(tile_m, swap, mainloop, h_format),
@@ -249,7 +254,7 @@ def select_config(x, weight, weight_scale, x_scale, *, act: str, h_format: str) 
     if mainloop == "bf16" and h_format == "bf16" and tile_m == 128:
         tile_n = granule_tile_n(x.shape[0], weight.shape[0], sms) or tile_n
     split = split_n_applies(tile_m, swap, mainloop)
-    pipe = split_n_pipeline(weight.shape[0], h_format) if split else dict(stages=stages)
+    pipe = split_n_pipeline(split_n_deep(weight.shape[0]), h_format) if split else dict(stages=stages)
     return GateUpConfig(tile_m=tile_m, tile_n=tile_n, act=act, h_format=h_format, mainloop=mainloop, swap_ab=swap,
                         cluster_k=ck, cluster_m=cluster_m_for(x.shape[0], tile_m, tile_n),
                         smem_scales=smem_scales_apply(tile_m, swap, mainloop, h_format), split_n=split, **pipe)
