@@ -1,0 +1,112 @@
+"""Per-kernel time of the whole MLP: ours and the unfused fp8 pipeline, kernel by kernel (GPU).
+
+Where bench_mlp.py gives one number per pipeline, this says which kernel (or which gap between
+kernels) the difference is in. Each pipeline is captured as a CUDA graph of REPS calls, replayed
+under torch.profiler, and the trace's kernel records are cut into calls: per position in the call,
+the kernel's name, its median duration and the median gap to the next kernel (the launch latency
+a graph still pays, plus any wait of a kernel for its predecessor's tail).
+
+    python benchmarks/profile_mlp.py [--shapes 8192x3584] [--m 128,256] [--layers N] [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+
+import torch
+
+sys.path.insert(0, ".")
+sys.path.insert(0, "benchmarks")
+from bench_gate_up import REPS, capture  # noqa: E402
+from bench_mlp import hf_mlp, layer_count, rotating, unfused_fp8  # noqa: E402
+
+from swiglu_fused import FusedSwiGLUMLP  # noqa: E402
+
+
+def kernel_records(graph, replays):
+    """Kernel (name, start µs, duration µs) of ``replays`` graph replays, in launch order."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(replays):
+            graph.replay()
+        torch.cuda.synchronize()
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "trace.json")
+        prof.export_chrome_trace(path)
+        with open(path) as f:
+            events = json.load(f)["traceEvents"]
+    kernels = [e for e in events if e.get("cat") == "kernel"]
+    kernels.sort(key=lambda e: e["ts"])
+    return [(e["name"], float(e["ts"]), float(e["dur"])) for e in kernels]
+
+
+def per_position(records, calls):
+    """Cut the records into ``calls`` equal calls; per kernel position: name, median µs, median gap
+    to the next kernel's start. Also the median µs from one call's start to the next's."""
+    n = len(records) // calls
+    if n * calls != len(records):
+        raise RuntimeError(f"{len(records)} kernel records do not split into {calls} calls")
+    rows = []
+    for p in range(n):
+        durs = [records[c * n + p][2] for c in range(calls)]
+        gaps = [records[c * n + p + 1][1] - (records[c * n + p][1] + records[c * n + p][2])
+                for c in range(calls) if c * n + p + 1 < len(records)]
+        rows.append({"name": records[p][0], "us": statistics.median(durs), "gap_us": statistics.median(gaps)})
+    spans = [records[(c + 1) * n][1] - records[c * n][1] for c in range(calls - 1)]
+    return rows, statistics.median(spans)
+
+
+def short(name, width=70):
+    return name if len(name) <= width else name[:width - 3] + "..."
+
+
+def profile_shape(hidden, inter, ms, replays, layers=None):
+    """Both pipelines at each M, cycling through ``layers`` MLPs of their own weights (default
+    bench_mlp.layer_count: no call finds its weights in L2; 1 shows what reuse of one MLP's does)."""
+    made = []
+    for seed in range(layers or layer_count(hidden, inter)):
+        mlp = hf_mlp(hidden, inter, seed)
+        ours = FusedSwiGLUMLP.from_linear(mlp.gate_proj, mlp.up_proj, mlp.down_proj, weight_format="fp8_block128")
+        made.append({"ours_fp8": ours, "fp8_unfused": unfused_fp8(ours)})
+        del mlp
+    out = []
+    for m in ms:
+        x = torch.randn(m, hidden, device="cuda").to(torch.bfloat16)
+        for name in ("ours_fp8", "fp8_unfused"):
+            for layer in made:  # the unfused act·quant picks its kernel on the first call, outside the graph
+                layer[name](x)
+            fn = rotating([lambda f=layer[name], x=x: f(x) for layer in made])
+            rows, span = per_position(kernel_records(capture(fn), replays), replays * REPS)
+            out.append({"hidden": hidden, "inter": inter, "m": m, "layers": len(made), "pipeline": name,
+                        "call_us": span, "kernels": rows})
+            print(f"\n{hidden}x{inter} M={m} {name}, {len(made)} layers: {span:.1f} µs per call (start to start)")
+            for r in rows:
+                print(f"  {r['us']:>7.2f} µs  then gap {r['gap_us']:>5.2f}  {short(r['name'])}")
+    return out
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--shapes", default="8192x3584", help="HxI list, comma-separated")
+    ap.add_argument("--m", default="128,256", help="token counts, comma-separated")
+    ap.add_argument("--replays", type=int, default=5, help="graph replays profiled (each REPS calls)")
+    ap.add_argument("--layers", type=int, default=None,
+                    help="MLPs cycled through (default: enough that no call finds its weights in L2)")
+    ap.add_argument("--json", help="write the per-kernel rows here")
+    args = ap.parse_args()
+    shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")]
+    ms = [int(v) for v in args.m.split(",")]
+    rows = [r for h, i in shapes for r in profile_shape(h, i, ms, args.replays, args.layers)]
+    if args.json:
+        with open(args.json, "w") as f:
+            f.write(json.dumps({"gpu": torch.cuda.get_device_name(), "rows": rows}, separators=(",", ":")))
+
+
+if __name__ == "__main__":
+    main()
