@@ -162,26 +162,43 @@ def interleaved_us(fns: dict, iters, rounds, reps=REPS) -> dict:
     return out
 
 
-def bench_quant_x(iters):
-    """quant_x kernel vs torch.compile'd reference quantization: µs and GB/s (bytes read + written)."""
+QX_SHAPES = ((1, 4096), (16, 4096), (64, 8192), (128, 4096), (128, 8192), (256, 4096), (256, 8192),
+             (1024, 4096), (1024, 8192), (4096, 4096), (4096, 8192), (16384, 4096))
+
+
+def bench_quant_x(iters, variants=(), rounds=3):
+    """quant_x kernel (the shipped pick, and each QuantXConfig in ``variants``, e.g. "rounds=1,vec=16")
+    vs the torch.compile'd quantization of the unfused pipeline (bench_mlp.quant_x_m_major): µs and
+    GB/s (bytes read + written). Every variant's output is checked against the shipped kernel's."""
+    from bench_mlp import quant_x_m_major
+
     from swiglu_fused.kernels.sm90 import quant_x as kq
 
-    ref_c = torch.compile(reference.quant_x, dynamic=False)
-    print(f"{'M':>6} {'K':>6} {'rounds':>6} {'kernel us':>10} {'GB/s':>7} {'1 round':>8} {'4 rounds':>9} "
-          f"{'compiled us':>12} {'GB/s':>7}")
+    configs = {v: eval(f"kq.QuantXConfig({v})") for v in variants}  # a benchmark's own command line
+    ref_c = torch.compile(quant_x_m_major, dynamic=False)
+    print(f"{'M':>6} {'K':>6} {'shipped':>16} {'us':>6} {'GB/s':>6} {'compiled':>9} "
+          + " ".join(f"{v:>20}" for v in variants))
     rows = []
-    for m, kk in ((1, 4096), (16, 4096), (64, 8192), (256, 4096), (4096, 4096), (4096, 8192), (16384, 4096)):
+    for m, kk in QX_SHAPES:
         x = torch.randn(m, kk, device="cuda").to(torch.bfloat16)
         nbytes = x.nbytes + x.numel() + m * quant.cdiv(kk, 128) * 4
-        t = interleaved_us({"kernel": lambda: kq.quant_x(x), "compiled": lambda: ref_c(x),
-                            **{f"r{r}": lambda r=r: kq.quant_x(x, kq.QuantXConfig(rounds=r)) for r in (1, 4)}},
-                           iters, 3)
-        t = {name: statistics.median(v) for name, v in t.items()}
-        rounds = kq.select_config(m, kk).rounds
-        rows.append(dict(m=m, k=kk, rounds=rounds, kernel_us=t["kernel"], kernel_1_round_us=t["r1"],
-                         kernel_4_rounds_us=t["r4"], compiled_us=t["compiled"], kernel_gbs=nbytes / t["kernel"] / 1e3))
-        print(f"{m:>6} {kk:>6} {rounds:>6} {t['kernel']:>10.1f} {nbytes / t['kernel'] / 1e3:>7.0f} {t['r1']:>8.1f} "
-              f"{t['r4']:>9.1f} {t['compiled']:>12.1f} {nbytes / t['compiled'] / 1e3:>7.0f}", flush=True)
+        q0, s0 = kq.quant_x(x)
+        fns = {"kernel": lambda x=x: kq.quant_x(x), "compiled": lambda x=x: ref_c(x)}
+        for v, c in configs.items():
+            if kk % c.vec:
+                continue
+            q1, s1 = kq.quant_x(x, c)
+            if not (torch.equal(q1.view(torch.uint8), q0.view(torch.uint8)) and torch.equal(s1, s0)):
+                raise RuntimeError(f"quant_x {c} differs from the shipped config at M={m} K={kk}")
+            fns[v] = lambda x=x, c=c: kq.quant_x(x, c)
+        t = {name: statistics.median(v) for name, v in interleaved_us(fns, iters, rounds).items()}
+        cfg = kq.select_config(m, kk)
+        pick = f"r{cfg.rounds} t{cfg.threads} v{cfg.vec}"
+        rows.append(dict(m=m, k=kk, config=pick, kernel_us=t["kernel"], compiled_us=t["compiled"],
+                         kernel_gbs=nbytes / t["kernel"] / 1e3, variants={v: t.get(v) for v in variants}))
+        print(f"{m:>6} {kk:>6} {pick:>16} {t['kernel']:>6.2f} {nbytes / t['kernel'] / 1e3:>6.0f} "
+              f"{t['compiled']:>9.2f} " + " ".join(f"{t[v]:>20.2f}" if v in t else f"{'-':>20}" for v in variants),
+              flush=True)
     return rows
 
 
@@ -194,6 +211,8 @@ def main():
     p.add_argument("--mainloop", default="fp8_block128", choices=["fp8_block128", "bf16"],
                    help="bf16: bf16 x and weight, bf16 h; peers torch.mm (cuBLAS) + compiled SiLU·up")
     p.add_argument("--quant-x", action="store_true", help="benchmark quant_x instead of gate_up")
+    p.add_argument("--qx-variants", default="", help="with --quant-x: QuantXConfig fields of extra variants, "
+                   "';'-separated (e.g. 'rounds=1,vec=16;rounds=1,threads=128')")
     p.add_argument("--rounds", type=int, default=1,
                    help="time ours and the peers in turn this many times (medians; per-round speed-ups in the JSON)")
     p.add_argument("--store-ab", action="store_true",
@@ -201,7 +220,7 @@ def main():
                         "(TileConfig.tma_store = False), in the same rounds")
     a = p.parse_args()
     if a.quant_x:
-        write_json(a.json, quant_x=bench_quant_x(a.iters))
+        write_json(a.json, quant_x=bench_quant_x(a.iters, [v for v in a.qx_variants.split(";") if v], a.rounds))
         return
     import act_quant_peer  # (Triton: GPU machine only)
 

@@ -18,6 +18,7 @@ shard, 1 for LLaMA-3-8B) that no call finds its weights in L2, as in a model:
     python benchmarks/bench_mlp.py --generate-only # only that
     python benchmarks/bench_mlp.py --interleave 8  # ours vs unfused vs hf in alternation, per-round ratios
     python benchmarks/bench_mlp.py --interleave 8 --pdl-ab  # and ours with PDL on (TileConfig.pdl)
+    python benchmarks/bench_mlp.py --interleave 5 --ab gate_up:l2_hint=w_first  # and ours with a config change
 
 Writes JSON; benchmarks/plot.py turns it into a PNG.
 """
@@ -103,32 +104,65 @@ def unfused_fp8(fused: FusedSwiGLUMLP):
     return run
 
 
-def with_pdl(mlp: FusedSwiGLUMLP):
-    """mlp's forward with every sm90 kernel configured pdl=True (programmatic dependent launch:
-    TileConfig.pdl, QuantXConfig.pdl), for --pdl-ab. Use a module of its own: its eager CUDA graphs
-    are captured with these kernels."""
+def parse_ab(spec: str) -> dict:
+    """"gate_up:l2_hint=w_first,down:pdl=True" → {"gate_up": {"l2_hint": "w_first"}, "down": {"pdl": True}}
+    (kernel families gate_up, down, quant_x; values as Python literals, else strings)."""
+    import ast
+
+    out = {}
+    for item in filter(None, spec.split(",")):
+        family, _, assignment = item.partition(":")
+        field, _, value = assignment.partition("=")
+        if family not in ("gate_up", "down", "quant_x") or not field or not value:
+            raise SystemExit(f"--ab: expected FAMILY:FIELD=VALUE items (FAMILY gate_up, down or quant_x), got {item!r}")
+        try:
+            value = ast.literal_eval(value)
+        except (ValueError, SyntaxError):
+            pass
+        out.setdefault(family, {})[field] = value
+    return out
+
+
+def with_configs(mlp: FusedSwiGLUMLP, fields: dict):
+    """mlp's forward with the sm90 kernels' configs changed (``fields``: parse_ab's form; each
+    family's select_config result goes through dataclasses.replace), for --ab and --pdl-ab. Use a
+    module of its own: its eager CUDA graphs are captured with these kernels."""
     import dataclasses
+    import functools
     from unittest import mock
 
     from swiglu_fused.kernels.sm90 import down as kd, gate_up as kg, quant_x as kq
 
-    sel_g, sel_d, sel_q = kg.select_config, kd.select_config, kq.select_config
+    def changed(select, family):
+        @functools.wraps(select)
+        def pick(*a, **kw):
+            c = select(*a, **kw)
+            return c and dataclasses.replace(c, **fields.get(family, {}))
+        return pick
 
-    def pdl(select):
-        return lambda *a, **kw: (lambda c: c and dataclasses.replace(c, pdl=True))(select(*a, **kw))
+    modules = {"gate_up": kg, "down": kd, "quant_x": kq}
+    patches = [mock.patch.object(mod, "select_config", changed(mod.select_config, fam)) for fam, mod in modules.items()]
 
     def run(x):
-        with mock.patch.object(kg, "select_config", pdl(sel_g)), \
-                mock.patch.object(kd, "select_config", pdl(sel_d)), \
-                mock.patch.object(kq, "select_config", pdl(sel_q)):
+        for patch in patches:
+            patch.start()
+        try:
             return mlp(x)
+        finally:
+            for patch in patches:
+                patch.stop()
     return run
 
 
-def bench_interleaved(shapes, ms, iters, rounds, pdl_ab=False):
+ALL_PDL = {"gate_up": {"pdl": True}, "down": {"pdl": True}, "quant_x": {"pdl": True}}
+
+
+def bench_interleaved(shapes, ms, iters, rounds, variants=None):
     """ours_fp8 against fp8_unfused (and hf_bf16), timed in alternation ``rounds`` times
     (bench_gate_up.interleaved_us): per-round ratios, to tell margins of a few % from drift.
-    Every pipeline cycles through ``layer_count`` layers of its own weights."""
+    Every pipeline cycles through ``layer_count`` layers of its own weights. ``variants``: name →
+    kernel config changes (parse_ab's form), each one more pipeline of ours, timed in the same rounds."""
+    variants = variants or {}
     rows = []
     print(f"{'H':>5} {'I':>6} {'M':>6} {'fp8_unfused':>12} {'ours_fp8':>12} {'hf_bf16':>12}  unfused/ours per round")
     for hidden, inter in shapes:
@@ -137,9 +171,9 @@ def bench_interleaved(shapes, ms, iters, rounds, pdl_ab=False):
             mlp = hf_mlp(hidden, inter, seed)
             ours = FusedSwiGLUMLP.from_linear(mlp.gate_proj, mlp.up_proj, mlp.down_proj, weight_format="fp8_block128")
             layer = dict(hf_bf16=mlp, ours_fp8=ours, fp8_unfused=unfused_fp8(ours))
-            if pdl_ab:
-                layer["ours_fp8_pdl"] = with_pdl(FusedSwiGLUMLP.from_linear(
-                    mlp.gate_proj, mlp.up_proj, mlp.down_proj, weight_format="fp8_block128"))
+            for name, fields in variants.items():
+                layer[name] = with_configs(FusedSwiGLUMLP.from_linear(
+                    mlp.gate_proj, mlp.up_proj, mlp.down_proj, weight_format="fp8_block128"), fields)
             layers.append(layer)
         for m in ms:
             x = torch.randn(m, hidden, device="cuda").to(torch.bfloat16)
@@ -154,7 +188,8 @@ def bench_interleaved(shapes, ms, iters, rounds, pdl_ab=False):
                              **{f"{k}_us_per_round": v for k, v in t.items()}, unfused_over_ours_per_round=ratios))
             print(f"{hidden:>5} {inter:>6} {m:>6} {med['fp8_unfused']:>12.1f} {med['ours_fp8']:>12.1f} "
                   f"{med['hf_bf16']:>12.1f}  " + " ".join(f"{r:.3f}" for r in ratios)
-                  + (f"   with PDL {med['ours_fp8_pdl']:.1f}" if pdl_ab else ""), flush=True)
+                  + "".join(f"   {n} {med[n]:.1f} (ours/it {statistics.median(o / v for o, v in zip(t['ours_fp8'], t[n])):.3f})"
+                            for n in variants), flush=True)
         del layers
         torch.cuda.empty_cache()
     return rows
@@ -252,6 +287,9 @@ def main():
                    help="instead of the full table: ours_fp8, fp8_unfused and hf_bf16 timed in alternation, ROUNDS times")
     p.add_argument("--pdl-ab", action="store_true",
                    help="with --interleave: also ours with programmatic dependent launch on (ours_fp8_pdl)")
+    p.add_argument("--ab", action="append", default=[], metavar="FAMILY:FIELD=VALUE,...",
+                   help="with --interleave: also ours with these kernel config fields changed, e.g. "
+                        "'gate_up:l2_hint=w_first' (repeat the option for more variants)")
     p.add_argument("--json", default=None)
     a = p.parse_args()
     torch._dynamo.config.cache_size_limit = 1024
@@ -259,14 +297,17 @@ def main():
     result = dict(device=torch.cuda.get_device_name(), torch=torch.__version__, date=time.strftime("%Y-%m-%d"))
     ms = [int(m) for m in a.m.split(",")]
     if a.interleave:
-        result["interleaved"] = bench_interleaved(shapes, ms, a.iters, a.interleave, a.pdl_ab)
+        variants = {f"ours_fp8_{spec}": parse_ab(spec) for spec in a.ab}
+        if a.pdl_ab:
+            variants["ours_fp8_pdl"] = ALL_PDL
+        result["interleaved"] = bench_interleaved(shapes, ms, a.iters, a.interleave, variants)
     elif not a.generate_only:
         result["rows"] = bench_shapes(shapes, ms, a.iters)
     if a.generate or a.generate_only:
         result["generate"] = bench_generate(rounds=a.rounds)
     if a.json:
         with open(a.json, "w") as f:
-            json.dump(result, f, indent=1)
+            json.dump(result, f, separators=(",", ":"))
 
 
 if __name__ == "__main__":

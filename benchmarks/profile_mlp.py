@@ -25,7 +25,7 @@ sys.path.insert(0, "benchmarks")
 from bench_gate_up import REPS, capture  # noqa: E402
 from bench_mlp import hf_mlp, layer_count, rotating, unfused_fp8  # noqa: E402
 
-from swiglu_fused import FusedSwiGLUMLP  # noqa: E402
+from swiglu_fused import FusedSwiGLUMLP, quant  # noqa: E402
 
 
 def kernel_records(graph, replays):
@@ -66,6 +66,38 @@ def short(name, width=70):
     return name if len(name) <= width else name[:width - 3] + "..."
 
 
+def parts(ours: FusedSwiGLUMLP, x):
+    """Pieces of our pipeline and cuBLAS's gate_up GEMM, next to the whole MLPs in the same process:
+    whether a kernel runs slower inside the pipeline than alone, and which neighbour slows it.
+
+    gate_up_alone   our gate_up on x quantized once beforehand
+    gemm_alone      cuBLAS's block GEMM of the unfused pipeline, likewise
+    quant_gate_up   quant_x then gate_up (x freshly quantized, no down)
+    copy_gate_up    a copy rewrites the quantized x, then gate_up reads it (fresh lines, no quant_x)
+    gate_up_down    gate_up then down (no quant_x)
+    """
+    from swiglu_fused.kernels import ops
+
+    gu, dn = ours.gate_up_proj.tensors(), ours.down_proj.tensors()
+    xq, xs = ops.quant_x(x)
+    xq2 = torch.empty_like(xq)
+    xs_m = quant.m_major(xs)  # cuBLAS reads the x scales M-major
+
+    def gate_up(q=xq, s=xs):
+        return ops.gate_up(q, gu["weight"], gu["weight_scale_inv"], s, act="silu", h_format="fp8_group128")
+
+    def down(h):
+        return ops.down(h[0], dn["weight"], dn["weight_scale_inv"], h[1])
+
+    def gemm(_x):
+        return torch._scaled_mm(xq, gu["weight"].t(), scale_a=xs_m, scale_b=gu["weight_scale_inv"].t(),
+                                out_dtype=torch.bfloat16)
+    return {"gate_up_alone": lambda _x: gate_up(), "gemm_alone": gemm,
+            "quant_gate_up": lambda x_: gate_up(*ops.quant_x(x_)),
+            "copy_gate_up": lambda _x: gate_up(xq2.copy_(xq), xs),
+            "gate_up_down": lambda _x: down(gate_up())}
+
+
 def profile_shape(hidden, inter, ms, replays, layers=None):
     """Both pipelines at each M, cycling through ``layers`` MLPs of their own weights (default
     bench_mlp.layer_count: no call finds its weights in L2; 1 shows what reuse of one MLP's does)."""
@@ -78,7 +110,10 @@ def profile_shape(hidden, inter, ms, replays, layers=None):
     out = []
     for m in ms:
         x = torch.randn(m, hidden, device="cuda").to(torch.bfloat16)
-        for name in ("ours_fp8", "fp8_unfused"):
+        for layer in made:
+            layer.update(parts(layer["ours_fp8"], x))
+        for name in ("ours_fp8", "fp8_unfused", "gate_up_alone", "gemm_alone", "quant_gate_up", "copy_gate_up",
+                     "gate_up_down"):
             for layer in made:  # the unfused act·quant picks its kernel on the first call, outside the graph
                 layer[name](x)
             fn = rotating([lambda f=layer[name], x=x: f(x) for layer in made])

@@ -203,15 +203,26 @@ def test_layer_traces_whole_under_torch_compile(fmt):
     assert torch.equal(torch.compile(mlp, fullgraph=True, backend="eager")(x), mlp(x))
 
 
-def test_quant_x_rounds_follow_the_measured_rule():
-    """One (row, k-group) pair per thread up to 2^17 of them (decode and M = 4096 at K = 4096), four
-    above (measured faster on each side, benchmarks/NOTES.md); both configurations are shipped."""
+def test_quant_x_map_follows_the_measured_rule():
+    """One (row, k-group) pair of 8 columns per thread at decode sizes; 16 columns per thread from
+    2^15 pairs, in 128-thread CTAs from 2^17 (measured faster on each side, benchmarks/NOTES.md);
+    where K % 16 != 0, 8 columns with one round up to 2^17 pairs, four above. All shipped."""
     pytest.importorskip("cutlass")
     from swiglu_fused.kernels.sm90 import quant_x
 
-    assert quant_x.select_config(16, 4096).rounds == 1
-    assert quant_x.select_config(4096, 4096).rounds == 1
-    assert quant_x.select_config(4096, 8192).rounds == 4
-    assert {c.rounds for c in quant_x.shipped_configs()} == {1, 4}
+    def pick(m, k):
+        c = quant_x.select_config(m, k)
+        return c.rounds, c.threads, c.vec
+
+    assert pick(16, 4096) == pick(256, 8192) == (1, 256, 8)
+    assert pick(1024, 4096) == pick(1024, 8192) == (1, 256, 16)
+    assert pick(4096, 4096) == pick(16384, 4096) == (1, 128, 16)
+    assert pick(2048, 4104) == (1, 256, 8) and pick(8192, 4104) == (4, 256, 8)
+    assert {pick(m, k) for m, k in [(16, 4096), (1024, 4096), (4096, 4096), (8192, 4104)]} == {
+        (c.rounds, c.threads, c.vec) for c in quant_x.shipped_configs()}
     with pytest.raises(ValueError, match="QuantXConfig.rounds"):
-        quant_x.QuantXConfig(rounds=2)
+        quant_x.QuantXConfig(rounds=3)
+    with pytest.raises(ValueError, match="QuantXConfig.vec"):
+        quant_x.QuantXConfig(vec=4)
+    with pytest.raises(ValueError, match="QuantXConfig.threads"):
+        quant_x.QuantXConfig(threads=96)

@@ -313,9 +313,10 @@ def test_gate_up_fp8_64_row_tile_on_two_warpgroups():
     assert not gate_up.split_n_applies(64, False, "bf16") and not gate_up.split_n_applies(128, False, "fp8_block128")
     assert not gate_up.split_n_applies(16, True, "fp8_block128")
     shipped = gate_up.shipped_configs()
-    assert gate_up.GateUpConfig(tile_m=64, stages=4, split_n=True) in shipped
-    assert gate_up.GateUpConfig(tile_m=64, stages=5, split_n=True, xacc_parts=2) in shipped
-    assert gate_up.GateUpConfig(tile_m=64, stages=5, split_n=True, xacc_parts=4, h_format="bf16") in shipped
+    assert gate_up.GateUpConfig(tile_m=64, stages=4, split_n=True, l2_hint="w_first") in shipped
+    assert gate_up.GateUpConfig(tile_m=64, stages=5, split_n=True, xacc_parts=2, l2_hint="w_first") in shipped
+    assert gate_up.GateUpConfig(tile_m=64, stages=5, split_n=True, xacc_parts=4, h_format="bf16",
+                                l2_hint="w_first") in shipped
     assert gate_up.GateUpConfig(tile_m=64, stages=5) not in shipped
     assert gate_up.GateUpConfig(tile_m=64, stages=5, mainloop="bf16") in shipped
     for bad in (dict(tile_m=128), dict(mainloop="bf16"), dict(cluster_k=2, stages=3)):
@@ -338,7 +339,7 @@ def test_gate_up_split_n_fifth_stage_where_the_weight_has_few_tiles(inter, stage
     for h_format in ("fp8_group128", "bf16"):
         pipe = gate_up.split_n_pipeline(gate_up.split_n_deep(2 * inter), h_format)
         assert pipe["stages"] == stages
-        cfg = gate_up.GateUpConfig(tile_m=64, split_n=True, h_format=h_format, **pipe)
+        cfg = gate_up.GateUpConfig(tile_m=64, split_n=True, h_format=h_format, l2_hint="w_first", **pipe)
         assert cfg in gate_up.shipped_configs()
 
 
@@ -370,3 +371,19 @@ def test_smem_scales_only_where_they_fit():
         gate_up.GateUpConfig(tile_m=128, stages=4, h_format="bf16", smem_scales=True)
     with pytest.raises(ValueError, match="smem_scales"):
         gate_up.GateUpConfig(tile_m=64, stages=5, smem_scales=True)
+
+
+@pytest.mark.parametrize("m,tile_m,swap_ab,cluster_m,mainloop,expect", [
+    (128, 64, False, 1, "fp8_block128", "w_first"),  # 8192×3584 M = 128-256: the MLP 5 % faster
+    (1024, 128, False, 1, "fp8_block128", "w_first"),
+    (2048, 128, False, 1, "fp8_block128", ""),  # not measured between 1024 and 4096
+    (4096, 128, False, 2, "fp8_block128", ""),  # cluster pairs: 1 % slower
+    (64, 16, True, 1, "fp8_block128", ""),  # swap-AB: level
+    (128, 64, False, 1, "bf16", ""),  # not measured
+])
+def test_gate_up_weight_loads_evict_first_where_measured_faster(m, tile_m, swap_ab, cluster_m, mainloop, expect):
+    from swiglu_fused.kernels.sm90 import gate_up
+
+    assert gate_up.l2_hint_for(m, tile_m, swap_ab, cluster_m, mainloop) == expect
+    with pytest.raises(ValueError, match="l2_hint"):
+        gate_up.GateUpConfig(l2_hint="evict_everything")

@@ -58,3 +58,28 @@ def test_ops_quant_x_uses_kernel_and_validates(monkeypatch):
         ops.quant_x(torch.randn(2, 100, device="cuda").to(torch.bfloat16))
     with pytest.raises(ValueError, match="x: .*contiguous"):
         ops.quant_x(torch.randn(256, 64, device="cuda").to(torch.bfloat16).t())
+
+
+@pytest.mark.parametrize("fields", [dict(rounds=r, threads=t, vec=v) for r in (1, 2, 4) for t in (128, 256, 512)
+                                    for v in (8, 16)], ids=lambda f: "r{rounds}-t{threads}-v{vec}".format(**f))
+@pytest.mark.parametrize("m,k", [(3, 144), (100, 4096), (257, 8192)])
+def test_quant_x_configs_agree(fields, m, k):
+    """Every thread ↔ data map (rounds, CTA size, columns per thread) writes the same bytes, ragged
+    M and a partial last group included."""
+    from swiglu_fused.kernels.sm90 import quant_x as kq
+
+    torch.manual_seed(m + k)
+    x = (torch.randn(m, k, device="cuda") * 3).to(torch.bfloat16)
+    q, s = _poisoned(m, k)
+    kq.quant_x(x, kq.QuantXConfig(**fields), out=(q, s))
+    q_ref, s_ref = reference.quant_x(x)
+    assert_fp8_group_close(q, s, q_ref, s_ref, scale_rtol=1e-6)
+    q0, s0 = kq.quant_x(x, kq.QuantXConfig())
+    assert torch.equal(q.view(torch.uint8), q0.view(torch.uint8)) and torch.equal(s, s0)
+
+
+def test_quant_x_vec16_needs_k_multiple_of_16():
+    from swiglu_fused.kernels.sm90 import quant_x as kq
+
+    with pytest.raises(ValueError, match="multiple of 16"):
+        kq.quant_x(torch.randn(2, 136, device="cuda").to(torch.bfloat16), kq.QuantXConfig(vec=16))

@@ -90,7 +90,7 @@ import cutlass.cute as cute
 import cutlass.pipeline as pipeline
 import cutlass.utils as utils
 import cutlass.utils.hopper_helpers as sm90_utils
-from cutlass import Float32, Int32
+from cutlass import Float32, Int32, Int64
 from cutlass.pipeline import pipeline_init_arrive, pipeline_init_wait
 
 from . import epilogue
@@ -101,6 +101,10 @@ G = 128  # weight block = half tile = gate_up's interleave granularity and h sca
 SMEM_BYTES = 227 * 1024
 MAINLOOPS = ("fp8_block128", "bf16")
 N_ALIGN = 8  # weight rows (N) must be a multiple of this: 16-byte rows of a bf16 output
+# TMA cache_policy operands (CUTLASS's CacheHintSm90 encodings) and TileConfig.l2_hint's values
+EVICT_FIRST = 0x12F0000000000000
+EVICT_LAST = 0x14F0000000000000
+L2_HINTS = ("", "w_first", "w_first_x_last")
 TILE_N_GRANULES = (192, 224)  # TileConfig.tile_n of the granule tiles (96 and 112 h columns)
 GRANULE = 16  # gate (and up) rows per TMA box: 16 divides 96, 112 and g = 128, so no box straddles a chunk
 
@@ -167,6 +171,11 @@ class TileConfig:
     # split_n: the up half's accumulator is handed over in this many parts through a buffer of
     # 1/parts of it (32 KB / parts of smem: with 2, a fifth stage fits)
     xacc_parts: int = 1
+    # L2 eviction priority the producer's TMA loads ask for (cache_policy operand): "" none (normal);
+    # "w_first" the weight k tiles evict_first (each is read by the few CTAs of its M tiles, then
+    # never again in this kernel), so the activations and the lines the previous kernels wrote stay;
+    # "w_first_x_last" also the activation k tiles (read by every N tile) evict_last
+    l2_hint: str = ""
 
     # the epilogue and the bytes per element of the staged output (set by subclasses)
     epilogue = "swiglu"
@@ -203,6 +212,8 @@ class TileConfig:
             raise ValueError(f"{name}.split_unroll: expected 1, 2, 3, 4, 6 or 8 k tiles, got {self.split_unroll}")
         if self.smem_scales and (not self.fp8 or self.tile_m != 128 or self.swap_ab):
             raise ValueError(f"{name}.smem_scales: the fp8 mainloop's 128-row tile only; got {self}")
+        if self.l2_hint not in L2_HINTS:
+            raise ValueError(f"{name}.l2_hint: expected one of {L2_HINTS}, got {self.l2_hint!r}")
         if self.promote_k not in (32, 64, 128):
             raise ValueError(f"{name}.promote_k: expected 32, 64 or 128, got {self.promote_k}")
         if self.epilogue not in epilogue.EPILOGUES:
@@ -928,6 +939,14 @@ class Gemm256Kernel:
             cute.arch.mbarrier_init(storage.xbar.data_ptr(), 1)
         cute.arch.mbarrier_init_fence()
 
+    def _l2_hints(self):
+        """cute.copy keyword arguments (cache_policy) for the A and B loads, per TileConfig.l2_hint;
+        the weights are B, or A in the swap-AB tiles."""
+        hint = self.cfg.l2_hint
+        weight = {"cache_policy": Int64(EVICT_FIRST)} if hint else {}
+        act = {"cache_policy": Int64(EVICT_LAST)} if hint == "w_first_x_last" else {}
+        return (weight, act) if self.cfg.swap_ab else (act, weight)
+
     @cute.jit
     def _produce(self, mainloop, tma_a, tAgA, tAsA, tma_b, tBgB, tBsB, b_mask, cursor_end, bidx, nctas, dp_iters,
                  k_tiles, dp_tiles, it_begin, it_end, tiling, scales):
@@ -940,6 +959,7 @@ class Gemm256Kernel:
         sScl = None
         if cutlass.const_expr(self.cfg.smem_scales):
             sScl = storage.scl.get_tensor(self._scale_layout())
+        hint_a, hint_b = self._l2_hints()
         while cursor < cursor_end:
             tile, kb0, kb1 = self._segment(cursor, bidx, nctas, dp_iters, k_tiles, dp_tiles, it_begin, it_end)
             tm, tn = self._tile_mn(tile, tiling)
@@ -950,7 +970,7 @@ class Gemm256Kernel:
                     staged = self._load_tile_scales(mAS, mWS, m, ws_last, tm, tn, kt, lane)
                 mainloop.producer_acquire(state)
                 bar = mainloop.producer_get_barrier(state)
-                cute.copy(tma_a, tAgA[(None, tm, kt)], tAsA[(None, state.index)], tma_bar_ptr=bar)
+                cute.copy(tma_a, tAgA[(None, tm, kt)], tAsA[(None, state.index)], tma_bar_ptr=bar, **hint_a)
                 if cutlass.const_expr(self.cfg.granules):
                     # h-tile tn is granules u = per_tile·tn + j; with c = G / 16 = 8 granules a
                     # g = 128 chunk, granule u's gate rows are 16-row box p = 2c·(u // c) + u % c of
@@ -965,9 +985,9 @@ class Gemm256Kernel:
                                   tma_bar_ptr=bar)
                 elif cutlass.const_expr(self.cfg.cluster_m > 1):
                     cute.copy(tma_b, tBgB[(None, tn, kt)], tBsB[(None, state.index)], tma_bar_ptr=bar,
-                              mcast_mask=b_mask)
+                              mcast_mask=b_mask, **hint_b)
                 else:
-                    cute.copy(tma_b, tBgB[(None, tn, kt)], tBsB[(None, state.index)], tma_bar_ptr=bar)
+                    cute.copy(tma_b, tBgB[(None, tn, kt)], tBsB[(None, state.index)], tma_bar_ptr=bar, **hint_b)
                 if cutlass.const_expr(self.cfg.smem_scales):
                     self._store_tile_scales(sScl, state.index, staged, lane, bar)
                 mainloop.producer_commit(state)

@@ -4,17 +4,17 @@ Same numerics as ``quant.quantize_fp8_groups`` (the reference): per row and per 
 columns s = amax/448 (s = 1 where amax = 0, NaN propagates), q = e4m3(satfinite(x / s)), with
 IEEE division so the bytes match torch's.
 
-Memory-bound, 16-byte loads and 8-byte stores. Thread ↔ data map (one CTA = 256 threads):
+Memory-bound, 16-byte loads. Thread ↔ data map (CTA of T threads, V = 8 or 16 columns per
+thread, L = 128/V lanes per group, G = T/L groups per CTA and round):
 
-    CTA  b, round r < 4    16 consecutive (row, k-group) pairs  g = 16·(4b + r) + tid/16
+    CTA  b, round r < R    G consecutive (row, k-group) pairs   g = G·(R·b + r) + tid/L
     row, kgroup            g // KB, g % KB                      (KB = ceil(K/128))
-    thread t in its group  columns [128·kgroup + 8·(t%16), … + 8)   (one 16 B load)
+    thread t in its group  columns [128·kgroup + V·(t%L), … + V)   (V/8 16-byte loads)
 
-    lanes  0..15 of a warp ─ one 128-column group ─ amax by 4 butterfly shuffles (8, 4, 2, 1)
-    lanes 16..31           ─ the next group
+    L lanes of a warp ─ one 128-column group ─ amax by log2(L) butterfly shuffles (L/2, …, 1)
 
-Columns at or past K (partial last group) load as 0 and are not stored; K % 8 == 0 is required
-so that every thread's 8 columns are either all inside or all outside the row.
+Columns at or past K (partial last group) load as 0 and are not stored; K % V == 0 is required
+so that every thread's V columns are either all inside or all outside the row.
 """
 
 from __future__ import annotations
@@ -30,9 +30,8 @@ from .ptx import cvt_e4m3x4, div_rn
 
 FP8_MAX = 448.0
 GROUP = 128
-VEC = 8  # bf16 elements per thread (16 bytes)
+VEC = 8  # bf16 elements per 16-byte load
 THREADS = 256
-GROUPS_PER_CTA = THREADS // (GROUP // VEC)  # per round
 ROUNDS = 4  # (row, k-group) pairs per thread: 4 × 16 B loads in flight
 
 
@@ -46,14 +45,29 @@ class QuantXConfig:
     # (row, k-group) pairs per thread, their 16-byte loads in flight together: 4 where there are
     # enough groups to fill the SMs that way, 1 for decode-sized x (select_config)
     rounds: int = ROUNDS
+    # columns per thread: 8 (one 16-byte load, 16 lanes per group) or 16 (two loads, one 16-byte
+    # store, 8 lanes per group); 16 needs K % 16 == 0
+    vec: int = VEC
 
     def __post_init__(self):
-        if self.rounds not in (1, ROUNDS):
-            raise ValueError(f"QuantXConfig.rounds: expected 1 or {ROUNDS}, got {self.rounds}")
+        if self.rounds not in (1, 2, ROUNDS):
+            raise ValueError(f"QuantXConfig.rounds: expected 1, 2 or {ROUNDS}, got {self.rounds}")
         if self.in_dtype != "bf16":
             raise ValueError(f"QuantXConfig.in_dtype: only 'bf16' is implemented, got {self.in_dtype!r}")
-        if self.threads != THREADS:
-            raise ValueError(f"QuantXConfig.threads: only {THREADS} is implemented, got {self.threads}")
+        if self.threads not in (128, 256, 512):
+            raise ValueError(f"QuantXConfig.threads: expected 128, 256 or 512, got {self.threads}")
+        if self.vec not in (VEC, 2 * VEC):
+            raise ValueError(f"QuantXConfig.vec: expected {VEC} or {2 * VEC}, got {self.vec}")
+
+    @property
+    def lanes(self) -> int:
+        """Threads per 128-column group."""
+        return GROUP // self.vec
+
+    @property
+    def groups_per_cta(self) -> int:
+        """(row, k-group) pairs one CTA quantizes per round."""
+        return self.threads // self.lanes
 
 
 class QuantXKernel:
@@ -67,80 +81,90 @@ class QuantXKernel:
         q_ptr: cute.Pointer,
         s_ptr: cute.Pointer,
         m: Int32,
-        k8: Int32,
+        kv: Int32,
         stream: cuda.CUstream,
     ):
-        k = cute.assume(k8 * VEC, divby=VEC)  # lets the 16-byte row accesses be proven aligned
+        cfg = self.config
+        k = cute.assume(kv * cfg.vec, divby=cfg.vec)  # lets the row accesses be proven aligned
         kb = (k + GROUP - 1) // GROUP
         mX = cute.make_tensor(x_ptr, cute.make_layout((m, k), stride=(k, 1)))
-        # e4m3 output viewed as 32-bit words: 2 words per thread
-        k4 = cute.assume(k8 * 2, divby=2)
+        # e4m3 output viewed as 32-bit words: vec/4 words per thread
+        kw = cute.assume(kv * (cfg.vec // 4), divby=cfg.vec // 4)
         mQ = cute.make_tensor(
-            cute.recast_ptr(q_ptr, dtype=Int32), cute.make_layout((m, k4), stride=(k4, 1))
+            cute.recast_ptr(q_ptr, dtype=Int32), cute.make_layout((m, kw), stride=(kw, 1))
         )
         mS = cute.make_tensor(s_ptr, cute.make_layout((m, kb), stride=(kb, 1)))
         groups = m * kb
-        per_cta = GROUPS_PER_CTA * self.config.rounds
+        per_cta = cfg.groups_per_cta * cfg.rounds
         grid = (groups + per_cta - 1) // per_cta
-        self.kernel(mX, mQ, mS, m, k, kb).launch(grid=[grid, 1, 1], block=[THREADS, 1, 1], stream=stream,
-                                                 use_pdl=self.config.pdl)
+        self.kernel(mX, mQ, mS, m, k, kb).launch(grid=[grid, 1, 1], block=[cfg.threads, 1, 1], stream=stream,
+                                                 use_pdl=cfg.pdl)
 
     @cute.kernel
     def kernel(self, mX: cute.Tensor, mQ: cute.Tensor, mS: cute.Tensor, m: Int32, k: Int32, kb: Int32):
+        cfg = self.config
         tidx, _, _ = cute.arch.thread_idx()
         bidx, _, _ = cute.arch.block_idx()
-        if cutlass.const_expr(self.config.pdl):  # start the next kernel (gate_up) early; then wait for x
+        if cutlass.const_expr(cfg.pdl):  # start the next kernel (gate_up) early; then wait for x
             cute.arch.griddepcontrol_launch_dependents()
             cute.arch.griddepcontrol_wait()
-        lanes_per_group = GROUP // VEC
-        sub = tidx % lanes_per_group
+        lanes = cfg.lanes
+        loads = cfg.vec // VEC  # 16-byte loads per thread and group
+        words = cfg.vec // 4  # e4m3 words per thread and group
+        sub = tidx % lanes
         gX = cute.zipped_divide(mX, (1, VEC))  # ((1, 8), (M, K/8))
-        gQ = cute.zipped_divide(mQ, (1, 2))  # ((1, 2), (M, K/8)) in words
-        # explicit 16-byte load / 8-byte store atoms: compilation fails if alignment is not provable
+        gQ = cute.zipped_divide(mQ, (1, words))  # ((1, words), (M, K/vec)) in words
+        # explicit 16-byte loads / (2 or 4)·4-byte stores: compilation fails if alignment is not provable
         load16 = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), cutlass.BFloat16, num_bits_per_copy=128)
-        store8 = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), Int32, num_bits_per_copy=64)
+        store = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), Int32, num_bits_per_copy=32 * words)
 
-        # issue all ROUNDS loads first (more bytes in flight per thread), then quantize each
+        # issue all loads first (more bytes in flight per thread), then quantize each group
         rows, kgroups, cols, valids, regs = [], [], [], [], []
-        rounds = self.config.rounds
-        for r in cutlass.range_constexpr(rounds):
-            group = (bidx * rounds + r) * GROUPS_PER_CTA + tidx // lanes_per_group
+        for r in cutlass.range_constexpr(cfg.rounds):
+            group = (bidx * cfg.rounds + r) * cfg.groups_per_cta + tidx // lanes
             row = group // kb
             kgroup = group - row * kb
-            col = kgroup * GROUP + sub * VEC
+            col = kgroup * GROUP + sub * cfg.vec
             valid = (row < m) & (col < k)
-            rX = cute.make_rmem_tensor(cute.make_layout(VEC), cutlass.BFloat16)
-            rX.fill(0.0)
-            if valid:
-                cute.copy(load16, gX[((0, None), (row, col // VEC))], rX)
+            parts = []
+            for j in cutlass.range_constexpr(loads):
+                rX = cute.make_rmem_tensor(cute.make_layout(VEC), cutlass.BFloat16)
+                rX.fill(0.0)
+                if valid:
+                    cute.copy(load16, gX[((0, None), (row, col // VEC + j))], rX)
+                parts.append(rX)
             rows.append(row)
             kgroups.append(kgroup)
             cols.append(col)
             valids.append(valid)
-            regs.append(rX)
+            regs.append(parts)
 
-        for r in cutlass.range_constexpr(rounds):
-            rF = cute.make_rmem_tensor(cute.make_layout(VEC), Float32)
-            rF.store(regs[r].load().to(Float32))
+        for r in cutlass.range_constexpr(cfg.rounds):
+            rF = []  # the thread's vec columns as fp32, in 8-column parts
+            for j in cutlass.range_constexpr(loads):
+                part = cute.make_rmem_tensor(cute.make_layout(VEC), Float32)
+                part.store(regs[r][j].load().to(Float32))
+                rF.append(part)
             amax = Float32(0.0)
-            for i in cutlass.range_constexpr(VEC):
-                amax = cute.arch.fmax(amax, abs(rF[i]), nan=True)
-            for off in cutlass.range_constexpr(4):
-                other = cute.arch.shuffle_sync_bfly(amax, offset=lanes_per_group >> (off + 1))
+            for i in cutlass.range_constexpr(cfg.vec):
+                amax = cute.arch.fmax(amax, abs(rF[i // VEC][i % VEC]), nan=True)
+            for off in cutlass.range_constexpr(lanes.bit_length() - 1):
+                other = cute.arch.shuffle_sync_bfly(amax, offset=lanes >> (off + 1))
                 amax = cute.arch.fmax(amax, other, nan=True)
             s = div_rn(amax, Float32(FP8_MAX))
             if amax == Float32(0.0):
                 s = Float32(1.0)
-            rQ = cute.make_rmem_tensor(cute.make_layout(2), Int32)
-            for w in cutlass.range_constexpr(2):
+            rQ = cute.make_rmem_tensor(cute.make_layout(words), Int32)
+            for w in cutlass.range_constexpr(words):
+                part, i = rF[4 * w // VEC], 4 * w % VEC
                 rQ[w] = cvt_e4m3x4(
-                    div_rn(rF[4 * w + 0], s),
-                    div_rn(rF[4 * w + 1], s),
-                    div_rn(rF[4 * w + 2], s),
-                    div_rn(rF[4 * w + 3], s),
+                    div_rn(part[i + 0], s),
+                    div_rn(part[i + 1], s),
+                    div_rn(part[i + 2], s),
+                    div_rn(part[i + 3], s),
                 )
             if valids[r]:
-                cute.copy(store8, rQ, gQ[((0, None), (rows[r], cols[r] // VEC))])
+                cute.copy(store, rQ, gQ[((0, None), (rows[r], cols[r] // cfg.vec))])
                 if sub == 0:
                     mS[rows[r], kgroups[r]] = s
 
@@ -162,21 +186,31 @@ def compile_quant_x(config: QuantXConfig = QuantXConfig()):
     )
 
 
-# Up to this many (row, k-group) pairs one round per thread is faster (more CTAs, each with a shorter
-# serial chain), above it 4 (more loads in flight). Measured, µs, 1 / 4 rounds (benchmarks/NOTES.md):
-# M = 1..16 × K 4096: 2.2–2.4 / 3.7–5.6; 64 × 8192: 2.5 / 3.6; 256 × 4096: 2.9 / 3.7;
-# 4096 × 4096 (2^17 groups): 20.9 / 21.1; 4096 × 8192: 39.6 / 38.9; 16384 × 4096: 75.9 / 72.9.
+# Measured (bench_gate_up.py --quant-x, interleaved, 3 rounds; benchmarks/NOTES.md), µs:
+# - up to 2^15 (row, k-group) pairs: one round of 8 columns per thread, 256-thread CTAs (the most
+#   CTAs, the shortest chain per thread): M = 1..16 × K 4096 2.2, 64 × 8192 2.5, 256 × 8192 3.7; no
+#   other map was more than 0.1-0.2 µs faster at any of these sizes;
+# - from 2^15: 16 columns per thread (two loads, one 16-byte store, 3 shuffles instead of 4):
+#   1024 × 4096 5.65 → 5.11, 1024 × 8192 9.40 → 8.31;
+# - from 2^17 in 128-thread CTAs: 4096 × 4096 20.2 → 17.9, 4096 × 8192 37.7 (4 rounds) → 34.4,
+#   16384 × 4096 71.7 (4 rounds) → 67.6.
+# Where K % 16 != 0 the 8-column map runs: one round up to 2^17 pairs, four above (the earlier rule:
+# 4096 × 4096 20.9 / 21.1, 4096 × 8192 39.6 / 38.9, 16384 × 4096 75.9 / 72.9 for 1 / 4 rounds).
+WIDE_GROUPS = 1 << 15
 ONE_ROUND_GROUPS = 1 << 17
 
 
 def select_config(m: int, k: int) -> QuantXConfig:
-    """The rounds per thread for x [M, K] (ONE_ROUND_GROUPS)."""
+    """The thread ↔ data map for x [M, K] (the rules above)."""
     groups = m * -(-k // GROUP)
+    if groups >= WIDE_GROUPS and k % (2 * VEC) == 0:
+        return QuantXConfig(rounds=1, vec=2 * VEC, threads=128 if groups >= ONE_ROUND_GROUPS else THREADS)
     return QuantXConfig(rounds=1 if groups <= ONE_ROUND_GROUPS else ROUNDS)
 
 
 def shipped_configs() -> list[QuantXConfig]:
-    return [QuantXConfig(rounds=r) for r in (1, ROUNDS)]
+    return [QuantXConfig(rounds=1), QuantXConfig(rounds=ROUNDS), QuantXConfig(rounds=1, vec=2 * VEC),
+            QuantXConfig(rounds=1, vec=2 * VEC, threads=128)]
 
 
 def quant_x(x, config: QuantXConfig | None = None, *, out=None):
@@ -197,6 +231,9 @@ def quant_x(x, config: QuantXConfig | None = None, *, out=None):
         q, s = out
     if m == 0 or k == 0:
         return q, s
+    if k % config.vec:
+        raise ValueError(f"x: K = {k} is not a multiple of {config.vec}, which {config} needs; "
+                         f"use a config with vec={VEC} (select_config picks one)")
     fn = compile_cache.get("quant_x", config, lambda: compile_quant_x(config))
     stream = cuda.CUstream(torch.cuda.current_stream(x.device).cuda_stream)
     fn(
@@ -204,7 +241,7 @@ def quant_x(x, config: QuantXConfig | None = None, *, out=None):
         compile_cache.ptr(cutlass.Float8E4M3FN, q, 16),
         compile_cache.ptr(cutlass.Float32, s, 4),
         Int32(m),
-        Int32(k // VEC),
+        Int32(k // config.vec),
         stream,
     )
     return q, s
