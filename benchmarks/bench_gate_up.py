@@ -153,12 +153,18 @@ def graph_time_us(fn, iters, reps=REPS):
 def interleaved_us(fns: dict, iters, rounds, reps=REPS) -> dict:
     """{name: [µs per round]}: every fn captured once, then timed in turn, ``rounds`` times, so that
     drift of the board's clock and power state (5 % within one process, benchmarks/NOTES.md)
-    reaches every peer alike and per-round ratios cancel most of it."""
+    reaches every peer alike and per-round ratios cancel most of it. The order within a round is a
+    fresh (seeded) permutation each round: a pipeline that always ran right after the same heavy
+    one was slowed by it (4096×14336 M = 256: ours 125.7 µs after transformers' bf16 MLP, the same
+    kernels 109.4 after the unfused pipeline; benchmarks/NOTES.md, tenth session)."""
+    import random
+
     graphs = {name: capture(fn, reps) for name, fn in fns.items()}
     out = {name: [] for name in fns}
+    order = random.Random(0)
     for _ in range(rounds):
-        for name, graph in graphs.items():
-            out[name].append(replay_us(graph, iters, reps))
+        for name in order.sample(list(graphs), len(graphs)):
+            out[name].append(replay_us(graphs[name], iters, reps))
     return out
 
 

@@ -318,7 +318,7 @@ def test_gate_up_fp8_64_row_tile_on_two_warpgroups():
     assert gate_up.GateUpConfig(tile_m=64, stages=5, split_n=True, xacc_parts=4, h_format="bf16",
                                 l2_hint="w_first") in shipped
     assert gate_up.GateUpConfig(tile_m=64, stages=5) not in shipped
-    assert gate_up.GateUpConfig(tile_m=64, stages=5, mainloop="bf16") in shipped
+    assert gate_up.GateUpConfig(tile_m=64, stages=5, mainloop="bf16", l2_hint="w_first") in shipped
     for bad in (dict(tile_m=128), dict(mainloop="bf16"), dict(cluster_k=2, stages=3)):
         with pytest.raises(ValueError, match="split_n"):
             gate_up.GateUpConfig(**{"tile_m": 64, "stages": 4, "split_n": True, **bad})
@@ -373,17 +373,17 @@ def test_smem_scales_only_where_they_fit():
         gate_up.GateUpConfig(tile_m=64, stages=5, smem_scales=True)
 
 
-@pytest.mark.parametrize("m,tile_m,swap_ab,cluster_m,mainloop,expect", [
-    (128, 64, False, 1, "fp8_block128", "w_first"),  # 8192×3584 M = 128-256: the MLP 5 % faster
-    (1024, 128, False, 1, "fp8_block128", "w_first"),
-    (2048, 128, False, 1, "fp8_block128", ""),  # not measured between 1024 and 4096
-    (4096, 128, False, 2, "fp8_block128", ""),  # cluster pairs: 1 % slower
-    (64, 16, True, 1, "fp8_block128", ""),  # swap-AB: level
-    (128, 64, False, 1, "bf16", ""),  # not measured
+@pytest.mark.parametrize("tile_m,swap_ab,expect", [
+    (64, False, "w_first"),  # the MLP 2-5 % faster at M = 64-256 (fp8), bf16 gate_up 9 % at 8192×3584 M = 128
+    (128, False, ""),  # within noise at M = 256-4096
+    (16, True, ""),  # level
 ])
-def test_gate_up_weight_loads_evict_first_where_measured_faster(m, tile_m, swap_ab, cluster_m, mainloop, expect):
+def test_gate_up_weight_loads_evict_first_on_the_64_row_tile(tile_m, swap_ab, expect):
     from swiglu_fused.kernels.sm90 import gate_up
 
-    assert gate_up.l2_hint_for(m, tile_m, swap_ab, cluster_m, mainloop) == expect
+    assert gate_up.l2_hint_for(tile_m, swap_ab) == expect
+    shipped = gate_up.shipped_configs()
+    assert {c.l2_hint for c in shipped if c.tile_m == tile_m and c.swap_ab == swap_ab} == {expect}
+    assert gate_up.GateUpConfig(tile_m=64, stages=5, mainloop="bf16", l2_hint="w_first") in shipped
     with pytest.raises(ValueError, match="l2_hint"):
         gate_up.GateUpConfig(l2_hint="evict_everything")

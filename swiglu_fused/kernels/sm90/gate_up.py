@@ -20,7 +20,6 @@ Performance and accuracy measurements: benchmarks/NOTES.md.
 
 from __future__ import annotations
 
-import itertools
 from dataclasses import dataclass
 
 import cutlass
@@ -201,21 +200,19 @@ def split64_applies(m: int, n: int, sms: int, mainloop: str) -> bool:
     return mainloop == "fp8_block128" and m <= SPLIT64_M and -(-n // (2 * G)) <= sms
 
 
-# The fp8 tiles without swap-AB or clusters ask L2 to evict the weight k tiles first
-# (TileConfig.l2_hint = "w_first") up to L2_HINT_MAX_M rows. In the MLP, gate_up follows quant_x
-# and the previous layer's down, whose freshly written lines (x, y) its own reads of x then
-# compete with; alone, it ran 2 µs faster at 8192×3584 M = 128 (30.3 against 32.1-32.3 µs in the
-# pipeline, profile_mlp.py), cuBLAS's GEMM 1 µs. Measured in the whole MLP (bench_mlp.py
-# --interleave 5 --ab gate_up:l2_hint=w_first, benchmarks/NOTES.md, tenth session), speed-up of
-# the MLP: 8192×3584 M = 128 / 256 / 1024 1.053 / 1.050 / 1.022; 4096×14336 M = 64 / 128 / 1024
-# 1.015 / 1.018 / 1.011. Not dispatched: the swap-AB tile (8192×3584 M = 64: 0.999) and the
-# cluster pairs (M = 4096: 0.991 / 0.993); between M = 1024 and 4096 not measured. h is bit-identical.
-L2_HINT_MAX_M = 1024
-
-
-def l2_hint_for(m: int, tile_m: int, swap_ab: bool, cluster_m: int, mainloop: str) -> str:
-    """TileConfig.l2_hint for gate_up's tile at M rows (the rule above)."""
-    return "w_first" if mainloop == "fp8_block128" and not swap_ab and cluster_m == 1 and m <= L2_HINT_MAX_M else ""
+# The 64-row tile (M ≤ 256, both mainloops) asks L2 to evict the weight k tiles first
+# (TileConfig.l2_hint = "w_first"). In the MLP, gate_up follows quant_x and the previous layer's
+# down, whose freshly written lines its reads of x compete with: alone, the fp8 tile ran 2 µs faster
+# at 8192×3584 M = 128 than inside the pipeline (30.3 against 32.1-32.3 µs; cuBLAS's GEMM 1 µs;
+# profile_mlp.py). Measured (benchmarks/NOTES.md, tenth session), h bit-identical:
+# - the whole fp8 MLP (bench_mlp.py --interleave 5 --ab, three runs): 8192×3584 M = 128 / 256
+#   1.04-1.05 / 1.02-1.05× faster, 4096×14336 M = 64 / 128 1.01-1.02 / 1.02×;
+# - bf16 gate_up alone (ab_gate_up.py): 8192×3584 M = 128 1.09×, 4096×14336 M = 64 1.01×.
+# Not dispatched: the swap-AB tile (8192×3584 M = 64, MLP 1.00, bf16 alone 0.99) and the 128-row
+# tiles (MLP at M = 256-4096 from 0.99 to 1.02×, within run-to-run noise).
+def l2_hint_for(tile_m: int, swap_ab: bool) -> str:
+    """TileConfig.l2_hint for gate_up's tile (the rule above)."""
+    return "w_first" if tile_m == 64 and not swap_ab else ""
 
 
 def smem_scales_apply(tile_m: int, swap_ab: bool, mainloop: str, h_format: str) -> bool:
@@ -232,13 +229,11 @@ def shipped_configs() -> list[GateUpConfig]:
                 tiles += [(t, s, True, 1) for t, s in SWAP_TILES]
                 for tile_m, stages, swap, cl in tiles:
                     split = split_n_applies(tile_m, swap, mainloop)
-                    # (l2_hint_for: the 64-row tiles run at M ≤ 256, the 128-row one on both sides of L2_HINT_MAX_M)
-                    hints = {l2_hint_for(m, tile_m, swap, cl, mainloop) for m in (tile_m, 4 * L2_HINT_MAX_M)
-                             if tile_m == 128 or m <= L2_HINT_MAX_M}
-                    for deep, hint in itertools.product((False, True) if split else (False,), sorted(hints)):
-                        pipe = split_n_pipeline(deep, h_format) if split else dict(stages=stages)  # 4 or 5 stages
+                    for deep in (False, True) if split else (False,):  # (split_n_pipeline: 4 or 5 stages)
+                        pipe = split_n_pipeline(deep, h_format) if split else dict(stages=stages)
                         out.append(GateUpConfig(tile_m=tile_m, act=act, h_format=h_format, mainloop=mainloop,
-                                                swap_ab=swap, cluster_m=cl, split_n=split, l2_hint=hint,
+                                                swap_ab=swap, cluster_m=cl, split_n=split,
+                                                l2_hint=l2_hint_for(tile_m, swap),
                                                 smem_scales=smem_scales_apply(tile_m, swap, mainloop, h_format),
                                                 **pipe))
                 if mainloop == "fp8_block128":  # cluster_k_applies
@@ -276,10 +271,10 @@ def select_config(x, weight, weight_scale, x_scale, *, act: str, h_format: str) 
         tile_n = granule_tile_n(x.shape[0], weight.shape[0], sms) or tile_n
     split = split_n_applies(tile_m, swap, mainloop)
     pipe = split_n_pipeline(split_n_deep(weight.shape[0]), h_format) if split else dict(stages=stages)
-    cluster_m = cluster_m_for(x.shape[0], tile_m, tile_n)
     return GateUpConfig(tile_m=tile_m, tile_n=tile_n, act=act, h_format=h_format, mainloop=mainloop, swap_ab=swap,
-                        cluster_k=ck, cluster_m=cluster_m, smem_scales=smem_scales_apply(tile_m, swap, mainloop, h_format),
-                        split_n=split, l2_hint=l2_hint_for(x.shape[0], tile_m, swap, cluster_m, mainloop), **pipe)
+                        cluster_k=ck, cluster_m=cluster_m_for(x.shape[0], tile_m, tile_n),
+                        smem_scales=smem_scales_apply(tile_m, swap, mainloop, h_format),
+                        split_n=split, l2_hint=l2_hint_for(tile_m, swap), **pipe)
 
 
 # The cluster pair as dispatched for fp8 x and h (tests force it at any M: padding M tiles)
