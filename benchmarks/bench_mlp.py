@@ -106,7 +106,8 @@ def unfused_fp8(fused: FusedSwiGLUMLP):
 
 def parse_ab(spec: str) -> dict:
     """"gate_up:l2_hint=w_first,down:pdl=True" → {"gate_up": {"l2_hint": "w_first"}, "down": {"pdl": True}}
-    (kernel families gate_up, down, quant_x; values as Python literals, else strings)."""
+    (kernel families gate_up, down, quant_x; values as Python literals, else strings). The field
+    "down:kernel=True" is not a config field: it runs the sm90 down kernel where cuBLAS would run."""
     import ast
 
     out = {}
@@ -140,8 +141,12 @@ def with_configs(mlp: FusedSwiGLUMLP, fields: dict):
             return c and dataclasses.replace(c, **fields.get(family, {}))
         return pick
 
+    fields = {fam: dict(f) for fam, f in fields.items()}
+    force_down = fields.get("down", {}).pop("kernel", False)
     modules = {"gate_up": kg, "down": kd, "quant_x": kq}
     patches = [mock.patch.object(mod, "select_config", changed(mod.select_config, fam)) for fam, mod in modules.items()]
+    if force_down:
+        patches.append(mock.patch.object(kd, "beats_cublas", lambda *a: True))
 
     def run(x):
         for patch in patches:

@@ -79,9 +79,20 @@ def tile_for(m: int, mainloop: str) -> tuple[int, int, bool]:
     return (64, 5, False) if m <= ROWS_64 else (128, 4, False)
 
 
+# The fp8 64-row tile asks L2 to evict the weight k tiles first (TileConfig.l2_hint = "w_first"), as
+# gate_up's 64-row tile does: h was just written by gate_up and every CTA reads it. Measured in the
+# whole MLP (bench_mlp.py --interleave 7 --ab, benchmarks/NOTES.md, tenth session) at 4096×14336
+# M = 128, where this tile runs (stream-K): 86.7 → 81.8 µs, 1.035-1.063 in each of 7 rounds (1.034 on
+# an H200). The swap-AB tile was level; bf16 down and the 128-row tile were not measured with it.
+def l2_hint_for(tile_m: int, swap_ab: bool, mainloop: str) -> str:
+    """TileConfig.l2_hint for down's tile (the rule above)."""
+    return "w_first" if tile_m == 64 and not swap_ab and mainloop == "fp8_block128" else ""
+
+
 def shipped_configs() -> list[DownConfig]:
     return [
-        DownConfig(tile_m=tile_m, stages=stages, mainloop=mainloop, residual=residual, swap_ab=swap)
+        DownConfig(tile_m=tile_m, stages=stages, mainloop=mainloop, residual=residual, swap_ab=swap,
+                   l2_hint=l2_hint_for(tile_m, swap, mainloop))
         for mainloop in MAINLOOPS
         for residual in (False, True)
         for tile_m, stages, swap in [(128, 4, False), (64, 5, False)]
@@ -112,7 +123,8 @@ def select_config(h, weight, weight_scale, h_scale, residual, out_dtype) -> Down
     if weight.shape[0] % N_ALIGN or weight.shape[1] % k_align:
         return None
     tile_m, stages, swap = tile_for(h.shape[0], mainloop)
-    cfg = DownConfig(tile_m=tile_m, stages=stages, mainloop=mainloop, residual=residual is not None, swap_ab=swap)
+    cfg = DownConfig(tile_m=tile_m, stages=stages, mainloop=mainloop, residual=residual is not None, swap_ab=swap,
+                     l2_hint=l2_hint_for(tile_m, swap, mainloop))
     if h.is_cuda:
         from .gemm256 import sm_count
 
