@@ -154,9 +154,9 @@ def interleaved_us(fns: dict, iters, rounds, reps=REPS) -> dict:
     """{name: [µs per round]}: every fn captured once, then timed in turn, ``rounds`` times, so that
     drift of the board's clock and power state (5 % within one process, benchmarks/NOTES.md)
     reaches every peer alike and per-round ratios cancel most of it. The order within a round is a
-    fresh (seeded) permutation each round: a pipeline that always ran right after the same heavy
-    one was slowed by it (4096×14336 M = 256: ours 125.7 µs after transformers' bf16 MLP, the same
-    kernels 109.4 after the unfused pipeline; benchmarks/NOTES.md, tenth session)."""
+    fresh (seeded) permutation each round, so that no peer always follows the same one (with a fixed
+    order, a bimodal point, 4096×14336 M = 256 at 111 or 126 µs, put one pipeline in its slow state
+    every round; benchmarks/NOTES.md, tenth session)."""
     import random
 
     graphs = {name: capture(fn, reps) for name, fn in fns.items()}
