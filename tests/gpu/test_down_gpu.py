@@ -170,3 +170,21 @@ def test_cluster_k_pairs_match_stream_k_split_2(hidden, inter, m, tile_m, residu
         ys.append(k.down(c, args["h"], args["weight"], args["weight_scale"], args["h_scale"], args["residual"], out=y))
     assert torch.equal(ys[0], ys[1])
     assert_bf16_close(ys[0], reference.down(**args))
+
+
+@pytest.mark.parametrize("hidden,inter,m", [(4096, 14336, 128), (8192, 3584, 100), (576, 1536, 3)])
+def test_l2_hint_changes_no_bit(hidden, inter, m):
+    """The fp8 64-row down tile's evict_first weight loads (and the hint forced on the swap-AB tile)
+    give bit-identical y."""
+    import dataclasses
+
+    from swiglu_fused.kernels.sm90 import down as k
+
+    args = make_operands(m, hidden, inter, "fp8_block128", False, seed=m)
+    cfg = k.select_config(args["h"], args["weight"], args["weight_scale"], args["h_scale"], None, torch.bfloat16)
+    ys = []
+    for c in (cfg, dataclasses.replace(cfg, l2_hint="" if cfg.l2_hint else "w_first")):
+        y = torch.full((m, hidden), float("nan"), dtype=torch.bfloat16, device="cuda")
+        ys.append(k.down(c, args["h"], args["weight"], args["weight_scale"], args["h_scale"], None, out=y))
+    assert torch.equal(ys[0], ys[1])
+    assert_bf16_close(ys[0], reference.down(**args))

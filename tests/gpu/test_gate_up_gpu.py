@@ -351,3 +351,24 @@ def test_split_n_64_row_tile(hidden, inter, m, act, h_format, deep, monkeypatch)
     assert torch.equal(h.view(torch.uint8), h1.view(torch.uint8))
     if h_format == "fp8_group128":
         assert torch.equal(hs, hs1)
+
+
+@pytest.mark.parametrize("mainloop,h_format", [("fp8_block128", "fp8_group128"), ("fp8_block128", "bf16"),
+                                               ("bf16", "bf16")])
+@pytest.mark.parametrize("hidden,inter,m", [(8192, 3584, 128), (576, 1536, 100), (4096, 14336, 1024)])
+def test_l2_hint_changes_no_bit(hidden, inter, m, mainloop, h_format):
+    """TileConfig.l2_hint only sets the TMA loads' L2 eviction priority: h and h_scale are
+    bit-identical with and without it, on the dispatched tile (hinted or not) and the other way."""
+    from swiglu_fused.kernels.sm90 import gate_up as k
+
+    args = make_operands(m, hidden, inter, mainloop, seed=m + inter)
+    cfg = k.select_config(args["x"], args["weight"], args.get("weight_scale"), args.get("x_scale"),
+                          act="silu", h_format=h_format)
+    other = dataclasses.replace(cfg, l2_hint="" if cfg.l2_hint else "w_first")
+    h, hs = run_kernel(cfg, args)
+    h2, hs2 = run_kernel(other, args)
+    if h_format == "fp8_group128":
+        assert torch.equal(h.view(torch.uint8), h2.view(torch.uint8)) and torch.equal(hs, hs2)
+    else:
+        assert torch.equal(h, h2)
+    assert_matches_reference(h, hs, args, "silu", h_format, mainloop)
