@@ -1,5 +1,5 @@
 """Schedule benchmark: the same sm90 kernels (gate_up fp8, down fp8) run with whole tiles only
-against the stream-K schedule gemm256.plan picks, and stream-K with its workspace preallocated
+against the stream-K schedule schedule.plan picks, and stream-K with its workspace preallocated
 (isolates the per-call counter memset). Inputs rotated past L2, CUDA graphs (bench_gate_up).
 
     python benchmarks/bench_schedule.py [--shapes 4096x14336,8192x3584] [--m 16,256,1024] [--json out.json]
@@ -19,7 +19,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import bench_gate_up as b  # noqa: E402
 from swiglu_fused import quant  # noqa: E402
 from swiglu_fused.kernels import reference  # noqa: E402
-from swiglu_fused.kernels.sm90 import down as kd, gate_up as kg, gemm256  # noqa: E402
+from swiglu_fused.kernels.sm90 import down as kd, gate_up as kg, gemm256, schedule  # noqa: E402
 
 
 def whole_tiles(tiles, k_tiles, sms, *_, **__):
@@ -41,7 +41,7 @@ def preallocated(real):
 
 def time_variants(fn, iters):
     out = {}
-    with mock.patch.object(gemm256, "plan", whole_tiles):
+    with mock.patch.object(schedule, "plan", whole_tiles):
         out["whole"] = b.graph_time_us(fn, iters)
     out["stream_k"] = b.graph_time_us(fn, iters)
     with mock.patch.object(gemm256, "launch_plan", preallocated(gemm256.launch_plan)):

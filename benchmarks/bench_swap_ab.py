@@ -1,7 +1,7 @@
 """Swap-AB decode tiles (kernels/sm90/swap_ab.py) against the 64-row tile (with and without the
 overlapped fp8 promotion) and, above M = 32, the 128-row tile:
 gate_up (fp8 h) and down (bf16 y), each tile under forced schedules (whole tiles; stream-K split
-2, 3, 4 ways) and under what gemm256.plan picks. Every variant is first checked against the
+2, 3, 4 ways) and under what schedule.plan picks. Every variant is first checked against the
 reference (relative max error) on its first operand set and captured as a CUDA graph (operands
 rotated past L2); then the graphs are timed in turn, --rounds times (median), so that drift of the
 board's clocks reaches every variant alike (use --rounds 5 or more for margins of a few %).
@@ -26,7 +26,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import bench_gate_up as b  # noqa: E402
 from swiglu_fused import quant  # noqa: E402
 from swiglu_fused.kernels import cublas, reference  # noqa: E402
-from swiglu_fused.kernels.sm90 import down as kd, gate_up as kg, gemm256  # noqa: E402
+from swiglu_fused.kernels.sm90 import down as kd, gate_up as kg, gemm256, schedule  # noqa: E402
 
 
 def forced(split):
@@ -144,8 +144,8 @@ def main():
             tiles = -(-n // 256)
             runs = []  # (name, cfg, error, graph, ctas, sk_tiles): every variant captured first
             for name, cfg, split in variants(a.op, m, tiles, sms, a.mainloop):
-                patch = mock.patch.object(gemm256, "plan", forced(split)) if split else mock.patch.object(
-                    gemm256, "plan", gemm256.plan)
+                patch = mock.patch.object(schedule, "plan", forced(split)) if split else mock.patch.object(
+                    schedule, "plan", schedule.plan)
                 with patch:  # the schedule is fixed at capture
                     if gu:
                         err = h_error(cfg, sets[0])

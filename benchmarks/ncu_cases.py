@@ -24,7 +24,7 @@ sys.path.insert(0, ".")
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import bench_gate_up as b  # noqa: E402
 from bench_swap_ab import forced  # noqa: E402
-from swiglu_fused.kernels.sm90 import gate_up as kg, gemm256  # noqa: E402
+from swiglu_fused.kernels.sm90 import gate_up as kg, schedule  # noqa: E402
 
 # name: (mainloop, hidden, inter, M, [(label, config or None for the dispatched one[, forced split])]);
 # a forced split is bench_swap_ab.forced's argument (1: whole tiles), fixed at the first call
@@ -58,10 +58,10 @@ def run_case(name):
             cfg = kg.select_config(x, w, ws, xs, act="silu", h_format="fp8_group128")
         else:
             cfg = dataclasses.replace(cfg, mainloop=mainloop)
-        plan = forced(split[0]) if split else gemm256.plan
+        plan = forced(split[0]) if split else schedule.plan
 
         def call(c=cfg, plan=plan):
-            with mock.patch.object(gemm256, "plan", plan):
+            with mock.patch.object(schedule, "plan", plan):
                 kg.gate_up(c, x, w, ws, xs)
         calls.append((f"{label} {cfg}", call))
     if mainloop == "bf16":

@@ -1,4 +1,4 @@
-"""The persistent stream-K schedule of the sm90 GEMM (gemm256.plan / sk_iter_begin / sk_cta_of),
+"""The persistent stream-K schedule of the sm90 GEMM (schedule.plan / sk_iter_begin / sk_cta_of),
 checked on the host: the kernel evaluates the same integer formulas in Int32, and walks the
 segments that `segments` below lists (Gemm256Kernel._segment)."""
 
@@ -9,7 +9,7 @@ from hypothesis import assume, example, given, settings
 from hypothesis import strategies as st
 
 pytest.importorskip("cutlass")
-from swiglu_fused.kernels.sm90 import gemm256 as g  # noqa: E402
+from swiglu_fused.kernels.sm90 import gemm256, schedule as g, tile_config  # noqa: E402
 
 
 def segments(b, ctas, tiles, sk_tiles, k_tiles):
@@ -209,7 +209,7 @@ def test_banded_tile_order_is_a_bijection_that_keeps_cluster_pairs(grid_m, n_til
     gets one weight tile and adjacent M tiles; within a band, m varies fastest."""
     grid_m = -(-grid_m // cl) * cl
     band = max(cl, min(grid_m, band // cl * cl))
-    kernel = g.Gemm256Kernel.__new__(g.Gemm256Kernel)
+    kernel = gemm256.Gemm256Kernel.__new__(gemm256.Gemm256Kernel)
     coords = [kernel._tile_mn(t, (grid_m, n_tiles, band)) for t in range(grid_m * n_tiles)]
     assert sorted(coords) == [(tm, tn) for tm in range(grid_m) for tn in range(n_tiles)]
     if cl == 2:
@@ -270,7 +270,7 @@ def test_gate_up_granule_tile_where_its_rounds_are_shorter(m, inter, expect):
     from swiglu_fused.kernels.sm90 import gate_up
 
     assert gate_up.granule_tile_n(m, 2 * inter, 132) == expect
-    for tile_n in g.TILE_N_GRANULES:
+    for tile_n in tile_config.TILE_N_GRANULES:
         cfg = gate_up.GateUpConfig(tile_m=128, tile_n=tile_n, stages=4, mainloop="bf16", h_format="bf16")
         assert cfg in gate_up.shipped_configs()
         tiles = -(-m // 128) * -(-inter // (tile_n // 2))
@@ -296,7 +296,7 @@ def test_gate_up_cluster_pairs_from_m_4096(m, tile_m, tile_n, expect):
     from swiglu_fused.kernels.sm90 import gate_up
 
     assert gate_up.cluster_m_for(m, tile_m, tile_n) == expect
-    for mainloop in g.MAINLOOPS:
+    for mainloop in tile_config.MAINLOOPS:
         for h_format in ("fp8_group128", "bf16"):
             cfg = gate_up.GateUpConfig(tile_m=128, stages=4, cluster_m=2, mainloop=mainloop, h_format=h_format,
                                        smem_scales=gate_up.smem_scales_apply(128, False, mainloop, h_format))

@@ -274,12 +274,12 @@ def _down_kernel_config(h, weight, weight_scale, h_scale, global_scale, residual
     if not sm90_kernels_usable(h.device) or global_scale is not None:
         return None
     try:
-        from .sm90 import down as k, gemm256
+        from .sm90 import down as k, schedule
     except ImportError:
         return None
     cfg = k.select_config(h, weight, weight_scale, h_scale, residual, out_dtype)
     if (cfg is not None and cublas.supports_down(h, weight, weight_scale, h_scale, None)
-            and not k.beats_cublas(cfg, h.shape[0], weight.shape[0], h.shape[1], gemm256.sm_count(h.device))):
+            and not k.beats_cublas(cfg, h.shape[0], weight.shape[0], h.shape[1], schedule.sm_count(h.device))):
         # cuBLAS was measured as fast or faster wherever the kernel does not share K out
         # (sm90/down.py beats_cublas): cuBLAS keeps those shapes
         return None

@@ -133,7 +133,7 @@ def test_ops_down_dispatch(monkeypatch):
 @pytest.mark.parametrize("residual", [False, True])
 @pytest.mark.parametrize("hidden,inter,m", [(4096, 14336, 16), (4096, 14336, 64), (4096, 14336, 256), (2048, 8192, 3)])
 def test_stream_k_is_repeatable(hidden, inter, m, residual):
-    """Decode-sized down GEMMs with a long K run stream-K (gemm256.plan): bit-identical launches
+    """Decode-sized down GEMMs with a long K run stream-K (schedule.plan): bit-identical launches
     (partials summed in CTA order) and the residual added once, by the CTA that runs the epilogue."""
     from swiglu_fused.kernels.sm90 import down as k, gemm256
 
@@ -157,7 +157,7 @@ def test_cluster_k_pairs_match_stream_k_split_2(hidden, inter, m, tile_m, residu
     split 2's y bit for bit; the residual is added once, by the CTA that runs the epilogue."""
     import dataclasses
 
-    from swiglu_fused.kernels.sm90 import down as k, gemm256
+    from swiglu_fused.kernels.sm90 import down as k, schedule
 
     args = make_operands(m, hidden, inter, "fp8_block128", residual, seed=m + 3)
     swap = tile_m == 16
@@ -165,7 +165,7 @@ def test_cluster_k_pairs_match_stream_k_split_2(hidden, inter, m, tile_m, residu
     ys = []
     for c in (cfg, dataclasses.replace(cfg, cluster_k=1)):
         if c.cluster_k == 1:
-            monkeypatch.setattr(gemm256, "plan", lambda tiles, *a, **kw: (2 * tiles, tiles))
+            monkeypatch.setattr(schedule, "plan", lambda tiles, *a, **kw: (2 * tiles, tiles))
         y = torch.full((m, hidden), float("nan"), dtype=torch.bfloat16, device="cuda")
         ys.append(k.down(c, args["h"], args["weight"], args["weight_scale"], args["h_scale"], args["residual"], out=y))
     assert torch.equal(ys[0], ys[1])

@@ -133,11 +133,11 @@ def test_ops_gate_up_dispatches_to_kernel(monkeypatch):
 @pytest.mark.parametrize("mainloop", ["fp8_block128", "bf16"])
 @pytest.mark.parametrize("hidden,inter,m", [(8192, 3584, 16), (8192, 3584, 20), (8192, 1792, 64), (8192, 3584, 100)])
 def test_stream_k_is_repeatable_and_leaves_counters_zero(monkeypatch, mainloop, hidden, inter, m):
-    """Shapes whose few tiles leave HBM idle share K out (gemm256.plan). The fix-up sums the
+    """Shapes whose few tiles leave HBM idle share K out (schedule.plan). The fix-up sums the
     partials in CTA order, so launches are bit-identical whatever order CTAs arrive in; the kernel
     re-zeroes the arrival counters it used (here one counter tensor is reused on purpose: a counter
     left non-zero would skip the epilogue next time and leave the NaN poison in h)."""
-    from swiglu_fused.kernels.sm90 import gate_up as k, gemm256
+    from swiglu_fused.kernels.sm90 import gate_up as k, gemm256, schedule
 
     args = make_operands(m, hidden, inter, mainloop, seed=7)
     cfg = k.select_config(args["x"], args["weight"], args.get("weight_scale"), args.get("x_scale"),
@@ -149,7 +149,7 @@ def test_stream_k_is_repeatable_and_leaves_counters_zero(monkeypatch, mainloop, 
     real_plan = gemm256.launch_plan
     if real_plan(cfg, m, 2 * inter, hidden, args["x"].device)[1] == 0:
         # plan() keeps whole tiles here (the cost model's choice): test the stream-K path split 3 ways
-        monkeypatch.setattr(gemm256, "plan", lambda tiles, *a, **kw: (3 * tiles, tiles))
+        monkeypatch.setattr(schedule, "plan", lambda tiles, *a, **kw: (3 * tiles, tiles))
 
     def reuse_counters(*a):
         ctas, sk_tiles, parts, ctr = real_plan(*a)
@@ -207,13 +207,13 @@ def test_cluster_k_pairs_match_stream_k_split_2(hidden, inter, m, tile_m, mainlo
     swap-AB tile or the 64-row tile) and the second sends its accumulator through DSMEM; the sum
     (first half + second half) is the one stream-K split 2 forms through global partials, bit for
     bit, and every h element is written."""
-    from swiglu_fused.kernels.sm90 import gate_up as k, gemm256
+    from swiglu_fused.kernels.sm90 import gate_up as k, schedule
 
     args = make_operands(m, hidden, inter, mainloop, seed=m + 5)
     swap = tile_m == 16
     cfg = k.GateUpConfig(tile_m=tile_m, stages=6 if swap else 3, swap_ab=swap, cluster_k=2, mainloop=mainloop)
     h, hs = run_kernel(cfg, args)
-    monkeypatch.setattr(gemm256, "plan", lambda tiles, *a, **kw: (2 * tiles, tiles))
+    monkeypatch.setattr(schedule, "plan", lambda tiles, *a, **kw: (2 * tiles, tiles))
     h2, hs2 = run_kernel(dataclasses.replace(cfg, cluster_k=1), args)
     assert torch.equal(h.view(torch.uint8), h2.view(torch.uint8))
     assert torch.equal(hs, hs2)
@@ -276,10 +276,10 @@ def test_smem_scales_are_the_global_loads_bit_for_bit(hidden, inter, m, monkeypa
     """TileConfig.smem_scales (dispatched for the fp8 128-row tile): the producer stages the
     promotion scales in smem; h and h_scale equal those of the consumers' own global loads, every
     element written (poisoned outputs), rows past M reading the last row's scale as before."""
-    from swiglu_fused.kernels.sm90 import gate_up as k, gemm256
+    from swiglu_fused.kernels.sm90 import gate_up as k, schedule
 
     if m == 20:  # stream-K split 3: the producer stages the scales of partial segments too
-        monkeypatch.setattr(gemm256, "plan", lambda tiles, *a, **kw: (3 * tiles, tiles))
+        monkeypatch.setattr(schedule, "plan", lambda tiles, *a, **kw: (3 * tiles, tiles))
     args = make_operands(m, hidden, inter, "fp8_block128", seed=m + 13)
     cfg = k.GateUpConfig(tile_m=128, stages=4, smem_scales=True)
     h, hs = run_kernel(cfg, args)
@@ -338,13 +338,13 @@ def test_split_n_64_row_tile(hidden, inter, m, act, h_format, deep, monkeypatch)
     up half's accumulator reaches the gate half's warpgroup through smem; against the reference
     on poisoned outputs, and bit for bit the one-warpgroup tile's h and scales (the same k tiles
     promoted in the same order). Both pipelines: 4 stages, and 5 with the hand-over in parts."""
-    from swiglu_fused.kernels.sm90 import gate_up as k, gemm256
+    from swiglu_fused.kernels.sm90 import gate_up as k, schedule
 
     args = make_operands(m, hidden, inter, "fp8_block128", seed=m + inter)
     pipe = k.split_n_pipeline(deep, h_format)
     cfg = k.GateUpConfig(tile_m=64, act=act, h_format=h_format, split_n=True, **pipe)
     # (whole tiles for both: stream-K would sum the one-warpgroup tile's partials in another order)
-    monkeypatch.setattr(gemm256, "plan", lambda tiles, k_tiles, sms, *a, **kw: (max(1, min(tiles, sms)), 0))
+    monkeypatch.setattr(schedule, "plan", lambda tiles, k_tiles, sms, *a, **kw: (max(1, min(tiles, sms)), 0))
     h, hs = run_kernel(cfg, args)
     assert_matches_reference(h, hs, args, act, h_format)
     h1, hs1 = run_kernel(dataclasses.replace(cfg, split_n=False, xacc_parts=1), args)

@@ -23,7 +23,8 @@ from dataclasses import dataclass
 
 import cutlass
 
-from .gemm256 import MAINLOOPS, N_ALIGN, TileConfig, compile_kernel, launch
+from .gemm256 import compile_kernel, launch
+from .tile_config import MAINLOOPS, N_ALIGN, TileConfig
 
 
 @dataclass(frozen=True)
@@ -64,7 +65,7 @@ def cluster_k_applies(config: DownConfig, m: int, n: int, k: int, sms: int) -> b
     30.1 (the same split, without global partials and their memset); at M = 64 (64 tiles) slower,
     38.5 vs 32.3. Other splits (and whole tiles, 8192×3584: 15.0 vs 14.9) keep plan()'s schedule
     (benchmarks/NOTES.md)."""
-    from .gemm256 import schedule
+    from .schedule import schedule
 
     if not (config.swap_ab and config.fp8):
         return False
@@ -126,7 +127,7 @@ def select_config(h, weight, weight_scale, h_scale, residual, out_dtype) -> Down
     cfg = DownConfig(tile_m=tile_m, stages=stages, mainloop=mainloop, residual=residual is not None, swap_ab=swap,
                      l2_hint=l2_hint_for(tile_m, swap, mainloop))
     if h.is_cuda:
-        from .gemm256 import sm_count
+        from .schedule import sm_count
 
         if cluster_k_applies(cfg, h.shape[0], weight.shape[0], h.shape[1], sm_count(h.device)):
             return dataclasses.replace(cfg, cluster_k=2)
@@ -159,7 +160,7 @@ def fills_gpu(config: DownConfig, m: int, n: int, sms: int) -> bool:
 
 def beats_cublas(config: DownConfig, m: int, n: int, k: int, sms: int) -> bool:
     """Where the kernel was measured faster than cuBLAS (the table above)."""
-    from .gemm256 import schedule
+    from .schedule import schedule
 
     shares_k = config.tile_m == 64 and schedule(config, m, n, k, sms)[1] > 0
     if config.fp8:

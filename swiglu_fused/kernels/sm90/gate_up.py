@@ -26,7 +26,8 @@ import cutlass
 from cutlass import Float32
 
 from . import epilogue
-from .gemm256 import G, MAINLOOPS, TILE_N_GRANULES, TileConfig, compile_kernel, launch
+from .gemm256 import compile_kernel, launch
+from .tile_config import G, MAINLOOPS, TILE_N_GRANULES, TileConfig
 
 
 @dataclass(frozen=True)
@@ -261,7 +262,7 @@ def select_config(x, weight, weight_scale, x_scale, *, act: str, h_format: str) 
         return None
     if weight.shape[0] % (2 * G):
         return None
-    from .gemm256 import sm_count
+    from .schedule import sm_count
 
     sms = sm_count(x.device)
     tile_m, stages, swap = tile_for(x.shape[0], weight.shape[0], sms, mainloop)

@@ -41,7 +41,7 @@ class QuantXConfig:
 
     in_dtype: str = "bf16"
     threads: int = THREADS
-    pdl: bool = False  # programmatic dependent launch, as gemm256.TileConfig.pdl (measured, not shipped)
+    pdl: bool = False  # programmatic dependent launch, as tile_config.TileConfig.pdl (measured, not shipped)
     # (row, k-group) pairs per thread, their 16-byte loads in flight together: 4 where there are
     # enough groups to fill the SMs that way, 1 for decode-sized x (select_config)
     rounds: int = ROUNDS

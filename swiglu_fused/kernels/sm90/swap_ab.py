@@ -44,7 +44,8 @@ import cutlass.pipeline as pipeline
 import cutlass.utils.hopper_helpers as sm90_utils
 from cutlass import Float32, Int32
 
-from .gemm256 import FP8_MAX, G, N_ALIGN, Gemm256Kernel
+from .gemm256 import Gemm256Kernel
+from .tile_config import FP8_MAX, G, N_ALIGN
 from .ptx import bf16_lo_to_f32, cvt_bf16x2, cvt_e4m3x2, div_rn
 
 

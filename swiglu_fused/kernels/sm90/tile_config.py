@@ -1,0 +1,223 @@
+"""Compile-time configuration of the sm_90a GEMM (gemm256.py) and the constants it is built on.
+
+TileConfig is the mainloop part of a configuration: tile shape, stages, mainloop, and the tile
+variants (swap-AB, cluster pairs along M or K, split_n, smem_scales, L2 hints). gate_up.GateUpConfig
+and down.DownConfig add the epilogue. A config is frozen: it is the compile-cache key, what a
+benchmark prints and what an error names.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from . import epilogue
+
+
+FP8_MAX = 448.0
+G = 128  # weight block = half tile = gate_up's interleave granularity and h scale group
+SMEM_BYTES = 227 * 1024
+MAINLOOPS = ("fp8_block128", "bf16")
+N_ALIGN = 8  # weight rows (N) must be a multiple of this: 16-byte rows of a bf16 output
+# TMA cache_policy operands (CUTLASS's CacheHintSm90 encodings) and TileConfig.l2_hint's values
+EVICT_FIRST = 0x12F0000000000000
+EVICT_LAST = 0x14F0000000000000
+L2_HINTS = ("", "w_first", "w_first_x_last")
+TILE_N_GRANULES = (192, 224)  # TileConfig.tile_n of the granule tiles (96 and 112 h columns)
+GRANULE = 16  # gate (and up) rows per TMA box: 16 divides 96, 112 and g = 128, so no box straddles a chunk
+
+
+@dataclass(frozen=True)
+class TileConfig:
+    """Mainloop part of a compile-time configuration; subclasses name the epilogue."""
+
+    tile_m: int = 128  # 128 (prefill: 2 consumer warpgroups) or 64 (decode: 1); swap-AB: 16, 32 or 64 tokens
+    # weight rows per tile: 256 = two 128-row halves (h columns [128n, 128n + 128)), or 192 / 224
+    # (bf16 mainloop, bf16 h, 128-row tile: TILE_N_GRANULES): 6 / 7 granules of 16 gate + 16 up rows,
+    # h columns [96n, 96n + 96) / [112n, 112n + 112), where whole waves of them are shorter
+    # (gate_up.granule_tile_n: e.g. I = 3584 at M = 1024, 224 tiles of 256 rows = 1.7 waves of 132 SMs)
+    tile_n: int = 256
+    stages: int = 4
+    mainloop: str = "fp8_block128"
+    promote_k: int = 128  # fp8: K elements per wgmma chain before promotion into the fp32 accumulator
+    swap_ab: bool = False  # tokens on the wgmma N side, weights on its M side (swap_ab.py): decode tiles
+    # fp8 with one consumer warpgroup (tile_m = 64): promote each 64-column quarter while the next
+    # quarter's wgmma runs (two temps). False: the v1 schedule (benchmarks compare them). No effect
+    # elsewhere: the 128-row tile's second warpgroup hides the promotion, swap_ab has its own temps.
+    overlap: bool = True
+    # CTAs per cluster along M (1 or 2): the CTAs of a cluster take M-adjacent tiles of the same weight
+    # tile, each loads half of its weight k tiles and TMA multicasts it to both (half the L2
+    # traffic for weights). Whole tiles only (no stream-K); the M tiles are padded to a multiple.
+    cluster_m: int = 1
+    # CTAs per cluster along K (1 or 2; swap-AB tiles, and the 64-row tile with 3 stages, measured no
+    # faster and not dispatched): every tile is split in two K halves
+    # run by the two CTAs of a cluster, and the second sends its fp32 accumulator into the first's
+    # shared memory (st.async, DSMEM), which adds it and runs the epilogue. Twice the CTAs
+    # streaming weights at decode, without stream-K's global partials, counters and their memset.
+    # One tile per cluster: the grid is exactly 2 · tiles (≤ the SM count; schedule()).
+    cluster_k: int = 1
+    # Programmatic dependent launch: the kernel may start while the previous kernel on the stream
+    # (quant_x, gate_up) finishes, and sets up (barriers, TMA descriptors, cluster sync) before
+    # griddepcontrol.wait, which returns once that kernel is complete and its writes visible; every
+    # global access comes after it. It lets the next kernel start early in turn. Correct (the GPU
+    # suite passed with it on everywhere) but off: in the whole MLP it measured from 15 µs faster
+    # to 44 µs slower depending on the shape and M (benchmarks/NOTES.md, bench_mlp --pdl-ab).
+    pdl: bool = False
+    # gate_up's 64/128-row tiles: each warpgroup's h slab leaves smem by a TMA store (issued by one
+    # thread, asynchronous: the warpgroup goes on to its next tile while the TMA unit writes, rows
+    # ≥ M clipped by the tensor map) instead of the threads' 16-byte copy-out (which the swap-AB
+    # tiles and the linear epilogue always use). Correct (GPU tests: bit-identical h) but off:
+    # measured 0-8 % slower at prefill (gate_up 4096×14336 M = 1024: 249.6 vs 230.0 µs; the TMA
+    # unit also serves the producer's loads), benchmarks/NOTES.md; bench_gate_up --store-ab.
+    tma_store: bool = False
+    # the 128-row fp8 tile: the producer warp stages each k tile's promotion scales (the tile's 128
+    # A-row scales and its 2 weight-block scales) in smem beside the stage, and the consumers read
+    # them there instead of from global memory (as cuBLAS's block-scaled kernel does); the stage's
+    # full barrier takes a second arrival for them. Measured 1-5 % faster (gate_up 8192x3584
+    # M = 1024: 114.2 vs 119.7 µs, 9 rounds; benchmarks/NOTES.md). Dispatched for gate_up with
+    # fp8 h; with bf16 h its 4 stages leave no room for the scales.
+    smem_scales: bool = False
+    # the fp8 64-row gate_up tile with two consumer warpgroups instead of one: warpgroup w runs B
+    # half w (gate, up) over all 64 rows in N = 128 chains, double-buffered; the up warpgroup hands
+    # its accumulator to the gate one through smem for the epilogue. The one-warpgroup tile uses
+    # N = 64 chains (its registers hold no more), whose SS operands take all of smem's 128 B/clk
+    # at the tensor pipe's rate. Whole tiles only.
+    split_n: bool = False
+    # split_n: k tiles per run of back-to-back wgmma chains (2 temps alternate; each chain is
+    # promoted while the next runs, the last one of a run with the tensor pipe idle)
+    split_unroll: int = 2
+    # split_n: the up half's accumulator is handed over in this many parts through a buffer of
+    # 1/parts of it (32 KB / parts of smem: with 2, a fifth stage fits)
+    xacc_parts: int = 1
+    # L2 eviction priority the producer's TMA loads ask for (cache_policy operand): "" none (normal);
+    # "w_first" the weight k tiles evict_first (each is read by the few CTAs of its M tiles, then
+    # never again in this kernel), so the activations and the lines the previous kernels wrote stay;
+    # "w_first_x_last" also the activation k tiles (read by every N tile) evict_last
+    l2_hint: str = ""
+
+    # the epilogue and the bytes per element of the staged output (set by subclasses)
+    epilogue = "swiglu"
+    out_bytes = 2
+
+    def __post_init__(self):
+        name = type(self).__name__
+        allowed = (16, 32, 64) if self.swap_ab else (64, 128)
+        if self.tile_m not in allowed:
+            raise ValueError(f"{name}.tile_m: expected one of {allowed} (swap_ab={self.swap_ab}), got {self.tile_m}")
+
+        if self.cluster_m not in (1, 2) or (self.swap_ab and self.cluster_m != 1):
+            raise ValueError(f"{name}.cluster_m: expected 1 or 2 (1 with swap_ab), got {self.cluster_m}")
+        if self.cluster_k not in (1, 2) or (self.cluster_k == 2 and not (self.swap_ab or self.tile_m == 64)):
+            raise ValueError(f"{name}.cluster_k: expected 1 or 2 (2 only with swap_ab or tile_m = 64), "
+                             f"got {self.cluster_k}")
+        if self.tile_n not in (2 * G, *TILE_N_GRANULES):
+            raise ValueError(f"{name}.tile_n: expected {2 * G} (two 128-row weight blocks) or one of "
+                             f"{TILE_N_GRANULES} (16-row granules), got {self.tile_n}")
+        if self.granules and (self.mainloop != "bf16" or self.out_bytes != 2 or self.epilogue != "swiglu"
+                              or self.tile_m != 128 or self.swap_ab or self.cluster_size > 1 or self.tma_store):
+            raise ValueError(f"{name}.tile_n = {self.tile_n} is the bf16 mainloop's 128-row gate_up tile with "
+                             f"bf16 h (no swap_ab, clusters or tma_store); got {self}")
+        if self.mainloop not in MAINLOOPS:
+            raise ValueError(f"{name}.mainloop: expected one of {MAINLOOPS}, got {self.mainloop!r}")
+        if self.split_n and (self.tile_m != 64 or not self.fp8 or self.swap_ab or self.cluster_size > 1
+                             or self.tma_store or self.epilogue != "swiglu" or self.tile_n != 2 * G):
+            raise ValueError(f"{name}.split_n: the fp8 mainloop's 64-row gate_up tile only (no swap_ab, clusters "
+                             f"or tma_store); got {self}")
+        if self.xacc_parts not in (1, 2, 4) or (self.xacc_parts > 1 and not self.split_n):
+            raise ValueError(f"{name}.xacc_parts: expected 1, 2 or 4 (more than 1 with split_n only), "
+                             f"got {self.xacc_parts}")
+        if self.split_unroll not in (1, 2, 3, 4, 6, 8):
+            raise ValueError(f"{name}.split_unroll: expected 1, 2, 3, 4, 6 or 8 k tiles, got {self.split_unroll}")
+        if self.smem_scales and (not self.fp8 or self.tile_m != 128 or self.swap_ab):
+            raise ValueError(f"{name}.smem_scales: the fp8 mainloop's 128-row tile only; got {self}")
+        if self.l2_hint not in L2_HINTS:
+            raise ValueError(f"{name}.l2_hint: expected one of {L2_HINTS}, got {self.l2_hint!r}")
+        if self.promote_k not in (32, 64, 128):
+            raise ValueError(f"{name}.promote_k: expected 32, 64 or 128, got {self.promote_k}")
+        if self.epilogue not in epilogue.EPILOGUES:
+            raise ValueError(f"{name}.epilogue: expected one of {epilogue.EPILOGUES}, got {self.epilogue!r}")
+        stage_bytes = (self.tile_m + self.tile_n) * self.tile_k * self.elem_bytes
+        # output staging + the swap-AB amax exchange + the cluster_k accumulator + mbarriers (16 B a
+        # stage; 64 reserved)
+        fixed = (self.out_stage_bytes + 4 * self.red_words + 4 * self.xacc_words + 4 * self.scale_words
+                 + 64 * self.stages)
+        if self.stages < 2 or self.stages * stage_bytes + fixed > SMEM_BYTES:
+            raise ValueError(
+                f"{name}.stages: {self.stages} stages of {stage_bytes} B plus {self.out_stage_bytes} B of "
+                f"output staging do not fit in {SMEM_BYTES} B of shared memory "
+                f"(at most {(SMEM_BYTES - fixed) // stage_bytes})"
+            )
+
+    @property
+    def scale_words(self) -> int:
+        """fp32 words of smem for staged promotion scales (smem_scales: per stage, tile_m + 2)."""
+        return self.stages * (self.tile_m + 2) if self.smem_scales else 4
+
+    @property
+    def granules(self) -> bool:
+        """Whether the tile is 16-row gate/up granules (tile_n in TILE_N_GRANULES), not two 128-row halves."""
+        return self.tile_n in TILE_N_GRANULES
+
+    @property
+    def b_box_rows(self) -> int:
+        """Weight rows per TMA box of B: the whole tile, or one 16-row granule (the granule tile)."""
+        return GRANULE if self.granules else self.tile_n
+
+    @property
+    def out_chunks(self) -> int:
+        """16-byte chunks per row of a staged output slab: 128 columns, or the granule tile's tile_n / 2."""
+        return self.tile_n // 2 * self.out_bytes // 16
+
+    @property
+    def h_tma_store(self) -> bool:
+        """Whether h leaves through TMA stores (tma_store; the swiglu epilogue of the 64/128-row tiles)."""
+        return self.tma_store and self.epilogue == "swiglu" and not self.swap_ab
+
+    @property
+    def out_row_words(self) -> int:
+        """32-bit words per row of the smem staging slab: 128 output columns + 16 bytes of padding,
+        so that a warp's 8 rows × 4 lanes of fragment stores hit distinct banks and rows stay
+        16-byte aligned for the vector copy-out. With TMA stores no padding: the slab is 128-byte
+        swizzled instead (Gemm256Kernel._h_store_layout), which spreads those stores as well."""
+        return G * self.out_bytes // 4 if self.h_tma_store else (G * self.out_bytes + 16) // 4
+
+    @property
+    def out_stage_bytes(self) -> int:
+        return self.tile_m * self.out_row_words * 4
+
+    @property
+    def consumer_threads(self) -> int:
+        """Two consumer warpgroups for the 128-row tile, the 64-token swap-AB tile (whose
+        accumulator, 256 × 64 fp32, is too large for one) and the split_n 64-row tile, else one."""
+        return 256 if self.tile_m >= (64 if self.swap_ab else 128) or self.split_n else 128
+
+    @property
+    def red_words(self) -> int:
+        """fp32 words of smem for the swap-AB epilogue's cross-warp amax (consumer warps × tokens)."""
+        return self.consumer_threads // 32 * self.tile_m if self.swap_ab else 4
+
+    @property
+    def xacc_words(self) -> int:
+        """fp32 words of smem that receive the peer CTA's accumulator (cluster_k = 2: the whole tile)."""
+        if self.split_n:  # the up half's accumulator, handed to the gate half's warpgroup
+            return G * self.tile_m // self.xacc_parts
+        return self.tile_n * self.tile_m if self.cluster_k > 1 else 4
+
+    @property
+    def cluster_size(self) -> int:
+        return self.cluster_m * self.cluster_k
+
+    @property
+    def fp8(self) -> bool:
+        return self.mainloop == "fp8_block128"
+
+    @property
+    def elem_bytes(self) -> int:
+        return 1 if self.fp8 else 2
+
+    @property
+    def tile_k(self) -> int:
+        return 128 if self.fp8 else 64  # 128 bytes of K per row: one 128B-swizzle atom
+
+    @property
+    def k_align(self) -> int:
+        return 16 // self.elem_bytes  # TMA: 16-byte row stride
