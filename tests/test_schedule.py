@@ -400,3 +400,15 @@ def test_down_weight_loads_evict_first_on_the_fp8_64_row_tile():
     shipped = down.shipped_configs()
     assert {c.l2_hint for c in shipped if c.tile_m == 64 and c.fp8 and not c.swap_ab} == {"w_first"}
     assert {c.l2_hint for c in shipped if not (c.tile_m == 64 and c.fp8 and not c.swap_ab)} == {""}
+
+
+def test_schedule_consults_the_module_plan():
+    """The GPU tests and benchmarks force a stream-K split by patching schedule.plan: schedule()
+    must look plan up there at call time (not hold its own reference)."""
+    from unittest import mock
+
+    cfg = g.TileConfig(tile_m=64, stages=5)
+    real = g.schedule(cfg, 100, 7168, 8192, 132)
+    with mock.patch.object(g, "plan", lambda tiles, *a, **kw: (3 * tiles, tiles)):
+        tiles = 2 * 28
+        assert g.schedule(cfg, 100, 7168, 8192, 132) == (3 * tiles, tiles) != real
