@@ -7,6 +7,7 @@ the kernel's name, its median duration and the median gap to the next kernel (th
 a graph still pays, plus any wait of a kernel for its predecessor's tail).
 
     python benchmarks/profile_mlp.py [--shapes 8192x3584] [--m 128,256] [--layers N] [--json out.json]
+        [--ab gate_up:l2_hint=''] (each --ab: one more pipeline of ours, as in bench_mlp.py)
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import torch
 sys.path.insert(0, ".")
 sys.path.insert(0, "benchmarks")
 from bench_gate_up import REPS, capture  # noqa: E402
-from bench_mlp import hf_mlp, layer_count, rotating, unfused_fp8  # noqa: E402
+from bench_mlp import hf_mlp, layer_count, parse_ab, rotating, unfused_fp8, with_configs  # noqa: E402
 
 from swiglu_fused import FusedSwiGLUMLP, quant  # noqa: E402
 
@@ -99,22 +100,26 @@ def parts(ours: FusedSwiGLUMLP, x):
             "gate_up_down": lambda _x: down(gate_up())}
 
 
-def profile_shape(hidden, inter, ms, replays, layers=None):
+def profile_shape(hidden, inter, ms, replays, layers=None, ab=()):
     """Both pipelines at each M, cycling through ``layers`` MLPs of their own weights (default
-    bench_mlp.layer_count: no call finds its weights in L2; 1 shows what reuse of one MLP's does)."""
+    bench_mlp.layer_count: no call finds its weights in L2; 1 shows what reuse of one MLP's does).
+    ``ab``: bench_mlp --ab specs, each one more pipeline of ours with kernel config fields replaced."""
     made = []
     for seed in range(layers or layer_count(hidden, inter)):
         mlp = hf_mlp(hidden, inter, seed)
         ours = FusedSwiGLUMLP.from_linear(mlp.gate_proj, mlp.up_proj, mlp.down_proj, weight_format="fp8_block128")
         made.append({"ours_fp8": ours, "fp8_unfused": unfused_fp8(ours)})
+        for spec in ab:
+            made[-1][f"ours_fp8_{spec}"] = with_configs(FusedSwiGLUMLP.from_linear(
+                mlp.gate_proj, mlp.up_proj, mlp.down_proj, weight_format="fp8_block128"), parse_ab(spec))
         del mlp
     out = []
     for m in ms:
         x = torch.randn(m, hidden, device="cuda").to(torch.bfloat16)
         for layer in made:
             layer.update(parts(layer["ours_fp8"], x))
-        for name in ("ours_fp8", "fp8_unfused", "gate_up_alone", "gemm_alone", "quant_gate_up", "copy_gate_up",
-                     "gate_up_down"):
+        for name in ("ours_fp8", *(f"ours_fp8_{spec}" for spec in ab), "fp8_unfused", "gate_up_alone", "gemm_alone",
+                     "quant_gate_up", "copy_gate_up", "gate_up_down"):
             for layer in made:  # the unfused act·quant picks its kernel on the first call, outside the graph
                 layer[name](x)
             fn = rotating([lambda f=layer[name], x=x: f(x) for layer in made])
@@ -134,11 +139,13 @@ def main():
     ap.add_argument("--replays", type=int, default=5, help="graph replays profiled (each REPS calls)")
     ap.add_argument("--layers", type=int, default=None,
                     help="MLPs cycled through (default: enough that no call finds its weights in L2)")
+    ap.add_argument("--ab", action="append", default=[], metavar="FAMILY:FIELD=VALUE,...",
+                    help="also profile ours with these kernel config fields changed (as bench_mlp.py --ab)")
     ap.add_argument("--json", help="write the per-kernel rows here")
     args = ap.parse_args()
     shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")]
     ms = [int(v) for v in args.m.split(",")]
-    rows = [r for h, i in shapes for r in profile_shape(h, i, ms, args.replays, args.layers)]
+    rows = [r for h, i in shapes for r in profile_shape(h, i, ms, args.replays, args.layers, args.ab)]
     if args.json:
         with open(args.json, "w") as f:
             f.write(json.dumps({"gpu": torch.cuda.get_device_name(), "rows": rows}, separators=(",", ":")))
