@@ -176,11 +176,12 @@ def bench_quant_x(iters, variants=(), rounds=3):
     """quant_x kernel (the shipped pick, and each QuantXConfig in ``variants``, e.g. "rounds=1,vec=16")
     vs the torch.compile'd quantization of the unfused pipeline (bench_mlp.quant_x_m_major): µs and
     GB/s (bytes read + written). Every variant's output is checked against the shipped kernel's."""
+    from ab_gate_up import parse_variant
     from bench_mlp import quant_x_m_major
 
     from swiglu_fused.kernels.sm90 import quant_x as kq
 
-    configs = {v: eval(f"kq.QuantXConfig({v})") for v in variants}  # a benchmark's own command line
+    configs = {v: kq.QuantXConfig(**parse_variant(":" + v)[1]) for v in variants}
     ref_c = torch.compile(quant_x_m_major, dynamic=False)
     print(f"{'M':>6} {'K':>6} {'shipped':>16} {'us':>6} {'GB/s':>6} {'compiled':>9} "
           + " ".join(f"{v:>20}" for v in variants))

@@ -64,10 +64,15 @@ def layer_count(hidden, inter):
     return max(1, -(-2 * L2_BYTES // (3 * hidden * inter)))
 
 
-def rotating(fns):
-    """One no-argument callable that calls the next of ``fns`` at each call."""
-    it = itertools.cycle(fns)
-    return lambda: next(it)()
+def rotating(layers, name, x):
+    """One no-argument callable that runs ``layer[name](x)`` for the next of ``layers`` at each call."""
+    it = itertools.cycle([layer[name] for layer in layers])
+    return lambda: next(it)(x)
+
+
+def fused(mlp, weight_format="fp8_block128"):
+    """Our FusedSwiGLUMLP from a transformers MLP's three projections."""
+    return FusedSwiGLUMLP.from_linear(mlp.gate_proj, mlp.up_proj, mlp.down_proj, weight_format=weight_format)
 
 
 def quant_x_m_major(x):
@@ -174,16 +179,15 @@ def bench_interleaved(shapes, ms, iters, rounds, variants=None):
         layers = []
         for seed in range(layer_count(hidden, inter)):
             mlp = hf_mlp(hidden, inter, seed)
-            ours = FusedSwiGLUMLP.from_linear(mlp.gate_proj, mlp.up_proj, mlp.down_proj, weight_format="fp8_block128")
+            ours = fused(mlp)
             layer = dict(hf_bf16=mlp, ours_fp8=ours, fp8_unfused=unfused_fp8(ours))
             for name, fields in variants.items():
-                layer[name] = with_configs(FusedSwiGLUMLP.from_linear(
-                    mlp.gate_proj, mlp.up_proj, mlp.down_proj, weight_format="fp8_block128"), fields)
+                layer[name] = with_configs(fused(mlp), fields)
             layers.append(layer)
         for m in ms:
             x = torch.randn(m, hidden, device="cuda").to(torch.bfloat16)
             names = [n for n in layers[0] if n != "fp8_unfused" or unfused_runs(layers[0][n], x, m)]
-            fns = {n: rotating([lambda f=layer[n], x=x: f(x) for layer in layers]) for n in names}
+            fns = {n: rotating(layers, n, x) for n in names}
             t = interleaved_us(fns, iters, rounds)
             t.setdefault("fp8_unfused", [float("nan")] * rounds)
             ratios = [u / o for u, o in zip(t["fp8_unfused"], t["ours_fp8"])]
@@ -218,8 +222,7 @@ def bench_shapes(shapes, ms, iters):
         layers = []
         for seed in range(layer_count(hidden, inter)):
             mlp = hf_mlp(hidden, inter, seed)
-            ours = {fmt: FusedSwiGLUMLP.from_linear(mlp.gate_proj, mlp.up_proj, mlp.down_proj, weight_format=fmt)
-                    for fmt in ("fp8_block128", "bf16")}
+            ours = {fmt: fused(mlp, fmt) for fmt in ("fp8_block128", "bf16")}
             layers.append(dict(hf_bf16=mlp, hf_compiled=torch.compile(mlp, dynamic=True),
                                fp8_unfused=unfused_fp8(ours["fp8_block128"]), ours_fp8=ours["fp8_block128"],
                                ours_bf16=ours["bf16"]))
@@ -228,7 +231,7 @@ def bench_shapes(shapes, ms, iters):
             t = {}
             for name in PEERS:
                 try:
-                    t[name] = graph_time_us(rotating([lambda f=layer[name], x=x: f(x) for layer in layers]), iters)
+                    t[name] = graph_time_us(rotating(layers, name, x), iters)
                 except Exception as e:  # a peer that does not run this M is reported, not hidden
                     print(f"  {name} M={m}: {type(e).__name__}: {str(e)[:100]}")
                     t[name] = float("nan")

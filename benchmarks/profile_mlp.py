@@ -24,7 +24,7 @@ import torch
 sys.path.insert(0, ".")
 sys.path.insert(0, "benchmarks")
 from bench_gate_up import REPS, capture  # noqa: E402
-from bench_mlp import hf_mlp, layer_count, parse_ab, rotating, unfused_fp8, with_configs  # noqa: E402
+from bench_mlp import fused, hf_mlp, layer_count, parse_ab, rotating, unfused_fp8, with_configs  # noqa: E402
 
 from swiglu_fused import FusedSwiGLUMLP, quant  # noqa: E402
 
@@ -107,11 +107,10 @@ def profile_shape(hidden, inter, ms, replays, layers=None, ab=()):
     made = []
     for seed in range(layers or layer_count(hidden, inter)):
         mlp = hf_mlp(hidden, inter, seed)
-        ours = FusedSwiGLUMLP.from_linear(mlp.gate_proj, mlp.up_proj, mlp.down_proj, weight_format="fp8_block128")
+        ours = fused(mlp)
         made.append({"ours_fp8": ours, "fp8_unfused": unfused_fp8(ours)})
         for spec in ab:
-            made[-1][f"ours_fp8_{spec}"] = with_configs(FusedSwiGLUMLP.from_linear(
-                mlp.gate_proj, mlp.up_proj, mlp.down_proj, weight_format="fp8_block128"), parse_ab(spec))
+            made[-1][f"ours_fp8_{spec}"] = with_configs(fused(mlp), parse_ab(spec))
         del mlp
     out = []
     for m in ms:
@@ -122,8 +121,7 @@ def profile_shape(hidden, inter, ms, replays, layers=None, ab=()):
                      "quant_gate_up", "copy_gate_up", "gate_up_down"):
             for layer in made:  # the unfused act·quant picks its kernel on the first call, outside the graph
                 layer[name](x)
-            fn = rotating([lambda f=layer[name], x=x: f(x) for layer in made])
-            rows, span = per_position(kernel_records(capture(fn), replays), replays * REPS)
+            rows, span = per_position(kernel_records(capture(rotating(made, name, x)), replays), replays * REPS)
             out.append({"hidden": hidden, "inter": inter, "m": m, "layers": len(made), "pipeline": name,
                         "call_us": span, "kernels": rows})
             print(f"\n{hidden}x{inter} M={m} {name}, {len(made)} layers: {span:.1f} µs per call (start to start)")

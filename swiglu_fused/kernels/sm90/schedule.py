@@ -9,7 +9,6 @@ import cutlass
 from .tile_config import G, TileConfig
 
 
-# ---------------------------------------------------------------- schedule (host and device)
 # Whole tiles leave SMs idle when there are few of them: decode with I = 3584 has 28 gate_up tiles
 # for 132 SMs, and each CTA then streams its weights at one SM's rate (~55 GB/s), far below HBM's.
 # Stream-K deals the K iterations of all tiles out evenly over more CTAs instead; a CTA finishing
@@ -18,7 +17,6 @@ from .tile_config import G, TileConfig
 # epilogue serialized behind the last contributor: 4-16 µs measured, growing with the number of
 # CTAs per tile), so plan() uses it only where a cost model, fitted to the H100 measurements in
 # benchmarks/NOTES.md, predicts a clear gain, and with about enough CTAs to saturate HBM.
-# The integer formulas below run both in the kernel (Int32) and on the host (int, tests).
 SK_MIN_ITERS = 4  # k tiles per CTA, at least
 # A band's A tiles (x or h rows × K) fit in this much of the 50 MB L2, with the few weight tiles the
 # running CTAs share: beyond it, m-fastest order would re-read all of A from HBM for every N tile
