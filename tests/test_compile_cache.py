@@ -16,7 +16,7 @@ pytest.importorskip("cutlass")
 ROOT = Path(__file__).resolve().parents[1]
 PIN = "5" * 64  # stands in for the source hash (see _CHILD)
 
-# compiles (or loads) the shipped quant_x config; with FORBID_COMPILE set, cute.compile raises
+# compiles (or loads) a shipped quant_x or gate_up config (FAMILY); with FORBID_COMPILE set, cute.compile raises
 _CHILD = r"""
 import json, os, sys, time
 import cutlass.cute as cute
@@ -28,12 +28,19 @@ if os.environ.get("FORBID_COMPILE"):
     def _no_compile(*a, **k):
         raise AssertionError("cute.compile called although the disk cache should have served")
     cute.compile = _no_compile
+family = os.environ.get("FAMILY", "quant_x")
+if family == "quant_x":
+    cfg = quant_x.QuantXConfig()
+    build = lambda: quant_x.compile_quant_x(cfg)
+else:  # the decode tile of the flagship kernel
+    from swiglu_fused.kernels.sm90 import gate_up
+    cfg = gate_up.GateUpConfig(tile_m=64, stages=5)
+    build = lambda: gate_up.compile_gate_up(cfg)
 t = time.perf_counter()
-cfg = quant_x.QuantXConfig()
-fn = compile_cache.get("quant_x", cfg, lambda: quant_x.compile_quant_x(cfg))
+fn = compile_cache.get(family, cfg, build)
 dt = time.perf_counter() - t
 assert fn is not None and callable(fn)
-print(json.dumps(dict(compile_cache.stats, seconds=dt, path=str(compile_cache.entry_path("quant_x", cfg)))))
+print(json.dumps(dict(compile_cache.stats, seconds=dt, path=str(compile_cache.entry_path(family, cfg)))))
 """
 
 
@@ -47,14 +54,15 @@ def _run(cache_dir, **env):
     return json.loads(p.stdout.strip().splitlines()[-1]), p.stderr
 
 
-def test_second_process_loads_without_compiling(tmp_path):
-    first, _ = _run(tmp_path)
+@pytest.mark.parametrize("family", ["quant_x", "gate_up"])
+def test_second_process_loads_without_compiling(tmp_path, family):
+    first, _ = _run(tmp_path, FAMILY=family)
     assert first["built"] == 1 and first["disk_writes"] == 1 and first["disk_loads"] == 0
     entry = Path(first["path"])
     assert entry.is_file() and entry.parent.parent == tmp_path
     assert not [p for p in entry.parent.iterdir() if p != entry]  # no temp files left behind
 
-    second, _ = _run(tmp_path, FORBID_COMPILE="1")
+    second, _ = _run(tmp_path, FORBID_COMPILE="1", FAMILY=family)
     assert second["built"] == 0 and second["disk_loads"] == 1 and second["disk_errors"] == 0
     assert second["path"] == first["path"]
 
@@ -93,3 +101,19 @@ def test_key_follows_source_config_and_dir(tmp_path, monkeypatch):
     assert cc.entry_path("quant_x", QuantXConfig()) != p
     monkeypatch.setenv("SWIGLU_FUSED_DISK_CACHE", "0")
     assert cc.entry_path("quant_x", QuantXConfig()) is None
+
+
+def test_compile_error_names_the_configuration(monkeypatch):
+    from swiglu_fused.kernels.sm90 import compile_cache, gate_up
+
+    monkeypatch.setenv("SWIGLU_FUSED_DISK_CACHE", "0")
+    cfg = gate_up.GateUpConfig(tile_m=64, stages=5, act="gelu_tanh")
+
+    def broken():
+        raise TypeError("DSL could not lower an op")
+
+    monkeypatch.setattr(compile_cache, "_compiled", {})
+    with pytest.raises(compile_cache.CompileError, match="gate_up kernel for GateUpConfig.*act='gelu_tanh'.*"
+                       "TypeError: DSL could not lower an op"):
+        compile_cache.get("gate_up", cfg, broken)
+    assert ("gate_up", cfg) not in compile_cache._compiled  # nothing half-built is kept

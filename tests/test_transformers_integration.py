@@ -26,10 +26,14 @@ def _generate(model, tokens):
         return model.generate(tokens, max_new_tokens=8, do_sample=False, pad_token_id=0)
 
 
-@pytest.mark.parametrize("family", ["llama", "mistral", "qwen2", "qwen3", "gemma", "phi3"])
-def test_patched_bf16_generates_the_same_tokens(tmp_path, family):
-    model = make_causal_lm(tmp_path / "m", family)
-    tokens = _tokens()
+FAMILIES = ["llama", "mistral", "qwen2", "qwen3", "gemma", "phi3"]
+
+
+# The check_* functions take the device, so tests/gpu/test_transformers_gpu.py runs the same
+# checks on the sm90 kernels.
+def check_patched_bf16_generates_the_same_tokens(tmp_path, family, device="cpu"):
+    model = make_causal_lm(tmp_path / "m", family).to(device)
+    tokens = _tokens().to(device)
     expected = _generate(model, tokens)
     report = patch_model(model, weight_format="bf16")
     assert report.swapped == ["model.layers.0.mlp", "model.layers.1.mlp"] and not report.skipped
@@ -37,12 +41,12 @@ def test_patched_bf16_generates_the_same_tokens(tmp_path, family):
     if family == "gemma":
         assert model.model.layers[0].mlp.activation == "gelu_tanh"
     assert torch.equal(_generate(model, tokens), expected)
+    return model
 
 
-@pytest.mark.parametrize("fmt", ["fp8_block128", "nvfp4"])
-def test_patched_quantized_logits_within_tolerance(tmp_path, fmt):
-    model = make_causal_lm(tmp_path / "m", "llama")
-    tokens = _tokens()
+def check_patched_quantized_logits_within_tolerance(tmp_path, fmt, device="cpu"):
+    model = make_causal_lm(tmp_path / "m", "llama").to(device)
+    tokens = _tokens().to(device)
     with torch.no_grad():
         expected = model(tokens).logits
     report = patch_model(model, weight_format=fmt)
@@ -57,6 +61,17 @@ def test_patched_quantized_logits_within_tolerance(tmp_path, fmt):
         assert b.grad_fn is None and not b.requires_grad, name
     with torch.no_grad():
         assert torch.equal(copy.deepcopy(model)(tokens).logits, got)
+    return model
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_patched_bf16_generates_the_same_tokens(tmp_path, family):
+    check_patched_bf16_generates_the_same_tokens(tmp_path, family)
+
+
+@pytest.mark.parametrize("fmt", ["fp8_block128", "nvfp4"])
+def test_patched_quantized_logits_within_tolerance(tmp_path, fmt):
+    check_patched_quantized_logits_within_tolerance(tmp_path, fmt)
 
 
 def test_modules_it_cannot_handle_are_listed(tmp_path):
@@ -67,25 +82,27 @@ def test_modules_it_cannot_handle_are_listed(tmp_path):
     assert "not a multiple of --interleave 128" in report.skipped["model.layers.0.mlp"]
 
 
-@pytest.mark.parametrize("fmt", ["bf16", "fp8_block128", "nvfp4"])
-def test_from_pretrained_loads_packed_checkpoint_and_saves_it_again(tmp_path, fmt):
+def check_from_pretrained_and_save_pretrained(tmp_path, fmt, family, device="cpu"):
+    """A packed checkpoint loads through from_pretrained (as stored, no bf16 detour), matches the
+    unpacked model, and save_pretrained writes one that verifies and loads again."""
     from transformers import AutoModelForCausalLM
 
     src, dst = tmp_path / "src", tmp_path / "packed"
-    make_causal_lm(src, "qwen3")
+    make_causal_lm(src, family)
     convert(src, dst, weight_format=fmt, progress=False)
     # the unpacked model as transformers loads it (a model built in fp32 and cast to bf16 differs
     # slightly: its rotary inv_freq buffer is cast too)
-    model = AutoModelForCausalLM.from_pretrained(src, dtype=torch.bfloat16)
-    loaded = AutoModelForCausalLM.from_pretrained(dst, dtype=torch.bfloat16)
+    model = AutoModelForCausalLM.from_pretrained(src, dtype=torch.bfloat16, device_map=device)
+    loaded = AutoModelForCausalLM.from_pretrained(dst, dtype=torch.bfloat16, device_map=device)
     assert loaded.model.embed_tokens.weight.dtype == torch.bfloat16
     mlp = loaded.model.layers[1].mlp
     assert isinstance(mlp, FusedSwiGLUMLP) and mlp.weight_format == fmt
     packed = swiglu_fused.weight_packing.packed.PackedCheckpoint(dst)
     for name, t in packed.module("model.layers.1.mlp")[0].items():  # loaded as stored, no bf16 detour
         got = getattr(mlp.gate_up_proj, name)
-        assert got.dtype == t.dtype and torch.equal(got.view(torch.uint8), t.view(torch.uint8))
-    tokens = _tokens(1)
+        assert got.device.type == device and got.dtype == t.dtype
+        assert torch.equal(got.cpu().view(torch.uint8), t.view(torch.uint8))
+    tokens = _tokens(1).to(device)
     with torch.no_grad():
         expected, got = model(tokens).logits, loaded(tokens).logits
     assert _rel(got, expected) < LOGITS_BOUND.get(fmt, 0.01)
@@ -93,9 +110,18 @@ def test_from_pretrained_loads_packed_checkpoint_and_saves_it_again(tmp_path, fm
         assert torch.equal(_generate(loaded, tokens), _generate(model, tokens))
     loaded.save_pretrained(tmp_path / "again")
     assert swiglu_fused.verify(tmp_path / "again").ok
-    again = AutoModelForCausalLM.from_pretrained(tmp_path / "again")
+    again = AutoModelForCausalLM.from_pretrained(tmp_path / "again", device_map=device)
     with torch.no_grad():
         assert torch.equal(again(tokens).logits, got)
+    return loaded
+
+
+FROM_PRETRAINED_CASES = [("bf16", "qwen3"), ("nvfp4", "qwen3")] + [("fp8_block128", f) for f in FAMILIES]
+
+
+@pytest.mark.parametrize("fmt,family", FROM_PRETRAINED_CASES)
+def test_from_pretrained_loads_packed_checkpoint_and_saves_it_again(tmp_path, fmt, family):
+    check_from_pretrained_and_save_pretrained(tmp_path, fmt, family)
 
 
 def test_import_registers_without_importing_transformers(tmp_path):

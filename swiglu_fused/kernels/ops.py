@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import functools
 import os
+import warnings
 
 import torch
 
@@ -130,6 +131,25 @@ def _kernel_layout_ok(name: str, t: torch.Tensor, k_multiple: int) -> None:
         )
 
 
+def _rows_16_bytes(op: str, **tensors: torch.Tensor) -> bool:
+    """Whether every matrix has 16-byte rows, which the kernels' TMA and vector accesses need. A
+    shape without them (H = 1000 in fp8, say: the format allows it) runs on the reference, slowly
+    but correctly, and says so once per op and width."""
+    for name, t in tensors.items():
+        if t.shape[-1] * t.element_size() % 16:
+            _warn_reference_once(op, name, t.shape[-1], 16 // t.element_size())
+            return False
+    return True
+
+
+@functools.lru_cache(maxsize=None)
+def _warn_reference_once(op: str, name: str, cols: int, multiple: int) -> None:
+    warnings.warn(f"{op}: {name} has {cols} columns, not a multiple of {multiple} (16-byte rows), so the "
+                  f"sm90 kernel cannot run it and the plain-torch reference does, much more slowly; pad "
+                  f"{name}'s last dimension with zeros to {-(-cols // multiple) * multiple} for the kernel",
+                  stacklevel=4)
+
+
 # ---------------------------------------------------------------- eager fast path
 def _direct(*tensors: torch.Tensor | None) -> bool:
     """Whether the wrappers may call the op's implementation directly rather than through
@@ -148,7 +168,7 @@ def _direct(*tensors: torch.Tensor | None) -> bool:
 
 # ---------------------------------------------------------------- quant_x
 def _quant_x_impl(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    if x.dtype == torch.bfloat16 and sm90_kernels_usable(x.device):
+    if x.dtype == torch.bfloat16 and sm90_kernels_usable(x.device) and _rows_16_bytes("quant_x", x=x):
         _kernel_layout_ok("x", x, 8)
         from .sm90 import quant_x as k
 
@@ -182,7 +202,8 @@ def _gate_up_kernel_config(x, weight, weight_scale, x_scale, global_scale, inter
         from .sm90 import gate_up as k
     except ImportError:
         return None
-    return k.select_config(x, weight, weight_scale, x_scale, act=act, h_format=h_format)
+    cfg = k.select_config(x, weight, weight_scale, x_scale, act=act, h_format=h_format)
+    return cfg if cfg is not None and _rows_16_bytes("gate_up", x=x, weight=weight) else None
 
 
 def _gate_up_impl(

@@ -13,7 +13,10 @@ from .tolerance import FP8, assert_bf16_close, assert_fp8_group_close
 pytest.importorskip("cutlass")
 
 M_ALL = [1, 3, 16, 20, 32, 64, 100, 256, 1024, 4096]  # ≤ 32 (≤ 64 in one wave): swap-AB; ≤ 256 in one wave: 64-row
-SHAPES = [(4096, 14336), (8192, 3584), (576, 1536), (2048, 8192)]  # (H, I)
+M_ISSUE = [1, 3, 16, 64, 100, 1024, 4096]  # the M values every mainloop × h format is checked at
+# (H, I); H = 576 ends in half a 128-deep k block, H = 1040 in a 16-column one (the bf16 mainloop's
+# 64-deep k tile too): TMA fills the rest with zeros
+SHAPES = [(4096, 14336), (8192, 3584), (576, 1536), (2048, 8192), (1040, 1536)]
 ACTS = ["silu", "gelu_tanh"]
 
 
@@ -93,16 +96,16 @@ def test_gate_up_fp8_block128_fp8_h(m, hidden, inter, act):
 
 
 @pytest.mark.parametrize("act", ACTS)
-@pytest.mark.parametrize("hidden,inter", [(4096, 14336), (576, 1536)])
-@pytest.mark.parametrize("m", [3, 20, 64, 100, 1024])
+@pytest.mark.parametrize("hidden,inter", SHAPES)
+@pytest.mark.parametrize("m", M_ISSUE)
 def test_gate_up_fp8_block128_bf16_h(m, hidden, inter, act):
     check("fp8_block128", "bf16", act, m, hidden, inter)
 
 
 @pytest.mark.parametrize("h_format", ["bf16", "fp8_group128"])
 @pytest.mark.parametrize("act", ACTS)
-@pytest.mark.parametrize("hidden,inter", [(4096, 14336), (576, 1536)])
-@pytest.mark.parametrize("m", [3, 16, 64, 100, 1024])
+@pytest.mark.parametrize("hidden,inter", SHAPES)
+@pytest.mark.parametrize("m", M_ISSUE)
 def test_gate_up_bf16_mainloop(m, hidden, inter, act, h_format):
     check("bf16", h_format, act, m, hidden, inter)
 
@@ -128,6 +131,19 @@ def test_ops_gate_up_dispatches_to_kernel(monkeypatch):
     assert torch.equal(h2.view(torch.uint8), h2_ref.view(torch.uint8)) and torch.equal(hs2, hs2_ref)
     with pytest.raises(ValueError, match="x_scale"):
         ops.gate_up(args["x"], args["weight"], args["weight_scale"], args["x_scale"][:, :2])
+
+
+@pytest.mark.parametrize("mainloop", ["fp8_block128", "bf16"])
+def test_ops_gate_up_without_16_byte_rows_runs_the_reference(mainloop):
+    """The format allows any H; the kernels' TMA needs 16-byte rows. H = 1000 (not a multiple of
+    16 in fp8) and H = 1004 (not of 8 in bf16) run on the reference, with a warning that says how
+    to get the kernel."""
+    hidden = 1000 if mainloop == "fp8_block128" else 1004
+    args = make_operands(5, hidden, 256, mainloop, seed=2)
+    with pytest.warns(UserWarning, match=f"gate_up: x has {hidden} columns, not a multiple of .*pad"):
+        h, hs = ops.gate_up(**args, h_format="fp8_group128")
+    h_ref, hs_ref = reference.gate_up(**args, h_format="fp8_group128")
+    assert torch.equal(h.view(torch.uint8), h_ref.view(torch.uint8)) and torch.equal(hs, hs_ref)
 
 
 @pytest.mark.parametrize("mainloop", ["fp8_block128", "bf16"])

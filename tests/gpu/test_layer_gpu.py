@@ -38,8 +38,9 @@ def test_layer_nvfp4_on_cuda_uses_the_reference_ops():
     assert_bf16_close(mlp(x), _reference(mlp, x).cuda())
 
 
-def test_leading_dims_fp16_and_empty_input():
-    mlp = _mlp(1024, 2048, "fp8_block128")
+@pytest.mark.parametrize("fmt", ["fp8_block128", "bf16"])
+def test_leading_dims_fp16_and_empty_input(fmt):
+    mlp = _mlp(1024, 2048, fmt)
     x = torch.randn(2, 5, 1024, device="cuda").to(torch.float16)
     y = mlp(x)
     assert y.shape == x.shape and y.dtype == torch.float16
@@ -79,8 +80,9 @@ def test_cuda_graph_capture_and_replay(fmt):
     assert_bf16_close(static_y, mlp(fresh))
 
 
-def test_torch_compile_fullgraph():
-    mlp = _mlp(2048, 8192, "fp8_block128")
+@pytest.mark.parametrize("fmt", ["fp8_block128", "bf16"])
+def test_torch_compile_fullgraph(fmt):
+    mlp = _mlp(2048, 8192, fmt)
     x = torch.randn(4, 2048, device="cuda").to(torch.bfloat16)
     compiled = torch.compile(mlp, fullgraph=True)
     assert_bf16_close(compiled(x), mlp(x))

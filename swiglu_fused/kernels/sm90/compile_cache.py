@@ -200,6 +200,17 @@ def _store(family: str, config: Hashable, fn: Any) -> None:
     stats["disk_writes"] += 1
 
 
+class CompileError(RuntimeError):
+    """A kernel configuration failed to compile; the message names the family and the config."""
+
+
+def _build(family: str, config: Hashable, build: Callable[[], Any]) -> Any:
+    try:
+        return build()
+    except Exception as e:
+        raise CompileError(f"compiling the {family} kernel for {config!r} failed: {type(e).__name__}: {e}") from e
+
+
 # ---------------------------------------------------------------- public
 def get(family: str, config: Hashable, build: Callable[[], Any]) -> Any:
     """The compiled kernel for (family, config): from this process's dict, else from the disk
@@ -212,7 +223,7 @@ def get(family: str, config: Hashable, build: Callable[[], Any]) -> Any:
             if fn is None:
                 fn = _load(family, config)
                 if fn is None:
-                    fn = build()
+                    fn = _build(family, config, build)
                     stats["built"] += 1
                     _store(family, config, fn)
                 _compiled[key] = fn
