@@ -9,17 +9,25 @@ in the JSON), so small shapes are not timed from cache.
     python benchmarks/bench_gate_up.py [--shapes 4096x14336,...] [--m 16,64,1024,4096] [--json out.json]
                                        [--rounds 5]   # ours and the peers timed in turn, 5 times
 
-Prints a table (µs, TFLOP/s, fused/separate speed-up) and writes JSON when asked.
+Prints a table: µs and TFLOP/s (2·M·H·2I) of every GEMM pipeline (ours, cuBLAS GEMM alone, cuBLAS GEMM
++ separate act·quant), the act·quant kernel's µs and TB/s, ours' speed-up over each cuBLAS peer, and
+ours against the roofline floor: the larger of a memory floor (weight + x + h bytes at the 2.96 TB/s
+copy rate) and a compute floor (the flops at cuBLAS's 8192³ rate: 1257 TFLOP/s fp8 block-scaled, 775
+bf16; DESIGN §6). With --json NAME.json it writes the rows (JSON keys: speedup = separate/ours,
+speedup_vs_gemm = GEMM alone/ours, fused_over_roofline, roofline_bound) and NAME.png (plot.py).
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import datetime
+import functools
 import itertools
 import json
 import statistics
 import sys
+from pathlib import Path
 
 import torch
 
@@ -31,6 +39,11 @@ from swiglu_fused.kernels.sm90 import gate_up as k  # noqa: E402
 FP8 = torch.float8_e4m3fn
 REPS = 10
 L2_BYTES = 50 * 2**20  # H100
+# roofline rates measured on the lent H100 (DESIGN §6); this script times no copy or square GEMM itself
+COPY_BPS = 2.96e12
+PEAK_TFLOPS = {"fp8_block128": 1257, "bf16": 775}  # cuBLAS 8192³; fp8 with 1×128/128×128 block scales
+# table/JSON name of each timed pipeline whose time covers the GEMM (act·quant alone has no GEMM flops)
+GEMM_PIPELINES = {"fused": "fused", "gemm": "gemm", "sep": "separate", "tile256": "tile256", "copyout": "copyout"}
 # one compiled graph per (M, shape): allow more than dynamo's default 8 recompilations, or the
 # separate epilogue silently falls back to eager for the later shapes
 for _name in ("recompile_limit", "cache_size_limit"):
@@ -69,7 +82,7 @@ def cublas_gemm(xq, xs, wq, ws, out_dtype=torch.bfloat16):
             continue
         err = ((y.float() - ref).norm() / ref.norm()).item()
         if err < 1e-2:
-            return (lambda *ops: list(_scaled_mm_candidates(*ops, out_dtype))[i]()), err
+            return (lambda *ops, i=i: list(_scaled_mm_candidates(*ops, out_dtype))[i]()), err
         errors.append(f"wrong result (rel err {err:.2e})")
     raise RuntimeError("torch._scaled_mm block-scaled: no layout worked: " + " | ".join(errors))
 
@@ -229,103 +242,191 @@ def main():
     if a.quant_x:
         write_json(a.json, quant_x=bench_quant_x(a.iters, [v for v in a.qx_variants.split(";") if v], a.rounds))
         return
-    import act_quant_peer  # (Triton: GPU machine only)
-
     fp8 = a.mainloop == "fp8_block128"
     act_quant_c = torch.compile(act_quant if fp8 else act_mul_bf16, dynamic=False)
     rows = []
-    print(f"{'M':>6} {'H':>6} {'I':>6} {'config':>34} {'fused us':>9} {'TF/s':>6} {'gemm us':>8} "
-          f"{'actq us':>8} {'(TB/s, kernel)':>15} {'sep us':>8} {'speedup':>7} {'floor us':>8}")
+    print_header(a.mainloop)
     for shape in a.shapes.split(","):
         hidden, inter = map(int, shape.split("x"))
         for m in map(int, a.m.split(",")):
-            if a.mainloop == "bf16":
-                def make(seed):
-                    g = torch.Generator(device="cuda").manual_seed(seed)
-                    return (torch.randn(m, hidden, device="cuda", generator=g).to(torch.bfloat16), None,
-                            (torch.randn(2 * inter, hidden, device="cuda", generator=g) * 0.05).to(torch.bfloat16),
-                            None)
-            else:
-                def make(seed):
-                    return operands(m, hidden, inter, seed)
-            first = make(0)
-            sets = rotation(make, sum(t.nbytes for t in first if t is not None))
-            xq, xs, wq, ws = sets[0]
-            reps = max(REPS, len(sets))
-            h_format = "bf16" if a.mainloop == "bf16" else "fp8_group128"
-            cfg = k.select_config(xq, wq, ws, xs, act="silu", h_format=h_format)
-            if a.mainloop == "bf16":
-                gemm_fn, gemm_err = (lambda x, _xs, w, _ws: x @ w.t()), 0.0
-            else:
-                try:
-                    gemm_fn, gemm_err = cublas_gemm(xq, xs, wq, ws)
-                except RuntimeError as e:  # cuBLAS block scaling does not take every M (e.g. M = 1)
-                    print(f"  (M={m}: no cuBLAS peer: {str(e)[:90]})")
-                    gemm_fn, gemm_err = None, float("nan")
-            # every timing captured first, then timed in turn (--rounds times): drift reaches all alike
-            fns = {"fused": cycling(lambda x, xs, w, ws: k.gate_up(cfg, x, w, ws, xs), sets)}
-            if a.store_ab and cfg.h_tma_store:
-                cfg_copy = dataclasses.replace(cfg, tma_store=False)
-                fns["copyout"] = cycling(lambda x, xs, w, ws: k.gate_up(cfg_copy, x, w, ws, xs), sets)
-            if cfg.granules:  # the granule tile's A/B: the 256-row tile it replaces
-                cfg_256 = dataclasses.replace(cfg, tile_n=256)
-                fns["tile256"] = cycling(lambda x, xs, w, ws: k.gate_up(cfg_256, x, w, ws, xs), sets)
-            actq_name = None
-            if gemm_fn is not None:
-                psets = peer_sets(sets) if a.mainloop == "fp8_block128" else sets
-                ys = [(gemm_fn(*ops),) for ops in psets]
-                # the separate kernel: the faster of inductor's and a one-pass Triton kernel here
-                actq_name, actq_fn = act_quant_peer.best(ys[0][0], fp8, act_quant_c,
-                                                         lambda f: graph_time_us(f, 10))
-                fns.update(gemm=cycling(gemm_fn, psets), actq=cycling(actq_fn, ys),
-                           sep=cycling(lambda *ops, f=actq_fn: f(gemm_fn(*ops)), psets))
-            per_round = interleaved_us(fns, a.iters, a.rounds, reps)
-            t = {name: statistics.median(v) for name, v in per_round.items()}
-            t_fused = t["fused"]
-            if gemm_fn is not None:
-                t_gemm, t_actq, t_sep = t["gemm"], t["actq"], t["sep"]
-                del ys, psets
-            else:
-                t_gemm = t_actq = t_sep = float("nan")
-            flops = 2 * m * 2 * inter * hidden
-            # weight-bandwidth floor at the measured 2.96 TB/s copy rate (DESIGN §6)
-            floor = (wq.nbytes + (ws.nbytes if ws is not None else 0) + xq.nbytes
-                     + m * inter * (1 if a.mainloop == "fp8_block128" else 2)) / 2.96e12 * 1e6
-            r = dict(mainloop=a.mainloop, m=m, hidden=hidden, inter=inter, config=str(cfg), rotated_sets=len(sets),
-                     fused_us=t_fused, gemm_us=t_gemm,
-                     act_quant_us=t_actq, separate_us=t_sep, fused_tflops=flops / t_fused / 1e6,
-                     speedup=t_sep / t_fused, floor_us=floor, cublas_rel_err=gemm_err,
-                     act_quant_kernel=actq_name,
-                     act_quant_tbps=act_quant_peer.bytes_moved(m, inter, fp8) / t_actq / 1e6,
-                     speedup_per_round=[s / f for s, f in zip(per_round.get("sep", []), per_round["fused"])])
-            if "tile256" in t:
-                r.update(tile256_us=t["tile256"], tile256_per_round=per_round["tile256"])
-            if "copyout" in t:
-                r.update(copyout_us=t["copyout"], copyout_per_round=per_round["copyout"],
-                         fused_per_round=per_round["fused"])
-            rows.append(r)
-            tag = f"tile_m={cfg.tile_m},stages={cfg.stages}" + (",swap_ab" if cfg.swap_ab else "") + (
-                f",cluster_m={cfg.cluster_m}" if cfg.cluster_m > 1 else "") + (
-                f",cluster_k={cfg.cluster_k}" if cfg.cluster_k > 1 else "") + (
-                f",tile_n={cfg.tile_n}" if cfg.tile_n != 256 else "") + (",smem_scales" if cfg.smem_scales else "")
-            print(f"{m:>6} {hidden:>6} {inter:>6} {tag:>34} "
-                  f"{t_fused:>9.1f} {r['fused_tflops']:>6.0f} {t_gemm:>8.1f} {t_actq:>8.1f} "
-                  f"{r['act_quant_tbps']:>5.2f} {actq_name or '-':>9} {t_sep:>8.1f} "
-                  f"{r['speedup']:>7.2f} {floor:>8.1f}"
-                  + (f"  rounds {min(r['speedup_per_round']):.2f}–{max(r['speedup_per_round']):.2f}"
-                     if a.rounds > 1 and r["speedup_per_round"] else "")
-                  + (f"  copy-out {t['copyout']:.1f} µs" if "copyout" in t else "")
-                  + (f"  tile_n=256 {t['tile256']:.1f} µs" if "tile256" in t else ""), flush=True)
-            del xq, xs, wq, ws, sets, first
+            rows.append(bench_point(a, m, hidden, inter, act_quant_c))
             torch.cuda.empty_cache()
-    write_json(a.json, rows=rows)
+    write_json(a.json, chart=True, rows=rows)
 
 
-def write_json(path, **results):
-    """Results with the device and torch version they were measured with (nothing if no path)."""
-    if path:
-        with open(path, "w") as f:
-            json.dump(dict(device=torch.cuda.get_device_name(), torch=torch.__version__, **results), f, indent=1)
+def bf16_operands(m, hidden, inter, seed=0):
+    """operands() of the bf16 mainloop: bf16 x and packed weight, no scales."""
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    x = torch.randn(m, hidden, device="cuda", generator=g).to(torch.bfloat16)
+    w = (torch.randn(2 * inter, hidden, device="cuda", generator=g) * 0.05).to(torch.bfloat16)
+    return x, None, w, None
+
+
+def peer_gemm(mainloop, m, xq, xs, wq, ws):
+    """(cuBLAS's GEMM as a callable of an operand set, its relative error); (None, NaN) at an M that
+    cuBLAS's block scaling does not take (e.g. M = 1): reported, not hidden."""
+    if mainloop == "bf16":
+        return (lambda x, _xs, w, _ws: x @ w.t()), 0.0
+    try:
+        return cublas_gemm(xq, xs, wq, ws)
+    except RuntimeError as e:
+        print(f"  (M={m}: no cuBLAS peer: {str(e)[:90]})")
+        return None, float("nan")
+
+
+def ours(a, cfg, sets):
+    """{name: callable}: our kernel as dispatched, and the A/B configs where asked (--store-ab) or where
+    they apply (a granule tile against the 256-row tile it replaces)."""
+    def run(c):
+        return cycling(lambda x, xs, w, ws: k.gate_up(c, x, w, ws, xs), sets)
+
+    fns = {"fused": run(cfg)}
+    if a.store_ab and cfg.h_tma_store:
+        fns["copyout"] = run(dataclasses.replace(cfg, tma_store=False))
+    if cfg.granules:
+        fns["tile256"] = run(dataclasses.replace(cfg, tile_n=256))
+    return fns
+
+
+def peers(gemm_fn, psets, fp8, act_quant_c):
+    """(act·quant kernel name, {name: callable}) of the cuBLAS GEMM alone, the separate act·quant alone
+    (on GEMM outputs made beforehand) and the two in sequence. The act·quant kernel is the faster of
+    inductor's and a one-pass Triton kernel on this shape."""
+    import act_quant_peer  # (Triton: GPU machine only)
+
+    ys = [(gemm_fn(*ops),) for ops in psets]
+    name, actq_fn = act_quant_peer.best(ys[0][0], fp8, act_quant_c, lambda f: graph_time_us(f, 10))
+    return name, dict(gemm=cycling(gemm_fn, psets), actq=cycling(actq_fn, ys),
+                      sep=cycling(lambda *ops: actq_fn(gemm_fn(*ops)), psets))
+
+
+def bench_point(a, m, hidden, inter, act_quant_c):
+    """One row at (M, H, I): ours and the peers on the same rotated operand sets, every pipeline captured
+    first and then timed in turn (--rounds times), so that the board's drift reaches all alike."""
+    import act_quant_peer
+
+    fp8 = a.mainloop == "fp8_block128"
+    make = functools.partial(operands if fp8 else bf16_operands, m, hidden, inter)
+    sets = rotation(make, sum(t.nbytes for t in make(0) if t is not None))
+    xq, xs, wq, ws = sets[0]
+    cfg = k.select_config(xq, wq, ws, xs, act="silu", h_format="fp8_group128" if fp8 else "bf16")
+    gemm_fn, gemm_err = peer_gemm(a.mainloop, m, *sets[0])
+    fns, actq_name = ours(a, cfg, sets), None
+    if gemm_fn is not None:  # cuBLAS reads the x scales M-major (peer_sets)
+        actq_name, peer_fns = peers(gemm_fn, peer_sets(sets) if fp8 else sets, fp8, act_quant_c)
+        fns.update(peer_fns)
+    per_round = interleaved_us(fns, a.iters, a.rounds, max(REPS, len(sets)))
+    t = {name: statistics.median(v) for name, v in per_round.items()}
+    for name in ("gemm", "actq", "sep"):  # no cuBLAS peer at this M: NaN in the table and JSON
+        t.setdefault(name, float("nan"))
+    # weight (+ scales), x and h each moved once: the memory floor (the former weight-bandwidth floor)
+    nbytes = wq.nbytes + (ws.nbytes if ws is not None else 0) + xq.nbytes + m * inter * (1 if fp8 else 2)
+    r = dict(mainloop=a.mainloop, m=m, hidden=hidden, inter=inter, config=str(cfg), rotated_sets=len(sets),
+             fused_us=t["fused"], gemm_us=t["gemm"], act_quant_us=t["actq"], separate_us=t["sep"],
+             cublas_rel_err=gemm_err, act_quant_kernel=actq_name,
+             act_quant_tbps=act_quant_peer.bytes_moved(m, inter, fp8) / t["actq"] / 1e6,
+             **derived(t, per_round, gemm_flops(m, hidden, inter), nbytes, a.mainloop))
+    for name in ("tile256", "copyout"):
+        if name in t:
+            r.update({f"{name}_us": t[name], f"{name}_per_round": per_round[name]})
+    if "copyout" in t:
+        r["fused_per_round"] = per_round["fused"]
+    print_row(r, cfg, a.rounds)
+    return r
+
+
+def gemm_flops(m, hidden, inter):
+    """The gate_up GEMM's flops, 2·M·H·2I (the activation's are not counted)."""
+    return 2 * m * hidden * 2 * inter
+
+
+def derived(t, per_round, flops, nbytes, mainloop):
+    """A row's columns derived from the median µs ``t`` (by pipeline name; per round in ``per_round``):
+    TFLOP/s of every pipeline that runs the GEMM, ours' speed-up over each cuBLAS peer (speedup:
+    GEMM + separate act·quant; speedup_vs_gemm: the GEMM alone), and ours against the roofline floor,
+    the larger of the memory floor (``nbytes`` at the copy rate) and the compute floor (``flops`` at
+    cuBLAS's 8192³ rate for the mainloop); ``roofline_bound`` says which of the two it is."""
+    mem_us, cmp_us = nbytes / COPY_BPS * 1e6, flops / PEAK_TFLOPS[mainloop] / 1e6
+    roof = max(mem_us, cmp_us)
+
+    def over_fused(peer):
+        return [p / f for p, f in zip(per_round.get(peer, []), per_round["fused"])]
+
+    r = {f"{GEMM_PIPELINES[n]}_tflops": flops / us / 1e6 for n, us in t.items() if n in GEMM_PIPELINES}
+    r.update(speedup=t["sep"] / t["fused"], speedup_vs_gemm=t["gemm"] / t["fused"], floor_us=mem_us,
+             compute_floor_us=cmp_us, roofline_us=roof, roofline_bound="memory" if mem_us >= cmp_us else "compute",
+             fused_over_roofline=t["fused"] / roof, speedup_per_round=over_fused("sep"),
+             speedup_vs_gemm_per_round=over_fused("gemm"))
+    return r
+
+
+def print_header(mainloop):
+    print(f"roofline = max(memory floor: weight + x + h at {COPY_BPS / 1e12:.2f} TB/s, compute floor: "
+          f"2·M·H·2I at {PEAK_TFLOPS[mainloop]} TFLOP/s, cuBLAS {mainloop} 8192³); 'bound' says which applies")
+    print(f"{'M':>6} {'H':>6} {'I':>6} {'config':>34} {'ours us':>8} {'TF/s':>5} {'gemm us':>8} {'TF/s':>5} "
+          f"{'actq us':>8} {'TB/s':>5} {'kernel':>9} {'sep us':>8} {'TF/s':>5} {'gemm/ours':>9} {'sep/ours':>8} "
+          f"{'mem us':>7} {'comp us':>7} {'ours/roof':>9} {'bound':>7}")
+
+
+def config_tag(cfg):
+    """The dispatched config's fields that vary between shapes, for the table."""
+    return f"tile_m={cfg.tile_m},stages={cfg.stages}" + (",swap_ab" if cfg.swap_ab else "") + (
+        f",cluster_m={cfg.cluster_m}" if cfg.cluster_m > 1 else "") + (
+        f",cluster_k={cfg.cluster_k}" if cfg.cluster_k > 1 else "") + (
+        f",tile_n={cfg.tile_n}" if cfg.tile_n != 256 else "") + (",smem_scales" if cfg.smem_scales else "")
+
+
+def print_row(r, cfg, rounds):
+    """One row of print_header's table; with rounds > 1 the range of the per-round speed-ups, and the
+    A/B pipelines (copy-out, tile_n=256) where they ran."""
+    extra = "".join(f"  rounds {label} {min(r[key]):.2f}–{max(r[key]):.2f}"
+                    for label, key in (("gemm/ours", "speedup_vs_gemm_per_round"), ("sep/ours", "speedup_per_round"))
+                    if rounds > 1 and r[key])
+    for name, label in (("copyout", "copy-out"), ("tile256", "tile_n=256")):
+        if f"{name}_us" in r:
+            extra += f"  {label} {r[f'{name}_us']:.1f} µs {r[f'{name}_tflops']:.0f} TF/s"
+    print(f"{r['m']:>6} {r['hidden']:>6} {r['inter']:>6} {config_tag(cfg):>34} {r['fused_us']:>8.1f} "
+          f"{r['fused_tflops']:>5.0f} {r['gemm_us']:>8.1f} {r['gemm_tflops']:>5.0f} {r['act_quant_us']:>8.1f} "
+          f"{r['act_quant_tbps']:>5.2f} {r['act_quant_kernel'] or '-':>9} {r['separate_us']:>8.1f} "
+          f"{r['separate_tflops']:>5.0f} {r['speedup_vs_gemm']:>9.2f} {r['speedup']:>8.2f} {r['floor_us']:>7.1f} "
+          f"{r['compute_floor_us']:>7.1f} {r['fused_over_roofline']:>9.2f} {r['roofline_bound']:>7}" + extra,
+          flush=True)
+
+
+def compact(obj):
+    """obj with every float rounded to 4 significant digits (NaN and inf kept): results/ travels with
+    every GPU run, whose size is capped (benchmarks/NOTES.md, "Tree size")."""
+    if isinstance(obj, float):
+        return float(f"{obj:.4g}")
+    if isinstance(obj, dict):
+        return {k: compact(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [compact(v) for v in obj]
+    return obj
+
+
+def write_json(path, chart=False, **results):
+    """Results with when (UTC, ISO), on which GPU (``device``) and torch they were measured, compact
+    (4 significant digits, no spaces); nothing if no path. ``chart``: also NAME.png beside NAME.json."""
+    if not path:
+        return
+    head = dict(device=torch.cuda.get_device_name(), torch=torch.__version__,
+                date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"))
+    with open(path, "w") as f:
+        json.dump(compact({**head, **results}), f, separators=(",", ":"))
+    if chart:
+        write_png(path)
+
+
+def write_png(json_path):
+    """plot.py's chart of a results JSON, beside it; a note instead where matplotlib is missing (the
+    JSON is written already, and plot.py can draw it later)."""
+    try:
+        import plot
+    except ImportError as e:
+        print(f"no chart ({e}); later: python benchmarks/plot.py {json_path}")
+        return
+    print("wrote", plot.plot(Path(json_path)))
 
 
 if __name__ == "__main__":

@@ -16,18 +16,18 @@ shard, 1 for LLaMA-3-8B) that no call finds its weights in L2, as in a model:
     python benchmarks/bench_mlp.py [--shapes 4096x14336,8192x3584] [--m 1,16,...] [--json out.json]
     python benchmarks/bench_mlp.py --generate      # also tokens/s of generate(), patched vs unpatched
     python benchmarks/bench_mlp.py --generate-only # only that
+    python benchmarks/bench_mlp.py --generate-only --gen-batch 64  # a batch where decode is MLP-bound
     python benchmarks/bench_mlp.py --interleave 8  # ours vs unfused vs hf in alternation, per-round ratios
     python benchmarks/bench_mlp.py --interleave 8 --pdl-ab  # and ours with PDL on (TileConfig.pdl)
     python benchmarks/bench_mlp.py --interleave 5 --ab gate_up:l2_hint=w_first  # and ours with a config change
 
-Writes JSON; benchmarks/plot.py turns it into a PNG.
+--json NAME.json writes the results (with the date, GPU and torch) and NAME.png (benchmarks/plot.py).
 """
 
 from __future__ import annotations
 
 import argparse
 import itertools
-import json
 import statistics
 import sys
 import time
@@ -36,7 +36,7 @@ import torch
 
 sys.path.insert(0, ".")
 sys.path.insert(0, "benchmarks")
-from bench_gate_up import L2_BYTES, act_quant, graph_time_us, interleaved_us  # noqa: E402
+from bench_gate_up import L2_BYTES, act_quant, graph_time_us, interleaved_us, write_json  # noqa: E402
 
 from swiglu_fused import FusedSwiGLUMLP, patch_model, quant  # noqa: E402
 from swiglu_fused.kernels import reference  # noqa: E402
@@ -247,11 +247,9 @@ def bench_shapes(shapes, ms, iters):
     return rows
 
 
-def bench_generate(layers=8, new_tokens=64, rounds=3):
-    """tokens/s of greedy generate() for a LLaMA of LLaMA-3-8B width (random weights), batch 1:
-    the unpatched model and a patched copy, timed in alternation ``rounds`` times (the first
-    measurement of this benchmark ran unpatched-then-patched once, and its unpatched figure looked
-    suspiciously low)."""
+def generate_models(layers):
+    """A random LLaMA of LLaMA-3-8B width with ``layers`` layers: unpatched, patched (fp8_block128), and
+    patched with the fused ops launched one by one (eager_graph_rows = 0)."""
     import copy
 
     from transformers import LlamaConfig, LlamaForCausalLM
@@ -263,24 +261,49 @@ def bench_generate(layers=8, new_tokens=64, rounds=3):
         base = LlamaForCausalLM(cfg).to(torch.bfloat16).eval()
     patched = copy.deepcopy(base)
     print(patch_model(patched, weight_format="fp8_block128"))
-    no_graphs = copy.deepcopy(patched)  # the fused ops launched one by one (eager_graph_rows = 0)
+    no_graphs = copy.deepcopy(patched)
     for m in no_graphs.modules():
         if hasattr(m, "eager_graph_rows"):
             m.eager_graph_rows = 0
-    prompt = torch.randint(0, 32000, (1, 128), device="cuda")
-    models = {"unpatched": base, "patched_fp8": patched, "patched_fp8_no_graphs": no_graphs}
-    out = {name: [] for name in models}
+    return {"unpatched": base, "patched_fp8": patched, "patched_fp8_no_graphs": no_graphs}
+
+
+def generate_s(model, prompt, new_tokens):
+    """Seconds of one greedy generate() of exactly ``new_tokens`` tokens per sequence, after a short
+    warm-up. The mask and pad token are what generate() picks itself without them (all ones: no
+    padding; EOS), given so that it does not warn at every call."""
+    kw = dict(attention_mask=torch.ones_like(prompt), pad_token_id=model.config.eos_token_id, do_sample=False)
+    with torch.no_grad():
+        model.generate(prompt, max_new_tokens=4, **kw)
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        model.generate(prompt, max_new_tokens=new_tokens, min_new_tokens=new_tokens, **kw)
+        torch.cuda.synchronize()
+    return time.perf_counter() - t0
+
+
+def tokens_per_s(seconds, batch, prompt_len, new_tokens):
+    """(new tokens/s, processed tokens/s) of one generate(): B·N and B·(P + N) tokens over its time."""
+    return batch * new_tokens / seconds, batch * (prompt_len + new_tokens) / seconds
+
+
+def bench_generate(layers=8, batch=1, prompt_len=128, new_tokens=64, rounds=3):
+    """tokens/s of greedy generate() on a (batch, prompt_len) random prompt (generate_models): the
+    three models timed in alternation ``rounds`` times (the first measurement of this benchmark ran
+    unpatched-then-patched once, and its unpatched figure looked suspiciously low). At batch 1 eager
+    decode is host-bound and patched and unpatched come out even; a larger batch makes it MLP-bound."""
+    models = generate_models(layers)
+    prompt = torch.randint(0, 32000, (batch, prompt_len), device="cuda")
+    new, processed = ({name: [] for name in models} for _ in range(2))
     for _ in range(rounds):
         for name, model in models.items():
-            with torch.no_grad():
-                model.generate(prompt, max_new_tokens=4, do_sample=False)  # warm-up
-                torch.cuda.synchronize()
-                t0 = time.perf_counter()
-                model.generate(prompt, max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False)
-                torch.cuda.synchronize()
-            out[name].append(new_tokens / (time.perf_counter() - t0))
-            print(f"generate {name}: {out[name][-1]:.1f} tokens/s", flush=True)
-    return out
+            n, p = tokens_per_s(generate_s(model, prompt, new_tokens), batch, prompt_len, new_tokens)
+            new[name].append(n)
+            processed[name].append(p)
+            print(f"generate {name} (B={batch}, P={prompt_len}, N={new_tokens}): {n:.1f} new tokens/s, "
+                  f"{p:.1f} processed tokens/s", flush=True)
+    return dict(layers=layers, batch=batch, prompt=prompt_len, new=new_tokens, new_tokens_per_s=new,
+                processed_tokens_per_s=processed)
 
 
 def main():
@@ -291,6 +314,9 @@ def main():
     p.add_argument("--generate", action="store_true", help="also measure generate() tokens/s")
     p.add_argument("--generate-only", action="store_true", help="only measure generate() tokens/s")
     p.add_argument("--rounds", type=int, default=3, help="generate(): alternating rounds of the three models")
+    p.add_argument("--gen-batch", type=int, default=1, metavar="B", help="generate(): prompts in the batch")
+    p.add_argument("--gen-prompt", type=int, default=128, metavar="P", help="generate(): prompt tokens per sequence")
+    p.add_argument("--gen-new", type=int, default=64, metavar="N", help="generate(): new tokens per sequence")
     p.add_argument("--interleave", type=int, default=0, metavar="ROUNDS",
                    help="instead of the full table: ours_fp8, fp8_unfused and hf_bf16 timed in alternation, ROUNDS times")
     p.add_argument("--pdl-ab", action="store_true",
@@ -302,7 +328,7 @@ def main():
     a = p.parse_args()
     torch._dynamo.config.cache_size_limit = 1024
     shapes = [tuple(map(int, s.split("x"))) for s in a.shapes.split(",")]
-    result = dict(device=torch.cuda.get_device_name(), torch=torch.__version__, date=time.strftime("%Y-%m-%d"))
+    result = {}
     ms = [int(m) for m in a.m.split(",")]
     if a.interleave:
         variants = {f"ours_fp8_{spec}": parse_ab(spec) for spec in a.ab}
@@ -312,10 +338,10 @@ def main():
     elif not a.generate_only:
         result["rows"] = bench_shapes(shapes, ms, a.iters)
     if a.generate or a.generate_only:
-        result["generate"] = bench_generate(rounds=a.rounds)
-    if a.json:
-        with open(a.json, "w") as f:
-            json.dump(result, f, separators=(",", ":"))
+        result["generate"] = bench_generate(batch=a.gen_batch, prompt_len=a.gen_prompt, new_tokens=a.gen_new,
+                                            rounds=a.rounds)
+    # plot.py draws the per-M tables; generate() alone has none
+    write_json(a.json, chart=bool(result.get("rows") or result.get("interleaved")), **result)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 """Charts from the benchmarks' JSON: python benchmarks/plot.py RESULT.json [...] (writes RESULT.png).
 
-Understands bench_gate_up.py output (fused vs separate, per shape), bench_down.py output (kernel vs
+Understands bench_gate_up.py output (fused vs cuBLAS alone and vs cuBLAS + separate act·quant, with the
+roofline floor where the run recorded one, else the weight-bandwidth floor), bench_down.py output (kernel vs
 cuBLAS, with and without residual), bench_quack.py output (ours vs QuACK vs cuBLAS) and
 bench_mlp.py output (every peer, per shape; --interleave: the medians over rounds); x = tokens M
 (log), y = µs (log).
@@ -27,7 +28,11 @@ def plot(path: Path) -> Path:
         raise SystemExit(f"{path}: no 'rows' (quant_x results are a table only)")
     if "fused_us" in rows[0]:
         series = {"ours (fused)": "fused_us", "cuBLAS GEMM + separate act·quant": "separate_us",
-                  "weight-bandwidth floor": "floor_us"}
+                  "cuBLAS GEMM alone (no activation)": "gemm_us"}
+        # runs since the roofline column: max(memory, compute floor), which equals the older
+        # weight-bandwidth floor where memory bounds, so one line of the two
+        series.update({"roofline floor (max of memory, compute)": "roofline_us"} if "roofline_us" in rows[0]
+                      else {"weight-bandwidth floor": "floor_us"})
         title = f"gate_up, {rows[0]['mainloop']} mainloop"
     elif "quack_us" in rows[0]:
         series = {"ours (bf16 gate_up)": "ours_us", "QuACK gemm_gated": "quack_us",
@@ -52,7 +57,7 @@ def plot(path: Path) -> Path:
         ax.legend(fontsize=7)
         ax.set(xscale="log", yscale="log", xlabel="tokens M", ylabel="µs", title=f"H={h}, I={i}")
         ax.grid(True, which="both", alpha=0.3)
-    fig.suptitle(f"{title} — {data.get('device', '')}, torch {data.get('torch', '')}")
+    fig.suptitle(f"{title} — {data.get('device', '')}, torch {data.get('torch', '')} {data.get('date', '')[:10]}")
     fig.tight_layout()
     out = path.with_suffix(".png")
     fig.savefig(out, dpi=60)

@@ -61,9 +61,13 @@ def run_kernel(cfg, ops_args):
 # 1.5e-3 and 99.86 %. Promoting more often helps (GateUpConfig.promote_k=64: 4.4e-4, 99.97 %,
 # +18 % time; promote_k=32: 3e-4, 99.99 %). So the fp8 mainloop is held to the measured hardware limits below, pending a
 # DESIGN §4 decision.
+# Over this file's matrix (SWIGLU_FUSED_TOL_LOG, eleventh session, benchmarks/NOTES.md) the fp8
+# mainloop's scales came within 2.3e-4 relative Frobenius (1.4e-3 each) and ≥ 99.84 % of h within
+# 1 ulp (≥ 99.92 % in outputs of ≥ 1e5 elements); the bf16 mainloop's within 1.7e-5 (4.2e-5 each)
+# and 100 %.
 TOL = {
-    "bf16": dict(scale_rtol=1e-4, min_frac=0.999),
-    "fp8_block128": dict(scale_rtol=2e-3, min_frac=0.998),
+    "bf16": dict(scale_rtol=1e-4, scale_fro=1e-4, min_frac=0.999),
+    "fp8_block128": dict(scale_rtol=2e-3, scale_fro=5e-4, min_frac=0.998),
 }
 
 
