@@ -76,16 +76,18 @@ SWAP_M_ONE_WAVE = 64  # M ≤ this: the swap-AB tile if its tiles fit one wave
 
 ONE_WAVE_64_M = 256  # M ≤ this: the 64-row tile if its tiles fit one wave (else the 128-row tile)
 
-# The fp8 swap-AB tile splits K over cluster pairs (TileConfig.cluster_k = 2, DSMEM) where its
-# tiles are at most this fraction of the SMs: 8192×3584 (28 tiles) at M = 1 / 16: 26.6 / 26.2 µs
+# The swap-AB tile splits K over cluster pairs (TileConfig.cluster_k = 2, DSMEM) where its tiles
+# are at most this fraction of the SMs. fp8: 8192×3584 (28 tiles) at M = 1 / 16: 26.6 / 26.2 µs
 # against 28.2 / 27.8 with whole tiles and 29.0 / 28.5 with stream-K split 2; at M = 32 (56 tiles)
-# the same 26.9, at 2048×8192 (64 tiles) slower, 16.6 vs 15.8 (benchmarks/NOTES.md).
+# the same 26.9, at 2048×8192 (64 tiles) slower, 16.6 vs 15.8. bf16, 8192×3584 M = 1 / 16: 45.4 /
+# 45.1 µs against 46.3 / 46.6, 1.02-1.05× in each of 5 rounds (benchmarks/NOTES.md, eleventh session).
 CLUSTER_K_MAX_TILES = 0.25  # × SMs
 
 
 def cluster_k_applies(m: int, n: int, sms: int, mainloop: str) -> bool:
-    """Whether gate_up's swap-AB tile (M rows, N = 2I weight rows) runs as K halves over cluster pairs."""
-    return mainloop == "fp8_block128" and _swap_tiles(m, n) <= CLUSTER_K_MAX_TILES * sms
+    """Whether gate_up's swap-AB tile (M rows, N = 2I weight rows) runs as K halves over cluster pairs
+    (either mainloop: the rule above)."""
+    return _swap_tiles(m, n) <= CLUSTER_K_MAX_TILES * sms
 
 
 def _swap_tiles(m: int, n: int) -> int:
@@ -237,10 +239,9 @@ def shipped_configs() -> list[GateUpConfig]:
                                                 l2_hint=l2_hint_for(tile_m, swap),
                                                 smem_scales=smem_scales_apply(tile_m, swap, mainloop, h_format),
                                                 **pipe))
-                if mainloop == "fp8_block128":  # cluster_k_applies
-                    out.append(GateUpConfig(tile_m=SWAP_TILES[0][0], stages=SWAP_TILES[0][1], act=act,
-                                            h_format=h_format, mainloop=mainloop, swap_ab=True, cluster_k=2))
-                elif h_format == "bf16":  # granule_tile_n
+                out.append(GateUpConfig(tile_m=SWAP_TILES[0][0], stages=SWAP_TILES[0][1], act=act,  # cluster_k_applies
+                                        h_format=h_format, mainloop=mainloop, swap_ab=True, cluster_k=2))
+                if mainloop == "bf16" and h_format == "bf16":  # granule_tile_n
                     out.extend(GateUpConfig(tile_m=128, tile_n=tile_n, stages=4, act=act, h_format=h_format,
                                             mainloop=mainloop) for tile_n in TILE_N_GRANULES)
     return out
