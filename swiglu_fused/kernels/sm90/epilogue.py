@@ -6,16 +6,25 @@ as bf16 output columns, + an optional bf16 residual); the store code lives with 
 layout in gemm256.py.
 
 An activation is a function of one fp32 gate value; the kernel computes h = act(gate) · up in
-fp32. An output format turns a thread's h values into stores (see gate_up.py for the fragment
-layout they rely on). Adding an activation or a format is one function and one registry entry.
+fp32. An h format (``HFormat``) says how h values become stored bits: the element width, whether a
+row's 128 columns share a scale (and how the scale follows from their amax), and how two values
+become one packed word. The epilogues (gemm256_epilogue.py, swap_ab.py) reduce the amax in their
+fragment layout and stage words by width; they ask the format for the rest. Adding an activation
+or a format is one function or one HFormat and one registry entry.
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
+from typing import Callable
 
+import cutlass
 import cutlass.cute as cute
 from cutlass import Float32
+
+from .ptx import cvt_bf16x2, cvt_e4m3x2, div_rn
+from ...quant import FP8_MAX  # (not tile_config: it imports this module)
 
 SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
 
@@ -35,8 +44,58 @@ ACTIVATIONS = {"silu": silu, "gelu_tanh": gelu_tanh}
 
 EPILOGUES = ("swiglu", "linear")
 
-# h output formats the swiglu epilogue implements (the store code lives with the fragment layout in gemm256.py)
-H_FORMATS = ("bf16", "fp8_group128")
+@cute.jit
+def e4m3_group_scale(amax: Float32) -> Float32:
+    """s = amax / 448 (IEEE division, as quant.quantize_fp8_groups), 1 for an all-zero group."""
+    s = div_rn(amax, Float32(FP8_MAX))
+    if amax == Float32(0.0):
+        s = Float32(1.0)
+    return s
+
+
+def e4m3_pair(a: Float32, b: Float32, inv_a: Float32, inv_b: Float32):
+    """Two h values as e4m3 codes in a 16-bit word, q = h · (1/s): differs from h / s only on e4m3
+    rounding ties (≤ 1 ulp, DESIGN §4)."""
+    return cvt_e4m3x2(a * inv_a, b * inv_b)
+
+
+def bf16_pair(a: Float32, b: Float32, inv_a, inv_b):
+    """Two h values rounded to bf16 in a 32-bit word (no scale: inv_a / inv_b are unused)."""
+    return cvt_bf16x2(a, b)
+
+
+@dataclass(frozen=True)
+class HFormat:
+    """How the swiglu epilogue stores h. ``bits``: element width (8: pairs are 16-bit words, 16:
+    32-bit words; the epilogues stage by width). ``scale``: a row's 128 columns share an fp32 scale,
+    ``scale(amax)``, stored in h_scale [M, I/128], and values are multiplied by 1/scale; None: no
+    scale. ``pack``: (a, b, 1/s_a, 1/s_b) → one word. ``dtype``: h's element type (CuTe DSL);
+    ``torch_dtype``: its name in torch."""
+
+    name: str
+    bits: int
+    dtype: type
+    torch_dtype: str
+    pack: Callable
+    scale: Callable | None = None
+
+    @property
+    def scaled(self) -> bool:
+        return self.scale is not None
+
+
+_FORMATS = (
+    HFormat("fp8_group128", 8, cutlass.Float8E4M3FN, "float8_e4m3fn", e4m3_pair, e4m3_group_scale),
+    HFormat("bf16", 16, cutlass.BFloat16, "bfloat16", bf16_pair),
+)
+H_FORMATS = tuple(f.name for f in _FORMATS)
+
+
+def h_format(name: str) -> HFormat:
+    for f in _FORMATS:
+        if f.name == name:
+            return f
+    raise ValueError(f"h_format: no sm90 epilogue for {name!r}; expected one of {H_FORMATS}")
 
 
 def activation(name: str):

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import cutlass
 from cutlass import Float32
 
 from . import epilogue
@@ -48,13 +47,13 @@ class GateUpConfig(TileConfig):
 
     @property
     def out_bytes(self) -> int:
-        return 1 if self.h_format == "fp8_group128" else 2
+        return epilogue.h_format(self.h_format).bits // 8
 
 
 
 # ---------------------------------------------------------------- host side
 def _h_dtype(config: GateUpConfig):
-    return cutlass.Float8E4M3FN if config.h_format == "fp8_group128" else cutlass.BFloat16
+    return epilogue.h_format(config.h_format).dtype
 
 
 def compile_gate_up(config: GateUpConfig):
@@ -296,15 +295,15 @@ def gate_up(config: GateUpConfig, x, weight, weight_scale=None, x_scale=None, *,
     if config.granules and i_cols % (config.tile_n // 2):
         raise ValueError(f"gate_up: {config} takes {config.tile_n // 2} h columns a tile, and I = {i_cols} is not a "
                          f"multiple of that; use tile_n = 256 (select_config does)")
-    fp8_out = config.h_format == "fp8_group128"
+    fmt = epilogue.h_format(config.h_format)
     if out is None:
-        h = torch.empty((m, i_cols), dtype=torch.float8_e4m3fn if fp8_out else torch.bfloat16, device=x.device)
-        hs = torch.empty((i_cols // G, m), dtype=torch.float32, device=x.device).t() if fp8_out else None
+        h = torch.empty((m, i_cols), dtype=getattr(torch, fmt.torch_dtype), device=x.device)
+        hs = torch.empty((i_cols // G, m), dtype=torch.float32, device=x.device).t() if fmt.scaled else None
     else:
         h, hs = out
     if m == 0:
         return h, hs
     fn = compile_cache.get("gate_up", config, lambda: compile_gate_up(config))
     scales = (x_scale, weight_scale) if config.fp8 else (None, None)
-    launch(fn, config, x, weight, *scales, h, _h_dtype(config), hs if fp8_out else None, Float32, 4)
+    launch(fn, config, x, weight, *scales, h, fmt.dtype, hs if fmt.scaled else None, Float32, 4)
     return h, hs

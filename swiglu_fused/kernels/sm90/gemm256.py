@@ -119,7 +119,8 @@ class Gemm256Kernel(EpilogueMixin):
         self.mma_wgs_m = 1 if config.split_n else self.num_mma_wg
         if config.epilogue == "swiglu":
             self.act = epilogue.activation(config.act)
-            self.h_dtype = cutlass.Float8E4M3FN if config.out_bytes == 1 else cutlass.BFloat16
+            self.h_format = epilogue.h_format(config.h_format)
+            self.h_dtype = self.h_format.dtype
             self.h_box = (64, 128 // config.out_bytes)  # TMA store box of h (tma_store): 128 bytes a row
 
     # ------------------------------------------------------------------ host

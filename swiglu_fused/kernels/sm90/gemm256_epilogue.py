@@ -14,8 +14,8 @@ import cutlass.cute as cute
 import cutlass.pipeline as pipeline
 from cutlass import Float32, Int32
 
-from .ptx import bf16_hi_to_f32, bf16_lo_to_f32, cvt_bf16x2, cvt_e4m3x2, div_rn
-from .tile_config import FP8_MAX, N_ALIGN
+from .ptx import bf16_hi_to_f32, bf16_lo_to_f32, cvt_bf16x2, div_rn
+from .tile_config import N_ALIGN
 
 
 class EpilogueMixin:
@@ -40,7 +40,10 @@ class EpilogueMixin:
         bar.arrive_and_wait()  # the previous tile's copy-out of this slab is done
         # TMA: the slab is 128-byte swizzled (_h_store_layout): 16-byte chunk c of row r is stored
         # at chunk c ^ (r % 8), so a warp's 8 rows of fragment stores hit 8 different chunks
-        if cutlass.const_expr(cfg.h_format == "fp8_group128"):
+        fmt = self.h_format
+        inv_a = None  # 1/s of rows ra / rb (scaled formats)
+        inv_b = None
+        if cutlass.const_expr(fmt.scaled):
             amax_a = Float32(0.0)
             amax_b = Float32(0.0)
             for v in cutlass.range_constexpr(n_vals):
@@ -51,15 +54,11 @@ class EpilogueMixin:
             for off in cutlass.range_constexpr(2):  # the quad holds the row's 128 columns
                 amax_a = cute.arch.fmax(amax_a, cute.arch.shuffle_sync_bfly(amax_a, offset=1 << off), nan=True)
                 amax_b = cute.arch.fmax(amax_b, cute.arch.shuffle_sync_bfly(amax_b, offset=1 << off), nan=True)
-            s_a = div_rn(amax_a, Float32(FP8_MAX))
-            if amax_a == Float32(0.0):
-                s_a = Float32(1.0)
-            s_b = div_rn(amax_b, Float32(FP8_MAX))
-            if amax_b == Float32(0.0):
-                s_b = Float32(1.0)
-            # q = h · (1/s): differs from h / s only on e4m3 rounding ties (≤ 1 ulp, DESIGN §4)
+            s_a = fmt.scale(amax_a)
+            s_b = fmt.scale(amax_b)
             inv_a = div_rn(Float32(1.0), s_a)
             inv_b = div_rn(Float32(1.0), s_b)
+        if cutlass.const_expr(fmt.bits == 8):  # 16-bit words (column pairs)
             sH16 = cute.make_tensor(
                 cute.recast_ptr(sH.iterator, dtype=cutlass.Int16),
                 cute.make_layout((cfg.tile_m, 2 * cfg.out_row_words), stride=(2 * cfg.out_row_words, 1)),
@@ -68,32 +67,33 @@ class EpilogueMixin:
             for v in cutlass.range_constexpr(0, n_vals, 2):
                 c2 = (col0 + 8 * (v // 4)) // 2 ^ sw  # 16-bit word (column pair) in the row
                 if cutlass.const_expr((v // 2) % 2 == 0):
-                    sH16[ra, c2] = cvt_e4m3x2(acc[(v, 0, 0)] * inv_a, acc[(v + 1, 0, 0)] * inv_a)
+                    sH16[ra, c2] = fmt.pack(acc[(v, 0, 0)], acc[(v + 1, 0, 0)], inv_a, inv_a)
                 else:
-                    sH16[rb, c2] = cvt_e4m3x2(acc[(v, 0, 0)] * inv_b, acc[(v + 1, 0, 0)] * inv_b)
+                    sH16[rb, c2] = fmt.pack(acc[(v, 0, 0)], acc[(v + 1, 0, 0)], inv_b, inv_b)
+        elif cutlass.const_expr(tma):  # 16-bit elements: two boxes of 64 columns (128 bytes) per row
+            sBox = cute.make_tensor(sH.iterator, cute.make_layout((cfg.tile_m // 32, 64, 32), stride=(2048, 32, 1)))
+            sw = (ra % 8) * 4
+            for v in cutlass.range_constexpr(0, n_vals, 2):
+                c2 = (col0 + 8 * (v // 4)) // 2  # 32-bit word (element pair) in the row: box c2 // 32
+                r = rb % 64
+                inv = inv_b
+                if cutlass.const_expr((v // 2) % 2 == 0):
+                    r = ra % 64
+                    inv = inv_a
+                sBox[2 * wg + (v // 4) // 8, r, c2 % 32 ^ sw] = fmt.pack(acc[(v, 0, 0)], acc[(v + 1, 0, 0)], inv, inv)
+        else:
+            for v in cutlass.range_constexpr(0, n_vals, 2):
+                c2 = (col0 + 8 * (v // 4)) // 2  # 32-bit word (element pair) in the row
+                if cutlass.const_expr((v // 2) % 2 == 0):
+                    sH[ra, c2] = fmt.pack(acc[(v, 0, 0)], acc[(v + 1, 0, 0)], inv_a, inv_a)
+                else:
+                    sH[rb, c2] = fmt.pack(acc[(v, 0, 0)], acc[(v + 1, 0, 0)], inv_b, inv_b)
+        if cutlass.const_expr(fmt.scaled):
             if col0 == 0:
                 if row_a < m:
                     mHS[row_a, tn] = s_a
                 if row_b < m:
                     mHS[row_b, tn] = s_b
-        elif cutlass.const_expr(tma):  # bf16: two boxes of 64 columns (128 bytes) per row
-            sBox = cute.make_tensor(sH.iterator, cute.make_layout((cfg.tile_m // 32, 64, 32), stride=(2048, 32, 1)))
-            sw = (ra % 8) * 4
-            for v in cutlass.range_constexpr(0, n_vals, 2):
-                c2 = (col0 + 8 * (v // 4)) // 2  # 32-bit word (bf16 pair) in the row: box c2 // 32
-                word = cvt_bf16x2(acc[(v, 0, 0)], acc[(v + 1, 0, 0)])
-                r = rb % 64
-                if cutlass.const_expr((v // 2) % 2 == 0):
-                    r = ra % 64
-                sBox[2 * wg + (v // 4) // 8, r, c2 % 32 ^ sw] = word
-        else:
-            for v in cutlass.range_constexpr(0, n_vals, 2):
-                c2 = (col0 + 8 * (v // 4)) // 2  # 32-bit word (bf16 pair) in the row
-                word = cvt_bf16x2(acc[(v, 0, 0)], acc[(v + 1, 0, 0)])
-                if cutlass.const_expr((v // 2) % 2 == 0):
-                    sH[ra, c2] = word
-                else:
-                    sH[rb, c2] = word
         if cutlass.const_expr(tma):
             cute.arch.fence_proxy("async.shared", space="cta")  # the stores are visible to the TMA unit
             bar.arrive_and_wait()

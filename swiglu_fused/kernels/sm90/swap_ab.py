@@ -45,8 +45,13 @@ import cutlass.utils.hopper_helpers as sm90_utils
 from cutlass import Float32, Int32
 
 from .gemm256 import Gemm256Kernel
-from .tile_config import FP8_MAX, G, N_ALIGN
-from .ptx import bf16_lo_to_f32, cvt_bf16x2, cvt_e4m3x2, div_rn
+from .tile_config import G, N_ALIGN
+from .ptx import bf16_lo_to_f32, cvt_bf16x2, div_rn
+
+
+def _pair(inv, j: int):
+    """(1/s of value j, of value j + 1): the two tokens of a packed pair; (None, None) unscaled."""
+    return (None, None) if inv is None else (inv[j], inv[j + 1])
 
 
 class SwapABKernel(Gemm256Kernel):
@@ -226,7 +231,9 @@ class SwapABKernel(Gemm256Kernel):
         bar.arrive_and_wait()  # the previous tile's copy-out and amax reads are done
         lane = t % 32
         warp = t // 32
-        if cutlass.const_expr(cfg.h_format == "fp8_group128"):
+        fmt = self.h_format
+        inv = None  # 1/s per token value j of this thread (scaled formats)
+        if cutlass.const_expr(fmt.scaled):
             amax = cute.make_rmem_tensor(cute.make_layout(n_tok), Float32)
             inv = cute.make_rmem_tensor(cute.make_layout(n_tok), Float32)
             for j in cutlass.range_constexpr(n_tok):
@@ -249,14 +256,13 @@ class SwapABKernel(Gemm256Kernel):
                 a = sRed[0, tok]
                 for w in cutlass.range_constexpr(1, 4 * self.num_mma_wg):
                     a = cute.arch.fmax(a, sRed[w, tok], nan=True)
-                sj = div_rn(a, Float32(FP8_MAX))
-                if a == Float32(0.0):
-                    sj = Float32(1.0)
+                sj = fmt.scale(a)
                 inv[j] = div_rn(Float32(1.0), sj)  # q = h · (1/s), as the 64/128-row epilogue
                 if warp == 0:
                     if lane < 4:
                         if tm * cfg.tile_m + tok < m:
                             mHS[tm * cfg.tile_m + tok, tn] = sj
+        if cutlass.const_expr(fmt.bits == 8):  # a pair is tokens tok, tok + 1 of one column: split it
             sH8 = cute.make_tensor(
                 cute.recast_ptr(sH.iterator, dtype=cutlass.Int8),
                 cute.make_layout((cfg.tile_m, 4 * cfg.out_row_words), stride=(4 * cfg.out_row_words, 1)),
@@ -266,7 +272,7 @@ class SwapABKernel(Gemm256Kernel):
                     col = tCcC[(v, b, 0)][0]
                     tok = tCcC[(v, b, 0)][1]
                     j = 2 * (v // 4)
-                    pair = Int32(cvt_e4m3x2(acc[(v, b, 0)] * inv[j], acc[(v + 1, b, 0)] * inv[j + 1]))
+                    pair = Int32(fmt.pack(acc[(v, b, 0)], acc[(v + 1, b, 0)], *_pair(inv, j)))
                     sH8[tok, col] = cutlass.Int8(pair & 0xFF)
                     sH8[tok + 1, col] = cutlass.Int8((pair >> 8) & 0xFF)
         else:
@@ -278,7 +284,7 @@ class SwapABKernel(Gemm256Kernel):
                 for v in cutlass.range_constexpr(0, n_vals, 2):
                     col = tCcC[(v, b, 0)][0]
                     tok = tCcC[(v, b, 0)][1]
-                    word = cvt_bf16x2(acc[(v, b, 0)], acc[(v + 1, b, 0)])
+                    word = fmt.pack(acc[(v, b, 0)], acc[(v + 1, b, 0)], *_pair(inv, 2 * (v // 4)))
                     sH16[tok, col] = cutlass.Int16(word & 0xFFFF)
                     sH16[tok + 1, col] = cutlass.Int16((word >> 16) & 0xFFFF)
         bar.arrive_and_wait()
