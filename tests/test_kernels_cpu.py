@@ -69,6 +69,10 @@ def test_gate_up_errors_name_the_argument():
         ops.gate_up(torch.randn(2, 64).bfloat16(), torch.randn(200, 64).bfloat16())
     with pytest.raises(TypeError, match="^x: "):
         ops.quant_x(torch.zeros(2, 8, dtype=torch.int32))
+    with pytest.raises(ValueError, match="^weight: is on meta but x is on cpu"):
+        ops.gate_up(args["x"], args["weight"].to("meta"), args["weight_scale"], args["x_scale"])
+    with pytest.raises(ValueError, match="^x_scale: is on meta"):
+        ops.gate_up(args["x"], args["weight"], args["weight_scale"], args["x_scale"].to("meta"))
 
 
 def test_down_errors_name_the_argument():

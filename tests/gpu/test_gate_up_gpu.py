@@ -135,6 +135,17 @@ def test_ops_gate_up_dispatches_to_kernel(monkeypatch):
     assert torch.equal(h2.view(torch.uint8), h2_ref.view(torch.uint8)) and torch.equal(hs2, hs2_ref)
     with pytest.raises(ValueError, match="x_scale"):
         ops.gate_up(args["x"], args["weight"], args["weight_scale"], args["x_scale"][:, :2])
+    # the kernel path's layout needs: contiguous rows, 16-byte aligned data
+    wide = torch.empty(args["weight"].shape[0], 2 * 576, dtype=args["weight"].dtype, device="cuda")
+    wide[:, :576] = args["weight"]
+    with pytest.raises(ValueError, match="^weight: the sm90 kernel needs a contiguous tensor"):
+        ops.gate_up(args["x"], wide[:, :576], args["weight_scale"], args["x_scale"])
+    x_off = torch.empty(100 * 576 + 1, dtype=args["x"].dtype, device="cuda")[1:].view(100, 576)
+    x_off.copy_(args["x"])
+    with pytest.raises(ValueError, match="^x: the sm90 kernel needs a 16-byte aligned data pointer"):
+        ops.gate_up(x_off, args["weight"], args["weight_scale"], args["x_scale"])
+    with pytest.raises(ValueError, match="^weight: is on cpu but x is on cuda"):
+        ops.gate_up(args["x"], args["weight"].cpu(), args["weight_scale"], args["x_scale"])
 
 
 @pytest.mark.parametrize("mainloop", ["fp8_block128", "bf16"])
