@@ -36,6 +36,7 @@ CASES = {
         ("ours", None), ("tile64 whole tiles", kg.GateUpConfig(tile_m=64, stages=5), 1),
         ("tile64 cl2", kg.GateUpConfig(tile_m=64, stages=5, cluster_m=2))]),
     "fp8_4096": ("fp8_block128", 8192, 3584, 4096, [("ours", None)]),
+    "bf16_16": ("bf16", 8192, 3584, 16, [("ours", None)]),  # behind cuBLAS's bf16 GEMM (eleventh session)
     "bf16_1024": ("bf16", 8192, 3584, 1024, [("ours", None)]),
     "bf16_4096": ("bf16", 4096, 14336, 4096, [("ours", None)]),
 }
