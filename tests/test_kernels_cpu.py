@@ -166,6 +166,9 @@ def _shipped():
         + [("gate_up", gate_up.GateUpConfig(tile_m=128, stages=4, tma_store=True, h_format=f), gate_up.compile_gate_up)
            for f in ("fp8_group128", "bf16")]
         + [("gate_up", gate_up.GateUpConfig(tile_m=64, stages=3, cluster_k=2), gate_up.compile_gate_up)]
+        # the swap-AB tile's K in four parts over a cluster of 4: measured level with pairs, not dispatched
+        + [("gate_up", gate_up.GateUpConfig(tile_m=16, stages=5, swap_ab=True, cluster_k=4, mainloop=ml),
+            gate_up.compile_gate_up) for ml in ("fp8_block128", "bf16")]
 
     )
 

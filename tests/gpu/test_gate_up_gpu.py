@@ -252,6 +252,25 @@ def test_cluster_k_pairs_match_stream_k_split_2(hidden, inter, m, tile_m, mainlo
 
 
 @pytest.mark.parametrize("h_format", ["fp8_group128", "bf16"])
+@pytest.mark.parametrize("mainloop", ["fp8_block128", "bf16"])
+@pytest.mark.parametrize("hidden,inter,m", [(8192, 3584, 16), (8192, 3584, 3), (576, 1536, 1)])
+def test_cluster_k_4_matches_stream_k_split_4(hidden, inter, m, mainloop, h_format, monkeypatch):
+    """cluster_k = 4 (swap-AB tile): CTAs 1-3 of a cluster send their K parts' accumulators to CTA 0
+    through DSMEM, which adds them in rank order: the sum stream-K split 4 forms through global
+    partials, bit for bit (H = 576 in fp8: 5 k tiles over 4 CTAs)."""
+    from swiglu_fused.kernels.sm90 import gate_up as k, schedule
+
+    args = make_operands(m, hidden, inter, mainloop, seed=m + 9)
+    cfg = k.GateUpConfig(tile_m=16, stages=5, swap_ab=True, cluster_k=4, mainloop=mainloop, h_format=h_format)
+    h, hs = run_kernel(cfg, args)
+    monkeypatch.setattr(schedule, "plan", lambda tiles, *a, **kw: (4 * tiles, tiles))
+    h4, hs4 = run_kernel(dataclasses.replace(cfg, cluster_k=1), args)
+    assert torch.equal(h.view(torch.uint8), h4.view(torch.uint8))
+    assert (hs is None and hs4 is None) or torch.equal(hs, hs4)
+    assert_matches_reference(h, hs, args, "silu", h_format, mainloop)
+
+
+@pytest.mark.parametrize("h_format", ["fp8_group128", "bf16"])
 @pytest.mark.parametrize("tile_m", [64, 128])
 @pytest.mark.parametrize("hidden,inter,m", [(576, 1536, 1), (576, 1536, 100), (8192, 3584, 1024), (2048, 8192, 300)])
 def test_h_by_tma_store_is_the_copy_out_bit_for_bit(hidden, inter, m, tile_m, h_format):

@@ -67,8 +67,10 @@ DECODE_M = 64  # M ≤ this uses the 64-row tile
 # against the 64-row tile: faster at M ≤ 32 on every shape (8192×3584, M = 16: fp8 26.6 vs 31.7 µs,
 # bf16 50.9 vs 63.8), and at M ≤ 64 where its ceil(M/16) M tiles fit one wave of SMs (8192×3584,
 # M = 64: 26.9 vs 33.2; 4096×14336, 448 tiles: 52.6 vs 47.5, so not there). 32- and 64-token swap
-# tiles were no faster (the 64-token one, two warpgroups, spills): not shipped.
-SWAP_TILES = ((16, 6),)
+# tiles were no faster (the 64-token one, two warpgroups, spills): not shipped. Five stages, not the
+# six that fit: 8192×3584 M = 1 / 16 (K pairs) 1.015-1.039× fp8, 1.026-1.053× bf16; 4096×14336
+# M = 1-32 1.00-1.02× (ab_gate_up.py, 5 rounds, eleventh session); four were slower again.
+SWAP_TILES = ((16, 5),)
 SWAP_M = 32  # M ≤ this: the swap-AB tile
 SWAP_M_ONE_WAVE = 64  # M ≤ this: the swap-AB tile if its tiles fit one wave
 

@@ -885,25 +885,32 @@ class Gemm256Kernel(EpilogueMixin):
 
     @cute.jit
     def _cluster_fixup(self, acc, bidx, storage, t):
-        """cluster_k = 2: CTA 2c + 1 (the tile's second K half) sends its accumulator into CTA 2c's
-        smem with st.async, which completes bytes on CTA 2c's xbar; CTA 2c waits for all of them, adds
-        them (first half + second half: the same sum, bit for bit, as stream-K split 2) and returns 1
-        (run the epilogue). Value i of consumer thread t goes to word i · threads + t."""
+        """cluster_k = 2 or 4: CTA r > 0 of the cluster (the tile's K part r) sends its accumulator
+        into slot r - 1 of CTA 0's smem with st.async, which completes bytes on CTA 0's xbar; CTA 0
+        waits for all of them, adds them in rank order (part 0 + part 1 + ...: the same sum, bit for
+        bit, as stream-K split cluster_k) and returns 1 (run the epilogue). Value i of consumer
+        thread t goes to word (slot · values + i) · threads + t."""
+        ck = self.cfg.cluster_k
         threads = 128 * self.num_mma_wg
         n = cute.size(acc)
-        sX = storage.xacc.get_tensor(cute.make_layout((n, threads), stride=(threads, 1)))
+        sX = storage.xacc.get_tensor(cute.make_layout((n * (ck - 1), threads), stride=(threads, 1)))
         bar = storage.xbar.data_ptr()
+        rank = bidx % ck
         last = Int32(1)
-        if bidx % 2 == 1:
+        if rank != 0:
             last = Int32(0)
             for i in cutlass.range_constexpr(n):
-                cute.arch.store_async_dsmem(sX.iterator + (i * threads + t), f32_bits(acc[i]), bar, 0)
+                word = i * threads + t
+                if cutlass.const_expr(ck > 2):
+                    word = ((rank - 1) * n + i) * threads + t
+                cute.arch.store_async_dsmem(sX.iterator + word, f32_bits(acc[i]), bar, 0)
         else:
             if t == 0:
-                cute.arch.mbarrier_arrive_and_expect_tx(bar, n * threads * 4)
+                cute.arch.mbarrier_arrive_and_expect_tx(bar, (ck - 1) * n * threads * 4)
             cute.arch.mbarrier_wait(bar, 0)
-            for i in cutlass.range_constexpr(n):
-                acc[i] = acc[i] + sX[i, t]
+            for r in cutlass.range_constexpr(ck - 1):
+                for i in cutlass.range_constexpr(n):
+                    acc[i] = acc[i] + sX[r * n + i, t]
         return last
 
     @cute.jit

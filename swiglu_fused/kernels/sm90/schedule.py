@@ -82,10 +82,11 @@ def schedule(config: TileConfig, m: int, n: int, k: int, sms: int) -> tuple[int,
         return max(1, min(tiles, sms)), 0
     if cl > 1:
         return max(cl, min(tiles, sms) // cl * cl), 0
-    if config.cluster_k > 1:  # every tile split over a cluster pair; one tile per cluster
-        if 2 * tiles > sms:
-            raise ValueError(f"{config}: cluster_k = 2 needs 2 · tiles ≤ {sms} SMs, got {tiles} tiles (M = {m})")
-        return 2 * tiles, tiles
+    if config.cluster_k > 1:  # every tile split over the CTAs of a cluster; one tile per cluster
+        ck = config.cluster_k
+        if ck * tiles > sms:
+            raise ValueError(f"{config}: cluster_k = {ck} needs {ck} · tiles ≤ {sms} SMs, got {tiles} tiles (M = {m})")
+        return ck * tiles, tiles
     iter_bytes = config.tile_n * config.tile_k * config.elem_bytes
     iter_us = ITER_US[f"swap{config.tile_m}" if config.swap_ab else config.tile_m] * iter_bytes / 32768
     return plan(tiles, -(-k // config.tile_k), sms, grid_m, iter_bytes, iter_us,

@@ -106,9 +106,10 @@ class TileConfig:
 
         if self.cluster_m not in (1, 2) or (self.swap_ab and self.cluster_m != 1):
             raise ValueError(f"{name}.cluster_m: expected 1 or 2 (1 with swap_ab), got {self.cluster_m}")
-        if self.cluster_k not in (1, 2) or (self.cluster_k == 2 and not (self.swap_ab or self.tile_m == 64)):
-            raise ValueError(f"{name}.cluster_k: expected 1 or 2 (2 only with swap_ab or tile_m = 64), "
-                             f"got {self.cluster_k}")
+        if (self.cluster_k not in (1, 2, 4) or (self.cluster_k == 2 and not (self.swap_ab or self.tile_m == 64))
+                or (self.cluster_k == 4 and not self.swap_ab)):
+            raise ValueError(f"{name}.cluster_k: expected 1, 2 or 4 (2 only with swap_ab or tile_m = 64, 4 only "
+                             f"with swap_ab), got {self.cluster_k}")
         if self.tile_n not in (2 * G, *TILE_N_GRANULES):
             raise ValueError(f"{name}.tile_n: expected {2 * G} (two 128-row weight blocks) or one of "
                              f"{TILE_N_GRANULES} (16-row granules), got {self.tile_n}")
@@ -197,10 +198,11 @@ class TileConfig:
 
     @property
     def xacc_words(self) -> int:
-        """fp32 words of smem that receive the peer CTA's accumulator (cluster_k = 2: the whole tile)."""
+        """fp32 words of smem that receive the peer CTAs' accumulators (cluster_k > 1: the whole tile
+        from each of the cluster_k - 1 others)."""
         if self.split_n:  # the up half's accumulator, handed to the gate half's warpgroup
             return G * self.tile_m // self.xacc_parts
-        return self.tile_n * self.tile_m if self.cluster_k > 1 else 4
+        return (self.cluster_k - 1) * self.tile_n * self.tile_m if self.cluster_k > 1 else 4
 
     @property
     def cluster_size(self) -> int:
