@@ -44,6 +44,8 @@ ACTIVATIONS = {"silu": silu, "gelu_tanh": gelu_tanh}
 
 EPILOGUES = ("swiglu", "linear")
 
+
+# ---------------------------------------------------------------- h formats
 @cute.jit
 def e4m3_group_scale(amax: Float32) -> Float32:
     """s = amax / 448 (IEEE division, as quant.quantize_fp8_groups), 1 for an all-zero group."""
