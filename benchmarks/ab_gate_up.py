@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import os
 import statistics
 import sys
@@ -24,7 +23,6 @@ import torch
 sys.path.insert(0, ".")
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import bench_gate_up as b  # noqa: E402
-from bench_swap_ab import bf16_operands  # noqa: E402
 from swiglu_fused.kernels.sm90 import gate_up as kg  # noqa: E402
 
 
@@ -71,7 +69,7 @@ def main():
         for m in map(int, a.m.split(",")):
             def make(seed, m=m, hidden=hidden, inter=inter):
                 if a.mainloop == "bf16":
-                    return bf16_operands(m, hidden, inter, seed)
+                    return b.bf16_operands(m, hidden, inter, seed)
                 return b.operands(m, hidden, inter, seed)
 
             first = make(0)
@@ -102,10 +100,7 @@ def main():
                           f"  (h {checks[n]})", flush=True)
             del sets
             torch.cuda.empty_cache()
-    if a.json:
-        with open(a.json, "w") as f:
-            json.dump(dict(device=torch.cuda.get_device_name(), torch=torch.__version__, rounds=a.rounds,
-                           rows=rows), f, separators=(",", ":"))
+    b.write_json(a.json, rounds=a.rounds, rows=rows)
 
 
 if __name__ == "__main__":

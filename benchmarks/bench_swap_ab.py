@@ -39,13 +39,6 @@ def forced(split):
     return plan
 
 
-def bf16_operands(m, hidden, inter, seed):
-    g = torch.Generator(device="cuda").manual_seed(seed)
-    x = torch.randn(m, hidden, device="cuda", generator=g).to(torch.bfloat16)
-    w = (torch.randn(2 * inter, hidden, device="cuda", generator=g) * 0.05).to(torch.bfloat16)
-    return x, None, w, None
-
-
 def h_error(cfg, ops):
     xq, xs, wq, ws = ops
     h, hs = kg.gate_up(cfg, xq, wq, ws, xs)
@@ -121,7 +114,7 @@ def main():
             n, k = (2 * inter, hidden) if gu else (hidden, inter)
             bf16 = a.mainloop == "bf16"
             if gu:
-                make_set = bf16_operands if bf16 else (lambda *args: b.operands(*args[:3], seed=args[3]))
+                make_set = b.bf16_operands if bf16 else (lambda *args: b.operands(*args[:3], seed=args[3]))
                 sets = b.rotation(lambda s: make_set(m, hidden, inter, s), n * k * (2 if bf16 else 1))
             else:
                 sets = b.rotation(lambda s: down_operands(m, hidden, inter, s, bf16), n * k * (2 if bf16 else 1))

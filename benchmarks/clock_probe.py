@@ -26,7 +26,6 @@ sys.path.insert(0, ".")
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import bench_gate_up as b  # noqa: E402
 from ab_gate_up import parse_variant  # noqa: E402
-from bench_swap_ab import bf16_operands  # noqa: E402
 from swiglu_fused.kernels.sm90 import gate_up as kg  # noqa: E402
 
 
@@ -130,7 +129,7 @@ def main():
     a = p.parse_args()
     hidden, inter = map(int, a.shape.split("x"))
     fp8 = a.mainloop == "fp8_block128"
-    make = (lambda s: b.operands(a.m, hidden, inter, s)) if fp8 else (lambda s: bf16_operands(a.m, hidden, inter, s))
+    make = (lambda s: b.operands(a.m, hidden, inter, s)) if fp8 else (lambda s: b.bf16_operands(a.m, hidden, inter, s))
     first = make(0)
     sets = b.rotation(make, sum(t.nbytes for t in first if t is not None))
     del first
