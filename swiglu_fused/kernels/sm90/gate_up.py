@@ -46,19 +46,22 @@ class GateUpConfig(TileConfig):
         super().__post_init__()
 
     @property
+    def h_fmt(self) -> epilogue.HFormat:
+        """How the epilogue stores h (epilogue.h_format of h_format)."""
+        return epilogue.h_format(self.h_format)
+
+    @property
     def out_bytes(self) -> int:
-        return epilogue.h_format(self.h_format).bits // 8
+        return self.h_fmt.bits // 8
 
 
 
 # ---------------------------------------------------------------- host side
-def _h_dtype(config: GateUpConfig):
-    return epilogue.h_format(config.h_format).dtype
 
 
 def compile_gate_up(config: GateUpConfig):
     """Compile for sm_90a (no GPU needed: fake pointers, runtime Int32 sizes)."""
-    return compile_kernel(config, _h_dtype(config), Float32, 4)
+    return compile_kernel(config, config.h_fmt.dtype, Float32, 4)
 
 
 # Shipped configurations: what select_config can return (and what CI compile-checks).
@@ -297,7 +300,7 @@ def gate_up(config: GateUpConfig, x, weight, weight_scale=None, x_scale=None, *,
     if config.granules and i_cols % (config.tile_n // 2):
         raise ValueError(f"gate_up: {config} takes {config.tile_n // 2} h columns a tile, and I = {i_cols} is not a "
                          f"multiple of that; use tile_n = 256 (select_config does)")
-    fmt = epilogue.h_format(config.h_format)
+    fmt = config.h_fmt
     if out is None:
         h = torch.empty((m, i_cols), dtype=getattr(torch, fmt.torch_dtype), device=x.device)
         hs = torch.empty((i_cols // G, m), dtype=torch.float32, device=x.device).t() if fmt.scaled else None

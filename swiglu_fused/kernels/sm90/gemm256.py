@@ -119,8 +119,8 @@ class Gemm256Kernel(EpilogueMixin):
         self.mma_wgs_m = 1 if config.split_n else self.num_mma_wg
         if config.epilogue == "swiglu":
             self.act = epilogue.activation(config.act)
-            self.h_format = epilogue.h_format(config.h_format)
-            self.h_dtype = self.h_format.dtype
+            self.h_fmt = config.h_fmt
+            self.h_dtype = self.h_fmt.dtype
             self.h_box = (64, 128 // config.out_bytes)  # TMA store box of h (tma_store): 128 bytes a row
 
     # ------------------------------------------------------------------ host

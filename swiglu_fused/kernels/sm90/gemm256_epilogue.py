@@ -40,7 +40,7 @@ class EpilogueMixin:
         bar.arrive_and_wait()  # the previous tile's copy-out of this slab is done
         # TMA: the slab is 128-byte swizzled (_h_store_layout): 16-byte chunk c of row r is stored
         # at chunk c ^ (r % 8), so a warp's 8 rows of fragment stores hit 8 different chunks
-        fmt = self.h_format
+        fmt = self.h_fmt
         inv_a = None  # 1/s of rows ra / rb (scaled formats)
         inv_b = None
         if cutlass.const_expr(fmt.scaled):

@@ -231,7 +231,7 @@ class SwapABKernel(Gemm256Kernel):
         bar.arrive_and_wait()  # the previous tile's copy-out and amax reads are done
         lane = t % 32
         warp = t // 32
-        fmt = self.h_format
+        fmt = self.h_fmt
         inv = None  # 1/s per token value j of this thread (scaled formats)
         if cutlass.const_expr(fmt.scaled):
             amax = cute.make_rmem_tensor(cute.make_layout(n_tok), Float32)
