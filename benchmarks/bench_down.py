@@ -5,15 +5,18 @@ graph of REPS launches, median of --iters replays (bench_gate_up.graph_time_us).
 
     python benchmarks/bench_down.py [--shapes 4096x14336,8192x3584] [--m 16,1024,4096] [--json out.json]
     python benchmarks/bench_down.py --rounds 5 [...]   # kernel vs cuBLAS (no residual) only, in turn
+    python benchmarks/bench_down.py --rounds 5 --variant s5:stages=5   # + DownConfig variants
 
 --rounds N: the kernel and cuBLAS, each on operand sets rotated past L2 (as bench_gate_up), captured
 once and timed in turn N times (bench_gate_up.interleaved_us): medians and the per-round ratio,
-for the dispatch decisions (down.beats_cublas) whose margins are a few %.
+for the dispatch decisions (down.beats_cublas) whose margins are a few %. --variant (as in
+ab_gate_up.py) adds the dispatched config with fields replaced, timed in the same turns.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import statistics
 import sys
@@ -26,6 +29,7 @@ import bench_gate_up as b  # noqa: E402
 from swiglu_fused import quant  # noqa: E402
 from swiglu_fused.kernels import cublas, reference  # noqa: E402
 from swiglu_fused.kernels.sm90 import down as k  # noqa: E402
+from ab_gate_up import parse_variant  # noqa: E402
 
 
 def main():
@@ -37,6 +41,8 @@ def main():
     p.add_argument("--mainloop", default="fp8_block128", choices=["fp8_block128", "bf16"],
                    help="bf16: bf16 h and weight; peer torch.mm (cuBLAS)")
     p.add_argument("--rounds", type=int, default=0, help="only kernel vs cuBLAS, timed in turn this many times")
+    p.add_argument("--variant", action="append", default=[], metavar="NAME:FIELD=VALUE,...",
+                   help="with --rounds: the dispatched DownConfig with these fields replaced (repeatable)")
     a = p.parse_args()
     if a.rounds:
         return b.write_json(a.json, rows=interleaved(a))
@@ -95,17 +101,27 @@ def interleaved(a):
             sets = b.rotation(make, hidden * inter)
             hq0, hs0, wq0, ws0 = sets[0]
             cfg = k.select_config(hq0, wq0, ws0, hs0, None, torch.bfloat16)
+            variants = {n: dataclasses.replace(cfg, **f) for n, f in map(parse_variant, a.variant)}
+            y0 = k.down(cfg, hq0, wq0, ws0, hs0)
+            checks = {n: "bit-identical" if torch.equal(k.down(c, hq0, wq0, ws0, hs0), y0) else "differs"
+                      for n, c in variants.items()}
             t = b.interleaved_us({
                 "kernel": b.cycling(lambda hq, hs, wq, ws: k.down(cfg, hq, wq, ws, hs), sets),
                 "cublas": b.cycling(lambda hq, hs, wq, ws: cublas.down(hq, wq, ws, hs, None, torch.bfloat16), sets),
+                **{n: b.cycling(lambda hq, hs, wq, ws, c=c: k.down(c, hq, wq, ws, hs), sets) for n, c in variants.items()},
             }, a.iters, a.rounds, max(b.REPS, len(sets)))
             ratios = [c / kk for c, kk in zip(t["cublas"], t["kernel"])]
             tag = f"tile_m={cfg.tile_m}" + (",swap_ab" if cfg.swap_ab else "")
             med = {name: statistics.median(v) for name, v in t.items()}
             print(f"{m:>6} {hidden:>6} {inter:>6} {tag:>24} {med['kernel']:>10.1f} {med['cublas']:>10.1f}  "
                   + " ".join(f"{r:.3f}" for r in ratios), flush=True)
+            for n in variants:
+                vr = [kk / v for kk, v in zip(t["kernel"], t[n])]
+                print(f"{'':>6} {n:>38} {med[n]:>10.1f}  speed-up {min(vr):.3f}–{max(vr):.3f} (y {checks[n]})", flush=True)
             rows.append(dict(m=m, hidden=hidden, inter=inter, config=str(cfg), kernel_us=med["kernel"],
-                             cublas_us=med["cublas"], kernel_us_per_round=t["kernel"], cublas_us_per_round=t["cublas"]))
+                             cublas_us=med["cublas"], kernel_us_per_round=t["kernel"], cublas_us_per_round=t["cublas"],
+                             variants={n: dict(config=str(c), us=med[n], us_per_round=t[n], check=checks[n])
+                                       for n, c in variants.items()}))
             del sets
             torch.cuda.empty_cache()
     return rows

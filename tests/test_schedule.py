@@ -255,6 +255,28 @@ def test_cluster_k_where_few_swap_tiles_leave_hbm_idle():
         gate_up.GateUpConfig(tile_m=64, stages=4, cluster_k=2)  # the 64 KB accumulator leaves room for 3
 
 
+@pytest.mark.parametrize("mainloop", tile_config.MAINLOOPS)
+@pytest.mark.parametrize("m,hidden,inter,ck,stages", [
+    (32, 8192, 3584, 1, 6), (64, 8192, 3584, 1, 6),  # a CTA streams all 8192 of K: six stages
+    (16, 8192, 3584, 2, 5),  # K pairs (4096 a CTA, and measured only so): five
+    (16, 4096, 14336, 1, 5), (32, 2048, 8192, 1, 5), (1, 16384, 1024, 2, 5),
+])
+def test_gate_up_swap_tile_stages_follow_the_k_a_cta_streams(mainloop, m, hidden, inter, ck, stages):
+    import torch
+    from unittest import mock
+
+    from swiglu_fused.kernels.sm90 import gate_up
+
+    dt = torch.float8_e4m3fn if mainloop == "fp8_block128" else torch.bfloat16
+    x, w = torch.empty(m, hidden, dtype=dt, device="meta"), torch.empty(2 * inter, hidden, dtype=dt, device="meta")
+    scales = (torch.empty(1, device="meta"),) * 2 if mainloop == "fp8_block128" else (None, None)
+    h_format = "fp8_group128" if mainloop == "fp8_block128" else "bf16"
+    with mock.patch.object(g, "sm_count", lambda device: 132):
+        cfg = gate_up.select_config(x, w, *scales, act="silu", h_format=h_format)
+    assert (cfg.swap_ab, cfg.cluster_k, cfg.stages) == (True, ck, stages)
+    assert cfg in gate_up.shipped_configs()
+
+
 @pytest.mark.parametrize("m,inter,expect", [
     (1024, 3584, 224),  # 28 → 32 h tiles a row of M tiles: 224 → 256 tiles, two rounds of 7/8 the work
     (256, 14336, 224),

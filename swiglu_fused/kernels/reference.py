@@ -5,6 +5,7 @@ the *quantized* operands, so a kernel differs from it only by accumulation order
 
     quant_x(x)                       → xq e4m3 [M, K], x_scale fp32 [M, ceil(K/128)]
     gate_up(x, weight, ...)          → h [M, I] (bf16, or e4m3 + h_scale fp32 [M, ceil(I/128)])
+    gate_up_epilogue(acc, ...)       → the same h from a given fp32 GEMM result [M, 2I]
     down(h, weight, ...)             → y [M, H] (+ residual)
     mlp(x, gate_up, down, ...)       → the three in a row, any leading batch dims
 
@@ -103,7 +104,14 @@ def gate_up(
     gs = None if global_scale is None else _row_global_scale(global_scale, weight.shape[0], interleave)
     w = dequant_weight(weight, weight_scale, gs)
     acc = _dequant_operand(x, x_scale, "x") @ w.t()
-    gate, up = deinterleave_rows(acc.t(), interleave)
+    return gate_up_epilogue(acc, interleave=interleave, act=act, h_format=h_format)
+
+
+def gate_up_epilogue(acc: torch.Tensor, *, interleave: int = formats.DEFAULT_INTERLEAVE, act: str = "silu",
+                     h_format: str = "bf16") -> tuple[torch.Tensor, torch.Tensor | None]:
+    """gate_up's epilogue alone: the fp32 GEMM result [M, 2I] in the packed (interleaved) column
+    order → h. Lets a test put another GEMM's accumulator (cuBLAS's) in front of it."""
+    gate, up = deinterleave_rows(acc.float().t(), interleave)
     h = (activation(act)(gate) * up).t().contiguous()
     return _store_h(h, h_format)
 

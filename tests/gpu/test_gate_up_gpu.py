@@ -59,8 +59,10 @@ def run_kernel(cfg, ops_args):
 # gives *identical* statistics to this kernel (H=4096, I=14336, M=1024: max scale error 1.07e-3,
 # 99.937 % within 1 ulp; benchmarks/accuracy_gate_up.py). Across the test matrix the worst seen is
 # 1.5e-3 and 99.86 %. Promoting more often helps (GateUpConfig.promote_k=64: 4.4e-4, 99.97 %,
-# +18 % time; promote_k=32: 3e-4, 99.99 %). So the fp8 mainloop is held to the measured hardware limits below, pending a
-# DESIGN §4 decision.
+# +18 % time; promote_k=32: 3e-4, 99.99 %). So against the plain fp32 reference the fp8 mainloop is
+# held to the measured hardware limits below; against the reference with Hopper's accumulator in it
+# (hopper_gemm_reference) it is held to DESIGN §4's own numbers, which it meets with room: scales
+# within 1.1e-5 (1.4e-6 Frobenius), 100 % of h within 1 ulp (twelfth session).
 # Over this file's matrix (SWIGLU_FUSED_TOL_LOG, eleventh session, benchmarks/NOTES.md) the fp8
 # mainloop's scales came within 2.3e-4 relative Frobenius (1.4e-3 each) and ≥ 99.84 % of h within
 # 1 ulp (≥ 99.92 % in outputs of ≥ 1e5 elements); the bf16 mainloop's within 1.7e-5 (4.2e-5 each)
@@ -112,6 +114,40 @@ def test_gate_up_fp8_block128_bf16_h(m, hidden, inter, act):
 @pytest.mark.parametrize("m", M_ISSUE)
 def test_gate_up_bf16_mainloop(m, hidden, inter, act, h_format):
     check("bf16", h_format, act, m, hidden, inter)
+
+
+def hopper_gemm_reference(args, act, h_format):
+    """reference.gate_up with Hopper's fp8 MMA accumulator in place of exact fp32 products: cuBLAS's
+    block-scaled GEMM (torch._scaled_mm, fp32 out; the same wgmma, promoted every 128 of K as
+    DESIGN §5 prescribes), then the reference epilogue."""
+    from swiglu_fused.kernels import cublas
+
+    x, xs = args["x"], args["x_scale"]
+    m = x.shape[0]
+    x, xs = cublas._pad_rows(x, xs, -m % cublas.ROWS)  # cuBLAS rejects some row counts (M = 1)
+    acc = torch._scaled_mm(x, args["weight"].t(), scale_a=quant.m_major(xs), scale_b=args["weight_scale"].t(),
+                           out_dtype=torch.float32)[:m]
+    return reference.gate_up_epilogue(acc, act=act, h_format=h_format)
+
+
+# DESIGN §4: "Hopper's fp8 MMA accumulator [differs] slightly from the reference; more than that is
+# a bug". Against the reference with that accumulator in it, the fp8 mainloop is held to §4's numbers
+# themselves (scales within 1e-4, each and in Frobenius norm; ≥ 99.9 % of h within 1 ulp): whatever
+# separates it from the plain fp32 reference (TOL above) is the accumulator's, not the kernel's.
+@pytest.mark.parametrize("h_format,act", [("fp8_group128", "silu"), ("fp8_group128", "gelu_tanh"), ("bf16", "silu")])
+@pytest.mark.parametrize("hidden,inter", [s for s in SHAPES if s[0] % 128 == 0])  # cuBLAS: whole k blocks
+@pytest.mark.parametrize("m", M_ISSUE)
+def test_fp8_mainloop_design_tolerance_against_hopper_accumulator(m, hidden, inter, h_format, act):
+    from swiglu_fused.kernels.sm90 import gate_up as k
+
+    args = make_operands(m, hidden, inter, "fp8_block128", seed=zlib.crc32(repr(("hopper", m, hidden, inter)).encode()))
+    cfg = k.select_config(args["x"], args["weight"], args["weight_scale"], args["x_scale"], act=act, h_format=h_format)
+    h, hs = run_kernel(cfg, args)
+    h_ref, hs_ref = hopper_gemm_reference(args, act, h_format)
+    if h_format == "fp8_group128":
+        assert_fp8_group_close(h, hs, h_ref, hs_ref)  # DESIGN §4 defaults
+    else:
+        assert_bf16_close(h, h_ref)
 
 
 def test_ops_gate_up_dispatches_to_kernel(monkeypatch):

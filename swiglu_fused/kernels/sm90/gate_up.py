@@ -74,6 +74,11 @@ DECODE_M = 64  # M ≤ this uses the 64-row tile
 # six that fit: 8192×3584 M = 1 / 16 (K pairs) 1.015-1.039× fp8, 1.026-1.053× bf16; 4096×14336
 # M = 1-32 1.00-1.02× (ab_gate_up.py, 5 rounds, eleventh session); four were slower again.
 SWAP_TILES = ((16, 5),)
+# ... except where one CTA streams a K of at least SWAP_LONG_K (whole tiles, not K pairs): there six
+# stages are faster, 8192×3584 M = 32 / 48 / 64 fp8 1.045-1.055×, bf16 M = 32 / 64 1.064-1.081×, while
+# six are 0.95-0.99× wherever the CTA's K is 4096 or less (K pairs at 8192; 4096×14336, 2048×8192;
+# ab_gate_up.py, 3 rounds, twelfth session).
+SWAP_LONG_K, SWAP_LONG_K_STAGES = 8192, 6
 SWAP_M = 32  # M ≤ this: the swap-AB tile
 SWAP_M_ONE_WAVE = 64  # M ≤ this: the swap-AB tile if its tiles fit one wave
 
@@ -233,7 +238,7 @@ def shipped_configs() -> list[GateUpConfig]:
         for act in epilogue.ACTIVATIONS:
             for h_format in epilogue.H_FORMATS:
                 tiles = [(128, 4, False, 1), (128, 4, False, 2), (64, 5, False, 1)]  # (cluster_m_for)
-                tiles += [(t, s, True, 1) for t, s in SWAP_TILES]
+                tiles += [(t, s, True, 1) for t, s in SWAP_TILES] + [(SWAP_TILES[0][0], SWAP_LONG_K_STAGES, True, 1)]
                 for tile_m, stages, swap, cl in tiles:
                     split = split_n_applies(tile_m, swap, mainloop)
                     for deep in (False, True) if split else (False,):  # (split_n_pipeline: 4 or 5 stages)
@@ -272,6 +277,8 @@ def select_config(x, weight, weight_scale, x_scale, *, act: str, h_format: str) 
     sms = sm_count(x.device)
     tile_m, stages, swap = tile_for(x.shape[0], weight.shape[0], sms, mainloop)
     ck = 2 if swap and cluster_k_applies(x.shape[0], weight.shape[0], sms, mainloop) else 1
+    if swap and ck == 1 and x.shape[1] >= SWAP_LONG_K:  # (K pairs keep five: measured at 4096 a CTA only)
+        stages = SWAP_LONG_K_STAGES
     tile_n = 2 * G
     if mainloop == "bf16" and h_format == "bf16" and tile_m == 128:
         tile_n = granule_tile_n(x.shape[0], weight.shape[0], sms) or tile_n
