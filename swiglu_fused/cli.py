@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from . import formats
+from . import __version__, formats
 
 EPILOG = """examples:
   swiglu-fused demo
@@ -22,6 +22,7 @@ def _parser() -> argparse.ArgumentParser:
         description="Pack the gated MLPs of LLaMA-family and Flux.2 checkpoints for one fused gate_up GEMM "
                     "(interleaved gate/up rows, optional FP8 or NVFP4 quantization).",
         epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     c = sub.add_parser("convert", help="convert a Hugging Face / diffusers checkpoint into the packed format",
@@ -57,7 +58,7 @@ def _parser() -> argparse.ArgumentParser:
                                    "run the reference MLP on the CPU and print errors against the original model.")
     d.add_argument("--format", dest="weight_formats", action="append", choices=sorted(formats.WEIGHT_FORMATS),
                    help="format to run (repeatable; default: all)")
-    d.add_argument("--seed", type=int, default=0)
+    d.add_argument("--seed", type=int, default=0, help="seed of the random weights and inputs (default: 0)")
     return p
 
 
@@ -68,7 +69,7 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         return _run(args)
-    except (FormatError, CheckpointError, FileExistsError, FileNotFoundError) as e:
+    except (FormatError, CheckpointError, OSError) as e:  # OSError: missing paths, permissions, disk space
         print(f"swiglu-fused {args.command}: error: {e}", file=sys.stderr)
         return 2
 

@@ -76,14 +76,14 @@ def run_demo(formats_to_run=tuple(formats.WEIGHT_FORMATS), seed: int = 0, workdi
             checked = verify(dst, against=src)
             if not checked.ok:
                 raise RuntimeError(checked.summary())
-            rows.append(_evaluate(fmt, dst, tokens, ref_logits, mlp_io))
+            rows.append(_evaluate(fmt, dst, tokens, ref_logits, mlp_io, seed))
     echo(format_rows(rows))
     return rows
 
 
-def _evaluate(fmt: str, dst: Path, tokens, ref_logits, mlp_io) -> DemoRow:
+def _evaluate(fmt: str, dst: Path, tokens, ref_logits, mlp_io, seed: int) -> DemoRow:
     ckpt = PackedCheckpoint(dst)
-    model = tiny_llama()  # same seed → same non-MLP weights as the reference model
+    model = tiny_llama(seed)  # same seed → same non-MLP weights as the reference model
     mlps = [FusedSwiGLUMLP.from_packed(ckpt, m) for m in ckpt.config.modules]
     errs = []
     with torch.no_grad():

@@ -83,8 +83,14 @@ def _nbytes(*tensors: torch.Tensor) -> int:
 
 def patch_model(model: nn.Module, weight_format: str = "fp8_block128",
                 interleave: int = formats.DEFAULT_INTERLEAVE) -> PatchReport:
-    """Replace every gated MLP (gate/up/down or Phi-3's gate_up/down) with a FusedSwiGLUMLP."""
-    formats.weight_format(weight_format)
+    """Replace every gated MLP (gate/up/down or Phi-3's gate_up/down) with a FusedSwiGLUMLP. MLPs the
+    format cannot hold (a bias; an I that ``interleave`` does not divide) stay as they are, with the
+    reason in the report; an ``interleave`` no MLP could use raises."""
+    fmt = formats.weight_format(weight_format)
+    if isinstance(interleave, bool) or not isinstance(interleave, int) or interleave < 1 \
+            or interleave % fmt.interleave_multiple:
+        raise FormatError(f"interleave: {interleave!r} is not a positive multiple of {fmt.interleave_multiple}, "
+                          f"which weight_format {weight_format} needs (default {formats.DEFAULT_INTERLEAVE})")
     report = PatchReport()
     config = getattr(model, "config", None)
     candidates = [(n, m) for n, m in model.named_modules() if _projections(m) is not None]

@@ -42,18 +42,27 @@ class ConvertReport:
     src_bytes: int = 0
     dst_bytes: int = 0
 
+    def __str__(self) -> str:  # print(report) reads like the CLI
+        return self.summary()
+
     def summary(self) -> str:
         return (f"wrote {self.dst} ({self.weight_format}, g={self.interleave}, act={self.activation}, "
                 f"adapter={self.adapter}): {len(self.modules)} MLPs, {self.repacked} projections repacked "
-                f"bit-exactly, {self.quantized} quantized; {self.src_bytes / 2**20:.1f} MiB → "
+                f"bit-exactly, {self.quantized} {'converted to bf16' if self.weight_format == 'bf16' else 'quantized'}; "
+                f"{self.src_bytes / 2**20:.1f} MiB → "
                 f"{self.dst_bytes / 2**20:.1f} MiB")
 
 
 def read_config(src: Path) -> dict:
+    if not src.is_dir():
+        raise FileNotFoundError(f"{src}: no such directory (the source checkpoint: a Hugging Face model directory)"
+                                if not src.exists() else f"{src}: not a directory (the source checkpoint must be one)")
     path = src / formats.CONFIG_FILE
     if not path.is_file():
+        hint = (f"; this looks like a diffusers pipeline: pass its {src / 'transformer'} folder"
+                if (src / "model_index.json").is_file() and (src / "transformer").is_dir() else "")
         raise FormatError(f"{path}: missing; SRC must be a Hugging Face model directory (or a diffusers "
-                          "transformer/ folder) with config.json and safetensors files")
+                          f"transformer/ folder) with config.json and safetensors files{hint}")
     try:
         return json.loads(path.read_text())
     except json.JSONDecodeError as e:
@@ -264,11 +273,13 @@ def convert(
 ) -> ConvertReport:
     """Convert the checkpoint in ``src`` into a packed checkpoint in ``dst`` (see module docstring)."""
     src, dst = Path(src), Path(dst)
-    if dst.exists() and not force:
-        raise FileExistsError(f"{dst} already exists; pass force=True (--force) to replace it")
     if dst.resolve() == src.resolve():
         raise FormatError(f"dst {dst} is the source directory; choose another output directory")
+    if dst.exists() and not force:
+        raise FileExistsError(f"{dst} already exists; pass force=True (--force) to replace it")
     plan = _plan(src, weight_format, interleave, source_format)
+    if src.resolve() in dst.resolve().parents:  # its partial directory would be copied into itself
+        raise FormatError(f"dst {dst} is inside the source directory {src}; choose an output directory outside it")
     kind = _target_kind(weight_format, plan.source_format, plan.headers)
     cfg = formats.PackedConfig(
         weight_format=weight_format, interleave=interleave, activation=plan.activation,
@@ -279,15 +290,41 @@ def convert(
     report = ConvertReport(dst, weight_format, interleave, plan.activation, plan.adapter.name, plan.source_format,
                            src_bytes=sum(h.data_bytes for h in plan.headers))
     tmp = dst.parent / f".{dst.name}.partial-{uuid.uuid4().hex[:8]}"
-    tmp.mkdir(parents=True)
+    new_parents = [p for p in tmp.parents if not p.exists()]  # made here, removed again on failure
     try:
+        tmp.mkdir(parents=True)
         _write(src, tmp, plan, cfg, kind, report, progress)
         _commit(tmp, dst)
-    except BaseException:
+    except BaseException as e:
         shutil.rmtree(tmp, ignore_errors=True)
+        for p in new_parents:  # nearest first; stops at the first that is not empty
+            try:
+                p.rmdir()
+            except OSError:
+                break
+        if isinstance(e, OSError) and _is_output_path(e.filename, tmp, dst):
+            raise OutputError(e.errno, f"cannot write {dst}: {e.strerror} (nothing was left behind; "
+                                       f"choose a writable directory with enough free space)") from e
         raise
     report.dst_bytes = sum(sio.read_header(f).data_bytes for f in sio.checkpoint_files(dst))
     return report
+
+
+def _is_output_path(filename, tmp: Path, dst: Path) -> bool:
+    """Whether an OSError's file is the output's (the partial directory, its files, the parents
+    made for it, DST) rather than a source file's."""
+    if filename is None:
+        return False
+    path, tmp = Path(os.fsdecode(filename)).resolve(), tmp.resolve()
+    return path in (tmp, dst.resolve()) or tmp in path.parents or path in tmp.parents
+
+
+class OutputError(OSError):
+    """Writing the packed checkpoint failed (permissions, disk space): names DST, not the hidden
+    partial directory the error happened in."""
+
+    def __str__(self) -> str:
+        return self.strerror
 
 
 def _write(src: Path, tmp: Path, plan: _Plan, cfg: formats.PackedConfig, kind, report, progress: bool) -> None:
@@ -336,6 +373,9 @@ def _commit(tmp: Path, dst: Path) -> None:
         old = dst.parent / f".{dst.name}.old-{uuid.uuid4().hex[:8]}"
         os.rename(dst, old)
         os.rename(tmp, dst)
-        shutil.rmtree(old, ignore_errors=True)
+        if old.is_dir() and not old.is_symlink():
+            shutil.rmtree(old, ignore_errors=True)
+        else:  # --force over a file (or a link): rmtree would leave it
+            old.unlink(missing_ok=True)
     else:
         os.rename(tmp, dst)

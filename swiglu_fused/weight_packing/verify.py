@@ -18,10 +18,19 @@ from .packed import PackedCheckpoint
 class Check:
     module: str
     projection: str  # "gate", "up" or "down"
-    mode: str  # "bit-exact" or "within bound"
+    mode: str  # "bit-exact", "within bound", or "shape" (packed and source shapes differ)
     error: float  # relative Frobenius error of the dequantized weights (0 for bit-exact)
     bound: float
     ok: bool
+    detail: str = ""
+
+    def problem(self) -> str:
+        """Why the check failed, in words."""
+        if self.mode == "shape":
+            return f"shape differs: {self.detail}"
+        if self.mode == "bit-exact":
+            return "bytes differ from the source's (it should have been moved unchanged)"
+        return f"relative error {self.error:.4g} exceeds the format's bound {self.bound}"
 
 
 @dataclass
@@ -34,6 +43,9 @@ class VerifyReport:
     def ok(self) -> bool:
         return not self.violations and all(c.ok for c in self.checks)
 
+    def __str__(self) -> str:  # print(report) reads like the CLI
+        return self.summary()
+
     def summary(self) -> str:
         lines = [f"{self.path}: {'OK' if self.ok else 'FAILED'}"]
         lines += [f"  violation: {v}" for v in self.violations]
@@ -45,8 +57,7 @@ class VerifyReport:
                 worst = max(bounded, key=lambda c: c.error / c.bound)
                 lines.append(f"  {len(bounded)} projections re-quantized; worst relative error "
                              f"{worst.error:.4f} ({worst.module} {worst.projection}, bound {worst.bound})")
-            lines += [f"  MISMATCH {c.module} {c.projection}: {c.mode}, error {c.error:.4g} (bound {c.bound})"
-                      for c in self.checks if not c.ok]
+            lines += [f"  MISMATCH {c.module} {c.projection}: {c.problem()}" for c in self.checks if not c.ok]
         return "\n".join(lines)
 
 
@@ -62,8 +73,11 @@ def _compare(module: str, name: str, packed: pack.Projection, source: pack.Proje
             _same_bytes(packed.tensors[k], source.tensors[k].to(packed.tensors[k].dtype)
                         if k == "weight_scale_inv" else source.tensors[k]) for k in packed.tensors)
         return Check(module, name, "bit-exact", 0.0 if ok else float("nan"), 0.0, ok)
-    ref = pack.dequantize(source)
-    err = ((pack.dequantize(packed) - ref).norm() / ref.norm().clamp_min(1e-30)).item()
+    ref, got = pack.dequantize(source), pack.dequantize(packed)
+    if ref.shape != got.shape:
+        return Check(module, name, "shape", float("nan"), 0.0, False,
+                     f"packed {list(got.shape)}, source {list(ref.shape)} (converted from another model?)")
+    err = ((got - ref).norm() / ref.norm().clamp_min(1e-30)).item()
     bound = formats.ROUNDTRIP_BOUND[fmt]
     return Check(module, name, "within bound", err, bound, err <= bound)
 
@@ -71,7 +85,12 @@ def _compare(module: str, name: str, packed: pack.Projection, source: pack.Proje
 def verify(dst: str | Path, against: str | Path | None = None) -> VerifyReport:
     """Validate ``dst``; with ``against``, also compare every MLP weight with the source checkpoint:
     bit-exact where bytes were moved, within formats.ROUNDTRIP_BOUND where re-quantized."""
+    if not Path(dst).is_dir():
+        raise FileNotFoundError(f"{dst}: no such directory (DST: a packed checkpoint directory)"
+                                if not Path(dst).exists() else f"{dst}: not a directory")
     report = VerifyReport(Path(dst), violations=formats.validate(dst))
+    if not report.violations:
+        report.violations += _scale_problems(PackedCheckpoint(dst))
     if report.violations or against is None:
         return report
     ckpt = PackedCheckpoint(dst)
@@ -105,6 +124,23 @@ def verify(dst: str | Path, against: str | Path | None = None) -> VerifyReport:
         for name, p, s in (("gate", p_gate, s_gate), ("up", p_up, s_up), ("down", p_down, s_down)):
             report.checks.append(_compare(module, name, p, s, cfg.weight_format))
     return report
+
+
+def _scale_problems(ckpt: PackedCheckpoint) -> list[formats.Violation]:
+    """Scales that would poison every output they touch: NaN, ±inf or negative (the headers cannot
+    show these; the scales are a small fraction of the bytes, so they are read)."""
+    fmt = formats.weight_format(ckpt.config.weight_format)
+    out = []
+    for f, header in ckpt.headers.items():
+        names = [n for n in header.entries if n.rsplit(".", 1)[-1] in ("weight_scale_inv", "weight_scale",
+                                                                           "weight_global_scale")]
+        for name, t in sio.load_file(f, names).items() if names and fmt.name != "bf16" else ():
+            t = t.float()
+            bad = ~torch.isfinite(t) | (t < 0)
+            if bad.any():
+                out.append(formats.Violation(str(f), name, "values", f"{int(bad.sum())} of {t.numel()} scales are "
+                                             f"NaN, infinite or negative (first: {t[bad][0].item()})"))
+    return out
 
 
 @dataclass
