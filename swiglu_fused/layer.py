@@ -24,6 +24,17 @@ class _PackedProjection(nn.Module):
     def tensors(self) -> dict[str, torch.Tensor]:
         return dict(self.named_buffers())
 
+    def _apply(self, fn, recurse=True):
+        # model.to(torch.bfloat16), .half(), .float() cast every floating tensor, e4m3 weights and
+        # fp32 scales included (lossy, or out of range: an nvfp4 global scale overflows fp16). The
+        # format fixes these dtypes, so a cast only moves them (to its device); device moves,
+        # to_empty and share_memory apply as they are.
+        for name, t in self._buffers.items():
+            if t is not None:
+                out = fn(t)
+                self._buffers[name] = out if out.dtype == t.dtype else t.to(out.device)
+        return self
+
 
 def _has_sm90_kernels(weight_format: str, interleave: int) -> bool:
     """Formats the sm90 kernels implement (the others run the reference ops everywhere)."""
@@ -55,13 +66,19 @@ class FusedSwiGLUMLP(nn.Module):
         self.global_scale_kind = global_scale_kind if fmt.name == "nvfp4" else None
         self.gate_up_proj = _PackedProjection(gate_up)
         self.down_proj = _PackedProjection(down)
+        w = gate_up[fmt.weight_name()]
+        self.hidden_size, self.intermediate_size = fmt.cols_of(w), w.shape[0] // 2  # (load_state_dict keeps shapes)
         self.eager_graph_rows = eager_graphs.MAX_ROWS if _has_sm90_kernels(fmt.name, interleave) else 0
 
     @classmethod
     def from_linear(cls, gate: nn.Linear | torch.Tensor, up: nn.Linear | torch.Tensor, down: nn.Linear | torch.Tensor,
                     *, weight_format: str = "fp8_block128", interleave: int = formats.DEFAULT_INTERLEAVE,
                     activation: str = "silu") -> "FusedSwiGLUMLP":
-        """Quantize and pack plain gate / up / down projections (modules or weights)."""
+        """Quantize and pack plain gate / up / down projections (modules or weights; no biases)."""
+        biased = [n for n, m in zip(("gate", "up", "down"), (gate, up, down)) if getattr(m, "bias", None) is not None]
+        if biased:
+            raise formats.FormatError(f"{', '.join(biased)}: projections with a bias are not supported "
+                                      "(the packed format has no bias)")
         # detached: packed buffers must not carry an autograd graph (it would keep the bf16
         # weights alive and send every call through the dispatcher, see ops._direct)
         w = [(m.weight if isinstance(m, nn.Module) else m).detach() for m in (gate, up, down)]
@@ -104,6 +121,7 @@ class FusedSwiGLUMLP(nn.Module):
         return "sm90" if kernel_format and ops.sm90_kernels_usable(w.device) else "reference"
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self._check_input(x)
         if x.numel() == 0:
             return x.new_empty(x.shape)
         y = None
@@ -114,16 +132,23 @@ class FusedSwiGLUMLP(nn.Module):
             return self._ops_forward(x)
         return y.reshape(*x.shape[:-1], y.shape[-1])
 
+    def _check_input(self, x) -> None:
+        if not isinstance(x, torch.Tensor) or x.dim() == 0:
+            raise TypeError(f"x: expected a tensor [..., hidden], got {type(x).__name__ if not isinstance(x, torch.Tensor) else 'a 0-d tensor'}")
+        if not x.is_floating_point():
+            raise TypeError(f"x: FusedSwiGLUMLP takes floating-point activations (bf16, fp16 or fp32), got {x.dtype}; "
+                            "token ids go through the model's embedding first")
+        if x.shape[-1] != self.hidden_size:
+            raise ValueError(f"x: last dimension is {x.shape[-1]}, but this MLP's hidden size is {self.hidden_size}")
+
     def _ops_forward(self, x: torch.Tensor) -> torch.Tensor:
         return reference.mlp(x, self.gate_up_proj.tensors(), self.down_proj.tensors(),
                              weight_format=self.weight_format, interleave=self.interleave, act=self.activation,
                              global_scale_kind=self.global_scale_kind, ops=ops)
 
     def extra_repr(self) -> str:
-        w = self.gate_up_proj.tensors()[formats.weight_format(self.weight_format).weight_name()]
-        hidden = formats.weight_format(self.weight_format).cols_of(w)
         graphs = ""
         if self.eager_graph_rows and self.backend == "sm90":
             graphs = f", eager_graph_rows={self.eager_graph_rows}"
-        return (f"hidden={hidden}, intermediate={w.shape[0] // 2}, format={self.weight_format}, "
+        return (f"hidden={self.hidden_size}, intermediate={self.intermediate_size}, format={self.weight_format}, "
                 f"g={self.interleave}, activation={self.activation}, backend={self.backend}{graphs}")

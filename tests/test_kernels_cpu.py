@@ -92,6 +92,34 @@ def test_down_errors_name_the_argument():
         ops.down(hq, wq, ws[:4], hs)
 
 
+def test_nvfp4_scales_interleave_and_down_dtypes_are_checked_by_name():
+    from swiglu_fused.weight_packing import pack
+
+    g, u = (pack.quantize(torch.randn(384, 256), "nvfp4", n, "divisor") for n in ("gate", "up"))
+    t = pack.pack_gate_up(g, u, 128)
+    x = torch.randn(2, 256).bfloat16()
+    ws, gs = t["weight_scale"], t["weight_global_scale"]
+    ops.gate_up(x, t["weight_packed"], ws, global_scale=gs)  # the right ones run
+    with pytest.raises(ValueError, match="^weight_scale: expected shape"):
+        ops.gate_up(x, t["weight_packed"], ws[:, :4], global_scale=gs)
+    with pytest.raises(ValueError, match="^weight_scale, global_scale: an nvfp4 weight needs"):
+        ops.gate_up(x, t["weight_packed"], ws)
+    with pytest.raises(ValueError, match="^global_scale: expected 1 or 2 elements"):
+        ops.gate_up(x, t["weight_packed"], ws, global_scale=torch.ones(3))
+    for g_bad in (0, -1, 1.5):
+        with pytest.raises(ValueError, match="^interleave: expected a positive integer"):
+            ops.gate_up(x, torch.randn(256, 256).bfloat16(), interleave=g_bad)
+    w = torch.randn(64, 256).bfloat16()
+    with pytest.raises(TypeError, match="^h: dtype torch.int64"):
+        ops.down(torch.ones(2, 256, dtype=torch.int64), w)
+    with pytest.raises(TypeError, match="^weight: dtype torch.float32"):
+        ops.down(torch.randn(2, 256).bfloat16(), w.float())
+    with pytest.raises(TypeError, match="^out_dtype: "):
+        ops.down(torch.randn(2, 256).bfloat16(), w, out_dtype="bfloat16")
+    with pytest.raises(TypeError, match="^residual: dtype torch.int32"):
+        ops.down(torch.randn(2, 256).bfloat16(), w, residual=torch.ones(2, 64, dtype=torch.int32))
+
+
 def test_down_configs():
     pytest.importorskip("cutlass")
     from swiglu_fused.kernels.sm90 import down

@@ -45,3 +45,45 @@ def test_extra_repr_names_format_group_activation_and_backend():
     r = repr(_mlp("fp8_block128", activation="gelu_tanh"))
     for part in ("format=fp8_block128", "g=128", "activation=gelu_tanh", "backend=reference"):
         assert part in r, (part, r)
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("cast", ["to_bf16", "half", "float", "to_fp16"])
+def test_dtype_casts_leave_the_packed_tensors_as_stored(fmt, cast):
+    """model.to(dtype) / .half() / .float() cast every floating tensor; the packed weights and scales
+    keep their dtypes and bytes (a cast would break the kernels and overflow nvfp4's fp16 scale)."""
+    mlp = _mlp(fmt)
+    before = {k: v.clone() for k, v in mlp.state_dict().items()}
+    x = torch.randn(3, 256, generator=torch.Generator().manual_seed(2)).to(torch.bfloat16)
+    y = mlp(x)
+    wrapped = torch.nn.Sequential(mlp)  # as inside a model
+    {"to_bf16": lambda: wrapped.to(torch.bfloat16), "half": wrapped.half, "float": wrapped.float,
+     "to_fp16": lambda: wrapped.to("cpu", torch.float16)}[cast]()
+    for k, v in mlp.state_dict().items():
+        assert v.dtype == before[k].dtype and torch.equal(v.view(torch.uint8), before[k].view(torch.uint8)), k
+    assert torch.equal(mlp(x), y)
+
+
+def test_integer_input_is_refused_by_name():
+    with pytest.raises(TypeError, match="x: FusedSwiGLUMLP takes floating-point activations"):
+        _mlp("bf16")(torch.ones(2, 256, dtype=torch.int64))
+
+
+def test_wrong_hidden_size_is_refused_even_when_empty():
+    with pytest.raises(ValueError, match="x: last dimension is 257, but this MLP's hidden size is 256"):
+        _mlp("bf16")(torch.empty(0, 257))
+
+
+def test_from_linear_refuses_biases():
+    from swiglu_fused.formats import FormatError
+
+    lin = [torch.nn.Linear(256, 384), torch.nn.Linear(256, 384, bias=False), torch.nn.Linear(384, 256, bias=False)]
+    with pytest.raises(FormatError, match="gate: projections with a bias are not supported"):
+        FusedSwiGLUMLP.from_linear(*lin, weight_format="bf16")
+
+
+def test_backward_says_the_module_is_inference_only():
+    x = torch.randn(2, 256, dtype=torch.bfloat16, requires_grad=True)
+    y = _mlp("fp8_block128")(x)
+    with pytest.raises(RuntimeError, match="has no gradient: FusedSwiGLUMLP and its ops are inference-only"):
+        y.sum().backward()

@@ -124,6 +124,33 @@ def test_from_pretrained_loads_packed_checkpoint_and_saves_it_again(tmp_path, fm
     check_from_pretrained_and_save_pretrained(tmp_path, fmt, family)
 
 
+def check_patched_model_saves_and_loads_again(tmp_path, fmt, family, device="cpu"):
+    """save_pretrained of a patch_model'd model writes a packed checkpoint (config included) that
+    verifies and loads as the same model."""
+    from transformers import AutoModelForCausalLM
+
+    make_causal_lm(tmp_path / "src", family)
+    model = AutoModelForCausalLM.from_pretrained(tmp_path / "src", dtype=torch.bfloat16, device_map=device)
+    report = patch_model(model, weight_format=fmt)
+    assert len(report.swapped) == 2
+    model.save_pretrained(tmp_path / "saved")
+    assert swiglu_fused.verify(tmp_path / "saved").ok
+    loaded = AutoModelForCausalLM.from_pretrained(tmp_path / "saved", dtype=torch.bfloat16, device_map=device)
+    assert isinstance(loaded.model.layers[0].mlp, FusedSwiGLUMLP)
+    for (name, a), (_, b) in zip(model.model.layers[1].mlp.state_dict().items(),
+                                 loaded.model.layers[1].mlp.state_dict().items()):
+        assert a.dtype == b.dtype and torch.equal(a.view(torch.uint8), b.view(torch.uint8)), name
+    tokens = _tokens(2).to(device)
+    with torch.no_grad():
+        assert torch.equal(loaded(tokens).logits, model(tokens).logits)
+    return loaded
+
+
+@pytest.mark.parametrize("fmt,family", [("fp8_block128", "llama"), ("nvfp4", "gemma"), ("bf16", "phi3")])
+def test_patched_model_saves_and_loads_again(tmp_path, fmt, family):
+    check_patched_model_saves_and_loads_again(tmp_path, fmt, family)
+
+
 def test_import_registers_without_importing_transformers(tmp_path):
     """`import swiglu_fused` does not pay for importing transformers, yet from_pretrained of a packed
     checkpoint in the same process builds the fused modules (registration on transformers' import)."""

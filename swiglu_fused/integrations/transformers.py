@@ -5,11 +5,13 @@
 * ``register()`` (run by ``import swiglu_fused`` when transformers is installed) registers the
   ``swiglu_fused`` quantization method, so ``AutoModelForCausalLM.from_pretrained(packed_dir)``
   builds FusedSwiGLUMLP modules before the weights load and fills them straight from the packed
-  tensors (no bf16 detour); ``save_pretrained`` writes a packed checkpoint that loads again.
+  tensors (no bf16 detour); ``save_pretrained`` writes a packed checkpoint that loads again, from
+  such a model or from one ``patch_model`` changed.
 """
 
 from __future__ import annotations
 
+import functools
 import importlib.abc
 import importlib.util
 import sys
@@ -111,7 +113,34 @@ def patch_model(model: nn.Module, weight_format: str = "fp8_block128",
         report.bytes_after += _nbytes(*fused.buffers())
         _swap(model, name, fused)
         report.swapped.append(name)
+    _declare_packed(model, report.swapped)
     return report
+
+
+def _declare_packed(model: nn.Module, swapped: list[str]) -> None:
+    """Give a transformers model what from_pretrained gives one loaded from a packed checkpoint
+    (config.quantization_config, hf_quantizer), so that save_pretrained writes a packed checkpoint
+    that loads again: without it the config says nothing, and from_pretrained would build plain
+    MLPs and fill them with packed bytes."""
+    config = getattr(model, "config", None)
+    if config is None or not hasattr(config, "to_dict") or not hasattr(model, "save_pretrained"):
+        return  # not a transformers model
+    mlps = [model.get_submodule(n) for n in _packed_modules(model)]
+    if not swapped or len({(m.weight_format, m.interleave, m.activation, m.global_scale_kind) for m in mlps}) != 1:
+        return  # nothing packed, or MLPs packed differently: one quantization_config cannot describe them
+    register()
+    config_cls, quantizer_cls = _classes()
+    m = mlps[0]
+    packed = formats.PackedConfig(m.weight_format, m.interleave, m.activation, tuple(_packed_modules(model)),
+                                  m.global_scale_kind, source={"via": "patch_model"})
+    qcfg = config_cls(**packed.to_dict())
+    config.quantization_config = qcfg
+    model.hf_quantizer = quantizer_cls(qcfg, pre_quantized=True)
+    model.is_quantized, model.quantization_method = True, formats.QUANT_METHOD
+
+
+def _packed_modules(model: nn.Module) -> list[str]:
+    return [n for n, mod in model.named_modules() if isinstance(mod, FusedSwiGLUMLP)]
 
 
 # ---------------------------------------------------------------- from_pretrained / save_pretrained
@@ -164,6 +193,7 @@ def register() -> None:
     _REGISTERED = True
 
 
+@functools.cache  # one pair of classes: the registered ones
 def _classes():
     from transformers.quantizers.base import HfQuantizer
     from transformers.utils.quantization_config import QuantizationConfigMixin

@@ -107,6 +107,25 @@ def _check_group_scales(name: str, a: torch.Tensor, scale, k: int, how: str, wha
                  f"one scale per row per 128 columns of {name}")
 
 
+def _check_nvfp4_scales(weight_scale, global_scale, n: int, k: int) -> None:
+    """An nvfp4 weight [n, k]'s e4m3 scales per 16 columns and its fp32 per-tensor multipliers."""
+    if weight_scale is None or global_scale is None:
+        raise ValueError("weight_scale, global_scale: an nvfp4 weight needs its e4m3 scales per 16 columns "
+                         "and its fp32 global scale ([1], or [2] for gate and up)")
+    _check_dtype("weight_scale", weight_scale, (FP8,))
+    _check_shape("weight_scale", weight_scale, (n, quant.cdiv(k, 16)), "one e4m3 scale per row per 16 columns")
+    _check_dtype("global_scale", global_scale, (torch.float32,))
+    if global_scale.numel() not in (1, 2):
+        raise ValueError(f"global_scale: expected 1 or 2 elements (one, or gate and up), got shape "
+                         f"{tuple(global_scale.shape)}")
+
+
+def _check_interleave(interleave) -> None:
+    if isinstance(interleave, bool) or not isinstance(interleave, int) or interleave < 1:
+        raise ValueError(f"interleave: expected a positive integer number of rows (default "
+                         f"{formats.DEFAULT_INTERLEAVE}), got {interleave!r}")
+
+
 def _kernel_operands_ok(operands: dict, scales: dict) -> None:
     """The sm90 kernels' layout constraints, raised only on the kernel path: matrix operands with
     16-byte rows (``_kernel_layout_ok``), contiguous scales; None entries are absent operands."""
@@ -256,6 +275,7 @@ def _validate_gate_up(x, weight, weight_scale, x_scale, global_scale, interleave
         k_w *= 2
     if x.shape[1] != k_w:
         raise ValueError(f"x: has {x.shape[1]} columns but weight has K = {k_w}; x must be [M, K] for weight [2I, K]")
+    _check_interleave(interleave)
     if n % (2 * interleave):
         raise ValueError(
             f"weight: {n} rows is not a multiple of 2 * interleave = {2 * interleave}; a packed gate_up "
@@ -268,6 +288,8 @@ def _validate_gate_up(x, weight, weight_scale, x_scale, global_scale, interleave
     else:
         _check_dtype("weight", weight, (torch.bfloat16, torch.uint8))
         _check_dtype("x", x, (torch.bfloat16, torch.float16, torch.float32))
+        if weight.dtype == torch.uint8:
+            _check_nvfp4_scales(weight_scale, global_scale, n, k_w)
 
 
 def gate_up(
@@ -336,22 +358,32 @@ def _(h, weight, weight_scale, h_scale, global_scale, residual, out_dtype):
     return h.new_empty((h.shape[0], weight.shape[0]), dtype=out_dtype)
 
 
-def _validate_down(h, weight, weight_scale, h_scale, global_scale, residual):
+def _validate_down(h, weight, weight_scale, h_scale, global_scale, residual, out_dtype):
     _check_2d("h", h)
     _check_2d("weight", weight)
     _check_same_device("h", h, weight=weight, weight_scale=weight_scale, h_scale=h_scale,
                        global_scale=global_scale, residual=residual)
+    _check_dtype("h", h, (FP8, torch.bfloat16, torch.float16, torch.float32))
+    _check_dtype("weight", weight, (FP8, torch.bfloat16, torch.uint8))
     n = weight.shape[0]
     k_w = weight.shape[1] * (2 if weight.dtype == torch.uint8 else 1)
     if h.shape[1] != k_w:
         raise ValueError(f"h: has {h.shape[1]} columns but weight has K = {k_w}; h must be [M, I] for weight [H, I]")
     if weight.dtype == FP8:
         _check_block_scales(weight_scale, n, k_w, "[ceil(H/128), ceil(I/128)]")
+    if weight.dtype == torch.uint8:
+        _check_nvfp4_scales(weight_scale, global_scale, n, k_w)
     if h.dtype == FP8:
         _check_group_scales("h", h, h_scale, k_w, "gate_up(..., h_format='fp8_group128') returns both",
                             "per-row per-128-column scales")
     if residual is not None:
         _check_shape("residual", residual, (h.shape[0], n), "the output's shape [M, H]")
+        _check_dtype("residual", residual, OUT_DTYPES)
+    if out_dtype not in OUT_DTYPES:
+        raise TypeError(f"out_dtype: expected one of {[str(d) for d in OUT_DTYPES]} (a torch.dtype), got {out_dtype!r}")
+
+
+OUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
 
 def down(
@@ -366,6 +398,20 @@ def down(
 ) -> torch.Tensor:
     """y = h @ down^T (+ residual) (see reference.down): the sm90 kernel where it applies, else
     cuBLAS on CUDA, else the reference."""
-    _validate_down(h, weight, weight_scale, h_scale, global_scale, residual)
+    _validate_down(h, weight, weight_scale, h_scale, global_scale, residual, out_dtype)
     op = _down_impl if _direct(h, weight, weight_scale, h_scale, global_scale, residual) else _down_op
     return op(h, weight, weight_scale, h_scale, global_scale, residual, out_dtype)
+
+
+# ---------------------------------------------------------------- autograd
+def _no_backward(op_name: str):
+    def backward(ctx, *grads):
+        raise RuntimeError(f"swiglu_fused::{op_name} has no gradient: FusedSwiGLUMLP and its ops are "
+                           "inference-only (quantized, packed weights); keep them out of the backward pass "
+                           "(torch.no_grad() / torch.inference_mode(), or detach their output)")
+    return backward
+
+
+# A clear error at .backward() instead of the dispatcher's "no autograd formula was registered".
+for _op, _name in ((_quant_x_op, "quant_x"), (_gate_up_op, "gate_up"), (_down_op, "down")):
+    _op.register_autograd(_no_backward(_name), setup_context=lambda ctx, inputs, output: None)

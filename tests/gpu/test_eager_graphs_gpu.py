@@ -123,10 +123,10 @@ def test_generate_style_loop_uses_one_graph_per_module():
 
 
 def test_bad_input_raises_and_keeps_graphs_on():
-    """An input error during the first (warm-up) call is the caller's: it raises as the direct ops
-    would, and the module keeps its graphs for the next, correct, call."""
+    """An input error on the first call is the caller's: it raises (from the module's own check,
+    before any graph is captured), and the module keeps its graphs for the next, correct, call."""
     mlp = _mlp(576, 1536, "fp8_block128")
-    with pytest.raises(ValueError, match="columns"):
+    with pytest.raises(ValueError, match="x: last dimension is 640, but this MLP's hidden size is 576"):
         mlp(_x(2, 640, seed=8))
     assert mlp.eager_graph_rows == eager_graphs.MAX_ROWS
     before = dict(eager_graphs.stats)

@@ -11,6 +11,7 @@ from conftest import make_causal_lm  # tests/conftest.py: tiny real transformers
 from test_transformers_integration import (FAMILIES, FROM_PRETRAINED_CASES,
                                            check_from_pretrained_and_save_pretrained,
                                            check_patched_bf16_generates_the_same_tokens,
+                                           check_patched_model_saves_and_loads_again,
                                            check_patched_quantized_logits_within_tolerance)
 
 
@@ -34,6 +35,12 @@ def test_patched_quantized_logits_within_tolerance_on_cuda(tmp_path, fmt):
 @pytest.mark.parametrize("fmt,family", FROM_PRETRAINED_CASES)
 def test_from_pretrained_and_save_pretrained_on_cuda(tmp_path, fmt, family):
     loaded = check_from_pretrained_and_save_pretrained(tmp_path, fmt, family, device="cuda")
+    assert _on_kernels(loaded, fmt)
+
+
+@pytest.mark.parametrize("fmt,family", [("fp8_block128", "llama"), ("bf16", "phi3")])
+def test_patched_model_saves_and_loads_again_on_cuda(tmp_path, fmt, family):
+    loaded = check_patched_model_saves_and_loads_again(tmp_path, fmt, family, device="cuda")
     assert _on_kernels(loaded, fmt)
 
 
