@@ -289,6 +289,15 @@ def convert(
                    if "quantization_config" in plan.config else {})})
     report = ConvertReport(dst, weight_format, interleave, plan.activation, plan.adapter.name, plan.source_format,
                            src_bytes=sum(h.data_bytes for h in plan.headers))
+    _write_atomically(src, dst, plan, cfg, kind, report, progress)
+    report.dst_bytes = sum(sio.read_header(f).data_bytes for f in sio.checkpoint_files(dst))
+    return report
+
+
+def _write_atomically(src: Path, dst: Path, plan: _Plan, cfg: formats.PackedConfig, kind, report,
+                      progress: bool) -> None:
+    """Write into a hidden sibling of DST and rename it into place; on any failure remove it and
+    the parent directories made for it, and name DST (not the sibling) in write errors."""
     tmp = dst.parent / f".{dst.name}.partial-{uuid.uuid4().hex[:8]}"
     new_parents = [p for p in tmp.parents if not p.exists()]  # made here, removed again on failure
     try:
@@ -306,8 +315,6 @@ def convert(
             raise OutputError(e.errno, f"cannot write {dst}: {e.strerror} (nothing was left behind; "
                                        f"choose a writable directory with enough free space)") from e
         raise
-    report.dst_bytes = sum(sio.read_header(f).data_bytes for f in sio.checkpoint_files(dst))
-    return report
 
 
 def _is_output_path(filename, tmp: Path, dst: Path) -> bool:
