@@ -66,7 +66,7 @@ def run_demo(formats_to_run=tuple(formats.WEIGHT_FORMATS), seed: int = 0, workdi
     rows = []
     with tempfile.TemporaryDirectory(dir=workdir) as tmp:
         src = Path(tmp) / "tiny-llama"
-        model.save_pretrained(src)
+        _save_quietly(model, src)
         echo(f"tiny LLaMA: hidden {TINY_LLAMA['hidden_size']}, intermediate {TINY_LLAMA['intermediate_size']}, "
              f"{TINY_LLAMA['num_hidden_layers']} layers, random weights, saved to {src}")
         for fmt in formats_to_run:
@@ -78,7 +78,22 @@ def run_demo(formats_to_run=tuple(formats.WEIGHT_FORMATS), seed: int = 0, workdi
                 raise RuntimeError(checked.summary())
             rows.append(_evaluate(fmt, dst, tokens, ref_logits, mlp_io, seed))
     echo(format_rows(rows))
+    echo("(errors against the original model, same inputs; a random tiny model's logits are nearly tied, "
+         "so its top-1 agreement is a stress test of the quantized formats)")
     return rows
+
+
+def _save_quietly(model, path: Path) -> None:
+    """save_pretrained without transformers' shard progress bar (the demo prints its own lines)."""
+    from transformers.utils import logging as hf_logging
+
+    was_enabled = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        model.save_pretrained(path)
+    finally:
+        if was_enabled:
+            hf_logging.enable_progress_bar()
 
 
 def _evaluate(fmt: str, dst: Path, tokens, ref_logits, mlp_io, seed: int) -> DemoRow:
