@@ -102,7 +102,7 @@ def interleaved(a):
             hq0, hs0, wq0, ws0 = sets[0]
             cfg = k.select_config(hq0, wq0, ws0, hs0, None, torch.bfloat16)
             variants = {n: dataclasses.replace(cfg, **f) for n, f in map(parse_variant, a.variant)}
-            y0 = k.down(cfg, hq0, wq0, ws0, hs0)
+            y0 = k.down(cfg, hq0, wq0, ws0, hs0) if variants else None
             checks = {n: "bit-identical" if torch.equal(k.down(c, hq0, wq0, ws0, hs0), y0) else "differs"
                       for n, c in variants.items()}
             t = b.interleaved_us({

@@ -125,22 +125,19 @@ def _declare_packed(model: nn.Module, swapped: list[str]) -> None:
     config = getattr(model, "config", None)
     if config is None or not hasattr(config, "to_dict") or not hasattr(model, "save_pretrained"):
         return  # not a transformers model
-    mlps = [model.get_submodule(n) for n in _packed_modules(model)]
-    if not swapped or len({(m.weight_format, m.interleave, m.activation, m.global_scale_kind) for m in mlps}) != 1:
-        return  # nothing packed, or MLPs packed differently: one quantization_config cannot describe them
+    mlps = {n: mod for n, mod in model.named_modules() if isinstance(mod, FusedSwiGLUMLP)}
+    kinds = {(m.weight_format, m.interleave, m.activation, m.global_scale_kind) for m in mlps.values()}
+    if not swapped or len(kinds) != 1:
+        return  # nothing packed now, or MLPs packed differently: one quantization_config cannot describe them
     register()
     config_cls, quantizer_cls = _classes()
-    m = mlps[0]
-    packed = formats.PackedConfig(m.weight_format, m.interleave, m.activation, tuple(_packed_modules(model)),
-                                  m.global_scale_kind, source={"via": "patch_model"})
+    weight_format, interleave, activation, global_scale_kind = kinds.pop()
+    packed = formats.PackedConfig(weight_format, interleave, activation, tuple(mlps), global_scale_kind,
+                                  source={"via": "patch_model"})
     qcfg = config_cls(**packed.to_dict())
     config.quantization_config = qcfg
     model.hf_quantizer = quantizer_cls(qcfg, pre_quantized=True)
     model.is_quantized, model.quantization_method = True, formats.QUANT_METHOD
-
-
-def _packed_modules(model: nn.Module) -> list[str]:
-    return [n for n, mod in model.named_modules() if isinstance(mod, FusedSwiGLUMLP)]
 
 
 # ---------------------------------------------------------------- from_pretrained / save_pretrained

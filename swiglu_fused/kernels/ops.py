@@ -358,6 +358,9 @@ def _(h, weight, weight_scale, h_scale, global_scale, residual, out_dtype):
     return h.new_empty((h.shape[0], weight.shape[0]), dtype=out_dtype)
 
 
+OUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)  # down's y (and residual)
+
+
 def _validate_down(h, weight, weight_scale, h_scale, global_scale, residual, out_dtype):
     _check_2d("h", h)
     _check_2d("weight", weight)
@@ -382,8 +385,6 @@ def _validate_down(h, weight, weight_scale, h_scale, global_scale, residual, out
     if out_dtype not in OUT_DTYPES:
         raise TypeError(f"out_dtype: expected one of {[str(d) for d in OUT_DTYPES]} (a torch.dtype), got {out_dtype!r}")
 
-
-OUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
 
 def down(

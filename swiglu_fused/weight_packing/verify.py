@@ -89,11 +89,12 @@ def verify(dst: str | Path, against: str | Path | None = None) -> VerifyReport:
         raise FileNotFoundError(f"{dst}: no such directory (DST: a packed checkpoint directory)"
                                 if not Path(dst).exists() else f"{dst}: not a directory")
     report = VerifyReport(Path(dst), violations=formats.validate(dst))
-    if not report.violations:
-        report.violations += _scale_problems(PackedCheckpoint(dst))
-    if report.violations or against is None:
+    if report.violations:
         return report
     ckpt = PackedCheckpoint(dst)
+    report.violations += _scale_problems(ckpt)
+    if report.violations or against is None:
+        return report
     cfg = ckpt.config
     src = Path(against)
     src_config = read_config(src)
@@ -130,11 +131,13 @@ def _scale_problems(ckpt: PackedCheckpoint) -> list[formats.Violation]:
     """Scales that would poison every output they touch: NaN, ±inf or negative (the headers cannot
     show these; the scales are a small fraction of the bytes, so they are read)."""
     fmt = formats.weight_format(ckpt.config.weight_format)
+    suffixes = set(fmt.tensors(1, 1, 1)) - {fmt.weight_name()}  # the format's scale tensors (none for bf16)
     out = []
     for f, header in ckpt.headers.items():
-        names = [n for n in header.entries if n.rsplit(".", 1)[-1] in ("weight_scale_inv", "weight_scale",
-                                                                           "weight_global_scale")]
-        for name, t in sio.load_file(f, names).items() if names and fmt.name != "bf16" else ():
+        names = [n for n in header.entries if n.rsplit(".", 1)[-1] in suffixes]
+        if not names:
+            continue
+        for name, t in sio.load_file(f, names).items():
             t = t.float()
             bad = ~torch.isfinite(t) | (t < 0)
             if bad.any():
