@@ -10,7 +10,7 @@ import torch
 from .. import formats
 from . import adapters, pack
 from . import safetensors_io as sio
-from .convert import declared_source_format, read_config
+from .source import declared_source_format, read_config
 from .packed import PackedCheckpoint
 
 
