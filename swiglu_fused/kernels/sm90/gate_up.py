@@ -25,7 +25,8 @@ from dataclasses import dataclass
 from cutlass import Float32
 
 from . import epilogue
-from .gemm256 import compile_kernel, launch
+from .gemm256 import launch
+from .kernel_host import compile_kernel
 from .tile_config import G, MAINLOOPS, TILE_N_GRANULES, TileConfig
 
 

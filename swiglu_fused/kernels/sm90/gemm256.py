@@ -77,13 +77,18 @@ copied into the slab the same way in reverse, then added in fp32 in fragment ord
 single rounding to bf16, as reference.down does). TileConfig.tma_store (measured slower, off) has
 gate_up's 64/128-row tiles stage h unpadded and 128-byte swizzled instead and store each 64-row
 slab with one TMA store.
-The configuration (TileConfig and the constants) is in tile_config.py, the tile schedule
-(plan(), stream-K, band order, launch_plan) in schedule.py, the epilogues' stores in
-gemm256_epilogue.py; this file holds the kernel (producer, consumers, stream-K fix-up) and its
-compile and launch. Performance and accuracy measurements: benchmarks/NOTES.md.
+Where the pieces are: the configuration (TileConfig and the constants) in tile_config.py; the
+tile schedule's plan (plan(), stream-K, band order, launch_plan) in schedule.py and its device side
+(segments, the stream-K and K-pair fix-ups) in stream_k.py; the mainloops in mainloop.py; the
+epilogues' stores in gemm256_epilogue.py; the swap-AB decode tiles (a subclass) in swap_ab.py;
+the choice of kernel class and compile_kernel in kernel_host.py. This file holds the kernel (host
+tensors and TMA atoms, shared storage, setup, the producer, the consumers' walk over their tiles)
+and launch. Performance and accuracy measurements: benchmarks/NOTES.md.
 """
 
 from __future__ import annotations
+
+from typing import Any, NamedTuple
 
 import cuda.bindings.driver as cuda
 import cutlass
@@ -96,12 +101,40 @@ from cutlass.pipeline import pipeline_init_arrive, pipeline_init_wait
 
 from . import epilogue
 from .gemm256_epilogue import EpilogueMixin
-from .ptx import f32_bits
-from .schedule import band_rows, launch_plan, sk_cta_of, sk_iter_begin
+from .mainloop import MainloopMixin, RowOperands, TileWork
+from .schedule import band_rows, launch_plan, sk_iter_begin
+from .stream_k import Schedule, StreamKMixin
 from .tile_config import EVICT_FIRST, EVICT_LAST, G, GRANULE, N_ALIGN, TileConfig
 
 
-class Gemm256Kernel(EpilogueMixin):
+class Gmem(NamedTuple):
+    """The kernel's global-memory tensors and sizes, as the producer and the consumers read them."""
+
+    mAS: Any  # a_scale [M, ceil(K/128)]
+    mWS: Any  # w_scale [ceil(N/128), ceil(K/128)]
+    mOut: Any  # h (swiglu) / y (linear) as 32-bit words
+    mAux: Any  # h_scale (swiglu) / residual (linear, as words)
+    mPart: Any  # stream-K partials
+    mCtr: Any  # stream-K arrival counters
+    tma_o: Any  # h_tma_store: the TMA store atom of h ...
+    mO_tma: Any  # ... and h as its tensor
+    m: Any
+    n: Any
+
+
+class TmaLoads(NamedTuple):
+    """The producer's TMA atoms and their smem / gmem partitions (Gemm256Kernel._prologue)."""
+
+    tma_a: Any
+    tAgA: Any
+    tAsA: Any
+    tma_b: Any
+    tBgB: Any
+    tBsB: Any  # the granule tile: a tuple, one per 16-row box of a stage
+    b_mask: Any  # cluster_m > 1: the CTAs the weight k tile is multicast to
+
+
+class Gemm256Kernel(MainloopMixin, StreamKMixin, EpilogueMixin):
     def __init__(self, config: TileConfig):
         self.cfg = config
         self.ab_dtype = cutlass.Float8E4M3FN if config.fp8 else cutlass.BFloat16
@@ -122,7 +155,6 @@ class Gemm256Kernel(EpilogueMixin):
             self.h_fmt = config.h_fmt
             self.h_dtype = self.h_fmt.dtype
             self.h_box = (64, 128 // config.out_bytes)  # TMA store box of h (tma_store): 128 bytes a row
-
     # ------------------------------------------------------------------ host
     @cute.jit
     def __call__(
@@ -287,48 +319,89 @@ class Gemm256Kernel(EpilogueMixin):
             cute.nvgpu.cpasync.prefetch_descriptor(tma_a)
             cute.nvgpu.cpasync.prefetch_descriptor(tma_b)
 
-        storage, mainloop, sA, sB, tma_parts, sched = self._prologue(
+        storage, mainloop, sA, sB, loads, sched = self._prologue(
             tma_a, mA, tma_b, mB, a_layout, b_layout, m, n_tiles, sk_tiles, bidx
         )
         if cutlass.const_expr(self.cfg.pdl):  # the previous kernel's outputs (x, scales) are complete
             cute.arch.griddepcontrol_wait()
-        tAsA, tAgA, tBsB, tBgB, b_mask = tma_parts
-        k_tiles, nctas, tiling, dp_tiles, sk_iters, it_begin, it_end, dp_iters, cursor_end = sched
+        gmem = Gmem(mAS, mWS, mOut, mAux, mPart, mCtr, tma_o, mO_tma, m, n)
 
         if wg_idx == 0:
             # ---------------- producer warpgroup: one warp issues the TMA loads
             cute.arch.setmaxregister_decrease(40)
             if warp_idx == 0:
-                self._produce(mainloop, tma_a, tAgA, tAsA, tma_b, tBgB, tBsB, b_mask, cursor_end, bidx, nctas,
-                              dp_iters, k_tiles, dp_tiles, it_begin, it_end, tiling, (mAS, mWS, m, n, storage))
+                self._produce(mainloop, loads, sched, gmem, storage)
         else:
             # ---------------- consumer warpgroups: wgmma, promotion, epilogue
             cute.arch.setmaxregister_increase(self.consumer_regs)
-            self._consume(tiled_mma, mainloop, sA, sB, storage, mAS, mWS, (mOut, tma_o, mO_tma), mAux, mPart, mCtr,
-                          m, n, tidx, wg_idx, bidx, k_tiles, nctas, tiling, dp_tiles, sk_iters, it_begin, it_end,
-                          dp_iters, cursor_end)
+            self._consume(tiled_mma, mainloop, sA, sB, storage, gmem, sched, tidx, wg_idx)
         if cutlass.const_expr(self.cfg.cluster_k > 1):
             # no CTA leaves while its peer may still be sending to it (or its st.async are in flight)
             cute.arch.cluster_arrive()
             cute.arch.cluster_wait()
 
     @cute.jit
-    def _consume(self, tiled_mma, mainloop, sA, sB, storage, mAS, mWS, outs, mAux, mPart, mCtr, m, n, tidx, wg_idx,
-                 bidx, k_tiles, nctas, tiling, dp_tiles, sk_iters, it_begin, it_end, dp_iters, cursor_end):
-        """The consumer warpgroups (tidx ≥ 128): wgmma, promotion, stream-K fix-up, epilogue, over this
-        CTA's segments (the schedule values come from _prologue). outs = (the output as 32-bit
-        words, the TMA store atom of h and h as its tensor). swap_ab.py overrides this."""
+    def _consume(self, tiled_mma, mainloop, sA, sB, storage, gmem: Gmem, sched: Schedule, tidx, wg_idx):
+        """The consumer warpgroups (tidx ≥ 128): for each segment of this CTA's work (stream_k.py),
+        the mainloop (mainloop.py), the stream-K fix-up and the epilogue (gemm256_epilogue.py).
+        swap_ab.py overrides this."""
         cfg = self.cfg
-        mOut, tma_o, mO_tma = outs
-        ws_last = (n + G - 1) // G - 1  # last weight-scale row (a partial last tile reads no further)
+        m = gmem.m
+        ops, acc, n_vals, col0 = self._row_operands(tiled_mma, sA, sB, storage, gmem, tidx, wg_idx)
+        r0 = ops.r0
+        # output staging slab in smem: (tile_m rows, out_row_words) 32-bit words; each warpgroup owns its 64 rows
+        sO = storage.sO.get_tensor(cute.make_layout((cfg.tile_m, cfg.out_row_words), stride=(cfg.out_row_words, 1)))
+        h_store = None
+        if cutlass.const_expr(cfg.h_tma_store):
+            # the same smem as TMA boxes: (64 rows, 128 bytes of h, box), box = warpgroup · boxes + j
+            box = self._h_store_layout()
+            sBox = storage.sO.get_tensor(box.outer, swizzle=box.inner, dtype=self.h_dtype)
+            gBox = cute.local_tile(gmem.mO_tma, self.h_box, (None, None))
+            tHs, tHg = cute.nvgpu.cpasync.tma_partition(
+                gmem.tma_o, 0, cute.make_layout(1), cute.group_modes(sBox, 0, 2), cute.group_modes(gBox, 0, 2)
+            )
+            h_store = (gmem.tma_o, tHs, tHg)
+
+        state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, cfg.stages)
+        release = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, cfg.stages)
+        cursor = Int32(0)
+        cursor_end = sched.cursor_end
+        while cursor < cursor_end:
+            tile, kb0, kb1 = self._segment(cursor, sched)
+            tm, tn = self._tile_mn(tile, sched.tiling)
+            cursor += kb1 - kb0
+            row_a = tm * cfg.tile_m + r0
+            row_b = row_a + 8
+            acc.fill(0.0)
+            # (storage is a value this loop carries: the tracer carries a name it sees a method called
+            # on. The mainloops, inline here before, made it so, and the K pairs' fix-up then
+            # recomputes its barrier's address in the loop; kept so that every config's PTX stays
+            # as it was, benchmarks/ptx_md5.py. The call itself compiles to nothing.)
+            storage.xbar.data_ptr()
+            state, release = self._row_mainloop(mainloop, state, release, ops, acc,
+                                                TileWork(tm, tn, kb0, kb1, row_a, row_b))
+            epi = Int32(1)
+            if cutlass.const_expr(not (cfg.granules or cfg.split_n)):  # (whole tiles only: schedule())
+                epi = self._finish_tile(acc, n_vals, tm * cfg.tile_m + r0, m, tile, sched, gmem.mPart, gmem.mCtr,
+                                        storage, tidx - 128)
+            if epi != 0:
+                self._row_epilogue(acc, n_vals, r0, col0, tm, tn, sO, gmem, storage, h_store, tidx, wg_idx)
+        if cutlass.const_expr(cfg.h_tma_store):
+            if tidx % 128 == 0:  # the last h stores have read this CTA's smem before it exits
+                cute.arch.cp_async_bulk_wait_group(0, read=True)
+
+    def _row_operands(self, tiled_mma, sA, sB, storage, gmem: Gmem, tidx, wg_idx):
+        """The consumer's per-CTA operands of the 64/128-row tiles (plain Python, inlined): the
+        mainloops' RowOperands, the accumulator (both halves: 128 fp32 per thread), its values per
+        half and this thread's first column."""
+        cfg = self.cfg
+        ws_last = (gmem.n + G - 1) // G - 1  # last weight-scale row (a partial last tile reads no further)
         split = cfg.split_n
         t_mma = (tidx - 128) % 128 if split else tidx - 128  # (split_n: each warpgroup its own MMA)
         thr_mma = tiled_mma.get_slice(t_mma)
         tCsA = thr_mma.partition_A(sA)
         tCrA = tiled_mma.make_fragment_A(tCsA)  # (MMA, 1, MMA_K, STAGES)
-        # (MMA, 2, MMA_K, STAGES): both halves (the granule tile: (MMA, 1, MMA_K, STAGES))
         tCrB = tiled_mma.make_fragment_B(thr_mma.partition_B(sB))
-        # the two halves of B on their own, (MMA, 1, MMA_K, STAGES) each (the fp8 mainloop)
         tCrB_half = [
             tiled_mma.make_fragment_B(
                 thr_mma.partition_B(cute.local_tile(sB, (G, cfg.tile_k, cfg.stages), (h, 0, 0)))
@@ -346,27 +419,15 @@ class Gemm256Kernel(EpilogueMixin):
         r0 = crd0[0]
         col0 = crd0[1]
         temp = temp2 = None
-        if cutlass.const_expr(cfg.fp8):
+        if cfg.fp8:
             temp = cute.make_rmem_tensor(
                 thr_mma.partition_C(cute.make_identity_tensor((cfg.tile_m, G))).shape, self.acc_dtype
             )  # (MMA, 1, 1): one half
-        if cutlass.const_expr(split):
+        if split:
             temp2 = cute.make_rmem_tensor(temp.shape, self.acc_dtype)
         mmas_per_promotion = cfg.promote_k // cute.size(tiled_mma.shape_mnk, mode=[2])
-        # output staging slab in smem: (tile_m rows, out_row_words) 32-bit words; each warpgroup owns its 64 rows
-        sO = storage.sO.get_tensor(cute.make_layout((cfg.tile_m, cfg.out_row_words), stride=(cfg.out_row_words, 1)))
-        h_store = None
-        if cutlass.const_expr(cfg.h_tma_store):
-            # the same smem as TMA boxes: (64 rows, 128 bytes of h, box), box = warpgroup · boxes + j
-            box = self._h_store_layout()
-            sBox = storage.sO.get_tensor(box.outer, swizzle=box.inner, dtype=self.h_dtype)
-            gBox = cute.local_tile(mO_tma, self.h_box, (None, None))
-            tHs, tHg = cute.nvgpu.cpasync.tma_partition(
-                tma_o, 0, cute.make_layout(1), cute.group_modes(sBox, 0, 2), cute.group_modes(gBox, 0, 2)
-            )
-            h_store = (tma_o, tHs, tHg)
-
-        if cutlass.const_expr(self.overlap):
+        quarters = None
+        if self.overlap:
             # wgmma chains over 64-row quarters of B (quarter c: B rows [64c, 64c + 64), half c // 2)
             # into two 32-register temps, so that one is promoted while the other is computed
             mma_q = self._tiled_mma(G // 2)
@@ -381,275 +442,50 @@ class Gemm256Kernel(EpilogueMixin):
             temp_q = thr_q.partition_C(cute.make_identity_tensor((64, G // 2))).shape
             tq = (cute.make_rmem_tensor(temp_q, self.acc_dtype), cute.make_rmem_tensor(temp_q, self.acc_dtype))
             quarters = (mma_q, tCrA_q, tCrB_q, tq, num_k_blocks)
+        ops = RowOperands(tiled_mma, thr_mma, sB, tCrA, tCrB, tCrB_half, num_k_blocks, temp, temp2, quarters,
+                          mmas_per_promotion, storage, gmem.mAS, gmem.mWS, gmem.m, ws_last, r0, wg_idx)
+        return ops, acc, n_vals, col0
 
-        state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, cfg.stages)
-        release = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, cfg.stages)
-        cursor = Int32(0)
-        while cursor < cursor_end:
-            tile, kb0, kb1 = self._segment(cursor, bidx, nctas, dp_iters, k_tiles, dp_tiles, it_begin, it_end)
-            tm, tn = self._tile_mn(tile, tiling)
-            cursor += kb1 - kb0
-            row_a = tm * cfg.tile_m + r0
-            row_b = row_a + 8
-            acc.fill(0.0)
-            if cutlass.const_expr(self.overlap):
-                # Per k tile, quarters 0..3 alternate between the two temps: issue quarter c + 1,
-                # wait for c only (wait_group(1)), promote c. The loop takes k tiles in pairs: the
-                # second tile's quarter 0 is issued before the first tile's quarter 3 is promoted;
-                # after the second, wait for its quarter 3, release, promote. (Overlapping every
-                # boundary would leave a wgmma group in flight across the loop's back-edge, and
-                # ptxas then serializes every wgmma: C7514.) An odd last k tile runs alone.
-                # The scales of a pair are loaded one pair ahead: loaded at the top of the body, as
-                # v5 did, the pair's first wgmma waited for them (the largest stall in Nsight
-                # Compute's source view, benchmarks/NOTES.md). (Multiplying them only after that
-                # wgmma is issued changes nothing: ptxas hoists the multiply above it.)
-                arow_a = cutlass.min(row_a, m - 1)
-                arow_b = cutlass.min(row_b, m - 1)
-                wrow_0 = cutlass.min(2 * tn, ws_last)
-                wrow_1 = cutlass.min(2 * tn + 1, ws_last)
-                scales = (mAS, mWS, arow_a, arow_b, wrow_0, wrow_1)
-                raw0 = self._load_scales(scales, kb0)
-                raw1 = self._load_scales(scales, cutlass.min(kb0 + 1, kb1 - 1))
-                for kt in cutlass.range(kb0, kb1 - 1, 2, unroll=1):
-                    sc0 = self._scale_products(raw0)
-                    sc1 = self._scale_products(raw1)
-                    raw0 = self._load_scales(scales, cutlass.min(kt + 2, kb1 - 1))
-                    raw1 = self._load_scales(scales, cutlass.min(kt + 3, kb1 - 1))
-                    mainloop.consumer_wait(state)
-                    self._issue(mma_q, tq[0], tCrA_q, tCrB_q[0], state.index, num_k_blocks)
-                    self._quarters_1_to_3(quarters, state.index, acc, sc0)
-                    state.advance()
-                    mainloop.consumer_wait(state)
-                    self._issue(mma_q, tq[0], tCrA_q, tCrB_q[0], state.index, num_k_blocks)
-                    cute.nvgpu.warpgroup.wait_group(1)
-                    mainloop.consumer_release(release)
-                    release.advance()
-                    self._promote_quarter(acc, tq[1], 3, sc0[2], sc0[3])
-                    self._quarters_1_to_3(quarters, state.index, acc, sc1)
-                    cute.nvgpu.warpgroup.wait_group(0)
-                    mainloop.consumer_release(release)
-                    release.advance()
-                    state.advance()
-                    self._promote_quarter(acc, tq[1], 3, sc1[2], sc1[3])
-                if (kb1 - kb0) % 2 == 1:  # the last k tile, alone (its scales are in raw0)
-                    sc0 = self._scale_products(raw0)
-                    mainloop.consumer_wait(state)
-                    self._issue(mma_q, tq[0], tCrA_q, tCrB_q[0], state.index, num_k_blocks)
-                    self._quarters_1_to_3(quarters, state.index, acc, sc0)
-                    cute.nvgpu.warpgroup.wait_group(0)
-                    mainloop.consumer_release(release)
-                    release.advance()
-                    state.advance()
-                    self._promote_quarter(acc, tq[1], 3, sc0[2], sc0[3])
-            elif cutlass.const_expr(split):
-                # warpgroup w: B half w (0: gate, 1: up) over all 64 rows, N = 128 chains (no smem
-                # bandwidth spent re-reading A per quarter) into two temps, k tiles in runs of
-                # split_unroll: each tile's chain runs while the one before is promoted (the run's
-                # last promotion has the tensor pipe to itself). Scales a run ahead.
-                w = wg_idx - 1
-                tCrB_w = tiled_mma.make_fragment_B(
-                    thr_mma.partition_B(cute.local_tile(sB, (G, cfg.tile_k, cfg.stages), (w, 0, 0)))
-                )
-                wrow = cutlass.min(2 * tn + w, ws_last)
-                scales = (mAS, mWS, cutlass.min(row_a, m - 1), cutlass.min(row_b, m - 1), wrow, wrow)
-                run = cfg.split_unroll
-                temps = (temp, temp2)
-                # (both weight scales are this half's: _scale_products' first pair is the one used)
-                raws = tuple(self._load_scales(scales, cutlass.min(kb0 + i, kb1 - 1)) for i in range(run))
-                for kt in cutlass.range(kb0, kb1 - (run - 1), run, unroll=1):
-                    scs = tuple(self._scale_products(r) for r in raws)
-                    raws = tuple(self._load_scales(scales, cutlass.min(kt + run + i, kb1 - 1)) for i in range(run))
-                    for i in cutlass.range_constexpr(run):
-                        mainloop.consumer_wait(state)
-                        self._issue(tiled_mma, temps[i % 2], tCrA, tCrB_w, state.index, num_k_blocks)
-                        state.advance()
-                        if cutlass.const_expr(i > 0):
-                            cute.nvgpu.warpgroup.wait_group(1)
-                            mainloop.consumer_release(release)
-                            release.advance()
-                            self._promote_half(acc, temps[(i - 1) % 2], 0, scs[i - 1][0], scs[i - 1][1])
-                    cute.nvgpu.warpgroup.wait_group(0)
-                    mainloop.consumer_release(release)
-                    release.advance()
-                    self._promote_half(acc, temps[(run - 1) % 2], 0, scs[run - 1][0], scs[run - 1][1])
-                left = (kb1 - kb0) % run
-                for i in cutlass.range_constexpr(run - 1):  # the last k tiles, one at a time (scales in raws)
-                    if i < left:
-                        sc = self._scale_products(raws[i])
-                        mainloop.consumer_wait(state)
-                        self._issue(tiled_mma, temp, tCrA, tCrB_w, state.index, num_k_blocks)
-                        state.advance()
-                        cute.nvgpu.warpgroup.wait_group(0)
-                        mainloop.consumer_release(release)
-                        release.advance()
-                        self._promote_half(acc, temp, 0, sc[0], sc[1])
-            elif cutlass.const_expr(cfg.fp8):
-                # rows past M read the last row's scale (their A rows are TMA zero-fill)
-                arow_a = cutlass.min(row_a, m - 1)
-                arow_b = cutlass.min(row_b, m - 1)
-                # weight rows past N (partial last tile) read the last scale row (their B rows are zero-fill)
-                wrow_0 = cutlass.min(2 * tn, ws_last)
-                wrow_1 = cutlass.min(2 * tn + 1, ws_last)
-                # scales of k block kt are loaded one iteration ahead (global-load latency), or
-                # (smem_scales) read from the stage once it is full: the producer staged them
-                na_a = na_b = nw_0 = nw_1 = Float32(0.0)
-                sScl = None
-                if cutlass.const_expr(cfg.smem_scales):
-                    sScl = storage.scl.get_tensor(self._scale_layout())
-                else:
-                    na_a = mAS[arow_a, kb0]
-                    na_b = mAS[arow_b, kb0]
-                    nw_0 = mWS[wrow_0, kb0]
-                    nw_1 = mWS[wrow_1, kb0]
-                for kt in cutlass.range(kb0, kb1, unroll=1):
-                    as_a = na_a
-                    as_b = na_b
-                    ws_0 = nw_0
-                    ws_1 = nw_1
-                    if cutlass.const_expr(not cfg.smem_scales):
-                        kn = cutlass.min(kt + 1, kb1 - 1)
-                        na_a = mAS[arow_a, kn]
-                        na_b = mAS[arow_b, kn]
-                        nw_0 = mWS[wrow_0, kn]
-                        nw_1 = mWS[wrow_1, kn]
-                    mainloop.consumer_wait(state)
-                    if cutlass.const_expr(cfg.smem_scales):
-                        as_a = sScl[state.index, r0]
-                        as_b = sScl[state.index, r0 + 8]
-                        ws_0 = sScl[state.index, cfg.tile_m]
-                        ws_1 = sScl[state.index, cfg.tile_m + 1]
-                    for half in cutlass.range_constexpr(2):
-                        ws = ws_0 if half == 0 else ws_1
-                        sc_a = as_a * ws
-                        sc_b = as_b * ws
-                        for grp in cutlass.range_constexpr(num_k_blocks // mmas_per_promotion):
-                            cute.nvgpu.warpgroup.fence()
-                            tiled_mma.set(cute.nvgpu.warpgroup.Field.ACCUMULATE, False)
-                            for j in cutlass.range_constexpr(mmas_per_promotion):
-                                kk = grp * mmas_per_promotion + j
-                                cute.gemm(
-                                    tiled_mma, temp,
-                                    tCrA[(None, None, kk, state.index)],
-                                    tCrB_half[half][(None, None, kk, state.index)],
-                                    temp,
-                                )
-                                tiled_mma.set(cute.nvgpu.warpgroup.Field.ACCUMULATE, True)
-                            cute.nvgpu.warpgroup.commit_group()
-                            cute.nvgpu.warpgroup.wait_group(0)
-                            self._promote_half(acc, temp, half, sc_a, sc_b)
-                    mainloop.consumer_release(state)
-                    state.advance()
-            else:
-                # one wgmma group in flight: stage kt-1 is released once group kt is issued
-                tiled_mma.set(cute.nvgpu.warpgroup.Field.ACCUMULATE, True)
-                for kt in cutlass.range(kb0, kb1, unroll=1):
-                    mainloop.consumer_wait(state)
-                    cute.nvgpu.warpgroup.fence()
-                    for kk in cutlass.range_constexpr(num_k_blocks):
-                        cute.gemm(
-                            tiled_mma, acc,
-                            tCrA[(None, None, kk, state.index)],
-                            tCrB[(None, None, kk, state.index)],
-                            acc,
-                        )
-                    cute.nvgpu.warpgroup.commit_group()
-                    cute.nvgpu.warpgroup.wait_group(1)
-                    if kt > kb0:
-                        mainloop.consumer_release(release)
-                        release.advance()
-                    state.advance()
-                cute.nvgpu.warpgroup.wait_group(0)
-                mainloop.consumer_release(release)
-                release.advance()
-            epi = Int32(1)
-            if cutlass.const_expr(not (cfg.granules or split)):  # (whole tiles only: schedule())
-                epi = self._finish_tile(acc, n_vals, tm * cfg.tile_m + r0, m, tile, dp_tiles, k_tiles, bidx, nctas,
-                                        sk_iters, mPart, mCtr, storage, tidx - 128)
-            if epi != 0:
-                if cutlass.const_expr(cfg.granules):
-                    self._epilogue_swiglu_granules(acc, n_vals, r0, col0, tm, tn, m, sO, mOut, wg_idx - 1, tidx % 128)
-                elif cutlass.const_expr(split):
-                    # the up half's warpgroup hands its accumulator to the gate half's through smem
-                    # (value v of thread t at word v · 128 + t: same fragment positions on both
-                    # sides), which then runs the whole tile's epilogue. Barrier 4: the previous
-                    # tile's values have been read; barrier 5: this tile's are written.
-                    # (xacc_parts > 1: part by part through a smaller buffer, the two barriers per part)
-                    t = tidx % 128
-                    n_part = n_vals // cfg.xacc_parts
-                    sX = storage.xacc.get_tensor(cute.make_layout((n_part, 128), stride=(128, 1)))
-                    if wg_idx == 2:
-                        for part in cutlass.range_constexpr(cfg.xacc_parts):
-                            pipeline.NamedBarrier(barrier_id=4, num_threads=256).arrive_and_wait()
-                            for v in cutlass.range_constexpr(n_part):
-                                sX[v, t] = acc[(part * n_part + v, 0, 0)]
-                            pipeline.NamedBarrier(barrier_id=5, num_threads=256).arrive_and_wait()
-                    else:
-                        for part in cutlass.range_constexpr(cfg.xacc_parts):
-                            pipeline.NamedBarrier(barrier_id=4, num_threads=256).arrive_and_wait()
-                            pipeline.NamedBarrier(barrier_id=5, num_threads=256).arrive_and_wait()
-                            for v in cutlass.range_constexpr(n_part):
-                                acc[(part * n_part + v, 0, 1)] = sX[v, t]
-                        self._epilogue_swiglu(acc, n_vals, r0, col0, tm, tn, m, sO, mOut, mAux, 0, t, h_store)
-                elif cutlass.const_expr(cfg.epilogue == "swiglu"):
-                    self._epilogue_swiglu(acc, n_vals, r0, col0, tm, tn, m, sO, mOut, mAux, wg_idx - 1, tidx % 128,
-                                          h_store)
-                else:
-                    self._epilogue_linear(acc, n_vals, r0, col0, tm, tn, m, n, sO, mOut, mAux, wg_idx - 1, tidx % 128)
-        if cutlass.const_expr(cfg.h_tma_store):
-            if tidx % 128 == 0:  # the last h stores have read this CTA's smem before it exits
-                cute.arch.cp_async_bulk_wait_group(0, read=True)
+    @cute.jit
+    def _row_epilogue(self, acc, n_vals: cutlass.Constexpr, r0, col0, tm, tn, sO, gmem: Gmem, storage, h_store, tidx,
+                      wg_idx):
+        """The finished tile's stores (gemm256_epilogue.py), chosen at compile time."""
+        cfg = self.cfg
+        m, mOut, mAux = gmem.m, gmem.mOut, gmem.mAux
+        if cutlass.const_expr(cfg.granules):
+            self._epilogue_swiglu_granules(acc, n_vals, r0, col0, tm, tn, m, sO, mOut, wg_idx - 1, tidx % 128)
+        elif cutlass.const_expr(cfg.split_n):
+            self._split_n_epilogue(acc, n_vals, r0, col0, tm, tn, m, sO, mOut, mAux, storage, h_store, tidx, wg_idx)
+        elif cutlass.const_expr(cfg.epilogue == "swiglu"):
+            self._epilogue_swiglu(acc, n_vals, r0, col0, tm, tn, m, sO, mOut, mAux, wg_idx - 1, tidx % 128, h_store)
+        else:
+            self._epilogue_linear(acc, n_vals, r0, col0, tm, tn, m, gmem.n, sO, mOut, mAux, wg_idx - 1, tidx % 128)
 
-    # trace-time helpers of the fp8 mainloops (plain Python, inlined where called)
-    def _issue(self, tiled_mma, temp, tCrA, tCrB, stage, num_k_blocks):
-        """One k tile's wgmma chain into temp (the first wgmma overwrites it), committed as one
-        group. tiled_mma.set rebinds the atom's IR value; inside the branches that call this (in
-        swap_ab) the new value would escape them (an IR dominance error), so the value from before
-        is put back."""
-        outer = tiled_mma._trait.value  # private: see above
-        cute.nvgpu.warpgroup.fence()
-        tiled_mma.set(cute.nvgpu.warpgroup.Field.ACCUMULATE, False)
-        for kk in range(num_k_blocks):
-            cute.gemm(tiled_mma, temp, tCrA[(None, None, kk, stage)], tCrB[(None, None, kk, stage)], temp)
-            tiled_mma.set(cute.nvgpu.warpgroup.Field.ACCUMULATE, True)
-        cute.nvgpu.warpgroup.commit_group()
-        tiled_mma._trait.value = outer
-
-    def _load_scales(self, scales, kt):
-        """Raw scales of k block kt: x scale of row a, of row b; weight scale of half 0, of half 1."""
-        mAS, mWS, arow_a, arow_b, wrow_0, wrow_1 = scales
-        return mAS[arow_a, kt], mAS[arow_b, kt], mWS[wrow_0, kt], mWS[wrow_1, kt]
-
-    def _scale_products(self, raw):
-        """(row a, row b) promotion scales for weight half 0, then half 1, from _load_scales."""
-        xa, xb, w0, w1 = raw
-        return (xa * w0, xb * w0, xa * w1, xb * w1)
-
-    def _quarters_1_to_3(self, quarters, stage, acc, sc):
-        """With quarter 0 of the k tile in ``stage`` in flight in temp 0: issue quarters 1, 2, 3,
-        each time promoting the one before; returns with quarter 3 in flight in temp 1.
-        sc = (row a, row b) scales of half 0, then of half 1."""
-        mma_q, tCrA_q, tCrB_q, tq, num_k_blocks = quarters
-        for c in range(1, 4):
-            self._issue(mma_q, tq[c % 2], tCrA_q, tCrB_q[c], stage, num_k_blocks)
-            cute.nvgpu.warpgroup.wait_group(1)
-            half = (c - 1) // 2
-            self._promote_quarter(acc, tq[(c - 1) % 2], c - 1, sc[2 * half], sc[2 * half + 1])
-
-    def _promote_half(self, acc, temp, half, sc_a, sc_b):
-        """acc half ``half`` += temp (one B half's chain) · scale (row a / row b values). split_n
-        promotes into half 0 whichever B half its warpgroup runs."""
-        for v in range(cute.size(temp, mode=[0])):
-            sc = sc_a if (v // 2) % 2 == 0 else sc_b
-            acc[(v, 0, half)] = acc[(v, 0, half)] + temp[(v, 0, 0)] * sc
-
-    def _promote_quarter(self, acc, temp, c, sc_a, sc_b):
-        """acc[quarter c] += temp · scale: temp value v is column 64·(c % 2) + col(v) of half c // 2,
-        i.e. acc value v + 32·(c % 2) (the C fragment formula in the module docstring)."""
-        half = c // 2
-        n_q = cute.size(temp, mode=[0])
-        for v in range(n_q):
-            sc = sc_a if (v // 2) % 2 == 0 else sc_b
-            acc[(v + n_q * (c % 2), 0, half)] = acc[(v + n_q * (c % 2), 0, half)] + temp[(v, 0, 0)] * sc
+    @cute.jit
+    def _split_n_epilogue(self, acc, n_vals: cutlass.Constexpr, r0, col0, tm, tn, m, sO, mOut, mAux, storage, h_store,
+                          tidx, wg_idx):
+        """split_n: the up half's warpgroup hands its accumulator to the gate half's through smem
+        (value v of thread t at word v · 128 + t: same fragment positions on both sides), which then
+        runs the whole tile's epilogue. Barrier 4: the previous tile's values have been read;
+        barrier 5: this tile's are written. (xacc_parts > 1: part by part through a smaller buffer,
+        the two barriers per part.)"""
+        cfg = self.cfg
+        t = tidx % 128
+        n_part = n_vals // cfg.xacc_parts
+        sX = storage.xacc.get_tensor(cute.make_layout((n_part, 128), stride=(128, 1)))
+        if wg_idx == 2:
+            for part in cutlass.range_constexpr(cfg.xacc_parts):
+                pipeline.NamedBarrier(barrier_id=4, num_threads=256).arrive_and_wait()
+                for v in cutlass.range_constexpr(n_part):
+                    sX[v, t] = acc[(part * n_part + v, 0, 0)]
+                pipeline.NamedBarrier(barrier_id=5, num_threads=256).arrive_and_wait()
+        else:
+            for part in cutlass.range_constexpr(cfg.xacc_parts):
+                pipeline.NamedBarrier(barrier_id=4, num_threads=256).arrive_and_wait()
+                pipeline.NamedBarrier(barrier_id=5, num_threads=256).arrive_and_wait()
+                for v in cutlass.range_constexpr(n_part):
+                    acc[(part * n_part + v, 0, 1)] = sX[v, t]
+            self._epilogue_swiglu(acc, n_vals, r0, col0, tm, tn, m, sO, mOut, mAux, 0, t, h_store)
 
     def _prologue(self, tma_a, mA, tma_b, mB, a_layout, b_layout, m, n_tiles, sk_tiles, bidx):
         """The setup both kernels (this one and swap_ab's) share, plain Python inlined at trace time:
@@ -708,32 +544,29 @@ class Gemm256Kernel(EpilogueMixin):
             )
 
         pipeline_init_wait(cluster_shape_mn=(cfg.cluster_size, 1))
+        sched = self._cta_schedule(m, mA.shape[1], n_tiles, sk_tiles, k_tiles, bidx)
+        return storage, mainloop, sA, sB, TmaLoads(tma_a, tAgA, tAsA, tma_b, tBgB, tBsB, b_mask), sched
 
-        # persistent schedule (see plan()): CTA b first takes whole tiles b, b + grid, ... < dp_tiles
-        # (m varies fastest within bands of M tiles, _tile_mn: the CTAs running together share a
-        # few weight tiles, read once from HBM, and a band of A that stays in L2), then its equal
-        # share of the K iterations of the last sk_tiles tiles.
-        # Both warpgroup roles walk the same segments (tile, k tiles [kb0, kb1)) with a cursor over
-        # this CTA's k iterations (not named v: the value loops below rebind v at trace time).
+    def _cta_schedule(self, m, k, n_tiles, sk_tiles, k_tiles, bidx) -> Schedule:
+        """This CTA's work (plain Python, inlined; see plan()): whole tiles b, b + grid, ... <
+        dp_tiles first (m varies fastest within bands of M tiles, _tile_mn: the CTAs running
+        together share a few weight tiles, read once from HBM, and a band of A that stays in L2),
+        then its equal share of the K iterations of the last sk_tiles tiles. Both warpgroup roles
+        walk the same segments (tile, k tiles [kb0, kb1)) with a cursor over this CTA's k
+        iterations (not named v: the value loops rebind v at trace time)."""
+        cfg = self.cfg
+        cl = cfg.cluster_m
         nctas, _, _ = cute.arch.grid_dim()
         # a cluster's CTAs take tiles b, b + 1 (b even): same weight tile when grid_m is even
         grid_m = (m + cfg.tile_m * cl - 1) // (cfg.tile_m * cl) * cl
-        tiling = (grid_m, n_tiles, band_rows(grid_m, cfg.tile_m * cfg.elem_bytes * mA.shape[1], cl))
+        tiling = (grid_m, n_tiles, band_rows(grid_m, cfg.tile_m * cfg.elem_bytes * k, cl))
         dp_tiles = grid_m * n_tiles - sk_tiles
         sk_iters = sk_tiles * k_tiles
         it_begin = sk_iter_begin(bidx, nctas, sk_iters)
         it_end = sk_iter_begin(bidx + 1, nctas, sk_iters)
         dp_iters = (dp_tiles - bidx + nctas - 1) // nctas * k_tiles
         cursor_end = dp_iters + it_end - it_begin
-        sched = (k_tiles, nctas, tiling, dp_tiles, sk_iters, it_begin, it_end, dp_iters, cursor_end)
-        return storage, mainloop, sA, sB, (tAsA, tAgA, tBsB, tBgB, b_mask), sched
-
-    @cute.jit
-    def _init_xbar(self, storage):
-        """cluster_k: the barrier the peer's st.async bytes complete on (one arrival: expect_tx)."""
-        if cute.arch.thread_idx()[0] == 0:
-            cute.arch.mbarrier_init(storage.xbar.data_ptr(), 1)
-        cute.arch.mbarrier_init_fence()
+        return Schedule(bidx, nctas, k_tiles, tiling, dp_tiles, sk_iters, it_begin, it_end, dp_iters, cursor_end)
 
     def _l2_hints(self):
         """cute.copy keyword arguments (cache_policy) for the A and B loads, per TileConfig.l2_hint;
@@ -744,12 +577,13 @@ class Gemm256Kernel(EpilogueMixin):
         return (weight, act) if self.cfg.swap_ab else (act, weight)
 
     @cute.jit
-    def _produce(self, mainloop, tma_a, tAgA, tAsA, tma_b, tBgB, tBsB, b_mask, cursor_end, bidx, nctas, dp_iters,
-                 k_tiles, dp_tiles, it_begin, it_end, tiling, scales):
+    def _produce(self, mainloop, loads: TmaLoads, sched: Schedule, gmem: Gmem, storage):
         """The producer warp: TMA loads of A and W k tiles for this CTA's segments, in order."""
+        tma_a, tAgA, tAsA, tma_b, tBgB, tBsB, b_mask = loads
         state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.cfg.stages)
         cursor = Int32(0)
-        mAS, mWS, m, n, storage = scales  # (for smem_scales)
+        mAS, mWS, m, n = gmem.mAS, gmem.mWS, gmem.m, gmem.n  # (for smem_scales)
+        cursor_end = sched.cursor_end
         lane = cute.arch.lane_idx()
         ws_last = (n + G - 1) // G - 1
         sScl = None
@@ -757,8 +591,8 @@ class Gemm256Kernel(EpilogueMixin):
             sScl = storage.scl.get_tensor(self._scale_layout())
         hint_a, hint_b = self._l2_hints()
         while cursor < cursor_end:
-            tile, kb0, kb1 = self._segment(cursor, bidx, nctas, dp_iters, k_tiles, dp_tiles, it_begin, it_end)
-            tm, tn = self._tile_mn(tile, tiling)
+            tile, kb0, kb1 = self._segment(cursor, sched)
+            tm, tn = self._tile_mn(tile, sched.tiling)
             cursor += kb1 - kb0
             for kt in cutlass.range(kb0, kb1, unroll=1):
                 staged = None
@@ -789,7 +623,6 @@ class Gemm256Kernel(EpilogueMixin):
                 mainloop.producer_commit(state)
                 state.advance()
         mainloop.producer_tail(state)
-
     def _load_tile_scales(self, mAS, mWS, m, ws_last, tm, tn, kt, lane):
         """smem_scales, producer lanes (plain Python, inlined): k block kt's scales of the tile's A
         rows lane + 32i (rows ≥ M read the last row's, as the consumers did) and, in lanes 0 and 1,
@@ -820,151 +653,9 @@ class Gemm256Kernel(EpilogueMixin):
         r = tile - b0 * n_tiles
         return b0 + r % rows, r // rows
 
-    # ------------------------------------------------------------------ stream-K
-    @cute.jit
-    def _segment(self, cursor, bidx, nctas, dp_iters, k_tiles, dp_tiles, it_begin, it_end):
-        """The work at this CTA's cursor: (tile, kb0, kb1), k tiles [kb0, kb1) of one tile."""
-        tile = bidx + cursor // k_tiles * nctas
-        kb0 = Int32(0)
-        kb1 = k_tiles
-        if cursor >= dp_iters:
-            it = it_begin + cursor - dp_iters
-            s = it // k_tiles
-            tile = dp_tiles + s
-            kb0 = it - s * k_tiles
-            kb1 = cutlass.min(k_tiles, kb0 + it_end - it)
-        return tile, kb0, kb1
-
-    @cute.jit
-    def _finish_tile(self, acc, n_vals: cutlass.Constexpr, row_a, m, tile, dp_tiles, k_tiles, bidx, nctas, sk_iters,
-                     mPart, mCtr, storage, t):
-        """1 if this CTA runs the tile's epilogue: a whole tile, or a stream-K tile shared with
-        other CTAs that this one is the last to finish (_fixup has then summed the partials)."""
-        epi = Int32(1)
-        if tile >= dp_tiles:
-            s = tile - dp_tiles
-            c_first = sk_cta_of(s * k_tiles, nctas, sk_iters)
-            c_last = sk_cta_of(s * k_tiles + k_tiles - 1, nctas, sk_iters)
-            if c_first != c_last:
-                epi = self._fixup(acc, n_vals, row_a, m, s, c_first, c_last, bidx, nctas, sk_iters, k_tiles,
-                                  mPart, mCtr, storage, t)
-        return epi
-
-    @cute.jit
-    def _fixup(self, acc, n_vals: cutlass.Constexpr, row_a, m, s, c_first, c_last, bidx, nctas, sk_iters,
-               k_tiles, mPart, mCtr, storage, t):
-        """Stream-K tile s is shared by CTAs c_first..c_last. Store this CTA's fp32 partial (rows
-        < M only), count arrivals on mCtr[s]; the last to arrive sums every partial in CTA order
-        (deterministic whatever the arrival order) into acc, re-zeroes the counter for the next
-        launch and returns 1 (run the epilogue); the others return 0."""
-        if cutlass.const_expr(self.cfg.cluster_k > 1):
-            return self._cluster_fixup(acc, bidx, storage, t)
-        sFlag = storage.flag.get_tensor(cute.make_layout(4))
-        bar = pipeline.NamedBarrier(barrier_id=3, num_threads=128 * self.num_mma_wg)
-        row_b = row_a + 8
-        slot = self._sk_slot(bidx, s, nctas, sk_iters, k_tiles)
-        self._partial(acc, n_vals, row_a < m, row_b < m, mPart, bidx * 2 + slot, t, False)
-        # Memory order (the pattern of CUTLASS's split-K semaphore): the CTA barrier orders every
-        # thread's partial stores before thread 0's gpu-scope acq_rel atomic, whose release is
-        # cumulative; on the last CTA the atomic's acquire, then the barrier, order the loads after.
-        # (A fence in every thread as well measured 1 µs slower and changes nothing.)
-        bar.arrive_and_wait()
-        if t == 0:
-            sFlag[0] = cute.arch.atomic_add(mCtr.iterator + s, Int32(1), sem="acq_rel", scope="gpu")
-        bar.arrive_and_wait()
-        last = Int32(0)
-        if sFlag[0] == c_last - c_first:
-            last = Int32(1)
-            acc.fill(0.0)
-            for c in cutlass.range(c_first, c_last + 1, unroll=1):
-                slot_c = self._sk_slot(c, s, nctas, sk_iters, k_tiles)
-                self._partial(acc, n_vals, row_a < m, row_b < m, mPart, c * 2 + slot_c, t, True)
-            if t == 0:
-                mCtr[s] = Int32(0)
-        return last
-
-    @cute.jit
-    def _cluster_fixup(self, acc, bidx, storage, t):
-        """cluster_k = 2 or 4: CTA r > 0 of the cluster (the tile's K part r) sends its accumulator
-        into slot r - 1 of CTA 0's smem with st.async, which completes bytes on CTA 0's xbar; CTA 0
-        waits for all of them, adds them in rank order (part 0 + part 1 + ...: the same sum, bit for
-        bit, as stream-K split cluster_k) and returns 1 (run the epilogue). Value i of consumer
-        thread t goes to word (slot · values + i) · threads + t."""
-        ck = self.cfg.cluster_k
-        threads = 128 * self.num_mma_wg
-        n = cute.size(acc)
-        sX = storage.xacc.get_tensor(cute.make_layout((n * (ck - 1), threads), stride=(threads, 1)))
-        bar = storage.xbar.data_ptr()
-        rank = bidx % ck
-        last = Int32(1)
-        if rank != 0:
-            last = Int32(0)
-            for i in cutlass.range_constexpr(n):
-                word = i * threads + t
-                if cutlass.const_expr(ck > 2):
-                    word = ((rank - 1) * n + i) * threads + t
-                cute.arch.store_async_dsmem(sX.iterator + word, f32_bits(acc[i]), bar, 0)
-        else:
-            if t == 0:
-                cute.arch.mbarrier_arrive_and_expect_tx(bar, (ck - 1) * n * threads * 4)
-            cute.arch.mbarrier_wait(bar, 0)
-            for r in cutlass.range_constexpr(ck - 1):
-                for i in cutlass.range_constexpr(n):
-                    acc[i] = acc[i] + sX[r * n + i, t]
-        return last
-
-    @cute.jit
-    def _sk_slot(self, c, s, nctas, sk_iters, k_tiles):
-        """CTA c keeps its partial of stream-K tile s in slot 0 if s is its first tile, else 1
-        (a CTA shares at most its first and its last tile with others)."""
-        slot = Int32(1)
-        if sk_iter_begin(c, nctas, sk_iters) // k_tiles == s:
-            slot = Int32(0)
-        return slot
-
-    @cute.jit
-    def _partial(self, acc, n_vals: cutlass.Constexpr, ok_a, ok_b, mPart, idx, t, add: cutlass.Constexpr):
-        """acc → mPart[idx] (or acc += mPart[idx]) for this thread's rows < M; [idx, value, thread]
-        so that a warp's 32 threads touch 128 contiguous bytes per value."""
-        for half in cutlass.range_constexpr(2):
-            for par in cutlass.range_constexpr(2):  # values of row_a (par 0) / row_b (par 1)
-                ok = ok_a if par == 0 else ok_b
-                if ok:
-                    for v in cutlass.range_constexpr(n_vals):
-                        if cutlass.const_expr((v // 2) % 2 == par):
-                            if cutlass.const_expr(add):
-                                acc[(v, 0, half)] = acc[(v, 0, half)] + mPart[idx, half * n_vals + v, t]
-                            else:
-                                mPart[idx, half * n_vals + v, t] = acc[(v, 0, half)]
-
-# ---------------------------------------------------------------- host: compile and launch
-def kernel_class(config: TileConfig):
-    """Gemm256Kernel, or its swap-AB subclass (swap_ab.py, which imports this module) for config.swap_ab."""
-    if config.swap_ab:
-        from .swap_ab import SwapABKernel
-
-        return SwapABKernel
-    return Gemm256Kernel
 
 
-def compile_kernel(config: TileConfig, out_dtype, aux_dtype, aux_align: int):
-    """Compile for sm_90a (no GPU needed: fake pointers, runtime Int32 sizes). ``out`` / ``aux`` are
-    the epilogue's pointers: h and h_scale for gate_up, y and the residual for down."""
-    from .compile_cache import COMPILE_OPTIONS, fake_ptr, null_stream
-
-    ab = cutlass.Float8E4M3FN if config.fp8 else cutlass.BFloat16
-    return cute.compile(
-        kernel_class(config)(config),
-        fake_ptr(ab, 16), fake_ptr(ab, 16),
-        fake_ptr(Float32, 4), fake_ptr(Float32, 4),
-        fake_ptr(out_dtype, 16), fake_ptr(aux_dtype, aux_align),
-        fake_ptr(Float32, 4), fake_ptr(Int32, 4),
-        Int32(1), Int32(1), Int32(1), Int32(1), Int32(0),
-        null_stream(),
-        options=COMPILE_OPTIONS,
-    )
-
-
+# ---------------------------------------------------------------- host: launch
 def launch(fn, config: TileConfig, a, w, a_scale, w_scale, out, out_dtype, aux, aux_dtype, aux_align: int) -> None:
     """Run the compiled ``fn`` (compile_kernel's arguments) for A [M, K] and W [N, K] into ``out``
     on the current stream, with launch_plan's schedule. Absent operands (None: the bf16 mainloop's

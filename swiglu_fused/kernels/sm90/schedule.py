@@ -13,7 +13,7 @@ from .tile_config import G, TileConfig
 # for 132 SMs, and each CTA then streams its weights at one SM's rate (~55 GB/s), far below HBM's.
 # Stream-K deals the K iterations of all tiles out evenly over more CTAs instead; a CTA finishing
 # part of a tile stores an fp32 partial and the last to arrive sums them and runs the epilogue
-# (Gemm256Kernel._fixup). That fix-up is not free (partials through L2, an arrival counter, the
+# (stream_k.StreamKMixin._fixup). That fix-up is not free (partials through L2, an arrival counter, the
 # epilogue serialized behind the last contributor: 4-16 µs measured, growing with the number of
 # CTAs per tile), so plan() uses it only where a cost model, fitted to the H100 measurements in
 # benchmarks/NOTES.md, predicts a clear gain, and with about enough CTAs to saturate HBM.

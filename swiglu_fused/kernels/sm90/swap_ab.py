@@ -8,12 +8,13 @@ Why: with the 64-row tile a 32 KB weight k tile costs one SM 4.2 MFLOP whatever 
 so a CTA streams weights at ~55 GB/s (tensor-bound), and HBM needs ≥ 55 busy SMs; at M = 16 three
 quarters of that work is zero rows. With 16 tokens on the N side the same k tile is 1 MFLOP.
 
-Everything but the consumer warpgroups (_consume) is gemm256.Gemm256Kernel's: the TMA producer (A = x tile
-[tile_m, 128], W = weight tile [256, 128]), the persistent / stream-K schedule and its fix-up, the
-slab copy-out. The consumer warpgroups (one for 16 and 32 tokens, two for 64) hold the 256 ×
-tile_m accumulator: W = 1 or 2 warpgroups side by side along the weight rows, repeated 4/W times
-(blocks) over the 256 rows, tile_m/2 fp32 per block and thread (32 or 64 registers in all, and as
-many for the wgmma temp).
+Everything but the consumer warpgroups (_consume) is gemm256.Gemm256Kernel's: the TMA producer
+(A = x tile [tile_m, 128], W = weight tile [256, 128]), the persistent / stream-K schedule and its
+fix-up (stream_k.py; _partial is overridden here for this accumulator), the slab copy-out, and the
+bf16 mainloop (mainloop.py's, with the weights as the wgmma's A operand). The consumer warpgroups
+(one for 16 and 32 tokens, two for 64) hold the 256 × tile_m accumulator: W = 1 or 2 warpgroups
+side by side along the weight rows, repeated 4/W times (blocks) over the 256 rows, tile_m/2 fp32
+per block and thread (32 or 64 registers in all, and as many for the wgmma temp).
 
 Fragment of block b (wgmma C layout, value v of thread t, w = t / 128, lane = t % 32, warp = t / 32):
 
@@ -24,8 +25,9 @@ The first half of a thread's blocks are the tile's gate rows (h columns 0..127 o
 second half its up rows, in the same order: gate and up of one h column are the same value index of
 blocks b and b + B/2 (B = 4/W blocks), so act(gate)·up stays register-local. fp8 promotion per
 128-wide k block: acc += temp · x_scale[token] · w_scale[half], the weight half being b / (B/2);
-the bf16 mainloop accumulates straight into acc. The fp8 mainloop keeps two wgmma temps so that
-k tile kt+1's MMAs run while kt is promoted (a branch-free loop over pairs of k tiles).
+the bf16 mainloop accumulates straight into acc. The fp8 mainloop (_mainloop_fp8_swap) keeps two
+wgmma temps so that k tile kt+1's MMAs run while kt is promoted (a branch-free loop over pairs of
+k tiles).
 
 Epilogue "swiglu" (gate_up): per token, amax over the tile's 128 h columns = in-thread (B/2 blocks
 × 2 rows), butterfly over lane/4 (xor 4, 8, 16), then over the 4·W warps through smem. h is staged
@@ -38,15 +40,41 @@ slab first and added in fp32 before the one rounding) and copied out masked at M
 
 from __future__ import annotations
 
+from typing import Any, NamedTuple
+
 import cutlass
 import cutlass.cute as cute
 import cutlass.pipeline as pipeline
 import cutlass.utils.hopper_helpers as sm90_utils
 from cutlass import Float32, Int32
 
-from .gemm256 import Gemm256Kernel
-from .tile_config import G, N_ALIGN
+from .gemm256 import Gemm256Kernel, Gmem
+from .mainloop import TileWork
 from .ptx import bf16_lo_to_f32, cvt_bf16x2, div_rn
+from .stream_k import Schedule
+from .tile_config import G, N_ALIGN
+
+
+class SwapOperands(NamedTuple):
+    """What the swap-AB mainloops read, per CTA (SwapABKernel._consume; trace values)."""
+
+    tiled_mma: Any
+    tCrW: Any  # the weights: the wgmma's A operand, (MMA, blocks, MMA_K, STAGES)
+    tCrX: Any  # the tokens: its B operand, (MMA, 1, MMA_K, STAGES)
+    num_k_blocks: int  # wgmma k steps per k tile
+    temp: Any  # fp8: the two wgmma temps
+    temp2: Any
+    xrow: Any  # fp8: the a_scale rows of this thread's tokens (clamped to M - 1)
+    xs_a: Any  # x scales of temp's k tile
+    xs_b: Any  # and of temp2's
+    sc: Any  # promotion scales (scratch)
+    n_vals: int  # values per block
+    n_tok: int  # distinct tokens of a thread
+    tok0: Any  # token of value j = 0
+    mAS: Any
+    mWS: Any
+    m: Any
+    ws_last: Any  # the last weight-scale row
 
 
 def _pair(inv, j: int):
@@ -69,12 +97,11 @@ class SwapABKernel(Gemm256Kernel):
         )
 
     @cute.jit
-    def _consume(self, tiled_mma, mainloop, sA, sB, storage, mAS, mWS, outs, mAux, mPart, mCtr, m, n, tidx, wg_idx,
-                 bidx, k_tiles, nctas, tiling, dp_tiles, sk_iters, it_begin, it_end, dp_iters, cursor_end):
+    def _consume(self, tiled_mma, mainloop, sA, sB, storage, gmem: Gmem, sched: Schedule, tidx, wg_idx):
         """The swap-AB consumer warpgroups (see the module docstring); its output leaves by vector
-        stores (outs[0], the output as 32-bit words)."""
+        stores (gmem.mOut, the output as 32-bit words)."""
         cfg = self.cfg
-        mOut = outs[0]
+        mOut, mAux, m, n = gmem.mOut, gmem.mAux, gmem.m, gmem.n
         ws_last = (n + G - 1) // G - 1
         t = tidx - 128
         thr_mma = tiled_mma.get_slice(t)
@@ -96,82 +123,81 @@ class SwapABKernel(Gemm256Kernel):
         sc = cute.make_rmem_tensor(cute.make_layout(n_tok), Float32)
         sO = storage.sO.get_tensor(cute.make_layout((cfg.tile_m, cfg.out_row_words), stride=(cfg.out_row_words, 1)))
         sRed = storage.red.get_tensor(cute.make_layout((4 * self.num_mma_wg, cfg.tile_m), stride=(cfg.tile_m, 1)))
+        ops = SwapOperands(tiled_mma, tCrW, tCrX, num_k_blocks, temp, temp2, xrow, xs_a, xs_b, sc, n_vals, n_tok,
+                           tok0, gmem.mAS, gmem.mWS, m, ws_last)
 
         state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, cfg.stages)
         release = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, cfg.stages)
         cursor = Int32(0)
+        cursor_end = sched.cursor_end
         while cursor < cursor_end:
-            tile, kb0, kb1 = self._segment(cursor, bidx, nctas, dp_iters, k_tiles, dp_tiles, it_begin, it_end)
-            tm, tn = self._tile_mn(tile, tiling)
+            tile, kb0, kb1 = self._segment(cursor, sched)
+            tm, tn = self._tile_mn(tile, sched.tiling)
             cursor += kb1 - kb0
             acc.fill(0.0)
-            tiled_mma.set(cute.nvgpu.warpgroup.Field.ACCUMULATE, True)
-            if cutlass.const_expr(cfg.fp8):
-                # k tiles alternate between temp and temp2: issue tile k + 1, wait for tile k only
-                # (wait_group(1)), release its stage, promote it. The loop body has no branches
-                # (with them, ptxas cannot tell which group is in flight and injects waits); the
-                # last one or two tiles drain after it.
-                for j in cutlass.range_constexpr(n_tok):
-                    xrow[j] = cutlass.min(tm * cfg.tile_m + tok0 + 8 * (j // 2) + j % 2, m - 1)
-                wrow_0 = cutlass.min(2 * tn, ws_last)
-                wrow_1 = cutlass.min(2 * tn + 1, ws_last)
-                scales = (mAS, mWS, xrow, wrow_0, wrow_1, n_tok)
-                ws_a0, ws_a1 = self._scales(mAS, mWS, xrow, xs_a, wrow_0, wrow_1, kb0, n_tok)
-                ws_b0 = ws_a0
-                ws_b1 = ws_a1
-                mainloop.consumer_wait(state)
-                self._issue(tiled_mma, temp, tCrW, tCrX, state.index, num_k_blocks)
-                state.advance()
-                pipe = (mainloop, tiled_mma, tCrW, tCrX, num_k_blocks)
-                # (state / release advance here, not in the helpers: the tracer carries pipeline
-                # states through the loop only where it sees them advanced)
-                for kt in cutlass.range(kb0, kb1 - 2, 2, unroll=1):  # temp holds kt, in flight
-                    ws_b0, ws_b1 = self._issue_next(pipe, state, scales, temp2, xs_b, kt + 1)
-                    state.advance()
-                    self._retire(pipe, release, 1, acc, temp, xs_a, ws_a0, ws_a1, sc, n_vals, n_tok)
-                    release.advance()
-                    ws_a0, ws_a1 = self._issue_next(pipe, state, scales, temp, xs_a, kt + 2)
-                    state.advance()
-                    self._retire(pipe, release, 1, acc, temp2, xs_b, ws_b0, ws_b1, sc, n_vals, n_tok)
-                    release.advance()
-                if (kb1 - kb0) % 2 == 0:  # temp holds kb1 - 2; kb1 - 1 is left
-                    ws_b0, ws_b1 = self._issue_next(pipe, state, scales, temp2, xs_b, kb1 - 1)
-                    state.advance()
-                    self._retire(pipe, release, 1, acc, temp, xs_a, ws_a0, ws_a1, sc, n_vals, n_tok)
-                    release.advance()
-                    self._retire(pipe, release, 0, acc, temp2, xs_b, ws_b0, ws_b1, sc, n_vals, n_tok)
-                    release.advance()
-                else:  # temp holds kb1 - 1
-                    self._retire(pipe, release, 0, acc, temp, xs_a, ws_a0, ws_a1, sc, n_vals, n_tok)
-                    release.advance()
-            else:
-                # bf16: no promotion; one wgmma group in flight, stage kt-1 released once kt is issued
-                for kt in cutlass.range(kb0, kb1, unroll=1):
-                    mainloop.consumer_wait(state)
-                    cute.nvgpu.warpgroup.fence()
-                    for kk in cutlass.range_constexpr(num_k_blocks):
-                        cute.gemm(
-                            tiled_mma, acc,
-                            tCrW[(None, None, kk, state.index)],
-                            tCrX[(None, None, kk, state.index)],
-                            acc,
-                        )
-                    cute.nvgpu.warpgroup.commit_group()
-                    cute.nvgpu.warpgroup.wait_group(1)
-                    if kt > kb0:
-                        mainloop.consumer_release(release)
-                        release.advance()
-                    state.advance()
-                cute.nvgpu.warpgroup.wait_group(0)
-                mainloop.consumer_release(release)
-                release.advance()
-            epi = self._finish_tile(acc, n_vals, Int32(0), m, tile, dp_tiles, k_tiles, bidx, nctas, sk_iters,
-                                    mPart, mCtr, storage, t)
+            state, release = self._swap_mainloop(mainloop, state, release, ops, acc, TileWork(tm, tn, kb0, kb1))
+            epi = self._finish_tile(acc, n_vals, Int32(0), m, tile, sched, gmem.mPart, gmem.mCtr, storage, t)
             if epi != 0:
                 if cutlass.const_expr(cfg.epilogue == "swiglu"):
                     self._epilogue_swap(acc, tCcC, n_vals, n_tok, tok0, tm, tn, m, sO, sRed, mOut, mAux, t)
                 else:
                     self._epilogue_swap_linear(acc, tCcC, n_vals, tm, tn, m, n, sO, mOut, mAux, t)
+
+    def _swap_mainloop(self, mainloop, state, release, ops: SwapOperands, acc, work: TileWork):
+        """The swap-AB tile's mainloop for cfg.mainloop (chosen at trace time; the interface of
+        mainloop.py's): the bf16 one is the row tiles' with the weights as the wgmma's A operand."""
+        if self.cfg.mainloop == "bf16":
+            return self._mainloop_bf16(mainloop, state, release, ops.tiled_mma, acc, ops.tCrW, ops.tCrX, work.kb0,
+                                       work.kb1, ops.num_k_blocks)
+        return self._mainloop_fp8_swap(mainloop, state, release, ops, acc, work)
+
+    @cute.jit
+    def _mainloop_fp8_swap(self, mainloop, state, release, ops: SwapOperands, acc, work: TileWork):
+        """k tiles alternate between temp and temp2: issue tile k + 1, wait for tile k only
+        (wait_group(1)), release its stage, promote it. The loop body has no branches (with them,
+        ptxas cannot tell which group is in flight and injects waits); the last one or two tiles
+        drain after it."""
+        cfg = self.cfg
+        tiled_mma, tCrW, tCrX, num_k_blocks, temp, temp2 = (ops.tiled_mma, ops.tCrW, ops.tCrX, ops.num_k_blocks,
+                                                            ops.temp, ops.temp2)
+        xrow, xs_a, xs_b, sc = ops.xrow, ops.xs_a, ops.xs_b, ops.sc
+        n_vals, n_tok, tok0 = ops.n_vals, ops.n_tok, ops.tok0
+        mAS, mWS, m, ws_last = ops.mAS, ops.mWS, ops.m, ops.ws_last
+        tm, tn, kb0, kb1 = work.tm, work.tn, work.kb0, work.kb1
+        for j in cutlass.range_constexpr(n_tok):
+            xrow[j] = cutlass.min(tm * cfg.tile_m + tok0 + 8 * (j // 2) + j % 2, m - 1)
+        wrow_0 = cutlass.min(2 * tn, ws_last)
+        wrow_1 = cutlass.min(2 * tn + 1, ws_last)
+        scales = (mAS, mWS, xrow, wrow_0, wrow_1, n_tok)
+        ws_a0, ws_a1 = self._scales(mAS, mWS, xrow, xs_a, wrow_0, wrow_1, kb0, n_tok)
+        ws_b0 = ws_a0
+        ws_b1 = ws_a1
+        mainloop.consumer_wait(state)
+        self._issue(tiled_mma, temp, tCrW, tCrX, state.index, num_k_blocks)
+        state.advance()
+        pipe = (mainloop, tiled_mma, tCrW, tCrX, num_k_blocks)
+        # (state / release advance here, not in the helpers: the tracer carries pipeline states
+        # through the loop only where it sees them advanced)
+        for kt in cutlass.range(kb0, kb1 - 2, 2, unroll=1):  # temp holds kt, in flight
+            ws_b0, ws_b1 = self._issue_next(pipe, state, scales, temp2, xs_b, kt + 1)
+            state.advance()
+            self._retire(pipe, release, 1, acc, temp, xs_a, ws_a0, ws_a1, sc, n_vals, n_tok)
+            release.advance()
+            ws_a0, ws_a1 = self._issue_next(pipe, state, scales, temp, xs_a, kt + 2)
+            state.advance()
+            self._retire(pipe, release, 1, acc, temp2, xs_b, ws_b0, ws_b1, sc, n_vals, n_tok)
+            release.advance()
+        if (kb1 - kb0) % 2 == 0:  # temp holds kb1 - 2; kb1 - 1 is left
+            ws_b0, ws_b1 = self._issue_next(pipe, state, scales, temp2, xs_b, kb1 - 1)
+            state.advance()
+            self._retire(pipe, release, 1, acc, temp, xs_a, ws_a0, ws_a1, sc, n_vals, n_tok)
+            release.advance()
+            self._retire(pipe, release, 0, acc, temp2, xs_b, ws_b0, ws_b1, sc, n_vals, n_tok)
+            release.advance()
+        else:  # temp holds kb1 - 1
+            self._retire(pipe, release, 0, acc, temp, xs_a, ws_a0, ws_a1, sc, n_vals, n_tok)
+            release.advance()
+        return state, release
 
     # trace-time helpers of the fp8 mainloop (plain Python, inlined where called: Python loops unroll)
     def _scales(self, mAS, mWS, xrow, xs, wrow_0, wrow_1, kt, n_tok):

@@ -1,0 +1,127 @@
+"""md5 of the PTX of every shipped sm_90a kernel configuration: the check that a change to the
+kernel code (kernels/sm90/) is a pure refactor.
+
+Compiles on the CPU (no GPU needed) every configuration the dispatch can pick (quant_x, gate_up
+and down ``shipped_configs()``), plus the ones measured but not dispatched that
+tests/test_kernels_cpu.py also compiles (pdl, TMA stores of h, the 64-row tile's K pairs, the
+swap-AB tile's K in four parts), plus a few compiled variants that reach the code paths no shipped
+configuration does (the one-warpgroup 64-row fp8 swiglu tile with and without the overlapped
+promotion, the 32/64-token swap-AB tiles, promote_k = 64, both L2 hints), and prints one line per
+configuration, sorted:
+
+    family  repr(config)  md5(PTX)
+
+Run it before a refactor and after each step, and diff the two outputs: any line that differs
+means the change is not a pure refactor (the PTX is what ptxas turns into the binary; identical
+PTX means an identical kernel, whatever the Python around it looks like).
+
+    python benchmarks/ptx_md5.py --out /tmp/ptx_before.txt
+    ... edit ...
+    python benchmarks/ptx_md5.py --out /tmp/ptx_after.txt && diff /tmp/ptx_before.txt /tmp/ptx_after.txt
+
+``--match TEXT`` compiles only the configurations whose line contains TEXT (e.g. ``swap_ab=True``
+or ``down``); ``-j N`` compiles in N processes. The PTX is taken from the compiled function
+(``fn.__ptx__``, which CuTe DSL keeps when ``CUTE_DSL_KEEP=ptx``; set here before cutlass is
+imported, dumping into a temporary directory). Nothing in the PTX depends on the run (no source
+paths, addresses or line numbers without ``CUTE_DSL_LINEINFO``): two runs print the same lines.
+The kernel's entry name is in the PTX and is built from the kernel class's module and name, so a
+class that moves module changes every md5 of its configurations.
+"""
+
+from __future__ import annotations
+
+import argparse
+import atexit
+import hashlib
+import multiprocessing
+import os
+import shutil
+import sys
+import tempfile
+from concurrent.futures import ProcessPoolExecutor
+
+# The DSL writes the PTX to <dump dir>/<function name>.sm_90a.ptx (the same name for every config of
+# a kernel class) and reads it back into fn.__ptx__: each process (workers are spawned, so they run
+# this again) needs a dump directory of its own, under one the first process removes at exit.
+if "PTX_MD5_DUMP_ROOT" not in os.environ:
+    os.environ["PTX_MD5_DUMP_ROOT"] = tempfile.mkdtemp(prefix="ptx_md5_")
+    atexit.register(shutil.rmtree, os.environ["PTX_MD5_DUMP_ROOT"], True)
+_DUMP = tempfile.mkdtemp(dir=os.environ["PTX_MD5_DUMP_ROOT"])
+os.environ["CUTE_DSL_KEEP"] = "ptx"
+os.environ["CUTE_DSL_DUMP_DIR"] = _DUMP
+
+
+def configurations():
+    """(family, config) for every configuration to check, in a fixed order."""
+    from swiglu_fused.kernels.sm90 import down, gate_up, quant_x
+
+    G, D = gate_up.GateUpConfig, down.DownConfig
+    out = [("quant_x", c) for c in quant_x.shipped_configs()]
+    out += [("gate_up", c) for c in gate_up.shipped_configs()]
+    out += [("down", c) for c in down.shipped_configs()]
+    # measured, not dispatched (the same list as tests/test_kernels_cpu.py's _shipped)
+    out += [("gate_up", G(tile_m=16, stages=6, swap_ab=True, cluster_k=2, pdl=True)),
+            ("quant_x", quant_x.QuantXConfig(pdl=True))]
+    out += [("gate_up", G(tile_m=128, stages=4, tma_store=True, h_format=f)) for f in ("fp8_group128", "bf16")]
+    out += [("gate_up", G(tile_m=64, stages=3, cluster_k=2))]
+    out += [("gate_up", G(tile_m=16, stages=5, swap_ab=True, cluster_k=4, mainloop=ml))
+            for ml in ("fp8_block128", "bf16")]
+    # code paths no shipped configuration reaches
+    out += [("gate_up", G(tile_m=64, stages=4, overlap=ov)) for ov in (True, False)]
+    out += [("gate_up", G(tile_m=64, stages=4, tma_store=True))]
+    out += [("gate_up", G(tile_m=tm, stages=4, swap_ab=True, mainloop=ml)) for tm in (32, 64)
+            for ml in ("fp8_block128", "bf16")]
+    out += [("down", D(tile_m=64, stages=4, swap_ab=True))]
+    out += [("gate_up", G(tile_m=128, stages=4, promote_k=64, h_format="bf16"))]
+    out += [("gate_up", G(tile_m=64, stages=4, split_n=True, split_unroll=3, l2_hint="w_first_x_last"))]
+    out += [("down", D(tile_m=128, stages=4, l2_hint="w_first"))]
+    seen = set()
+    unique = []
+    for fam, cfg in out:
+        if (fam, cfg) not in seen:
+            seen.add((fam, cfg))
+            unique.append((fam, cfg))
+    return unique
+
+
+def _compile(family, cfg):
+    from swiglu_fused.kernels.sm90 import down, gate_up, quant_x
+
+    fn = {"quant_x": quant_x.compile_quant_x, "gate_up": gate_up.compile_gate_up,
+          "down": down.compile_down}[family](cfg)
+    ptx = fn.__ptx__
+    if ptx is None:
+        raise RuntimeError(f"{family} {cfg!r}: no PTX kept (is CUTE_DSL_KEEP=ptx honoured?)")
+    return f"{family} {cfg!r} {hashlib.md5(ptx.encode()).hexdigest()}"
+
+
+def _compile_job(job):
+    return _compile(*job)
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--out", help="also write the sorted lines to this file")
+    p.add_argument("--match", default="", help="only the configurations whose 'family repr' contains this")
+    p.add_argument("-j", "--jobs", type=int, default=1, help="compile in this many processes")
+    a = p.parse_args(argv)
+    jobs = [(f, c) for f, c in configurations() if a.match in f"{f} {c!r}"]
+    if a.jobs > 1:
+        with ProcessPoolExecutor(a.jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
+            lines = list(pool.map(_compile_job, jobs))
+    else:
+        lines = []
+        for i, job in enumerate(jobs):
+            lines.append(_compile(*job))
+            print(f"[{i + 1}/{len(jobs)}] {lines[-1]}", file=sys.stderr, flush=True)
+    lines.sort()
+    text = "".join(line + "\n" for line in lines)
+    sys.stdout.write(text)
+    if a.out:
+        with open(a.out, "w") as f:
+            f.write(text)
+    print(f"{len(lines)} configurations", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()

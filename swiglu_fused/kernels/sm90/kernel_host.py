@@ -1,0 +1,39 @@
+"""Compiling the sm_90a GEMM (gemm256.py) for a configuration: which kernel class builds it, and
+the compile with fake pointers. Both kernel modules are imported here, so neither imports the
+other's subclass (swap_ab.SwapABKernel derives from gemm256.Gemm256Kernel; gemm256 knows nothing
+of it). gate_up.py and down.py compile through compile_kernel and run through gemm256.launch.
+"""
+
+from __future__ import annotations
+
+import cutlass
+import cutlass.cute as cute
+from cutlass import Float32, Int32
+
+from .gemm256 import Gemm256Kernel
+from .swap_ab import SwapABKernel
+from .tile_config import TileConfig
+
+
+def kernel_class(config: TileConfig) -> type[Gemm256Kernel]:
+    """Gemm256Kernel, or its swap-AB subclass for config.swap_ab (the decode tiles)."""
+    return SwapABKernel if config.swap_ab else Gemm256Kernel
+
+
+def compile_kernel(config: TileConfig, out_dtype, aux_dtype, aux_align: int):
+    """Compile for sm_90a (no GPU needed: fake pointers, runtime Int32 sizes). ``out`` / ``aux`` are
+    the epilogue's pointers: h and h_scale for gate_up, y and the residual for down. The arguments
+    are Gemm256Kernel.__call__'s, in the order gemm256.launch passes the real ones."""
+    from .compile_cache import COMPILE_OPTIONS, fake_ptr, null_stream
+
+    ab = cutlass.Float8E4M3FN if config.fp8 else cutlass.BFloat16
+    return cute.compile(
+        kernel_class(config)(config),
+        fake_ptr(ab, 16), fake_ptr(ab, 16),
+        fake_ptr(Float32, 4), fake_ptr(Float32, 4),
+        fake_ptr(out_dtype, 16), fake_ptr(aux_dtype, aux_align),
+        fake_ptr(Float32, 4), fake_ptr(Int32, 4),
+        Int32(1), Int32(1), Int32(1), Int32(1), Int32(0),
+        null_stream(),
+        options=COMPILE_OPTIONS,
+    )
