@@ -89,7 +89,7 @@ def unfused_fp8(fused: FusedSwiGLUMLP):
     the first call (act_quant_peer.best)."""
     import act_quant_peer  # (Triton: GPU machine only)
 
-    gu, dn = fused.gate_up_proj.tensors(), fused.down_proj.tensors()
+    gu, dn = fused.gate_up_interleaved.tensors(), fused.down_proj.tensors()
     quantize = torch.compile(quant_x_m_major, dynamic=False)  # one graph per M: faster than dynamic shapes
     compiled = torch.compile(act_quant, dynamic=False)
     picked = {}

@@ -84,7 +84,7 @@ def main():
     direct = FusedSwiGLUMLP.from_linear(*lin, weight_format="fp8_block128")
     direct.eager_graph_rows = 0  # the three ops launched one by one
     x = torch.randn(1, a.hidden, device=DEV, dtype=torch.bfloat16)
-    gu = mlp.gate_up_proj.tensors()
+    gu = mlp.gate_up_interleaved.tensors()
     dn = mlp.down_proj.tensors()
     xq, xs = ops.quant_x(x)
     h, hs = ops.gate_up(xq, gu["weight"], gu["weight_scale_inv"], xs, h_format="fp8_group128")

@@ -80,7 +80,7 @@ def parts(ours: FusedSwiGLUMLP, x):
     """
     from swiglu_fused.kernels import ops
 
-    gu, dn = ours.gate_up_proj.tensors(), ours.down_proj.tensors()
+    gu, dn = ours.gate_up_interleaved.tensors(), ours.down_proj.tensors()
     xq, xs = ops.quant_x(x)
     xq2 = torch.empty_like(xq)
     xs_m = quant.m_major(xs)  # cuBLAS reads the x scales M-major

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import logging
+import signal
 import sys
 
 from . import __version__, formats
@@ -29,7 +31,9 @@ def _parser() -> argparse.ArgumentParser:
                        description="Convert SRC (a directory with config.json and safetensors, single or sharded) "
                                    "into a packed checkpoint in DST. Existing fine-grained FP8 and NVFP4 checkpoints "
                                    "are repacked by moving bytes; other weights are quantized. Non-MLP tensors and "
-                                   "other files are copied unchanged. DST appears only when complete.")
+                                   "side files (tokenizer, generation config, code) are copied unchanged; other "
+                                   "weight files, directories and links out of SRC are left out and listed. DST appears only when complete and verified; "
+                                   "SRC is never written. Exit status 2 on an error, 128+N on signal N.")
     c.add_argument("src", help="source checkpoint directory")
     c.add_argument("dst", help="output directory (must not exist unless --force)")
     c.add_argument("--format", dest="weight_format", choices=sorted(formats.WEIGHT_FORMATS), default="fp8_block128",
@@ -39,7 +43,9 @@ def _parser() -> argparse.ArgumentParser:
                         "of 128 for fp8_block128 (default: 128)")
     c.add_argument("--source-format", choices=["auto", "dense", "fp8_block128", "nvfp4"], default="auto",
                    help="what SRC holds; auto reads its quantization_config (default: auto)")
-    c.add_argument("--force", action="store_true", help="replace DST if it exists")
+    c.add_argument("--force", action="store_true",
+                   help="replace DST if it is a previous packed output or an empty directory (anything else "
+                        "there is refused: remove it yourself)")
     c.add_argument("--no-progress", action="store_true", help="no progress bar")
 
     v = sub.add_parser("verify", help="validate a packed checkpoint, optionally against its source",
@@ -67,11 +73,37 @@ def main(argv: list[str] | None = None) -> int:
     from .formats import FormatError
     from .weight_packing.safetensors_io import CheckpointError
 
+    notes = _Notes(f"swiglu-fused {args.command}: ")  # convert's "replaced …" / "removed a stale …" lines
+    logger = logging.getLogger("swiglu_fused")
+    logger.addHandler(notes)
     try:
         return _run(args)
     except (FormatError, CheckpointError, OSError) as e:  # OSError: missing paths, permissions, disk space
         print(f"swiglu-fused {args.command}: error: {e}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt as e:  # Ctrl-C; in convert also SIGTERM and SIGHUP (ConvertInterrupted)
+        signum = getattr(e, "signum", signal.SIGINT)
+        if args.command != "convert":
+            what = ""
+        elif getattr(e, "written", False):
+            what = f"; {args.dst} was already complete"
+        else:
+            what = f"; nothing was written to {args.dst}"
+        print(f"swiglu-fused {args.command}: interrupted{what}", file=sys.stderr)
+        return 128 + signum
+    finally:
+        logger.removeHandler(notes)
+
+
+class _Notes(logging.Handler):
+    """Prints the package's warnings as one line each on stderr, prefixed like the errors."""
+
+    def __init__(self, prefix: str):
+        super().__init__(logging.WARNING)
+        self.prefix = prefix
+
+    def emit(self, record: logging.LogRecord) -> None:
+        print(f"{self.prefix}{record.getMessage()}", file=sys.stderr)
 
 
 def _run(args) -> int:

@@ -14,7 +14,7 @@ from .weight_packing import pack
 
 class _PackedProjection(nn.Module):
     """Holds one projection's packed tensors as buffers named by their format suffix, so the
-    module's state_dict keys are the checkpoint's (``gate_up_proj.weight_scale_inv``, ...)."""
+    module's state_dict keys are the checkpoint's (``gate_up_interleaved.weight_scale_inv``, ...)."""
 
     def __init__(self, tensors: Mapping[str, torch.Tensor]):
         super().__init__()
@@ -64,7 +64,7 @@ class FusedSwiGLUMLP(nn.Module):
             raise formats.FormatError("FusedSwiGLUMLP: " + "; ".join(str(p).replace("m.", "", 1) for p in problems))
         self.weight_format, self.interleave, self.activation = fmt.name, interleave, activation
         self.global_scale_kind = global_scale_kind if fmt.name == "nvfp4" else None
-        self.gate_up_proj = _PackedProjection(gate_up)
+        self.gate_up_interleaved = _PackedProjection(gate_up)  # = formats.GATE_UP: state_dict keys are the checkpoint's
         self.down_proj = _PackedProjection(down)
         w = gate_up[fmt.weight_name()]
         self.hidden_size, self.intermediate_size = fmt.cols_of(w), w.shape[0] // 2  # (load_state_dict keeps shapes)
@@ -116,7 +116,7 @@ class FusedSwiGLUMLP(nn.Module):
     def backend(self) -> str:
         """Where forward runs: "sm90" (the CuTe DSL kernels; down partly on cuBLAS, see ops.down) or
         "reference"."""
-        w = self.gate_up_proj.tensors()[formats.weight_format(self.weight_format).weight_name()]
+        w = self.gate_up_interleaved.tensors()[formats.weight_format(self.weight_format).weight_name()]
         kernel_format = _has_sm90_kernels(self.weight_format, self.interleave)
         return "sm90" if kernel_format and ops.sm90_kernels_usable(w.device) else "reference"
 
@@ -126,7 +126,7 @@ class FusedSwiGLUMLP(nn.Module):
             return x.new_empty(x.shape)
         y = None
         if self.eager_graph_rows and not torch.compiler.is_compiling() and ops.sm90_kernels_usable(x.device):
-            buffers = (*self.gate_up_proj._buffers.values(), *self.down_proj._buffers.values())
+            buffers = (*self.gate_up_interleaved._buffers.values(), *self.down_proj._buffers.values())
             y = eager_graphs.run(self, x.reshape(-1, x.shape[-1]), self._ops_forward, buffers)
         if y is None:
             return self._ops_forward(x)
@@ -138,11 +138,14 @@ class FusedSwiGLUMLP(nn.Module):
         if not x.is_floating_point():
             raise TypeError(f"x: FusedSwiGLUMLP takes floating-point activations (bf16, fp16 or fp32), got {x.dtype}; "
                             "token ids go through the model's embedding first")
+        if x.dtype not in ops.OUT_DTYPES:  # y has x's dtype: the dtypes down can write
+            raise TypeError(f"x: FusedSwiGLUMLP takes bf16, fp16 or fp32 activations "
+                            f"({', '.join(map(str, ops.OUT_DTYPES))}), got {x.dtype}; cast x first, e.g. x.float()")
         if x.shape[-1] != self.hidden_size:
             raise ValueError(f"x: last dimension is {x.shape[-1]}, but this MLP's hidden size is {self.hidden_size}")
 
     def _ops_forward(self, x: torch.Tensor) -> torch.Tensor:
-        return reference.mlp(x, self.gate_up_proj.tensors(), self.down_proj.tensors(),
+        return reference.mlp(x, self.gate_up_interleaved.tensors(), self.down_proj.tensors(),
                              weight_format=self.weight_format, interleave=self.interleave, act=self.activation,
                              global_scale_kind=self.global_scale_kind, ops=ops)
 

@@ -172,9 +172,9 @@ def test_packed_file_of_a_newer_format_version_is_refused(tmp_path, tiny_llama):
     dst = tmp_path / "packed"
     convert(src, dst, weight_format="bf16", progress=False)
     cfg = json.loads((dst / "config.json").read_text())
-    cfg["quantization_config"]["format_version"] = 2
+    cfg["quantization_config"]["format_version"] = formats.FORMAT_VERSION + 1
     (dst / "config.json").write_text(json.dumps(cfg))
-    with pytest.raises(FormatError, match=r"config\.json.*format_version: format version 2 is newer than this"):
+    with pytest.raises(FormatError, match=r"config\.json.*format_version: format version 3 is newer than this"):
         PackedCheckpoint(dst)
     report = verify(dst)
     assert not report.ok and any(v.field == "format_version" for v in report.violations)
@@ -199,12 +199,12 @@ def test_validator_reports_every_violation_with_file_tensor_and_field(tmp_path, 
     f = dst / "model.safetensors"
     tensors = {k: v.clone() for k, v in sio.load_file(f).items()}
     del tensors["model.layers.0.mlp.down_proj.weight_scale_inv"]
-    tensors["model.layers.1.mlp.gate_up_proj.weight_scale_inv"] = torch.ones(6, 2)
+    tensors["model.layers.1.mlp.gate_up_interleaved.weight_scale_inv"] = torch.ones(6, 2)
     tensors["model.layers.1.mlp.down_proj.weight"] = tensors["model.layers.1.mlp.down_proj.weight"].float()
     sio.write_file(tensors, f, sio.read_header(dst / "model.safetensors").metadata)
     problems = [str(v) for v in formats.validate(dst)]
     assert "model.layers.0.mlp.down_proj.weight_scale_inv: missing" in problems
-    assert any("model.layers.1.mlp.gate_up_proj.weight_scale_inv / shape: expected [6, 1], found [6, 2]" in p
+    assert any("model.layers.1.mlp.gate_up_interleaved.weight_scale_inv / shape: expected [6, 1], found [6, 2]" in p
                for p in problems)
     assert any("model.layers.1.mlp.down_proj.weight / dtype: expected torch.float8_e4m3fn, found torch.float32" in p
                for p in problems)

@@ -5,8 +5,10 @@ nvidia-cutlass-dsl is not installed."""
 
 import json
 import os
+import stat
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
@@ -44,12 +46,12 @@ print(json.dumps(dict(compile_cache.stats, seconds=dt, path=str(compile_cache.en
 """
 
 
-def _run(cache_dir, **env):
+def _run(cache_dir, umask=None, **env):
     e = dict(os.environ, SWIGLU_FUSED_CACHE_DIR=str(cache_dir), PIN_SOURCE_HASH=PIN, **env)
     e.pop("SWIGLU_FUSED_DISK_CACHE", None)
     e["PYTHONPATH"] = str(ROOT) + os.pathsep + e.get("PYTHONPATH", "")
     p = subprocess.run([sys.executable, "-c", _CHILD], env=e, cwd=ROOT, capture_output=True, text=True,
-                       timeout=120)
+                       timeout=120, preexec_fn=None if umask is None else (lambda: os.umask(umask)))
     assert p.returncode == 0, p.stderr[-3000:]
     return json.loads(p.stdout.strip().splitlines()[-1]), p.stderr
 
@@ -117,3 +119,69 @@ def test_compile_error_names_the_configuration(monkeypatch):
                        "TypeError: DSL could not lower an op"):
         compile_cache.get("gate_up", cfg, broken)
     assert ("gate_up", cfg) not in compile_cache._compiled  # nothing half-built is kept
+
+
+def _mode(p):
+    return stat.S_IMODE(os.lstat(p).st_mode)
+
+
+def test_cache_is_private_whatever_the_umask(tmp_path):
+    """Entries are native code loaded into the process: directories the cache creates are 0700 and
+    entries 0600, even under umask 0 (the old code wrote 0644 "to be shareable")."""
+    root = tmp_path / "home" / "cache"  # neither exists yet
+    first, err = _run(root, umask=0)
+    assert first["disk_writes"] == 1 and first["disk_unsafe"] == 0, err
+    entry = Path(first["path"])
+    assert _mode(entry) == 0o600
+    assert [_mode(d) for d in (tmp_path / "home", root, entry.parent)] == [0o700] * 3
+    second, _ = _run(root, umask=0, FORBID_COMPILE="1")  # and a private cache is used
+    assert second["disk_loads"] == 1 and second["built"] == 0
+
+
+def _snapshot(root):
+    return {p: (p.read_bytes(), os.lstat(p).st_mtime_ns) for p in Path(root).rglob("*") if p.is_file()}
+
+
+@pytest.mark.parametrize("loose", ["root", "kernels", "entry"])
+def test_writable_by_others_is_not_loaded_nor_written(tmp_path, loose):
+    """A cache directory (or entry) others can write may hold their code: warn, compile in-process,
+    load nothing from it and write nothing to it."""
+    first, _ = _run(tmp_path)
+    entry = Path(first["path"])
+    target, mode = {"root": (tmp_path, 0o777), "kernels": (entry.parent, 0o775), "entry": (entry, 0o666)}[loose]
+    os.chmod(target, mode)
+    before = _snapshot(tmp_path)
+    again, err = _run(tmp_path)
+    assert again["disk_loads"] == 0 and again["built"] == 1 and again["disk_writes"] == 0
+    assert again["disk_unsafe"] >= 1 and again["disk_errors"] == 0
+    assert err.count("RuntimeWarning") == 1 and "not using" in err and f"{target} is writable by" in err
+    assert (f"delete {target}" if loose == "entry" else f"chmod go-w {target}") in err
+    assert _snapshot(tmp_path) == before  # nothing written there
+
+
+def test_entry_or_directory_of_another_user_is_refused(tmp_path, monkeypatch):
+    """Owned by someone else (another uid: simulated by this process claiming another uid), or an entry
+    that is a symlink: refused with one warning per cache directory."""
+    from swiglu_fused.kernels.sm90 import compile_cache as cc
+
+    kernels = tmp_path / "kernels"
+    kernels.mkdir(mode=0o700)
+    entry = kernels / "quant_x-0.o"
+    entry.write_bytes(b"x")
+    os.chmod(entry, 0o600)
+    monkeypatch.setattr(cc, "_unsafe_warned", set())
+    assert cc._safe_chain(entry)
+    elsewhere = tmp_path / "planted.o"
+    elsewhere.write_bytes(b"x")
+    entry.unlink()
+    entry.symlink_to(elsewhere)
+    with pytest.warns(RuntimeWarning, match=r"not using .*kernels: entry .*quant_x-0\.o is not a regular file"):
+        assert not cc._safe_chain(entry)
+    entry.unlink()
+    monkeypatch.setattr(cc, "_unsafe_warned", set())
+    monkeypatch.setattr(os, "getuid", lambda: os.stat(tmp_path).st_uid + 1)
+    with pytest.warns(RuntimeWarning, match=r"directory .* is owned by uid \d+, not by you"):
+        assert not cc._safe_chain(entry)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # once per directory
+        assert not cc._safe_chain(entry)

@@ -81,12 +81,13 @@ def test_hidden_not_multiple_of_128_and_several_shards(tmp_path):
     model = make_causal_lm(src, "llama", hidden=192, inter=384, max_shard_size="100KB")
     assert len(sio.checkpoint_files(src)) >= 4
     report = convert(src, dst, weight_format="fp8_block128", progress=False)
-    # output shards keep their source names (a shard whose halves all waited for a partner is not written)
-    assert {p.name for p in sio.checkpoint_files(dst)} <= {p.name for p in sio.checkpoint_files(src)}
+    # a shard whose halves all waited for a partner is not written: the others are numbered 1..n of n
+    names = [p.name for p in sio.checkpoint_files(dst)]
+    assert names == [f"model-{i:05d}-of-{len(names):05d}.safetensors" for i in range(1, len(names) + 1)]
     index = json.loads((dst / formats.INDEX_FILE).read_text())
     tensors = _all_tensors(dst)
     assert set(index["weight_map"]) == set(tensors)
-    scale = tensors["model.layers.0.mlp.gate_up_proj.weight_scale_inv"]
+    scale = tensors["model.layers.0.mlp.gate_up_interleaved.weight_scale_inv"]
     assert scale.shape == (6, 2)  # ceil(768/128) x ceil(192/128): a partial last block
     assert tensors["model.layers.0.mlp.down_proj.weight_scale_inv"].shape == (2, 3)
     assert verify(dst, against=src).ok
@@ -129,11 +130,17 @@ def test_existing_destination_is_refused_unless_forced(tmp_path, tiny_llama):
     dst = tmp_path / "dst"
     dst.mkdir()
     (dst / "keep.txt").write_text("mine")
+    with pytest.raises(FileExistsError, match="already exists and is a directory that is not"):
+        convert(src, dst, progress=False)
+    with pytest.raises(FileExistsError, match="--force replaces only"):  # not a packed output: the user's
+        convert(src, dst, force=True, progress=False)
+    assert (dst / "keep.txt").read_text() == "mine"
+    (dst / "keep.txt").unlink()  # an empty directory, then a packed output, may be replaced
+    convert(src, dst, weight_format="nvfp4", force=True, progress=False)
     with pytest.raises(FileExistsError, match="--force"):
         convert(src, dst, progress=False)
-    assert (dst / "keep.txt").read_text() == "mine"
     convert(src, dst, weight_format="bf16", force=True, progress=False)
-    assert not (dst / "keep.txt").exists() and verify(dst).ok
+    assert verify(dst).ok and PackedCheckpoint(dst).config.weight_format == "bf16"
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
 
 
@@ -206,4 +213,4 @@ def test_inspect_table(tmp_path, tiny_llama):
 
 
 def test_public_api_is_importable():
-    assert swiglu_fused.convert is convert and swiglu_fused.FORMAT_VERSION == 1
+    assert swiglu_fused.convert is convert and swiglu_fused.FORMAT_VERSION == 2

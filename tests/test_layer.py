@@ -17,7 +17,7 @@ def _mlp(fmt, hidden=256, inter=384, activation="silu"):
 
 
 def _expected(mlp, x):
-    return reference.mlp(x, mlp.gate_up_proj.tensors(), mlp.down_proj.tensors(), weight_format=mlp.weight_format,
+    return reference.mlp(x, mlp.gate_up_interleaved.tensors(), mlp.down_proj.tensors(), weight_format=mlp.weight_format,
                          interleave=mlp.interleave, act=mlp.activation, global_scale_kind=mlp.global_scale_kind)
 
 

@@ -111,7 +111,7 @@ def test_fp8_e8m0_scales_are_accepted(tmp_path):
     assert report.repacked == 6
     checked = verify(dst, against=src)
     assert checked.ok, checked.summary()
-    scale = _source(dst)["model.layers.0.mlp.gate_up_proj.weight_scale_inv"]
+    scale = _source(dst)["model.layers.0.mlp.gate_up_interleaved.weight_scale_inv"]
     assert scale.dtype == torch.float32 and torch.all(torch.log2(scale) == torch.log2(scale).round())
 
 

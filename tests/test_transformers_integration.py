@@ -75,11 +75,17 @@ def test_patched_quantized_logits_within_tolerance(tmp_path, fmt):
 
 
 def test_modules_it_cannot_handle_are_listed(tmp_path):
-    model = make_causal_lm(tmp_path / "m", "llama", inter=320)  # 320 is no multiple of 128
+    from transformers.models.llama.modeling_llama import LlamaMLP
+
+    model = make_causal_lm(tmp_path / "m", "llama")
+    narrow = copy.deepcopy(model.config)
+    narrow.intermediate_size = 320  # no multiple of 128
+    model.model.layers[1].mlp = LlamaMLP(narrow).to(torch.bfloat16)
     report = patch_model(model, weight_format="fp8_block128")
-    assert report.swapped == []
-    assert set(report.skipped) == {"model.layers.0.mlp", "model.layers.1.mlp"}
-    assert "not a multiple of --interleave 128" in report.skipped["model.layers.0.mlp"]
+    assert report.swapped == ["model.layers.0.mlp"]
+    assert set(report.skipped) == {"model.layers.1.mlp"}
+    assert "I = 320 is not a multiple of" in report.skipped["model.layers.1.mlp"]
+    assert isinstance(model.model.layers[1].mlp, LlamaMLP)
 
 
 def check_from_pretrained_and_save_pretrained(tmp_path, fmt, family, device="cpu"):
@@ -99,7 +105,7 @@ def check_from_pretrained_and_save_pretrained(tmp_path, fmt, family, device="cpu
     assert isinstance(mlp, FusedSwiGLUMLP) and mlp.weight_format == fmt
     packed = swiglu_fused.weight_packing.packed.PackedCheckpoint(dst)
     for name, t in packed.module("model.layers.1.mlp")[0].items():  # loaded as stored, no bf16 detour
-        got = getattr(mlp.gate_up_proj, name)
+        got = getattr(mlp.gate_up_interleaved, name)
         assert got.device.type == device and got.dtype == t.dtype
         assert torch.equal(got.cpu().view(torch.uint8), t.view(torch.uint8))
     tokens = _tokens(1).to(device)

@@ -66,13 +66,16 @@ def test_source_read_errors_are_not_blamed_on_the_output(tmp_path, tiny_llama, m
     assert not isinstance(e.value, convert_mod.OutputError)
 
 
-def test_force_replaces_a_file_without_leftovers(tmp_path, tiny_llama):
+def test_force_refuses_to_replace_a_file_and_leaves_no_leftovers(tmp_path, tiny_llama):
+    """--force replaces only a previous packed output or an empty directory (issue 19 item 1)."""
     src, _ = tiny_llama
     (tmp_path / "out").write_text("an old file")
-    report = convert(src, tmp_path / "out", force=True, progress=False)
-    assert str(report) == report.summary() and str(report).startswith(f"wrote {tmp_path / 'out'}")
-    assert (tmp_path / "out").is_dir()
+    with pytest.raises(FileExistsError, match="out is a file, not a directory; --force replaces only"):
+        convert(src, tmp_path / "out", force=True, progress=False)
+    assert (tmp_path / "out").read_text() == "an old file"
     assert _names(tmp_path) == ["llama", "out"]
+    report = convert(src, tmp_path / "new", progress=False)
+    assert str(report) == report.summary() and str(report).startswith(f"wrote {tmp_path / 'new'}")
 
 
 def test_output_inside_the_source_is_refused(tmp_path, tiny_llama):
@@ -107,7 +110,7 @@ def test_verify_mismatch_says_what_failed(tmp_path, tiny_llama):
     assert "exceeds the format's bound" in report.summary() and "within bound" not in report.summary()
 
 
-@pytest.mark.parametrize("fmt,name", [("fp8_block128", "gate_up_proj.weight_scale_inv"),
+@pytest.mark.parametrize("fmt,name", [("fp8_block128", "gate_up_interleaved.weight_scale_inv"),
                                       ("nvfp4", "down_proj.weight_global_scale")])
 def test_verify_catches_a_nan_scale(tmp_path, tiny_llama, fmt, name):
     src, _ = tiny_llama

@@ -16,6 +16,7 @@ import importlib.abc
 import importlib.util
 import sys
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 from torch import nn
@@ -83,11 +84,18 @@ def _nbytes(*tensors: torch.Tensor) -> int:
     return sum(t.numel() * t.element_size() for t in tensors)
 
 
+def _intermediate(gate: nn.Linear, up: nn.Linear | None) -> int:
+    return gate.out_features if up is not None else gate.out_features // 2
+
+
 def patch_model(model: nn.Module, weight_format: str = "fp8_block128",
                 interleave: int = formats.DEFAULT_INTERLEAVE) -> PatchReport:
     """Replace every gated MLP (gate/up/down or Phi-3's gate_up/down) with a FusedSwiGLUMLP. MLPs the
     format cannot hold (a bias; an I that ``interleave`` does not divide) stay as they are, with the
-    reason in the report; an ``interleave`` no MLP could use raises."""
+    reason in the report; an ``interleave`` no MLP could use raises FormatError (naming the I found),
+    before anything is changed. MLPs that already are FusedSwiGLUMLP stay as they are, reported as
+    skipped with their format: packing is not redone from packed weights (load the original model
+    to pack it another way)."""
     fmt = formats.weight_format(weight_format)
     if isinstance(interleave, bool) or not isinstance(interleave, int) or interleave < 1 \
             or interleave % fmt.interleave_multiple:
@@ -95,7 +103,21 @@ def patch_model(model: nn.Module, weight_format: str = "fp8_block128",
                           f"which weight_format {weight_format} needs (default {formats.DEFAULT_INTERLEAVE})")
     report = PatchReport()
     config = getattr(model, "config", None)
+    for name, module in model.named_modules():
+        if isinstance(module, FusedSwiGLUMLP):
+            report.skipped[name] = (f"already packed as {module.weight_format} (g={module.interleave}); "
+                                    "load the original model to pack it again")
     candidates = [(n, m) for n, m in model.named_modules() if _projections(m) is not None]
+    sizes = {_intermediate(*_projections(m)[:2]) for _, m in candidates}
+    if sizes and all(i % interleave for i in sizes):
+        hint = ""
+        try:
+            formats.check_interleave(min(sizes), interleave, fmt)
+        except FormatError as e:  # names the g that would work, in the CLI's spelling
+            hint = ": " + str(e).replace("--interleave ", "interleave=")
+        raise FormatError(f"interleave: {interleave} divides the intermediate size of none of the "
+                          f"{len(candidates)} MLPs (I = {', '.join(map(str, sorted(sizes)))}){hint}; "
+                          "nothing was changed")
     for name, module in candidates:
         gate, up, down = _projections(module)
         try:
@@ -201,7 +223,7 @@ def _classes():
         def __init__(self, **kwargs):
             kwargs.setdefault(formats.K_QUANT_METHOD, formats.QUANT_METHOD)
             kwargs.pop(formats.K_H_FORMAT, None)  # derived from the weight format
-            self.packed = formats.PackedConfig.from_dict(kwargs, "quantization_config")
+            self.packed = formats.PackedConfig.from_dict(kwargs, f"{formats.CONFIG_FILE}: quantization_config")
             self.quant_method = formats.QUANT_METHOD
 
         def to_dict(self):
@@ -219,6 +241,8 @@ def _classes():
             pass
 
         def _process_model_before_weight_loading(self, model, **kwargs):
+            stored = self._check_checkpoint(kwargs.get("checkpoint_files"),
+                                            getattr(getattr(model, "config", None), "name_or_path", None))
             cfg = self.quantization_config.packed
             for name in cfg.modules:
                 try:
@@ -230,11 +254,39 @@ def _classes():
                 if projections is None:
                     raise FormatError(f"{name} ({type(module).__name__}) is not a gated MLP")
                 gate, up, _ = projections
-                inter = gate.out_features if up is not None else gate.out_features // 2
-                _swap(model, name, FusedSwiGLUMLP.empty(
-                    gate.in_features, inter, weight_format=cfg.weight_format, interleave=cfg.interleave,
-                    activation=cfg.activation, global_scale_kind=cfg.global_scale_kind))
+                fused = FusedSwiGLUMLP.empty(
+                    gate.in_features, _intermediate(gate, up), weight_format=cfg.weight_format,
+                    interleave=cfg.interleave, activation=cfg.activation, global_scale_kind=cfg.global_scale_kind)
+                for key, buffer in fused.state_dict().items():
+                    file, shape = stored.get(f"{name}.{key}", (None, None))
+                    if shape is not None and tuple(shape) != tuple(buffer.shape):
+                        raise FormatError(
+                            f"{file} / {name}.{key} / shape: {list(shape)}, but the model that config.json "
+                            f"describes needs {list(buffer.shape)} (hidden_size {gate.in_features}, "
+                            f"intermediate_size {_intermediate(gate, up)}); config.json and the packed "
+                            "tensors are not from the same model: re-run `swiglu-fused convert` on the source")
+                _swap(model, name, fused)
             return model
+
+        def _check_checkpoint(self, checkpoint_files, name_or_path) -> dict:
+            """Before a byte is loaded, the files must say what config.json says and hold tensors of
+            the format's dtypes and shapes: the weight loader would cast a tensor of another dtype
+            than the module's buffer silently (a bf16 label on e4m3 data). Returns tensor name →
+            (file, shape). transformers 5 passes the checkpoint files; 4.x does not: then the
+            directory from_pretrained was given."""
+            from ..weight_packing import packed, safetensors_io as sio
+
+            if checkpoint_files is None and name_or_path and Path(name_or_path).is_dir():
+                checkpoint_files = sio.checkpoint_files(Path(name_or_path))
+            files = [Path(f) for f in checkpoint_files or () if str(f).endswith(".safetensors")]
+            if not files:
+                raise FormatError(f"from_pretrained({name_or_path!r}): a swiglu_fused packed checkpoint is checked "
+                                  f"and loaded from its safetensors files, found {checkpoint_files!r}; pass its "
+                                  "local directory (transformers 4.x does not tell a quantizer which files it loads)")
+            headers = {f: sio.read_header(f) for f in files}
+            packed.check_files_match_config(self.quantization_config.packed, files[0].parent / formats.CONFIG_FILE,
+                                            headers)
+            return {n: (f, e.shape) for f, h in headers.items() for n, e in h.entries.items()}
 
         def get_state_dict_and_metadata(self, model):
             metadata = self.quantization_config.packed.file_metadata()

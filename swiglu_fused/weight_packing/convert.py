@@ -1,17 +1,38 @@
 """Convert a Hugging Face / diffusers checkpoint directory into a packed one.
 
-Streaming: source shards are read one at a time and each becomes one output shard with the same
-file name; a gate (or up) whose partner lives in a later shard waits in memory until it arrives.
-Atomic: everything is written into a hidden sibling directory that is renamed to DST only when
-complete, so a failure leaves nothing behind. Deterministic: the same input gives the same bytes.
-"""
+Streaming: source shards are read one at a time and each becomes one output shard; a gate (or
+up) whose partner lives in a later shard waits in memory until it arrives. Output shards keep the
+source's file names, except that sharded names are renumbered consecutively
+(``model-00001-of-00003.safetensors`` …) when a source shard held only halves waiting for their
+partner and so became no output shard. Deterministic: the same input gives the same bytes.
 
+What a user can rely on (destination.py implements the file-system side):
+
+- The source is never written, moved or deleted: a DST that is SRC, lies inside SRC or contains
+  SRC is refused, however either is spelled (relative, ``..``, symlinks, bind mounts).
+- DST appears only complete and verified: everything is written into a hidden sibling
+  ``.DST.partial-*``, checked with ``verify`` (the same checks as ``swiglu-fused verify``), and
+  then renamed to DST. The rename fails if anything appeared at DST meanwhile ("DST changed
+  during conversion"); nothing of anyone else's is ever replaced.
+- ``force`` replaces only a previous packed output or an empty directory, the very one that was
+  there when the run started, swapped atomically, and says so (a warning on the
+  ``swiglu_fused`` logger: "replaced the previous packed checkpoint at DST"). A file, a symlink
+  or any other directory at DST is refused: the user removes it.
+- One run at a time per DST: a lock file ``.DST.lock`` beside DST (``flock``, released by the
+  kernel if the process dies; removed when the run ends). A second run is refused at once with
+  the first one's pid and host.
+- Failures and signals leave nothing behind (no partial directory, lock or parent directories
+  made for DST). SIGINT, SIGTERM and SIGHUP (where their handlers are the default ones, in the
+  main thread, restored afterwards) raise ``ConvertInterrupted`` after the same cleanup. A run
+  killed outright (SIGKILL, power loss) leaves its partial directory with a marker file naming
+  its pid and host; the next run on that DST removes it once that process is gone, and says so.
+"""
 from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
-import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Mapping
@@ -23,7 +44,11 @@ from .. import formats
 from ..formats import FormatError
 from . import adapters, pack
 from . import safetensors_io as sio
-from .source import SOURCE_FORMATS, declared_source_format, read_config
+from .destination import ConvertInterrupted, Destination, DestinationError, Interrupts
+from .source import SOURCE_FORMATS, declared_source_format, read_config, side_files
+from .verify import verify
+
+__all__ = ["ConvertInterrupted", "ConvertReport", "DestinationError", "OutputError", "convert"]
 
 
 @dataclass
@@ -40,6 +65,7 @@ class ConvertReport:
     dropped: list[str] = field(default_factory=list)
     src_bytes: int = 0
     dst_bytes: int = 0
+    left_out: list[tuple[str, str]] = field(default_factory=list)  # (SRC entry, why it was not copied)
 
     def __str__(self) -> str:  # print(report) reads like the CLI
         return self.summary()
@@ -49,7 +75,15 @@ class ConvertReport:
                 f"adapter={self.adapter}): {len(self.modules)} MLPs, {self.repacked} projections repacked "
                 f"bit-exactly, {self.quantized} {'converted to bf16' if self.weight_format == 'bf16' else 'quantized'}; "
                 f"{self.src_bytes / 2**20:.1f} MiB → "
-                f"{self.dst_bytes / 2**20:.1f} MiB")
+                f"{self.dst_bytes / 2**20:.1f} MiB" + self._left_out_line())
+
+    def _left_out_line(self, shown: int = 5) -> str:
+        if not self.left_out:
+            return ""
+        items = [f"{name} ({why})" for name, why in self.left_out[:shown]]
+        more = f", and {len(self.left_out) - shown} more" if len(self.left_out) > shown else ""
+        n = len(self.left_out)
+        return f"\nleft out {n} {'file' if n == 1 else 'files'} of the source: {', '.join(items)}{more}"
 
 
 @dataclass
@@ -140,7 +174,7 @@ class _Packer:
         self.plan, self.fmt, self.g, self.kind, self.report = plan, weight_format, g, kind, report
         self.by_module = {m.module: m for m in plan.mlps}
         self.waiting: dict[str, dict[str, torch.Tensor]] = {}  # MLP module → source tensors not yet packed
-        self.done: dict[str, set[str]] = {}  # MLP module → packed projections ("gate_up_proj", "down_proj")
+        self.done: dict[str, set[str]] = {}  # MLP module → packed projections ("gate_up_interleaved", "down_proj")
 
     def shard(self, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         out: dict[str, torch.Tensor] = {}
@@ -218,15 +252,16 @@ def convert(
     force: bool = False,
     progress: bool = True,
 ) -> ConvertReport:
-    """Convert the checkpoint in ``src`` into a packed checkpoint in ``dst`` (see module docstring)."""
+    """Convert the checkpoint in ``src`` into a packed checkpoint in ``dst`` (see module docstring).
+
+    Raises FormatError / CheckpointError for a source or a request it cannot convert,
+    FileExistsError (DestinationError) for a DST it may not write, OutputError when writing fails,
+    TypeError for an argument of the wrong type, and ConvertInterrupted (a KeyboardInterrupt) on
+    SIGINT, SIGTERM or SIGHUP; in every case nothing is left behind."""
+    _check_types(src=src, dst=dst, weight_format=weight_format, interleave=interleave,
+                 source_format=source_format, force=force, progress=progress)
     src, dst = Path(src), Path(dst)
-    if dst.resolve() == src.resolve():
-        raise FormatError(f"dst {dst} is the source directory; choose another output directory")
-    if dst.exists() and not force:
-        raise FileExistsError(f"{dst} already exists; pass force=True (--force) to replace it")
     plan = _plan(src, weight_format, interleave, source_format)
-    if src.resolve() in dst.resolve().parents:  # its partial directory would be copied into itself
-        raise FormatError(f"dst {dst} is inside the source directory {src}; choose an output directory outside it")
     kind = _target_kind(weight_format, plan.source_format, plan.headers)
     cfg = formats.PackedConfig(
         weight_format=weight_format, interleave=interleave, activation=plan.activation,
@@ -236,41 +271,62 @@ def convert(
                    if "quantization_config" in plan.config else {})})
     report = ConvertReport(dst, weight_format, interleave, plan.activation, plan.adapter.name, plan.source_format,
                            src_bytes=sum(h.data_bytes for h in plan.headers))
-    _write_atomically(src, dst, plan, cfg, kind, report, progress)
+    _write_atomically(src, dst, force, plan, cfg, kind, report, progress)
     report.dst_bytes = sum(sio.read_header(f).data_bytes for f in sio.checkpoint_files(dst))
     return report
 
 
-def _write_atomically(src: Path, dst: Path, plan: _Plan, cfg: formats.PackedConfig, kind, report,
+_TYPES = {"src": ((str, os.PathLike), "a path (str or os.PathLike)"),
+          "dst": ((str, os.PathLike), "a path (str or os.PathLike)"),
+          "weight_format": (str, f"a format name, one of {sorted(formats.WEIGHT_FORMATS)}"),
+          "interleave": (int, "an int"),
+          "source_format": (str, f"one of {list(SOURCE_FORMATS)}"),
+          "force": (bool, "True or False"),
+          "progress": (bool, "True or False")}
+
+
+def _check_types(**args) -> None:
+    for name, value in args.items():
+        types, expected = _TYPES[name]
+        if not isinstance(value, types) or (types is int and isinstance(value, bool)):
+            raise TypeError(f"convert(): {name}={value!r} ({type(value).__name__}); expected {expected}")
+
+
+def _write_atomically(src: Path, dst: Path, force: bool, plan: _Plan, cfg: formats.PackedConfig, kind, report,
                       progress: bool) -> None:
-    """Write into a hidden sibling of DST and rename it into place; on any failure remove it and
-    the parent directories made for it, and name DST (not the sibling) in write errors."""
-    tmp = dst.parent / f".{dst.name}.partial-{uuid.uuid4().hex[:8]}"
-    new_parents = [p for p in tmp.parents if not p.exists()]  # made here, removed again on failure
+    """Write into a hidden sibling of DST, verify it, and move it into place (destination.py);
+    on any failure or signal remove it and the parent directories made for it, and name DST (not
+    the sibling) in write errors."""
+    target = Destination(src, dst, force)  # refuses a DST that is, holds or lies in SRC
+    with Interrupts() as interrupts:
+        try:
+            with target:
+                _write(src, target.partial, plan, cfg, kind, report, progress)
+                _verify_partial(target.partial, dst)
+                interrupts.defer()  # from here a signal waits: DST is complete or untouched, never half
+                target.commit()
+        except OSError as e:
+            if e.filename is not None and target.owns(Path(os.fsdecode(e.filename))):
+                raise OutputError(e.errno, f"cannot write {dst}: {e.strerror} (nothing was left behind; "
+                                           f"choose a writable directory with enough free space)") from e
+            raise
+
+
+def _verify_partial(partial: Path, dst: Path) -> None:
+    """Run ``verify`` on the finished output before it becomes DST: a checkpoint that fails it
+    is never committed. Messages name DST, not the hidden directory."""
+    def as_dst(text: str) -> str:
+        return text.replace(str(partial), str(dst))
+
     try:
-        tmp.mkdir(parents=True)
-        _write(src, tmp, plan, cfg, kind, report, progress)
-        _commit(tmp, dst)
-    except BaseException as e:
-        shutil.rmtree(tmp, ignore_errors=True)
-        for p in new_parents:  # nearest first; stops at the first that is not empty
-            try:
-                p.rmdir()
-            except OSError:
-                break
-        if isinstance(e, OSError) and _is_output_path(e.filename, tmp, dst):
-            raise OutputError(e.errno, f"cannot write {dst}: {e.strerror} (nothing was left behind; "
-                                       f"choose a writable directory with enough free space)") from e
-        raise
-
-
-def _is_output_path(filename, tmp: Path, dst: Path) -> bool:
-    """Whether an OSError's file is the output's (the partial directory, its files, the parents
-    made for it, DST) rather than a source file's."""
-    if filename is None:
-        return False
-    path, tmp = Path(os.fsdecode(filename)).resolve(), tmp.resolve()
-    return path in (tmp, dst.resolve()) or tmp in path.parents or path in tmp.parents
+        checked = verify(partial)
+    except (FormatError, sio.CheckpointError) as e:
+        raise type(e)(as_dst(str(e))) from None
+    if not checked.ok:
+        problems = "; ".join(as_dst(str(v)) for v in checked.violations)
+        raise FormatError(f"{dst}: the converted checkpoint fails verify, so nothing was written: {problems} "
+                          f"(a source value the packed format cannot hold, or a bug in swiglu-fused: please "
+                          f"report it with this message)")
 
 
 class OutputError(OSError):
@@ -297,10 +353,34 @@ def _write(src: Path, tmp: Path, plan: _Plan, cfg: formats.PackedConfig, kind, r
         missing = ", ".join(sorted(packer.waiting))
         raise FormatError(f"{src}: incomplete MLPs (gate, up or down never appeared): {missing}")
     report.dropped.sort()
-    _write_side_files(src, tmp, plan, cfg, weight_map)
+    renamed = _consecutive_names(list(dict.fromkeys(weight_map.values())))
+    for old, new in renamed.items():  # through temporary names: no new name may land on an old one
+        os.rename(tmp / old, tmp / f".{new}.renaming")
+    for new in renamed.values():
+        os.rename(tmp / f".{new}.renaming", tmp / new)
+    weight_map = {n: renamed.get(f, f) for n, f in weight_map.items()}
+    report.left_out = _write_side_files(src, tmp, plan, cfg, weight_map)
 
 
-def _write_side_files(src: Path, tmp: Path, plan: _Plan, cfg: formats.PackedConfig, weight_map: dict) -> None:
+_SHARD_NAME = re.compile(r"(?P<stem>.+)-(?P<number>[0-9]+)-of-(?P<total>[0-9]+)\.safetensors")
+
+
+def _consecutive_names(names: list[str]) -> dict[str, str]:
+    """Old → new names of the output shards (in order) where sharded names would skip numbers:
+    a source shard that held only halves waiting for their partner became no output shard, so
+    ``model-00002-of-00004`` must become ``model-00002-of-00003`` and so on. Names that do not
+    follow the ``STEM-NNNNN-of-NNNNN.safetensors`` pattern stay as they are."""
+    matches = [_SHARD_NAME.fullmatch(n) for n in names]
+    if not names or not all(matches) or len({(m["stem"], len(m["total"])) for m in matches}) != 1:
+        return {}
+    width, total = len(matches[0]["total"]), len(names)
+    new = {n: f"{m['stem']}-{i:0{width}d}-of-{total:0{width}d}.safetensors"
+           for i, (n, m) in enumerate(zip(names, matches), 1)}
+    return {old: name for old, name in new.items() if old != name}
+
+
+def _write_side_files(src: Path, tmp: Path, plan: _Plan, cfg: formats.PackedConfig,
+                      weight_map: dict) -> list[tuple[str, str]]:
     config = dict(plan.config)
     config["quantization_config"] = cfg.to_dict()
     (tmp / formats.CONFIG_FILE).write_text(json.dumps(config, indent=2) + "\n")
@@ -309,27 +389,7 @@ def _write_side_files(src: Path, tmp: Path, plan: _Plan, cfg: formats.PackedConf
         total = sum(sio.read_header(tmp / f).data_bytes for f in sorted(set(weight_map.values())))
         body = {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}
         (tmp / index.name).write_text(json.dumps(body, indent=2) + "\n")
-    skip = {formats.CONFIG_FILE, "hf_quant_config.json"} | {p.name for p in plan.files}
-    if index is not None:
-        skip.add(index.name)
-    for item in sorted(src.iterdir()):
-        if item.name in skip or item.name.startswith("."):
-            continue
-        if item.is_dir():
-            shutil.copytree(item, tmp / item.name)
-        else:
-            shutil.copyfile(item, tmp / item.name)
-
-
-def _commit(tmp: Path, dst: Path) -> None:
-    """Move the finished directory into place; an existing dst (force) is removed only after."""
-    if dst.exists():
-        old = dst.parent / f".{dst.name}.old-{uuid.uuid4().hex[:8]}"
-        os.rename(dst, old)
-        os.rename(tmp, dst)
-        if old.is_dir() and not old.is_symlink():
-            shutil.rmtree(old, ignore_errors=True)
-        else:  # --force over a file (or a link): rmtree would leave it
-            old.unlink(missing_ok=True)
-    else:
-        os.rename(tmp, dst)
+    copy, left_out = side_files(src, plan.files, index)  # weight files, links out of SRC, directories: left out
+    for item in copy:
+        shutil.copyfile(item, tmp / item.name)
+    return left_out

@@ -5,7 +5,7 @@ compressed-tensors NVFP4, ModelOpt NVFP4). When the target format is the source'
 only moved (rows interleaved, scales with them): bit-exact. Otherwise the weight is dequantized
 to fp32 and quantized afresh.
 
-    source gate [I, K]  ─┐                        ┌─ gate_up_proj.*  [2I, K] (interleaved, g)
+    source gate [I, K]  ─┐                        ┌─ gate_up_interleaved.* [2I, K] (interleaved, g)
     source up   [I, K]  ─┼─ same format? repack ──┤
     (or fused [2I, K] ───┘   else dequant→quant   └─ down_proj.*     [H, I]
      halves [gate; up])
@@ -49,39 +49,71 @@ class Projection:
 
 
 def read_projection(get: Callable[[str], torch.Tensor | None], prefix: str) -> Projection:
-    """Detect a projection's format from the tensors it has and collect them."""
+    """Detect a projection's format from the tensors it has, check them (shapes, dtypes and the
+    values ``value_problem`` refuses) and collect them; FormatError names the source tensor."""
     def t(suffix):
         return get(f"{prefix}.{suffix}")
 
     if t("bias") is not None:
         raise FormatError(f"{prefix}.bias: gated MLPs with a bias are not supported by the packed format")
     if t("weight_packed") is not None:  # compressed-tensors nvfp4-pack-quantized
-        gs = t("weight_global_scale")
-        if gs is None or t("weight_scale") is None:
-            raise FormatError(f"{prefix}: NVFP4 weight_packed without weight_scale / weight_global_scale")
-        tensors = {"weight_packed": t("weight_packed"), "weight_scale": t("weight_scale"),
-                   "weight_global_scale": gs.float().reshape(1)}
-        return Projection("nvfp4", tensors, prefix, "divisor", _present(t, "input_global_scale", prefix))
+        return _read_nvfp4(t, prefix, {"weight_packed": "weight_packed", "weight_scale": "weight_scale",
+                                       "weight_global_scale": "weight_global_scale"},
+                           "divisor", _present(t, "input_global_scale", prefix))
     w = t("weight")
     if w is None:
         raise FormatError(f"{prefix}.weight: missing from the checkpoint")
     if w.dtype == torch.uint8 and t("weight_scale_2") is not None:  # ModelOpt NVFP4
-        tensors = {"weight_packed": w, "weight_scale": t("weight_scale"),
-                   "weight_global_scale": t("weight_scale_2").float().reshape(1)}
-        return Projection("nvfp4", tensors, prefix, "multiplier", _present(t, "input_scale", prefix))
+        return _read_nvfp4(t, prefix, {"weight_packed": "weight", "weight_scale": "weight_scale",
+                                       "weight_global_scale": "weight_scale_2"},
+                           "multiplier", _present(t, "input_scale", prefix))
     if w.dtype == quant.FP8_DTYPE:
         s = t("weight_scale_inv")
         if s is None:
             raise FormatError(f"{prefix}.weight_scale_inv: an e4m3 weight without its block scales "
                               "(only fine-grained FP8 with weight_block_size [128, 128] is supported)")
+        if w.dim() != 2:
+            raise FormatError(f"{prefix}.weight: expected a 2-D e4m3 weight, found shape {list(w.shape)}")
+        if not s.is_floating_point():
+            raise FormatError(f"{prefix}.weight_scale_inv: expected floating-point block scales "
+                              f"(float32, bfloat16 or float8_e8m0fnu), found {s.dtype}")
         _check_fp8_grid(prefix, w, s)
+        _refuse_bad_values(prefix, {"weight": ("weight", w), "weight_scale_inv": ("weight_scale_inv", s)}, None)
         # e8m0 scales are powers of two: exact in fp32.
         return Projection("fp8_block128", {"weight": w, "weight_scale_inv": s.float()}, prefix,
                           dropped=_present(t, "activation_scale", prefix))
     if not w.dtype.is_floating_point or w.dim() != 2:
         raise FormatError(f"{prefix}.weight: expected a 2-D floating-point or quantized weight, "
                           f"found {w.dtype} {list(w.shape)}")
+    _refuse_bad_values(prefix, {"weight": ("weight", w)}, None)
     return Projection(DENSE, {"weight": w}, prefix)
+
+
+def _read_nvfp4(t, prefix: str, names: dict[str, str], kind: str, dropped: list[str]) -> Projection:
+    """An NVFP4 projection whose tensors are called ``names`` (our suffix → the producer's)."""
+    got = {ours: t(theirs) for ours, theirs in names.items()}
+    missing = [f"{prefix}.{names[k]}" for k, v in got.items() if v is None]
+    if missing:
+        raise FormatError(f"{prefix}.{names['weight_packed']}: an NVFP4 weight without {' and '.join(missing)}")
+    packed, scale, gs = got["weight_packed"], got["weight_scale"], got["weight_global_scale"]
+    if packed.dtype != torch.uint8 or packed.dim() != 2:
+        raise FormatError(f"{prefix}.{names['weight_packed']}: expected a 2-D uint8 tensor of packed e2m1 codes, "
+                          f"found {packed.dtype} {list(packed.shape)}")
+    rows, cols = packed.shape[0], 2 * packed.shape[1]
+    expected = [rows, formats.cdiv(cols, formats.NVFP4_GROUP)]
+    if scale.dtype != quant.FP8_DTYPE or list(scale.shape) != expected:
+        raise FormatError(
+            f"{prefix}.{names['weight_scale']}: expected float8_e4m3fn {expected} (one scale per "
+            f"{formats.NVFP4_GROUP} of the {cols} columns of each of the {rows} rows), found {scale.dtype} "
+            f"{list(scale.shape)}; only NVFP4 with groups of {formats.NVFP4_GROUP} is supported")
+    if gs.numel() != 1 or not gs.is_floating_point():
+        raise FormatError(
+            f"{prefix}.{names['weight_global_scale']}: a source projection has exactly one per-tensor global "
+            f"scale, found {gs.dtype} of shape {list(gs.shape)} ({gs.numel()} elements); re-export the "
+            "checkpoint with one floating-point global scale per projection")
+    _refuse_bad_values(prefix, {k: (names[k], v) for k, v in got.items()}, kind)
+    tensors = {"weight_packed": packed, "weight_scale": scale, "weight_global_scale": gs.float().reshape(1)}
+    return Projection("nvfp4", tensors, prefix, kind, dropped)
 
 
 def _present(t, suffix: str, prefix: str) -> list[str]:
@@ -94,6 +126,81 @@ def _check_fp8_grid(prefix: str, w: torch.Tensor, s: torch.Tensor) -> None:
         raise FormatError(
             f"{prefix}.weight_scale_inv: grid {list(s.shape)} does not match 128x128 blocks of a "
             f"{list(w.shape)} weight (expected {list(expected)}); only weight_block_size [128, 128] is supported")
+
+
+def _refuse_bad_values(prefix: str, tensors: dict[str, tuple[str, torch.Tensor]], kind: str | None) -> None:
+    """FormatError naming the first source tensor whose values ``value_problem`` refuses."""
+    for suffix, (theirs, tensor) in tensors.items():
+        problem = value_problem(suffix, tensor, kind)
+        if problem:
+            raise FormatError(f"{prefix}.{theirs}: {problem}; the source checkpoint is damaged or was "
+                              "quantized wrongly: repair or re-export it")
+
+
+# ---------------------------------------------------------------- values
+# The values convert refuses in a source projection and verify reports in a packed one: the same
+# rules (this function), so that whatever verify checks, convert guarantees.
+#
+#   tensor                              refused                                  accepted
+#   weight (dense, or e4m3)             NaN, ±inf (e4m3: codes 0x7F, 0xFF)       anything else
+#   weight_packed (e2m1 codes)          -                                        every code is a number
+#   weight_scale (nvfp4 blocks of 16)   NaN, negative                            0: an all-zero block (a
+#   weight_scale_inv (fp8 128x128)      NaN, ±inf, negative, so large that        pruned region) dequantizes
+#                                       448 · s overflows fp32                     to exact zeros
+#   weight_global_scale (per tensor)    NaN, ±inf, 0, negative, so small (divisor) or large (multiplier)
+#                                       that 6 · 448 overflows fp32 at dequantization
+_FP32_MAX = torch.finfo(torch.float32).max
+_NVFP4_TOP = quant.E2M1_MAX * quant.FP8_MAX  # the largest |code · block scale|
+
+
+def value_problem(suffix: str, t: torch.Tensor, kind: str | None = None) -> str | None:
+    """Why the values of one projection tensor (``suffix`` as in formats.WeightFormat.tensors; source
+    or packed) would poison the outputs they touch, or None. ``kind`` is the nvfp4 global scale's
+    (divisor / multiplier)."""
+    if t.numel() == 0 or suffix == "weight_packed":
+        return None
+    if suffix == "weight_global_scale":
+        return _global_scale_problem(t, kind)
+    if t.dtype == quant.FP8_DTYPE:  # e4m3fn has no inf: 0x7F and 0xFF are its NaNs, 0x80 is -0
+        b = t.view(torch.uint8)
+        bad = (b == 0x7F) | (b > 0x80) if suffix == "weight_scale" else (b & 0x7F) == 0x7F
+    elif suffix == "weight":
+        bad = ~torch.isfinite(t if t.dtype in (torch.float32, torch.bfloat16, torch.float16) else t.float())
+    else:  # scales: small, read as fp32
+        x = t.float()
+        bad = ~torch.isfinite(x) | (x < 0)
+        if suffix == "weight_scale_inv":
+            bad |= x > _FP32_MAX / quant.FP8_MAX
+    if not bad.any():
+        return None
+    flat = bad.reshape(-1)
+    first = int(flat.to(torch.uint8).argmax())
+    at = list(torch.unravel_index(torch.tensor(first), tuple(t.shape))) if t.dim() > 1 else [first]
+    value = t.reshape(-1)[first].float().item()
+    what = ("values are NaN or infinite" if suffix == "weight" else
+            "scales are NaN or negative" if suffix == "weight_scale" else
+            f"scales are NaN, infinite, negative or above {_FP32_MAX / quant.FP8_MAX:.3g} (448 times it overflows fp32)")
+    return f"{int(flat.sum())} of {t.numel()} {what} (first at {[int(i) for i in at]}: {value})"
+
+
+def _global_scale_problem(t: torch.Tensor, kind: str | None) -> str | None:
+    values = t.float().reshape(-1).tolist()
+    for i, v in enumerate(values):
+        which = f" ({('gate', 'up')[i]})" if len(values) == 2 else ""
+        role = "multiplies" if kind == "multiplier" else "divides"
+        head = f"global scale{which} is {v}"
+        if v != v or v in (float("inf"), float("-inf")):
+            return f"{head}: every weight it scales becomes NaN or infinite"
+        if v == 0:
+            return (f"{head}: it multiplies every weight of the projection to 0" if kind == "multiplier" else
+                    f"{head}: it divides every weight of the projection, giving inf/NaN at run time")
+        if v < 0:
+            return f"{head}: negative; it {role} every weight of the projection and must be > 0"
+        top = _NVFP4_TOP * v if kind == "multiplier" else _NVFP4_TOP / v
+        if top > _FP32_MAX:
+            return (f"{head}: {'too large' if kind == 'multiplier' else 'too small'}; the largest code "
+                    f"dequantizes to {top:.3g}, beyond fp32 (inf at run time)")
+    return None
 
 
 def split_fused(p: Projection) -> tuple[Projection, Projection]:
@@ -128,7 +235,16 @@ def dequantize(p: Projection) -> torch.Tensor:
 def quantize(w: torch.Tensor, fmt: str, name: str, kind: str | None = None) -> Projection:
     """A dense weight → a Projection in ``fmt`` (nvfp4 global scale stored as ``kind``)."""
     if fmt == "bf16":
-        return Projection("bf16", {"weight": w.to(torch.bfloat16)}, name)
+        out = w.to(torch.bfloat16)
+        over = ~torch.isfinite(out)
+        if over.any():  # finite fp32 beyond bfloat16's largest value rounds to inf
+            raise FormatError(f"{name}: {int(over.sum())} of {w.numel()} weights exceed bfloat16's range (largest "
+                              f"{torch.finfo(torch.bfloat16).max:.3g}); choose --format fp8_block128 or nvfp4, "
+                              "which scale each block")
+        return Projection("bf16", {"weight": out}, name)
+    if fmt == "nvfp4" and w.shape[1] % 2:
+        raise FormatError(f"{name}: nvfp4 packs two values per byte, so it needs an even number of columns; "
+                          f"this projection has {w.shape[1]} (choose --format fp8_block128 or bf16)")
     if fmt == "fp8_block128":
         q, s = quant.quantize_fp8_block(w)
         return Projection(fmt, {"weight": q, "weight_scale_inv": s}, name)

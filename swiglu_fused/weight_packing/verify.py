@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
+from safetensors import safe_open
 
 from .. import formats
 from . import adapters, pack
@@ -18,7 +19,7 @@ from .packed import PackedCheckpoint
 class Check:
     module: str
     projection: str  # "gate", "up" or "down"
-    mode: str  # "bit-exact", "within bound", or "shape" (packed and source shapes differ)
+    mode: str  # "bit-exact", "within bound", "shape" (packed and source shapes differ) or "non-finite"
     error: float  # relative Frobenius error of the dequantized weights (0 for bit-exact)
     bound: float
     ok: bool
@@ -28,6 +29,8 @@ class Check:
         """Why the check failed, in words."""
         if self.mode == "shape":
             return f"shape differs: {self.detail}"
+        if self.mode == "non-finite":
+            return self.detail
         if self.mode == "bit-exact":
             return "bytes differ from the source's (it should have been moved unchanged)"
         return f"relative error {self.error:.4g} exceeds the format's bound {self.bound}"
@@ -74,17 +77,34 @@ def _compare(module: str, name: str, packed: pack.Projection, source: pack.Proje
                         if k == "weight_scale_inv" else source.tensors[k]) for k in packed.tensors)
         return Check(module, name, "bit-exact", 0.0 if ok else float("nan"), 0.0, ok)
     ref, got = pack.dequantize(source), pack.dequantize(packed)
-    if ref.shape != got.shape:
-        return Check(module, name, "shape", float("nan"), 0.0, False,
-                     f"packed {list(got.shape)}, source {list(ref.shape)} (converted from another model?)")
-    err = ((got - ref).norm() / ref.norm().clamp_min(1e-30)).item()
     bound = formats.ROUNDTRIP_BOUND[fmt]
+    if ref.shape != got.shape:
+        return Check(module, name, "shape", float("nan"), bound, False,
+                     f"packed {list(got.shape)}, source {list(ref.shape)} (converted from another model?)")
+    for side, w in (("packed", got), ("source", ref)):
+        nan, inf = int(w.isnan().sum()), int(w.isinf().sum())
+        if nan or inf:
+            return Check(module, name, "non-finite", float("nan"), bound, False,
+                         f"the {side} weight dequantizes to {nan} NaN and {inf} infinite values (of {w.numel()})")
+    err = _relative_error(got, ref)
     return Check(module, name, "within bound", err, bound, err <= bound)
 
 
+def _relative_error(got: torch.Tensor, ref: torch.Tensor) -> float:
+    """‖got − ref‖ / ‖ref‖ (Frobenius) of finite tensors. Both are divided by their largest
+    magnitude first: squares of 1e30 weights overflow fp32 and squares of 1e-30 ones underflow."""
+    top = torch.maximum(got.abs().amax(), ref.abs().amax())
+    if top == 0:
+        return 0.0
+    got, ref = got / top, ref / top
+    return ((got - ref).norm() / ref.norm()).item()  # ‖ref‖ = 0 with got ≠ 0: inf, a failure
+
+
 def verify(dst: str | Path, against: str | Path | None = None) -> VerifyReport:
-    """Validate ``dst``; with ``against``, also compare every MLP weight with the source checkpoint:
-    bit-exact where bytes were moved, within formats.ROUNDTRIP_BOUND where re-quantized."""
+    """Validate ``dst`` (formats.validate: config, metadata, index, shapes, dtypes, unlisted modules;
+    then the values of every packed tensor, see ``_value_problems``); with ``against``, also compare
+    every MLP weight with the source checkpoint: bit-exact where bytes were moved, within
+    formats.ROUNDTRIP_BOUND where re-quantized."""
     if not Path(dst).is_dir():
         raise FileNotFoundError(f"{dst}: no such directory (DST: a packed checkpoint directory)"
                                 if not Path(dst).exists() else f"{dst}: not a directory")
@@ -92,7 +112,7 @@ def verify(dst: str | Path, against: str | Path | None = None) -> VerifyReport:
     if report.violations:
         return report
     ckpt = PackedCheckpoint(dst)
-    report.violations += _scale_problems(ckpt)
+    report.violations += _value_problems(ckpt)
     if report.violations or against is None:
         return report
     cfg = ckpt.config
@@ -127,22 +147,24 @@ def verify(dst: str | Path, against: str | Path | None = None) -> VerifyReport:
     return report
 
 
-def _scale_problems(ckpt: PackedCheckpoint) -> list[formats.Violation]:
-    """Scales that would poison every output they touch: NaN, ±inf or negative (the headers cannot
-    show these; the scales are a small fraction of the bytes, so they are read)."""
-    fmt = formats.weight_format(ckpt.config.weight_format)
-    suffixes = set(fmt.tensors(1, 1, 1)) - {fmt.weight_name()}  # the format's scale tensors (none for bf16)
+def _value_problems(ckpt: PackedCheckpoint) -> list[formats.Violation]:
+    """Values that would poison every output they touch (pack.value_problem: NaN/inf weights, NaN,
+    infinite or negative scales, zero or out-of-range global scales) in the packed tensors of every
+    listed module. Headers cannot show these, so the data is read: file by file, one tensor at a
+    time, so memory holds one tensor however large the checkpoint."""
+    cfg = ckpt.config
+    suffixes = set(formats.weight_format(cfg.weight_format).tensors(2, 2, 1))
+    projections = {f"{m}.{p}" for m in cfg.modules for p in (formats.GATE_UP, formats.DOWN)}
     out = []
     for f, header in ckpt.headers.items():
-        names = [n for n in header.entries if n.rsplit(".", 1)[-1] in suffixes]
+        names = [n for n in header.entries if n.rsplit(".", 1)[0] in projections and n.rsplit(".", 1)[1] in suffixes]
         if not names:
             continue
-        for name, t in sio.load_file(f, names).items():
-            t = t.float()
-            bad = ~torch.isfinite(t) | (t < 0)
-            if bad.any():
-                out.append(formats.Violation(str(f), name, "values", f"{int(bad.sum())} of {t.numel()} scales are "
-                                             f"NaN, infinite or negative (first: {t[bad][0].item()})"))
+        with safe_open(str(f), framework="pt") as opened:
+            for name in names:
+                problem = pack.value_problem(name.rsplit(".", 1)[1], opened.get_tensor(name), cfg.global_scale_kind)
+                if problem:
+                    out.append(formats.Violation(str(f), name, "values", problem))
     return out
 
 
@@ -157,7 +179,16 @@ class InspectRow:
 
 
 def inspect(dst: str | Path) -> tuple[formats.PackedConfig, list[InspectRow]]:
-    """Per-MLP description of a packed checkpoint, read from headers only."""
+    """Per-MLP description of a packed checkpoint, read from headers only. FormatError if the headers
+    break the format (a module without its tensors, wrong shapes, ...): the table would be wrong."""
+    if not Path(dst).is_dir():
+        raise FileNotFoundError(f"{dst}: no such directory (DST: a packed checkpoint directory)"
+                                if not Path(dst).exists() else f"{dst}: not a directory")
+    problems = formats.validate(dst)
+    if problems:
+        more = f" (and {len(problems) - 1} more problems)" if len(problems) > 1 else ""
+        raise formats.FormatError(f"{dst}: not a valid packed checkpoint: {problems[0]}{more}; "
+                                  f"`swiglu-fused verify {dst}` lists them all")
     ckpt = PackedCheckpoint(dst)
     cfg = ckpt.config
     fmt = formats.weight_format(cfg.weight_format)

@@ -17,7 +17,7 @@ def _mlp(hidden, inter, fmt, seed=0):
 
 
 def _reference(mlp, x):
-    cpu = {k: v.cpu() for k, v in mlp.gate_up_proj.tensors().items()}, {k: v.cpu() for k, v in mlp.down_proj.tensors().items()}
+    cpu = {k: v.cpu() for k, v in mlp.gate_up_interleaved.tensors().items()}, {k: v.cpu() for k, v in mlp.down_proj.tensors().items()}
     return reference.mlp(x.cpu(), *cpu, weight_format=mlp.weight_format, interleave=mlp.interleave,
                          act=mlp.activation, global_scale_kind=mlp.global_scale_kind)
 

@@ -25,6 +25,13 @@ file of this package directory), so an edited kernel never loads a stale binary.
 that is unreadable, fails its checksum or fails to load is ignored with a warning and rebuilt
 (and overwritten). ``SWIGLU_FUSED_DISK_CACHE=0`` turns the disk layer off.
 
+Permissions: an entry is native code linked into the process, so whoever can write the cache can
+run code as its user. Directories this module creates are 0700 and entries 0600 (whatever the
+umask). Before loading or writing, the cache root, ``kernels`` and the entry must be owned by the
+current user and not writable by group or others (a plain file for the entry); if not, the disk
+layer is skipped with one warning per directory: kernels are compiled in-process and nothing is
+written there. A cache meant to be shared between users is therefore not supported.
+
 Measured (benchmarks/startup_compile.py, H100, two fresh processes): the first quant_x + gate_up
 call took 6.28 s compiling both kernels and 4.92 s loading them from disk (0 compilations, output
 checked against the reference). On a 2-core CPU the two kernels take 0.8 s to compile and 0.01 s
@@ -41,6 +48,7 @@ import ctypes
 import hashlib
 import os
 import platform
+import stat
 import tempfile
 import threading
 import warnings
@@ -64,8 +72,10 @@ _modules: list[Any] = []  # loaded ExternalBinaryModules (kept alive with their 
 _source_hash: str | None = None
 _runtime_preloaded = False
 
+_unsafe_warned: set[str] = set()  # cache directories already warned about (once each)
+
 # what this process did, for tests and benchmarks
-stats = {"built": 0, "disk_loads": 0, "disk_writes": 0, "disk_errors": 0}
+stats = {"built": 0, "disk_loads": 0, "disk_writes": 0, "disk_errors": 0, "disk_unsafe": 0}
 
 
 def fake_ptr(dtype: type[cutlass.Numeric], align: int = 16):
@@ -144,9 +154,61 @@ def _warn(msg: str) -> None:
     warnings.warn(f"swiglu_fused compile cache: {msg}", RuntimeWarning, stacklevel=3)
 
 
+def _unsafe(path: Path, entry: bool) -> str | None:
+    """Why ``path`` (an existing cache directory, or an ``entry``) is not safe to load code from or
+    write to, or None: it must be owned by this user and not writable by group or others."""
+    st = os.lstat(path) if entry else os.stat(path)  # an entry must not be a symlink to elsewhere
+    kind = "entry" if entry else "directory"
+    if not (stat.S_ISREG(st.st_mode) if entry else stat.S_ISDIR(st.st_mode)):
+        return f"{kind} {path} is not a {'regular file' if entry else 'directory'}"
+    if hasattr(os, "getuid") and st.st_uid != os.getuid():
+        return f"{kind} {path} is owned by uid {st.st_uid}, not by you (uid {os.getuid()})"
+    if st.st_mode & 0o022:
+        who = {0o022: "group and others", 0o020: "group", 0o002: "others"}[st.st_mode & 0o022]
+        return f"{kind} {path} is writable by {who} (mode {stat.S_IMODE(st.st_mode):o})"
+    return None
+
+
+def _safe_chain(path: Path) -> bool:
+    """The cache root, ``kernels`` and the entry ``path`` (those that exist) are safe; else warn once
+    per directory and return False: load nothing from there, write nothing there."""
+    d = path.parent
+    for p, entry in ((d.parent, False), (d, False), (path, True)):
+        try:
+            why = _unsafe(p, entry) if os.path.lexists(p) else None
+        except OSError as e:
+            why = f"cannot stat {p} ({e.strerror})"
+        if why is not None:
+            stats["disk_unsafe"] += 1
+            if str(d) not in _unsafe_warned:
+                _unsafe_warned.add(str(d))
+                fix = f"delete {p}" if entry else f"make {p} yours and `chmod go-w {p}`"
+                warnings.warn(
+                    f"swiglu_fused compile cache: not using {d}: {why}, so another user could replace the "
+                    f"native code this process would load. Compiling in-process instead, writing nothing there; "
+                    f"fix: {fix}, or set SWIGLU_FUSED_CACHE_DIR to a private directory", RuntimeWarning, stacklevel=4)
+            return False
+    return True
+
+
+def _make_private_dirs(d: Path) -> None:
+    """Create ``d`` and its missing parents with mode 0700, whatever the umask (existing ones are
+    left as they are: _safe_chain judges them)."""
+    missing = []
+    while not os.path.lexists(d):
+        missing.append(d)
+        d = d.parent
+    for p in reversed(missing):
+        try:
+            os.mkdir(p, 0o700)
+        except FileExistsError:  # made meanwhile by another process: judged like any other
+            continue
+        os.chmod(p, 0o700)
+
+
 def _load(family: str, config: Hashable) -> Any | None:
     path = entry_path(family, config)
-    if path is None or not path.exists():
+    if path is None or not path.exists() or not _safe_chain(path):
         return None
     try:
         blob = path.read_bytes()
@@ -183,11 +245,15 @@ def _store(family: str, config: Hashable, fn: Any) -> None:
         return
     try:
         _preload_runtime()
+        if not _safe_chain(path):  # what exists of the chain
+            return
         payload = fn.dump_to_object(_prefix(family, config))
-        path.parent.mkdir(parents=True, exist_ok=True)
+        _make_private_dirs(path.parent)
+        if not _safe_chain(path):  # and what another process may have made meanwhile
+            return
         fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
         try:
-            os.fchmod(fd, 0o644)  # mkstemp makes it 0600; entries are meant to be shareable
+            os.fchmod(fd, 0o600)  # native code: this user's only (mkstemp's 0600, exactly, whatever the umask)
             with os.fdopen(fd, "wb") as f:
                 f.write(MAGIC + hashlib.sha256(payload).digest() + payload)
             os.replace(tmp, path)  # atomic: readers see the old entry, none, or the whole new one

@@ -12,7 +12,14 @@ ADAPTERS: tuple[Adapter, ...] = (llama.ADAPTER, gemma.ADAPTER, phi3.ADAPTER, flu
 
 
 def for_config(config: Mapping, where: str = "config.json") -> Adapter:
-    names = list(config.get("architectures") or []) + [config.get("_class_name")]
+    archs = config.get("architectures") or []
+    if not isinstance(archs, list) or not all(isinstance(a, str) for a in archs):
+        raise FormatError(f"{where}: architectures must be a list of class names (e.g. [\"LlamaForCausalLM\"]), "
+                          f"found {archs!r:.100}")
+    for key in ("_class_name", "model_type"):
+        if config.get(key) is not None and not isinstance(config.get(key), str):
+            raise FormatError(f"{where}: {key} must be a string, found {config.get(key)!r:.100}")
+    names = archs + [config.get("_class_name")]
     for adapter in ADAPTERS:
         if any(n in adapter.architectures for n in names if n):
             return adapter

@@ -26,7 +26,7 @@ _SUFFIX_RE = "|".join(PROJECTION_SUFFIXES)
 class MLPSource:
     """One gated MLP: the packed prefix it gets and the source projections it is made from."""
 
-    module: str  # packed prefix: {module}.gate_up_proj / {module}.down_proj
+    module: str  # packed prefix: {module}.gate_up_interleaved / {module}.down_proj
     gate: str | None  # source projection prefixes (without the tensor suffix)
     up: str | None
     fused: str | None  # a [gate; up] projection, when the family stores one
@@ -60,9 +60,9 @@ class Adapter:
         if value is None:
             return self.default_activation
         table = self.activations or {"silu": "silu", "swish": "silu"}
-        if value not in table:
+        if not isinstance(value, str) or value not in table:
             raise FormatError(
-                f"config.json: {self.activation_key} = {value!r} is not supported for {self.name}; "
+                f"config.json: {self.activation_key} = {value!r:.100} is not supported for {self.name}; "
                 f"supported: {sorted(table)}")
         return table[value]
 
