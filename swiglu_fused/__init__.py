@@ -3,14 +3,15 @@
 Public API:
     convert, verify, inspect           offline checkpoint packing (swiglu_fused.weight_packing)
     FusedSwiGLUMLP                     the gated MLP on packed weights
-    PackedConfig, validate, FORMAT_VERSION, WEIGHT_FORMATS   the packed format (swiglu_fused.formats)
+    PackedConfig, FORMAT_VERSION, WEIGHT_FORMATS   the packed format (swiglu_fused.formats)
+    validate                           a packed directory's headers (swiglu_fused.weight_packing.verify)
 """
 
-from .formats import FORMAT_VERSION, WEIGHT_FORMATS, FormatError, PackedConfig, validate
+from .formats import FORMAT_VERSION, WEIGHT_FORMATS, FormatError, PackedConfig
 from .integrations.transformers import PatchReport, patch_model
 from .layer import FusedSwiGLUMLP
 from .weight_packing.convert import ConvertReport, convert
-from .weight_packing.verify import inspect, verify
+from .weight_packing.verify import inspect, validate, verify
 
 __version__ = "0.1.0"
 

@@ -79,9 +79,9 @@ def _raw_stream(device_index: int) -> int:
 
 
 def _plain_eager(x: torch.Tensor) -> bool:
-    """A call the ops would run directly (ops._direct: not compiling, no dispatch mode, a plain
+    """A call the ops would run directly (ops.runs_directly: not compiling, no dispatch mode, a plain
     tensor that needs no autograd), and no graph capture under way."""
-    return ops._direct(x) and not torch.cuda.is_current_stream_capturing()
+    return ops.runs_directly(x) and not torch.cuda.is_current_stream_capturing()
 
 
 def run(module: torch.nn.Module, x2: torch.Tensor, forward: Callable[[torch.Tensor], torch.Tensor],

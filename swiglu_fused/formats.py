@@ -34,25 +34,27 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Mapping
+from typing import Mapping, TypeVar
 
 import torch
+
+from . import quant
+from .quant import FP8_BLOCK, FP8_DTYPE, FP8_MAX, NVFP4_GROUP, NVFP4_VALUES_PER_BYTE, cdiv  # noqa: F401 (the spec's)
+
+T = TypeVar("T")
 
 FORMAT_VERSION = 2
 QUANT_METHOD = "swiglu_fused"
 METADATA_KEY = "swiglu_fused"  # key of the JSON blob in each safetensors __metadata__
 
-FP8_BLOCK = 128
-NVFP4_GROUP = 16
 DEFAULT_INTERLEAVE = 128
 
 GATE_UP = "gate_up_interleaved"  # not a Linear's name: see the module docstring
 DOWN = "down_proj"
 
-ACTIVATIONS = ("silu", "gelu_tanh")
-H_FORMATS = ("bf16", "fp8_group128")
-GLOBAL_SCALE_KINDS = ("divisor", "multiplier")  # compressed-tensors vs ModelOpt
+# nvfp4's per-tensor scale: compressed-tensors stores a divisor, ModelOpt a multiplier
+DIVISOR, MULTIPLIER = "divisor", "multiplier"
+GLOBAL_SCALE_KINDS = (DIVISOR, MULTIPLIER)
 
 # keys of quantization_config (config.json) and of the __metadata__ blob
 K_QUANT_METHOD = "quant_method"
@@ -65,10 +67,6 @@ K_GLOBAL_SCALE_KIND = "global_scale_kind"
 K_MODULES = "modules"
 K_SOURCE = "source"
 
-# Relative Frobenius error of dequantize(quantize(w)) against w that `verify` accepts for a fresh
-# quantization (random normal weights give 0.0017, 0.027 and 0.095).
-ROUNDTRIP_BOUND = {"bf16": 0.004, "fp8_block128": 0.04, "nvfp4": 0.12}
-
 CONFIG_FILE = "config.json"
 INDEX_FILE = "model.safetensors.index.json"
 SINGLE_FILE = "model.safetensors"
@@ -78,72 +76,259 @@ class FormatError(ValueError):
     """A packed checkpoint, or a request to make one, that this version cannot accept."""
 
 
-def cdiv(a: int, b: int) -> int:
-    return -(-a // b)
+# ---------------------------------------------------------------- registries: activations, h formats
+# The names are registered here; the reference (kernels/reference.py) and the sm90 epilogue
+# (kernels/sm90/epilogue.py) register their implementations against them (tests/test_registry.py
+# checks that the name sets agree), and look them up with ``implementation``.
+ACTIVATIONS = ("silu", "gelu_tanh")
 
 
 @dataclass(frozen=True)
-class WeightFormat:
+class HFormat:
+    """What gate_up writes for down: h's dtype and, when scaled, the columns that share an fp32
+    scale (h_scale [M, ceil(I / scale_group)])."""
+
     name: str
-    h_format: str  # what gate_up writes for the down projection
-    interleave_multiple: int  # g must be a multiple of this (whole 128-row scale blocks)
+    dtype: torch.dtype
+    scale_group: int | None = None
+
+    @property
+    def scaled(self) -> bool:
+        return self.scale_group is not None
+
+
+H_FORMATS: dict[str, HFormat] = {
+    h.name: h for h in (HFormat("bf16", torch.bfloat16), HFormat("fp8_group128", FP8_DTYPE, FP8_BLOCK))
+}
+
+
+def implementation(table: Mapping[str, T], name: str, arg: str, backend: str) -> T:
+    """``table[name]``: one backend's implementation of an activation or h format, with the error a
+    caller can act on (``arg`` is the argument that named it)."""
+    if name in table:
+        return table[name]
+    what, known = ("activation", ACTIVATIONS) if arg == "act" else ("h format", tuple(H_FORMATS))
+    if name not in known:
+        raise ValueError(f"{arg}: unknown {what} {name!r}; expected one of {sorted(known)}")
+    raise ValueError(f"{arg}: no {backend} implementation of {what} {name!r}; it has {sorted(table)}")
+
+
+# ---------------------------------------------------------------- weight formats
+@dataclass(frozen=True)
+class SourceLayout:
+    """How one producer stores a format in its own checkpoints, so that ``pack.read_projection``
+    recognises a projection in it and repacks its bytes. A projection is in this layout when it has
+    the ``marker`` tensor and (if ``weight_dtype`` is set) its ``weight`` tensor has that dtype.
+    ``names`` maps our tensor suffixes to the producer's; ``dropped`` names its tensors that have
+    no place in the packed format (static activation scales: we quantize x per token group)."""
+
+    producer: str
+    marker: str
+    names: Mapping[str, str]
+    global_scale_kind: str | None = None
+    weight: str = "weight"
+    weight_dtype: torch.dtype | None = None
+    dropped: tuple[str, ...] = ()
+
+    def matches(self, get) -> bool:
+        """Whether the projection whose tensors ``get(suffix)`` returns is stored in this layout."""
+        if get(self.marker) is None:
+            return False
+        w = get(self.weight)
+        return self.weight_dtype is None or (w is not None and w.dtype == self.weight_dtype)
+
+
+class WeightFormat:
+    """One packed weight format: its tensors (names, dtypes, shapes), how a weight is quantized to
+    it and dequantized from it, the producers' layouts it repacks from, the h format it feeds to
+    down, and whether the sm90 kernels implement it. One subclass per format, one instance in
+    WEIGHT_FORMATS; everything else asks the instance instead of comparing names."""
+
+    name: str
     description: str
+    h_format: str  # what gate_up writes for the down projection
+    interleave_multiple: int = 1  # g must be a multiple of this (whole 128-row scale blocks)
+    roundtrip_bound: float  # relative Frobenius error of dequantize(quantize(w)) that verify accepts
+    weight_name: str = "weight"  # the tensor that holds the values (rows × stored columns)
+    weight_dtype: torch.dtype
+    values_per_byte: int = 1  # columns of the matrix per stored column of ``weight_name``
+    scale_name: str | None = None  # the per-block scales (ops take them as weight_scale)
+    scale_rows: int = 1  # weight rows per row of the ``scale_name`` tensor (its blocks' height)
+    global_scale_name: str | None = None  # per-tensor scales (ops take them as global_scale)
+    quantizes_x: bool = False  # x is quantized (quant_x) before gate_up
+    sm90_kernels: bool = False  # the sm90 kernels implement it (at g = 128; else the reference runs)
+    sources: tuple[SourceLayout, ...] = ()
+    requantized: str = "quantized"  # what convert's summary says of projections it did not repack
 
     def tensors(self, rows: int, cols: int, halves: int) -> dict[str, tuple[torch.dtype, tuple[int, ...]]]:
         """Tensor suffix → (dtype, shape) for a projection of ``rows`` × ``cols``.
 
         ``halves`` is 2 for gate_up (separate per-tensor scales for gate and up), 1 for down.
         """
-        if self.name == "bf16":
-            return {"weight": (torch.bfloat16, (rows, cols))}
-        if self.name == "fp8_block128":
-            return {
-                "weight": (torch.float8_e4m3fn, (rows, cols)),
-                "weight_scale_inv": (torch.float32, (cdiv(rows, FP8_BLOCK), cdiv(cols, FP8_BLOCK))),
-            }
+        raise NotImplementedError
+
+    def cols_of(self, weight: torch.Tensor) -> int:
+        """The matrix's column count K from its stored ``weight_name`` tensor."""
+        return weight.shape[1] * self.values_per_byte
+
+    def size_problem(self, what: str, n: int) -> str | None:
+        """Why a matrix side of ``n`` (``what``: "I", "hidden size", ...) cannot be stored, or None."""
+        v = self.values_per_byte
+        if n % v:
+            return (f"{what} = {n} is {'odd' if v == 2 else f'not a multiple of {v}'}, and {self.name} packs "
+                    f"{v} values per byte along it")
+        return None
+
+    def has_sm90_kernels(self, interleave: int) -> bool:
+        """Whether forward runs the sm90 kernels for this format at granularity ``interleave``."""
+        return self.sm90_kernels and interleave == FP8_BLOCK
+
+    def quantize(self, w: torch.Tensor, name: str, kind: str | None = None) -> dict[str, torch.Tensor]:
+        """A dense fp32 weight [N, K] → this format's tensors (``kind``: how a per-tensor scale is
+        stored); FormatError names ``name`` when ``w`` cannot be stored."""
+        raise NotImplementedError
+
+    def dequantize(self, tensors: Mapping[str, torch.Tensor], kind: str | None = None) -> torch.Tensor:
+        """This format's tensors → the fp32 weight [N, K]."""
+        raise NotImplementedError
+
+    def __repr__(self) -> str:
+        return f"WeightFormat({self.name!r})"
+
+
+class BF16(WeightFormat):
+    name = "bf16"
+    description = "bf16 weights and activations"
+    h_format = "bf16"
+    roundtrip_bound = 0.004  # random normal weights give 0.0017
+    weight_dtype = torch.bfloat16
+    sm90_kernels = True
+    requantized = "converted to bf16"
+
+    def tensors(self, rows, cols, halves):
+        return {"weight": (torch.bfloat16, (rows, cols))}
+
+    def quantize(self, w, name, kind=None):
+        out = w.to(torch.bfloat16)
+        over = ~torch.isfinite(out)
+        if over.any():  # finite fp32 beyond bfloat16's largest value rounds to inf
+            raise FormatError(f"{name}: {int(over.sum())} of {w.numel()} weights exceed bfloat16's range (largest "
+                              f"{torch.finfo(torch.bfloat16).max:.3g}); choose --format fp8_block128 or nvfp4, "
+                              "which scale each block")
+        return {"weight": out}
+
+    def dequantize(self, tensors, kind=None):
+        return tensors["weight"].float()
+
+
+class FP8Block128(WeightFormat):
+    name = "fp8_block128"
+    description = "e4m3 weights with 128x128 block scales, e4m3 activations per token-group of 128"
+    h_format = "fp8_group128"
+    interleave_multiple = FP8_BLOCK
+    roundtrip_bound = 0.04  # random normal weights give 0.027
+    weight_dtype = FP8_DTYPE
+    scale_name = "weight_scale_inv"
+    scale_rows = FP8_BLOCK
+    quantizes_x = True
+    sm90_kernels = True
+    # transformers' fine-grained FP8 (DeepSeek-V3, Qwen3-FP8)
+    sources = (SourceLayout("transformers fine-grained FP8", "weight",
+                            {"weight": "weight", "weight_scale_inv": "weight_scale_inv"},
+                            weight_dtype=FP8_DTYPE, dropped=("activation_scale",)),)
+
+    def tensors(self, rows, cols, halves):
         return {
-            "weight_packed": (torch.uint8, (rows, cols // 2)),
-            "weight_scale": (torch.float8_e4m3fn, (rows, cdiv(cols, NVFP4_GROUP))),
+            "weight": (FP8_DTYPE, (rows, cols)),
+            "weight_scale_inv": (torch.float32, (cdiv(rows, FP8_BLOCK), cdiv(cols, FP8_BLOCK))),
+        }
+
+    def quantize(self, w, name, kind=None):
+        q, s = quant.quantize_fp8_block(w)
+        return {"weight": q, "weight_scale_inv": s}
+
+    def dequantize(self, tensors, kind=None):
+        return quant.dequantize_fp8_block(tensors["weight"], tensors["weight_scale_inv"])
+
+
+class NVFP4(WeightFormat):
+    name = "nvfp4"
+    description = "e2m1 weights with e4m3 scales per 16 and fp32 per-tensor scales; bf16 activations"
+    h_format = "bf16"
+    roundtrip_bound = 0.12  # random normal weights give 0.095
+    weight_name = "weight_packed"
+    weight_dtype = torch.uint8
+    values_per_byte = NVFP4_VALUES_PER_BYTE
+    scale_name = "weight_scale"
+    global_scale_name = "weight_global_scale"
+    sources = (
+        SourceLayout("compressed-tensors", "weight_packed", {"weight_packed": "weight_packed",
+                     "weight_scale": "weight_scale", "weight_global_scale": "weight_global_scale"},
+                     DIVISOR, weight="weight_packed", dropped=("input_global_scale",)),
+        SourceLayout("ModelOpt", "weight_scale_2", {"weight_packed": "weight", "weight_scale": "weight_scale",
+                     "weight_global_scale": "weight_scale_2"}, MULTIPLIER, weight_dtype=torch.uint8,
+                     dropped=("input_scale",)),
+    )
+
+    def tensors(self, rows, cols, halves):
+        return {
+            "weight_packed": (torch.uint8, (rows, cols // NVFP4_VALUES_PER_BYTE)),
+            "weight_scale": (FP8_DTYPE, (rows, cdiv(cols, NVFP4_GROUP))),
             "weight_global_scale": (torch.float32, (halves,)),
         }
 
-    def weight_name(self) -> str:
-        return "weight_packed" if self.name == "nvfp4" else "weight"
+    def quantize(self, w, name, kind=None):
+        if self.size_problem("K", w.shape[1]):
+            raise FormatError(f"{name}: nvfp4 packs two values per byte, so it needs an even number of columns; "
+                              f"this projection has {w.shape[1]} (choose --format fp8_block128 or bf16)")
+        packed, scale, gs = quant.quantize_nvfp4(w)
+        if kind == MULTIPLIER:
+            gs = 1.0 / gs
+        return {"weight_packed": packed, "weight_scale": scale, "weight_global_scale": gs}
 
-    def cols_of(self, weight: torch.Tensor) -> int:
-        return weight.shape[1] * (2 if self.name == "nvfp4" else 1)
+    def dequantize(self, tensors, kind=None):
+        return quant.dequantize_nvfp4(tensors["weight_packed"], tensors["weight_scale"],
+                                      tensors["weight_global_scale"], divisor=kind != MULTIPLIER)
 
 
-WEIGHT_FORMATS: dict[str, WeightFormat] = {
-    f.name: f
-    for f in (
-        WeightFormat("bf16", "bf16", 1, "bf16 weights and activations"),
-        WeightFormat("fp8_block128", "fp8_group128", FP8_BLOCK,
-                     "e4m3 weights with 128x128 block scales, e4m3 activations per token-group of 128"),
-        WeightFormat("nvfp4", "bf16", 1,
-                     "e2m1 weights with e4m3 scales per 16 and fp32 per-tensor scales; bf16 activations"),
-    )
-}
+WEIGHT_FORMATS: dict[str, WeightFormat] = {f.name: f for f in (BF16(), FP8Block128(), NVFP4())}
+ROUNDTRIP_BOUND = {name: f.roundtrip_bound for name, f in WEIGHT_FORMATS.items()}
 
 
 def weight_format(name: str) -> WeightFormat:
     try:
         return WEIGHT_FORMATS[name]
-    except KeyError:
+    except (KeyError, TypeError):
         raise FormatError(f"unknown weight format {name!r}; expected one of {sorted(WEIGHT_FORMATS)}") from None
+
+
+def format_of_weight(weight: torch.Tensor) -> WeightFormat | None:
+    """The format whose stored weight has this tensor's dtype (the ops tell formats apart by it)."""
+    return next((f for f in WEIGHT_FORMATS.values() if f.weight_dtype == weight.dtype), None)
 
 
 def _is_positive_int(x) -> bool:
     return isinstance(x, int) and not isinstance(x, bool) and x >= 1  # True is an int to Python
 
 
+def interleave_problem(g, fmt: WeightFormat | None = None) -> str | None:
+    """Why ``g`` is no interleave granularity (of format ``fmt``, when given), whatever I is, or None."""
+    if not _is_positive_int(g):
+        return (f"interleave must be a positive integer (a number of rows, e.g. {DEFAULT_INTERLEAVE}), "
+                f"got {type(g).__name__} {g!r:.60}")
+    if fmt is not None and g % fmt.interleave_multiple:
+        return (f"interleave {g} is not a multiple of {fmt.interleave_multiple}, which format {fmt.name} needs "
+                "so that 128-row scale blocks stay whole")
+    return None
+
+
 def intermediate_problem(intermediate: int, fmt: WeightFormat) -> str | None:
     """Why no interleave at all can hold an intermediate size I in this format, or None."""
     if not _is_positive_int(intermediate):
         return f"the intermediate size I must be a positive integer, found {intermediate!r:.60}"
-    if fmt.name == "nvfp4" and intermediate % 2:
-        return (f"I = {intermediate} is odd, and nvfp4 packs two values per byte along down_proj's I columns; "
-                "choose --format fp8_block128 or bf16")
+    problem = fmt.size_problem("I", intermediate)
+    if problem:
+        return f"{problem} (down_proj's columns); choose --format fp8_block128 or bf16"
     if intermediate % fmt.interleave_multiple:
         return (f"I = {intermediate} is not a multiple of {fmt.interleave_multiple}, which format {fmt.name} "
                 "needs for whole 128-row scale blocks; choose --format bf16 or nvfp4")
@@ -172,17 +357,16 @@ def check_interleave(intermediate: int, g: int, fmt: WeightFormat, where: str = 
     """Raise FormatError when (I, g, format) are incompatible, naming a g that works when one does
     (every g suggested here passes this check)."""
     at = f"{where}: " if where else ""
-    if not _is_positive_int(g):
-        raise FormatError(f"{at}interleave must be a positive integer (a number of rows, e.g. "
-                          f"{DEFAULT_INTERLEAVE}), got {type(g).__name__} {g!r:.60}")
+    problem = interleave_problem(g)
+    if problem:
+        raise FormatError(f"{at}{problem}")
     problem = intermediate_problem(intermediate, fmt)
     if problem:
         raise FormatError(f"{at}no interleave works for format {fmt.name}: {problem}")
     options = " or ".join(map(str, suggest_interleaves(intermediate, fmt)))
-    if g % fmt.interleave_multiple:
-        raise FormatError(
-            f"{at}interleave {g} is not a multiple of {fmt.interleave_multiple}, which format "
-            f"{fmt.name} needs so that 128-row scale blocks stay whole; use --interleave {options}")
+    problem = interleave_problem(g, fmt)
+    if problem:
+        raise FormatError(f"{at}{problem}; use --interleave {options}")
     if intermediate % g:
         raise FormatError(f"{at}intermediate size I = {intermediate} is not a multiple of --interleave {g}; "
                           f"use --interleave {options}")
@@ -266,15 +450,15 @@ def header_problems(d: Mapping, where: str) -> list["Violation"]:
     if fmt not in WEIGHT_FORMATS:
         bad(K_WEIGHT_FORMAT, f"unsupported weight format {fmt!r}; expected one of {sorted(WEIGHT_FORMATS)}")
     g = d.get(K_INTERLEAVE)
-    if not isinstance(g, int) or isinstance(g, bool) or g < 1:
+    if not _is_positive_int(g):
         bad(K_INTERLEAVE, f"must be a positive integer, found {g!r}")
-    elif fmt in WEIGHT_FORMATS and g % WEIGHT_FORMATS[fmt].interleave_multiple:
-        bad(K_INTERLEAVE, f"interleave {g} is not a multiple of {WEIGHT_FORMATS[fmt].interleave_multiple}, "
-                          f"required by format {fmt}")
+    elif fmt in WEIGHT_FORMATS and interleave_problem(g, WEIGHT_FORMATS[fmt]):
+        bad(K_INTERLEAVE, interleave_problem(g, WEIGHT_FORMATS[fmt]))
     if d.get(K_ACTIVATION) not in ACTIVATIONS:
         bad(K_ACTIVATION, f"unsupported activation {d.get(K_ACTIVATION)!r}; expected one of {list(ACTIVATIONS)}")
-    if fmt == "nvfp4" and d.get(K_GLOBAL_SCALE_KIND) not in GLOBAL_SCALE_KINDS:
-        bad(K_GLOBAL_SCALE_KIND, f"nvfp4 needs one of {list(GLOBAL_SCALE_KINDS)}, found {d.get(K_GLOBAL_SCALE_KIND)!r}")
+    if (fmt in WEIGHT_FORMATS and WEIGHT_FORMATS[fmt].global_scale_name
+            and d.get(K_GLOBAL_SCALE_KIND) not in GLOBAL_SCALE_KINDS):
+        bad(K_GLOBAL_SCALE_KIND, f"{fmt} needs one of {list(GLOBAL_SCALE_KINDS)}, found {d.get(K_GLOBAL_SCALE_KIND)!r}")
     modules = d.get(K_MODULES, [])
     if not isinstance(modules, list) or not all(isinstance(m, str) and m for m in modules):
         bad(K_MODULES, f"must be a list of module names (e.g. \"model.layers.0.mlp\"), found {modules!r:.200}")
@@ -303,7 +487,7 @@ def projection_problems(
     tensors: Mapping[str, torch.Tensor], prefix: str, fmt: WeightFormat, halves: int, file_of: Mapping[str, str],
 ) -> tuple[list[Violation], tuple[int, int] | None]:
     """Check one projection's tensors; returns the problems and its (rows, cols) when readable."""
-    wname = f"{prefix}.{fmt.weight_name()}"
+    wname = f"{prefix}.{fmt.weight_name}"
     if wname not in tensors:
         return [Violation(None, wname, None, "missing")], None
     w = tensors[wname]
@@ -334,7 +518,7 @@ def module_problems(
     out = gu + dn
     if gu_shape:
         rows, hidden = gu_shape
-        name = f"{module}.{GATE_UP}.{fmt.weight_name()}"
+        name = f"{module}.{GATE_UP}.{fmt.weight_name}"
         if rows % 2:
             out.append(Violation(file_of.get(name), name, "shape", f"gate_up has an odd number of rows ({rows})"))
         else:
@@ -343,7 +527,7 @@ def module_problems(
             except FormatError as e:
                 out.append(Violation(file_of.get(name), name, K_INTERLEAVE, str(e)))
         if dn_shape and dn_shape != (hidden, rows // 2):
-            dname = f"{module}.{DOWN}.{fmt.weight_name()}"
+            dname = f"{module}.{DOWN}.{fmt.weight_name}"
             out.append(Violation(file_of.get(dname), dname, "shape",
                                  f"down_proj is {list(dn_shape)} but {GATE_UP} implies [H, I] = {[hidden, rows // 2]}"))
     return out
@@ -399,93 +583,4 @@ def unlisted_module_problems(tensors, cfg: PackedConfig, file_of: Mapping[str, s
             out.append(Violation(file_of.get(name), name, K_MODULES,
                                  f"packed MLP {module!r} is not listed in quantization_config.modules, so a "
                                  "loader would leave it randomly initialised; add it to modules or convert again"))
-    return out
-
-
-def validate(path: str | Path) -> list[Violation]:
-    """Every violation found in a packed checkpoint directory (empty list = valid)."""
-    from .weight_packing import safetensors_io as sio  # reading files is packing's business
-
-    path = Path(path)
-    cfg_path = path / CONFIG_FILE
-    if not cfg_path.is_file():
-        return [Violation(str(cfg_path), None, None, "missing config.json")]
-    try:
-        model_config = json.loads(cfg_path.read_text())
-    except (ValueError, RecursionError) as e:  # JSONDecodeError, UnicodeDecodeError; nesting too deep
-        return [Violation(str(cfg_path), None, None, f"not valid JSON ({str(e) or type(e).__name__:.200})")]
-    qcfg = model_config.get("quantization_config") if isinstance(model_config, dict) else None
-    if not isinstance(qcfg, dict):
-        return [Violation(str(cfg_path), None, "quantization_config", "missing: not a swiglu-fused checkpoint")]
-    problems = header_problems(qcfg, str(cfg_path))
-    if problems:
-        return problems
-    cfg = PackedConfig.from_dict(qcfg)
-    try:
-        files = sio.checkpoint_files(path)
-    except sio.CheckpointError as e:
-        return [Violation(str(path), None, None, str(e))]
-    tensors: dict[str, torch.Tensor] = {}
-    file_of: dict[str, str] = {}
-    stored: dict[str, list[str]] = {}  # file name → its tensors (readable files only)
-    out: list[Violation] = []
-    for f in files:
-        try:
-            header = sio.read_header(f)
-        except sio.CheckpointError as e:
-            out.append(Violation(str(f), None, None, str(e)))
-            continue
-        out += file_metadata_problems(header.metadata, cfg, str(f))
-        stored[f.relative_to(path).as_posix()] = list(header.entries)
-        # Meta tensors carry dtype and shape without reading a byte of data.
-        for name, t in header.meta_tensors().items():
-            if name in file_of:
-                out.append(Violation(str(f), name, None, f"also stored in {file_of[name]}: a loader reads only one"))
-            tensors[name] = t
-            file_of[name] = str(f)
-    index = sio.index_file(path)
-    if index is not None:
-        single = path / SINGLE_FILE
-        if single.is_file() and single not in files:  # transformers loads it and ignores the index
-            out.append(Violation(str(single), None, None, f"beside {index.name}: transformers loads this file "
-                                 "instead of the index; remove it"))
-        # other safetensors files the index does not name: loaders never open them (a Mistral
-        # repo's consolidated.safetensors is fine), but they tell where a listed tensor went
-        extra = {}
-        for f in sorted(set(path.glob("*.safetensors")) - set(files)):
-            try:
-                extra[f.name] = list(sio.read_header(f).entries)
-            except sio.CheckpointError:
-                pass
-        out += index_problems(index, sio.index_weight_map(index), stored,
-                              unreadable={f.relative_to(path).as_posix() for f in files} - stored.keys(), extra=extra)
-    out += validate_state_dict(tensors, cfg, file_of)
-    return out
-
-
-def index_problems(index: Path, weight_map: Mapping[str, str], stored: Mapping[str, list[str]],
-                   unreadable: set[str] = set(), extra: Mapping[str, list[str]] = {}) -> list[Violation]:
-    """The index must list every tensor of the files it names, in the file that holds it, and
-    nothing else: a loader reads only what it lists (an unlisted MLP tensor is left randomly
-    initialised) and fails on a listed tensor that no file holds. ``stored``: file → tensors of the
-    files the index names; ``extra``: the same for safetensors files it does not name."""
-    out = []
-    weight_map = {n: Path(f).as_posix() for n, f in weight_map.items()}  # "./a.safetensors" is "a.safetensors"
-    holder = {n: f for f, names in stored.items() for n in names}
-    elsewhere = {n: f for f, names in extra.items() for n in names}
-    for name, f in holder.items():
-        listed = weight_map.get(name)
-        if listed is None:
-            out.append(Violation(str(index), name, "weight_map",
-                                 f"stored in {f} but not listed: loaders will not read it"))
-        elif listed != f:
-            out.append(Violation(str(index), name, "weight_map", f"listed in {listed} but stored in {f}"))
-    for name, f in weight_map.items():
-        if name in holder or f in unreadable:
-            continue
-        if name in elsewhere:
-            out.append(Violation(str(index), name, "weight_map", f"listed in {f} but stored in {elsewhere[name]}, "
-                                                                 "a file the index does not name"))
-        else:
-            out.append(Violation(str(index), name, "weight_map", f"listed in {f}, but no file holds this tensor"))
     return out

@@ -7,9 +7,8 @@ from typing import Mapping
 import torch
 from torch import nn
 
-from . import eager_graphs, formats
+from . import eager_graphs, formats, interleave as il
 from .kernels import ops, reference
-from .weight_packing import pack
 
 
 class _PackedProjection(nn.Module):
@@ -36,11 +35,6 @@ class _PackedProjection(nn.Module):
         return self
 
 
-def _has_sm90_kernels(weight_format: str, interleave: int) -> bool:
-    """Formats the sm90 kernels implement (the others run the reference ops everywhere)."""
-    return weight_format in ("fp8_block128", "bf16") and interleave == formats.FP8_BLOCK
-
-
 class FusedSwiGLUMLP(nn.Module):
     """The gated MLP on packed weights: forward = quant_x → gate_up → down (kernels.ops).
 
@@ -63,12 +57,12 @@ class FusedSwiGLUMLP(nn.Module):
         if problems:
             raise formats.FormatError("FusedSwiGLUMLP: " + "; ".join(str(p).replace("m.", "", 1) for p in problems))
         self.weight_format, self.interleave, self.activation = fmt.name, interleave, activation
-        self.global_scale_kind = global_scale_kind if fmt.name == "nvfp4" else None
+        self.global_scale_kind = global_scale_kind if fmt.global_scale_name else None
         self.gate_up_interleaved = _PackedProjection(gate_up)  # = formats.GATE_UP: state_dict keys are the checkpoint's
         self.down_proj = _PackedProjection(down)
-        w = gate_up[fmt.weight_name()]
+        w = gate_up[fmt.weight_name]
         self.hidden_size, self.intermediate_size = fmt.cols_of(w), w.shape[0] // 2  # (load_state_dict keeps shapes)
-        self.eager_graph_rows = eager_graphs.MAX_ROWS if _has_sm90_kernels(fmt.name, interleave) else 0
+        self.eager_graph_rows = eager_graphs.MAX_ROWS if fmt.has_sm90_kernels(interleave) else 0
 
     @classmethod
     def from_linear(cls, gate: nn.Linear | torch.Tensor, up: nn.Linear | torch.Tensor, down: nn.Linear | torch.Tensor,
@@ -80,12 +74,13 @@ class FusedSwiGLUMLP(nn.Module):
             raise formats.FormatError(f"{', '.join(biased)}: projections with a bias are not supported "
                                       "(the packed format has no bias)")
         # detached: packed buffers must not carry an autograd graph (it would keep the bf16
-        # weights alive and send every call through the dispatcher, see ops._direct)
+        # weights alive and send every call through the dispatcher, see ops.runs_directly)
         w = [(m.weight if isinstance(m, nn.Module) else m).detach() for m in (gate, up, down)]
-        kind = "divisor" if weight_format == "nvfp4" else None
-        g, u, d = (pack.quantize(t.float(), weight_format, name, kind) for t, name in zip(w, ("gate", "up", "down")))
-        formats.check_interleave(w[0].shape[0], interleave, formats.weight_format(weight_format), "FusedSwiGLUMLP")
-        return cls(pack.pack_gate_up(g, u, interleave), d.tensors, weight_format=weight_format,
+        fmt = formats.weight_format(weight_format)
+        kind = formats.DIVISOR if fmt.global_scale_name else None
+        g, u, d = (fmt.quantize(t.float(), name, kind) for t, name in zip(w, ("gate", "up", "down")))
+        formats.check_interleave(w[0].shape[0], interleave, fmt, "FusedSwiGLUMLP")
+        return cls(il.pack_gate_up(g, u, interleave, fmt), d, weight_format=weight_format,
                    interleave=interleave, activation=activation, global_scale_kind=kind)
 
     @classmethod
@@ -95,8 +90,8 @@ class FusedSwiGLUMLP(nn.Module):
         """A module with the right tensors, shapes and dtypes but no values (a loader fills them)."""
         fmt = formats.weight_format(weight_format)
         formats.check_interleave(intermediate, interleave, fmt, "FusedSwiGLUMLP")
-        if fmt.name == "nvfp4" and global_scale_kind is None:
-            global_scale_kind = "divisor"
+        if fmt.global_scale_name and global_scale_kind is None:
+            global_scale_kind = formats.DIVISOR
 
         def make(rows, cols, halves):
             return {k: torch.empty(shape, dtype=dtype, device=device)
@@ -106,7 +101,9 @@ class FusedSwiGLUMLP(nn.Module):
 
     @classmethod
     def from_packed(cls, checkpoint, module: str) -> "FusedSwiGLUMLP":
-        """One MLP of a ``weight_packing.packed.PackedCheckpoint``."""
+        """One MLP of a packed checkpoint: ``checkpoint`` has the checkpoint's ``config``
+        (formats.PackedConfig) and ``module(name)`` → (gate_up tensors, down tensors), as
+        ``weight_packing.packed.PackedCheckpoint`` has (the runtime does not import the packer)."""
         cfg = checkpoint.config
         gate_up, down = checkpoint.module(module)
         return cls(gate_up, down, weight_format=cfg.weight_format, interleave=cfg.interleave,
@@ -116,8 +113,9 @@ class FusedSwiGLUMLP(nn.Module):
     def backend(self) -> str:
         """Where forward runs: "sm90" (the CuTe DSL kernels; down partly on cuBLAS, see ops.down) or
         "reference"."""
-        w = self.gate_up_interleaved.tensors()[formats.weight_format(self.weight_format).weight_name()]
-        kernel_format = _has_sm90_kernels(self.weight_format, self.interleave)
+        fmt = formats.weight_format(self.weight_format)
+        w = self.gate_up_interleaved.tensors()[fmt.weight_name]
+        kernel_format = fmt.has_sm90_kernels(self.interleave)
         return "sm90" if kernel_format and ops.sm90_kernels_usable(w.device) else "reference"
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -145,9 +143,9 @@ class FusedSwiGLUMLP(nn.Module):
             raise ValueError(f"x: last dimension is {x.shape[-1]}, but this MLP's hidden size is {self.hidden_size}")
 
     def _ops_forward(self, x: torch.Tensor) -> torch.Tensor:
-        return reference.mlp(x, self.gate_up_interleaved.tensors(), self.down_proj.tensors(),
-                             weight_format=self.weight_format, interleave=self.interleave, act=self.activation,
-                             global_scale_kind=self.global_scale_kind, ops=ops)
+        return ops.mlp(x, self.gate_up_interleaved.tensors(), self.down_proj.tensors(),
+                       weight_format=self.weight_format, interleave=self.interleave, act=self.activation,
+                       global_scale_kind=self.global_scale_kind)
 
     def extra_repr(self) -> str:
         graphs = ""

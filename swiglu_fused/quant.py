@@ -20,17 +20,22 @@ from __future__ import annotations
 
 import torch
 
-from . import formats
-
+# The one home of the numeric constants every layer uses (formats.py re-exports the block sizes as
+# part of the format spec; the kernels import them from here): this module imports nothing of the
+# package, so formats.py's format classes can quantize with it.
 FP8_DTYPE = torch.float8_e4m3fn
-FP8_MAX = 448.0
+FP8_MAX = 448.0  # largest finite e4m3fn value
 E2M1_MAX = 6.0
+FP8_BLOCK = 128  # fp8 weight blocks are 128x128; x and h are scaled per 128 columns
+NVFP4_GROUP = 16  # nvfp4 weights have one e4m3 scale per 16 columns
+NVFP4_VALUES_PER_BYTE = 2  # two e2m1 codes a byte: a packed nvfp4 weight has cols / 2 bytes a row
 
 # e2m1 magnitudes by 3-bit index; the code's bit 3 is the sign.
 E2M1_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
 
 
 def cdiv(a: int, b: int) -> int:
+    """ceil(a / b) for integers (grid sizes, tile counts)."""
     return -(-a // b)
 
 
@@ -65,7 +70,7 @@ def _expand_grid(scale: torch.Tensor, br: int, bc: int, rows: int, cols: int) ->
 
 
 # ---------------------------------------------------------------- FP8 128×128 weight blocks
-def quantize_fp8_block(w: torch.Tensor, block: int = formats.FP8_BLOCK) -> tuple[torch.Tensor, torch.Tensor]:
+def quantize_fp8_block(w: torch.Tensor, block: int = FP8_BLOCK) -> tuple[torch.Tensor, torch.Tensor]:
     """w [N, K] → (e4m3 [N, K], weight_scale_inv fp32 [ceil(N/b), ceil(K/b)])."""
     n, k = w.shape
     blocks = _blocks(w.float(), block, block)
@@ -78,14 +83,14 @@ def quantize_fp8_block(w: torch.Tensor, block: int = formats.FP8_BLOCK) -> tuple
     return q, (1.0 / scale).float()
 
 
-def dequantize_fp8_block(q: torch.Tensor, scale_inv: torch.Tensor, block: int = formats.FP8_BLOCK) -> torch.Tensor:
+def dequantize_fp8_block(q: torch.Tensor, scale_inv: torch.Tensor, block: int = FP8_BLOCK) -> torch.Tensor:
     """(e4m3 [N, K], multiplier grid) → fp32 [N, K]. Accepts e8m0 scales (exact powers of two)."""
     n, k = q.shape
     return q.float() * _expand_grid(scale_inv.float(), block, block, n, k)
 
 
 # ---------------------------------------------------------------- FP8 per-token groups of 128
-def quantize_fp8_groups(x: torch.Tensor, group: int = formats.FP8_BLOCK) -> tuple[torch.Tensor, torch.Tensor]:
+def quantize_fp8_groups(x: torch.Tensor, group: int = FP8_BLOCK) -> tuple[torch.Tensor, torch.Tensor]:
     """x [M, K] → (e4m3 [M, K], scale fp32 [M, ceil(K/group)]) with s = amax/448 per group."""
     m, k = x.shape
     groups = _blocks(x.float(), 1, group).view(m, -1, group)
@@ -98,7 +103,7 @@ def quantize_fp8_groups(x: torch.Tensor, group: int = formats.FP8_BLOCK) -> tupl
     return q, s
 
 
-def dequantize_fp8_groups(q: torch.Tensor, s: torch.Tensor, group: int = formats.FP8_BLOCK) -> torch.Tensor:
+def dequantize_fp8_groups(q: torch.Tensor, s: torch.Tensor, group: int = FP8_BLOCK) -> torch.Tensor:
     m, k = q.shape
     return q.float() * _expand_grid(s.float(), 1, group, m, k)
 
@@ -128,7 +133,7 @@ def nvfp4_global_scale(w: torch.Tensor) -> torch.Tensor:
 
 
 def quantize_nvfp4(
-    w: torch.Tensor, global_scale: torch.Tensor | None = None, group: int = formats.NVFP4_GROUP
+    w: torch.Tensor, global_scale: torch.Tensor | None = None, group: int = NVFP4_GROUP
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """w [N, K] → (packed uint8 [N, K/2], e4m3 scales [N, ceil(K/16)], divisor global scale [1])."""
     n, k = w.shape
@@ -159,7 +164,7 @@ def unpack_e2m1(packed: torch.Tensor) -> torch.Tensor:
 
 def dequantize_nvfp4(
     packed: torch.Tensor, scale: torch.Tensor, global_scale: torch.Tensor, *, divisor: bool = True,
-    group: int = formats.NVFP4_GROUP,
+    group: int = NVFP4_GROUP,
 ) -> torch.Tensor:
     """→ fp32 [N, K]. ``divisor`` says whether ``global_scale`` divides (compressed-tensors) or
     multiplies (ModelOpt's weight_scale_2)."""

@@ -11,7 +11,7 @@ from swiglu_fused.formats import FormatError
 from swiglu_fused.weight_packing import safetensors_io as sio
 from swiglu_fused.weight_packing.convert import convert
 from swiglu_fused.weight_packing.packed import PackedCheckpoint
-from swiglu_fused.weight_packing.verify import verify
+from swiglu_fused.weight_packing.verify import validate, verify
 
 from conftest import DATA, make_causal_lm
 
@@ -202,7 +202,7 @@ def test_validator_reports_every_violation_with_file_tensor_and_field(tmp_path, 
     tensors["model.layers.1.mlp.gate_up_interleaved.weight_scale_inv"] = torch.ones(6, 2)
     tensors["model.layers.1.mlp.down_proj.weight"] = tensors["model.layers.1.mlp.down_proj.weight"].float()
     sio.write_file(tensors, f, sio.read_header(dst / "model.safetensors").metadata)
-    problems = [str(v) for v in formats.validate(dst)]
+    problems = [str(v) for v in validate(dst)]
     assert "model.layers.0.mlp.down_proj.weight_scale_inv: missing" in problems
     assert any("model.layers.1.mlp.gate_up_interleaved.weight_scale_inv / shape: expected [6, 1], found [6, 2]" in p
                for p in problems)

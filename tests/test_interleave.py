@@ -6,7 +6,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from swiglu_fused.formats import FormatError
-from swiglu_fused.weight_packing import interleave as il
+from swiglu_fused import interleave as il
 from swiglu_fused.weight_packing import pack
 from swiglu_fused import quant
 

@@ -97,8 +97,7 @@ def patch_model(model: nn.Module, weight_format: str = "fp8_block128",
     skipped with their format: packing is not redone from packed weights (load the original model
     to pack it another way)."""
     fmt = formats.weight_format(weight_format)
-    if isinstance(interleave, bool) or not isinstance(interleave, int) or interleave < 1 \
-            or interleave % fmt.interleave_multiple:
+    if formats.interleave_problem(interleave, fmt):
         raise FormatError(f"interleave: {interleave!r} is not a positive multiple of {fmt.interleave_multiple}, "
                           f"which weight_format {weight_format} needs (default {formats.DEFAULT_INTERLEAVE})")
     report = PatchReport()

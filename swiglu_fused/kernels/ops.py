@@ -20,23 +20,27 @@ swap-AB tile (M ≤ 64), where its 64-row tile shares a long K out by stream-K (
 cuBLAS does not take the shape (cuBLAS is as fast or faster there, sm90/down.py beats_cublas);
 cuBLAS (block-scaled ``torch._scaled_mm`` for fp8, a bf16 GEMM for bf16; see cublas.py) runs the
 rest on CUDA, and the reference elsewhere (CPU, nvfp4). Plain eager calls skip the torch.library
-dispatcher (``_direct``); the registered ops run under torch.compile, fake-tensor modes and for
+dispatcher (``runs_directly``); the registered ops run under torch.compile, fake-tensor modes and for
 inputs that require grad.
+
+``mlp`` is the forward of FusedSwiGLUMLP: pipeline.mlp over these three ops.
 """
 
 from __future__ import annotations
 
 import functools
 import os
+import sys
 import warnings
 
 import torch
 
 from .. import formats, quant
-from . import cublas, reference
+from . import cublas, pipeline, reference
 
 FP8 = torch.float8_e4m3fn
 GROUP = formats.FP8_BLOCK
+cdiv = quant.cdiv
 
 # Set SWIGLU_FUSED_DISABLE_KERNELS=1 to force the reference path everywhere (debugging).
 _DISABLED = os.environ.get("SWIGLU_FUSED_DISABLE_KERNELS", "") not in ("", "0")
@@ -94,7 +98,7 @@ def _check_block_scales(weight_scale, n: int, k: int, grid: str) -> None:
     if weight_scale is None:
         raise ValueError(f"weight_scale: an e4m3 weight needs its {grid} block scale grid")
     _check_dtype("weight_scale", weight_scale, (torch.float32, torch.float8_e8m0fnu))
-    _check_shape("weight_scale", weight_scale, (quant.cdiv(n, GROUP), quant.cdiv(k, GROUP)),
+    _check_shape("weight_scale", weight_scale, (cdiv(n, GROUP), cdiv(k, GROUP)),
                  "one multiplier per 128x128 weight block")
 
 
@@ -103,7 +107,7 @@ def _check_group_scales(name: str, a: torch.Tensor, scale, k: int, how: str, wha
     if scale is None:
         raise ValueError(f"{name}_scale: an e4m3 {name} needs its {what}; {how}")
     _check_dtype(f"{name}_scale", scale, (torch.float32,))
-    _check_shape(f"{name}_scale", scale, (a.shape[0], quant.cdiv(k, GROUP)),
+    _check_shape(f"{name}_scale", scale, (a.shape[0], cdiv(k, GROUP)),
                  f"one scale per row per 128 columns of {name}")
 
 
@@ -113,7 +117,8 @@ def _check_nvfp4_scales(weight_scale, global_scale, n: int, k: int) -> None:
         raise ValueError("weight_scale, global_scale: an nvfp4 weight needs its e4m3 scales per 16 columns "
                          "and its fp32 global scale ([1], or [2] for gate and up)")
     _check_dtype("weight_scale", weight_scale, (FP8,))
-    _check_shape("weight_scale", weight_scale, (n, quant.cdiv(k, 16)), "one e4m3 scale per row per 16 columns")
+    _check_shape("weight_scale", weight_scale, (n, cdiv(k, formats.NVFP4_GROUP)),
+                 f"one e4m3 scale per row per {formats.NVFP4_GROUP} columns")
     _check_dtype("global_scale", global_scale, (torch.float32,))
     if global_scale.numel() not in (1, 2):
         raise ValueError(f"global_scale: expected 1 or 2 elements (one, or gate and up), got shape "
@@ -121,7 +126,7 @@ def _check_nvfp4_scales(weight_scale, global_scale, n: int, k: int) -> None:
 
 
 def _check_interleave(interleave) -> None:
-    if isinstance(interleave, bool) or not isinstance(interleave, int) or interleave < 1:
+    if formats.interleave_problem(interleave):
         raise ValueError(f"interleave: expected a positive integer number of rows (default "
                          f"{formats.DEFAULT_INTERLEAVE}), got {interleave!r}")
 
@@ -146,7 +151,7 @@ def _kernel_layout_ok(name: str, t: torch.Tensor, k_multiple: int) -> None:
     if t.shape[-1] % k_multiple:
         raise ValueError(
             f"{name}: the sm90 kernel needs the last dimension to be a multiple of {k_multiple} "
-            f"(16-byte rows), got {t.shape[-1]}; pad it with zeros to {-(-t.shape[-1] // k_multiple) * k_multiple}"
+            f"(16-byte rows), got {t.shape[-1]}; pad it with zeros to {cdiv(t.shape[-1], k_multiple) * k_multiple}"
         )
 
 
@@ -165,12 +170,12 @@ def _rows_16_bytes(op: str, **tensors: torch.Tensor) -> bool:
 def _warn_reference_once(op: str, name: str, cols: int, multiple: int) -> None:
     warnings.warn(f"{op}: {name} has {cols} columns, not a multiple of {multiple} (16-byte rows), so the "
                   f"sm90 kernel cannot run it and the plain-torch reference does, much more slowly; pad "
-                  f"{name}'s last dimension with zeros to {-(-cols // multiple) * multiple} for the kernel",
+                  f"{name}'s last dimension with zeros to {cdiv(cols, multiple) * multiple} for the kernel",
                   stacklevel=4)
 
 
 # ---------------------------------------------------------------- eager fast path
-def _direct(*tensors: torch.Tensor | None) -> bool:
+def runs_directly(*tensors: torch.Tensor | None) -> bool:
     """Whether the wrappers may call the op's implementation directly rather than through
     torch.library's dispatcher: the same function runs either way, but the dispatcher costs about
     40-50 µs of host time per op on torch 2.11 (benchmarks/host_overhead.py), and eager decode is
@@ -202,14 +207,14 @@ _quant_x_op = torch.library.custom_op("swiglu_fused::quant_x", mutates_args=())(
 @_quant_x_op.register_fake
 def _(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     m, k = x.shape
-    return x.new_empty((m, k), dtype=FP8), x.new_empty((m, quant.cdiv(k, GROUP)), dtype=torch.float32)
+    return x.new_empty((m, k), dtype=FP8), x.new_empty((m, cdiv(k, GROUP)), dtype=torch.float32)
 
 
 def quant_x(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """bf16/fp16/fp32 x [M, K] → (e4m3 [M, K], x_scale fp32 [M, ceil(K/128)]), s = amax/448."""
     _check_2d("x", x)
     _check_dtype("x", x, (torch.bfloat16, torch.float16, torch.float32))
-    return (_quant_x_impl if _direct(x) else _quant_x_op)(x)
+    return (_quant_x_impl if runs_directly(x) else _quant_x_op)(x)
 
 
 # ---------------------------------------------------------------- gate_up
@@ -258,9 +263,10 @@ _gate_up_op = torch.library.custom_op("swiglu_fused::gate_up", mutates_args=())(
 @_gate_up_op.register_fake
 def _(x, weight, weight_scale, x_scale, global_scale, interleave, act, h_format):
     m, i = x.shape[0], weight.shape[0] // 2
-    if h_format == "fp8_group128":
-        return x.new_empty((m, i), dtype=FP8), x.new_empty((quant.cdiv(i, GROUP), m), dtype=torch.float32).t()
-    return x.new_empty((m, i), dtype=torch.bfloat16), x.new_empty((m, 0), dtype=torch.float32)
+    hf = formats.H_FORMATS[h_format]
+    if hf.scaled:
+        return x.new_empty((m, i), dtype=hf.dtype), x.new_empty((cdiv(i, hf.scale_group), m), dtype=torch.float32).t()
+    return x.new_empty((m, i), dtype=hf.dtype), x.new_empty((m, 0), dtype=torch.float32)
 
 
 def _validate_gate_up(x, weight, weight_scale, x_scale, global_scale, interleave, act, h_format):
@@ -268,11 +274,11 @@ def _validate_gate_up(x, weight, weight_scale, x_scale, global_scale, interleave
     _check_2d("weight", weight)
     _check_same_device("x", x, weight=weight, weight_scale=weight_scale, x_scale=x_scale, global_scale=global_scale)
     reference.activation(act)  # raises naming act
-    if h_format not in formats.H_FORMATS:
-        raise ValueError(f"h_format: unknown output format {h_format!r}; expected one of {list(formats.H_FORMATS)}")
+    formats.implementation(formats.H_FORMATS, h_format, "h_format", "")  # raises naming h_format
     n, k_w = weight.shape
-    if weight.dtype == torch.uint8:
-        k_w *= 2
+    fmt = formats.format_of_weight(weight)
+    if fmt is not None:
+        k_w = fmt.cols_of(weight)
     if x.shape[1] != k_w:
         raise ValueError(f"x: has {x.shape[1]} columns but weight has K = {k_w}; x must be [M, K] for weight [2I, K]")
     _check_interleave(interleave)
@@ -306,9 +312,9 @@ def gate_up(
     """h = act(x @ gate^T) · (x @ up^T) from the interleaved packed weight [2I, K] (see reference.gate_up);
     an fp8 h's scales come M-major (strides (1, M), module docstring)."""
     _validate_gate_up(x, weight, weight_scale, x_scale, global_scale, interleave, act, h_format)
-    op = _gate_up_impl if _direct(x, weight, weight_scale, x_scale, global_scale) else _gate_up_op
+    op = _gate_up_impl if runs_directly(x, weight, weight_scale, x_scale, global_scale) else _gate_up_op
     h, h_scale = op(x, weight, weight_scale, x_scale, global_scale, interleave, act, h_format)
-    return h, (h_scale if h_format == "fp8_group128" else None)
+    return h, (h_scale if formats.H_FORMATS[h_format].scaled else None)
 
 
 # ---------------------------------------------------------------- down
@@ -368,8 +374,7 @@ def _validate_down(h, weight, weight_scale, h_scale, global_scale, residual, out
                        global_scale=global_scale, residual=residual)
     _check_dtype("h", h, (FP8, torch.bfloat16, torch.float16, torch.float32))
     _check_dtype("weight", weight, (FP8, torch.bfloat16, torch.uint8))
-    n = weight.shape[0]
-    k_w = weight.shape[1] * (2 if weight.dtype == torch.uint8 else 1)
+    n, k_w = weight.shape[0], formats.format_of_weight(weight).cols_of(weight)
     if h.shape[1] != k_w:
         raise ValueError(f"h: has {h.shape[1]} columns but weight has K = {k_w}; h must be [M, I] for weight [H, I]")
     if weight.dtype == FP8:
@@ -400,8 +405,26 @@ def down(
     """y = h @ down^T (+ residual) (see reference.down): the sm90 kernel where it applies, else
     cuBLAS on CUDA, else the reference."""
     _validate_down(h, weight, weight_scale, h_scale, global_scale, residual, out_dtype)
-    op = _down_impl if _direct(h, weight, weight_scale, h_scale, global_scale, residual) else _down_op
+    op = _down_impl if runs_directly(h, weight, weight_scale, h_scale, global_scale, residual) else _down_op
     return op(h, weight, weight_scale, h_scale, global_scale, residual, out_dtype)
+
+
+# ---------------------------------------------------------------- the MLP
+def mlp(
+    x: torch.Tensor,
+    gate_up_tensors,
+    down_tensors,
+    *,
+    weight_format: str,
+    interleave: int = formats.DEFAULT_INTERLEAVE,
+    act: str = "silu",
+    global_scale_kind: str | None = formats.DIVISOR,
+    residual: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """The whole gated MLP on packed tensors, x [..., H] → y [..., H], through these ops (the
+    forward of FusedSwiGLUMLP; reference.mlp is its twin on the reference ops)."""
+    return pipeline.mlp(sys.modules[__name__], x, gate_up_tensors, down_tensors, weight_format=weight_format,
+                        interleave=interleave, act=act, global_scale_kind=global_scale_kind, residual=residual)
 
 
 # ---------------------------------------------------------------- autograd

@@ -7,7 +7,8 @@ the *quantized* operands, so a kernel differs from it only by accumulation order
     gate_up(x, weight, ...)          → h [M, I] (bf16, or e4m3 + h_scale fp32 [M, ceil(I/128)])
     gate_up_epilogue(acc, ...)       → the same h from a given fp32 GEMM result [M, 2I]
     down(h, weight, ...)             → y [M, H] (+ residual)
-    mlp(x, gate_up, down, ...)       → the three in a row, any leading batch dims
+    mlp(x, gate_up, down, ...)       → the three in a row, any leading batch dims (pipeline.mlp
+                                       composed of the reference ops: the twin of ops.mlp)
 
 The operand format follows from the weight's dtype:
     bfloat16       bf16 mainloop: x bf16 (or fp16 / fp32), weight bf16
@@ -24,28 +25,28 @@ from typing import Callable, Mapping
 import torch
 
 from .. import formats, quant
-from ..weight_packing.interleave import deinterleave_rows
+from ..interleave import deinterleave_rows
+from . import pipeline
 
 # ---------------------------------------------------------------- epilogue pieces
+# implementations of the names registered in formats.ACTIVATIONS and formats.H_FORMATS
 ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
     "silu": torch.nn.functional.silu,
     "gelu_tanh": lambda g: torch.nn.functional.gelu(g, approximate="tanh"),
 }
 
+H_STORES: dict[str, Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor | None]]] = {
+    "bf16": lambda h: (h.to(torch.bfloat16), None),
+    "fp8_group128": quant.quantize_fp8_groups,
+}
+
 
 def activation(name: str) -> Callable[[torch.Tensor], torch.Tensor]:
-    try:
-        return ACTIVATIONS[name]
-    except KeyError:
-        raise ValueError(f"act: unknown activation {name!r}; expected one of {sorted(ACTIVATIONS)}") from None
+    return formats.implementation(ACTIVATIONS, name, "act", "reference")
 
 
 def _store_h(h: torch.Tensor, h_format: str) -> tuple[torch.Tensor, torch.Tensor | None]:
-    if h_format == "bf16":
-        return h.to(torch.bfloat16), None
-    if h_format == "fp8_group128":
-        return quant.quantize_fp8_groups(h)
-    raise ValueError(f"h_format: unknown output format {h_format!r}; expected one of {list(formats.H_FORMATS)}")
+    return formats.implementation(H_STORES, h_format, "h_format", "reference")(h)
 
 
 # ---------------------------------------------------------------- operand dequantization
@@ -133,11 +134,7 @@ def down(
     return y.to(out_dtype)
 
 
-def runtime_global_scale(t: torch.Tensor | None, kind: str | None) -> torch.Tensor | None:
-    """Stored nvfp4 per-tensor scales → the multipliers the ops take."""
-    if t is None:
-        return None
-    return 1.0 / t.float() if kind == "divisor" else t.float()
+runtime_global_scale = pipeline.runtime_global_scale  # (its home is pipeline.py)
 
 
 def mlp(
@@ -148,33 +145,10 @@ def mlp(
     weight_format: str,
     interleave: int = formats.DEFAULT_INTERLEAVE,
     act: str = "silu",
-    global_scale_kind: str | None = "divisor",
+    global_scale_kind: str | None = formats.DIVISOR,
     residual: torch.Tensor | None = None,
-    ops=None,
 ) -> torch.Tensor:
-    """The whole gated MLP on packed tensors (keys as in formats.py), x [..., H] → y [..., H].
-
-    ``ops`` supplies quant_x / gate_up / down (default: this module; ``kernels.ops`` dispatches
-    to the sm90 kernels), so the reference and the fast path compose the same three calls.
-    """
-    ops = ops or sys.modules[__name__]
-    fmt = formats.weight_format(weight_format)
-    lead, hidden = x.shape[:-1], x.shape[-1]
-    x2 = x.reshape(-1, hidden)
-    wn = fmt.weight_name()
-
-    def args(t: Mapping[str, torch.Tensor]) -> tuple:
-        scale = t.get("weight_scale_inv", t.get("weight_scale"))
-        return t[wn], scale, runtime_global_scale(t.get("weight_global_scale"), global_scale_kind)
-
-    gw, gscale, ggs = args(gate_up_tensors)
-    x_scale = None
-    if fmt.name == "fp8_block128":
-        x2, x_scale = ops.quant_x(x2.to(torch.bfloat16))
-    else:
-        x2 = x2.to(torch.bfloat16)
-    h, h_scale = ops.gate_up(x2, gw, gscale, x_scale, ggs, interleave=interleave, act=act, h_format=fmt.h_format)
-    dw, dscale, dgs = args(down_tensors)
-    res = None if residual is None else residual.reshape(-1, hidden)
-    y = ops.down(h, dw, dscale, h_scale, dgs, residual=res, out_dtype=x.dtype)
-    return y.reshape(*lead, y.shape[-1])
+    """The whole gated MLP on packed tensors (keys as in formats.py), x [..., H] → y [..., H], with
+    the reference ops: the ground truth of ops.mlp (both are pipeline.mlp)."""
+    return pipeline.mlp(sys.modules[__name__], x, gate_up_tensors, down_tensors, weight_format=weight_format,
+                        interleave=interleave, act=act, global_scale_kind=global_scale_kind, residual=residual)

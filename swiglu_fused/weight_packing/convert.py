@@ -73,7 +73,7 @@ class ConvertReport:
     def summary(self) -> str:
         return (f"wrote {self.dst} ({self.weight_format}, g={self.interleave}, act={self.activation}, "
                 f"adapter={self.adapter}): {len(self.modules)} MLPs, {self.repacked} projections repacked "
-                f"bit-exactly, {self.quantized} {'converted to bf16' if self.weight_format == 'bf16' else 'quantized'}; "
+                f"bit-exactly, {self.quantized} {formats.weight_format(self.weight_format).requantized}; "
                 f"{self.src_bytes / 2**20:.1f} MiB → "
                 f"{self.dst_bytes / 2**20:.1f} MiB" + self._left_out_line())
 
@@ -155,16 +155,24 @@ def _check_mlp_shapes(mlp: adapters.MLPSource, meta, fmt: formats.WeightFormat, 
     down = _rows_cols(meta, mlp.down)
     if down != (hidden, inter):
         raise FormatError(f"{mlp.down} is {list(down)}; expected [{hidden}, {inter}] from its gate/up projections")
-    if fmt.name == "nvfp4" and hidden % 2:
-        raise FormatError(f"{mlp.module}: hidden size {hidden} is odd; nvfp4 packs two values per byte")
+    problem = fmt.size_problem("hidden size", hidden)
+    if problem:
+        raise FormatError(f"{mlp.module}: {problem}")
     formats.check_interleave(inter, g, fmt, mlp.module)
 
 
 def _target_kind(weight_format: str, source_format: str, headers: list[sio.Header]) -> str | None:
-    if weight_format != "nvfp4":
+    """How the packed per-tensor scales are stored: as the source's producer stored them when the
+    source is already in the target format (bit-exact repack), else as a divisor."""
+    fmt = formats.weight_format(weight_format)
+    if not fmt.global_scale_name:
         return None
-    modelopt = any(n.endswith(".weight_scale_2") for h in headers for n in h.entries)
-    return "multiplier" if source_format == "nvfp4" and modelopt else "divisor"
+    if source_format in formats.WEIGHT_FORMATS and formats.weight_format(source_format) is fmt:
+        for layout in fmt.sources:
+            if any(n.endswith(f".{layout.marker}") for h in headers for n in h.entries) \
+                    and layout.global_scale_kind == formats.MULTIPLIER:
+                return formats.MULTIPLIER
+    return formats.DIVISOR
 
 
 class _Packer:

@@ -18,9 +18,8 @@ from typing import Callable
 
 import torch
 
-from .. import formats, quant
+from .. import formats, interleave as il, quant
 from ..formats import FormatError
-from . import interleave as il
 
 DENSE = "dense"
 
@@ -41,11 +40,17 @@ class Projection:
     dropped: list[str] = field(default_factory=list)  # source tensors with no place in the packed format
 
     @property
+    def spec(self) -> formats.WeightFormat | None:
+        """The packed format this projection is in (None: a dense source)."""
+        return formats.WEIGHT_FORMATS.get(self.format)
+
+    @property
     def shape(self) -> tuple[int, int]:
-        if self.format == "nvfp4":
-            r, c = self.tensors["weight_packed"].shape
-            return r, 2 * c
-        return tuple(self.tensors["weight"].shape)
+        fmt = self.spec
+        if fmt is None:
+            return tuple(self.tensors["weight"].shape)
+        w = self.tensors[fmt.weight_name]
+        return w.shape[0], fmt.cols_of(w)
 
 
 def read_projection(get: Callable[[str], torch.Tensor | None], prefix: str) -> Projection:
@@ -56,32 +61,15 @@ def read_projection(get: Callable[[str], torch.Tensor | None], prefix: str) -> P
 
     if t("bias") is not None:
         raise FormatError(f"{prefix}.bias: gated MLPs with a bias are not supported by the packed format")
-    if t("weight_packed") is not None:  # compressed-tensors nvfp4-pack-quantized
-        return _read_nvfp4(t, prefix, {"weight_packed": "weight_packed", "weight_scale": "weight_scale",
-                                       "weight_global_scale": "weight_global_scale"},
-                           "divisor", _present(t, "input_global_scale", prefix))
+    for fmt in formats.WEIGHT_FORMATS.values():  # a producer's quantized layout (formats.SourceLayout)
+        for layout in fmt.sources:
+            if layout.matches(t):
+                dropped = [f"{prefix}.{d}" for d in layout.dropped if t(d) is not None]
+                read = _read_global_scaled if fmt.global_scale_name else _read_block_scaled
+                return read(t, prefix, fmt, layout, dropped)
     w = t("weight")
     if w is None:
         raise FormatError(f"{prefix}.weight: missing from the checkpoint")
-    if w.dtype == torch.uint8 and t("weight_scale_2") is not None:  # ModelOpt NVFP4
-        return _read_nvfp4(t, prefix, {"weight_packed": "weight", "weight_scale": "weight_scale",
-                                       "weight_global_scale": "weight_scale_2"},
-                           "multiplier", _present(t, "input_scale", prefix))
-    if w.dtype == quant.FP8_DTYPE:
-        s = t("weight_scale_inv")
-        if s is None:
-            raise FormatError(f"{prefix}.weight_scale_inv: an e4m3 weight without its block scales "
-                              "(only fine-grained FP8 with weight_block_size [128, 128] is supported)")
-        if w.dim() != 2:
-            raise FormatError(f"{prefix}.weight: expected a 2-D e4m3 weight, found shape {list(w.shape)}")
-        if not s.is_floating_point():
-            raise FormatError(f"{prefix}.weight_scale_inv: expected floating-point block scales "
-                              f"(float32, bfloat16 or float8_e8m0fnu), found {s.dtype}")
-        _check_fp8_grid(prefix, w, s)
-        _refuse_bad_values(prefix, {"weight": ("weight", w), "weight_scale_inv": ("weight_scale_inv", s)}, None)
-        # e8m0 scales are powers of two: exact in fp32.
-        return Projection("fp8_block128", {"weight": w, "weight_scale_inv": s.float()}, prefix,
-                          dropped=_present(t, "activation_scale", prefix))
     if not w.dtype.is_floating_point or w.dim() != 2:
         raise FormatError(f"{prefix}.weight: expected a 2-D floating-point or quantized weight, "
                           f"found {w.dtype} {list(w.shape)}")
@@ -89,8 +77,28 @@ def read_projection(get: Callable[[str], torch.Tensor | None], prefix: str) -> P
     return Projection(DENSE, {"weight": w}, prefix)
 
 
-def _read_nvfp4(t, prefix: str, names: dict[str, str], kind: str, dropped: list[str]) -> Projection:
-    """An NVFP4 projection whose tensors are called ``names`` (our suffix → the producer's)."""
+def _read_block_scaled(t, prefix: str, fmt: formats.WeightFormat, layout: formats.SourceLayout,
+                       dropped: list[str]) -> Projection:
+    """An e4m3 projection with 128x128 block scales (transformers' fine-grained FP8)."""
+    w, s = t(layout.names[fmt.weight_name]), t(layout.names[fmt.scale_name])
+    if s is None:
+        raise FormatError(f"{prefix}.{fmt.scale_name}: an e4m3 weight without its block scales "
+                          "(only fine-grained FP8 with weight_block_size [128, 128] is supported)")
+    if w.dim() != 2:
+        raise FormatError(f"{prefix}.weight: expected a 2-D e4m3 weight, found shape {list(w.shape)}")
+    if not s.is_floating_point():
+        raise FormatError(f"{prefix}.{fmt.scale_name}: expected floating-point block scales "
+                          f"(float32, bfloat16 or float8_e8m0fnu), found {s.dtype}")
+    _check_fp8_grid(prefix, w, s)
+    _refuse_bad_values(prefix, {fmt.weight_name: ("weight", w), fmt.scale_name: (fmt.scale_name, s)}, None)
+    # e8m0 scales are powers of two: exact in fp32.
+    return Projection(fmt.name, {fmt.weight_name: w, fmt.scale_name: s.float()}, prefix, dropped=dropped)
+
+
+def _read_global_scaled(t, prefix: str, fmt: formats.WeightFormat, layout: formats.SourceLayout,
+                        dropped: list[str]) -> Projection:
+    """An NVFP4 projection whose tensors are called ``layout.names`` (our suffix → the producer's)."""
+    names, kind = layout.names, layout.global_scale_kind
     got = {ours: t(theirs) for ours, theirs in names.items()}
     missing = [f"{prefix}.{names[k]}" for k, v in got.items() if v is None]
     if missing:
@@ -99,7 +107,7 @@ def _read_nvfp4(t, prefix: str, names: dict[str, str], kind: str, dropped: list[
     if packed.dtype != torch.uint8 or packed.dim() != 2:
         raise FormatError(f"{prefix}.{names['weight_packed']}: expected a 2-D uint8 tensor of packed e2m1 codes, "
                           f"found {packed.dtype} {list(packed.shape)}")
-    rows, cols = packed.shape[0], 2 * packed.shape[1]
+    rows, cols = packed.shape[0], fmt.cols_of(packed)
     expected = [rows, formats.cdiv(cols, formats.NVFP4_GROUP)]
     if scale.dtype != quant.FP8_DTYPE or list(scale.shape) != expected:
         raise FormatError(
@@ -113,11 +121,7 @@ def _read_nvfp4(t, prefix: str, names: dict[str, str], kind: str, dropped: list[
             "checkpoint with one floating-point global scale per projection")
     _refuse_bad_values(prefix, {k: (names[k], v) for k, v in got.items()}, kind)
     tensors = {"weight_packed": packed, "weight_scale": scale, "weight_global_scale": gs.float().reshape(1)}
-    return Projection("nvfp4", tensors, prefix, kind, dropped)
-
-
-def _present(t, suffix: str, prefix: str) -> list[str]:
-    return [f"{prefix}.{suffix}"] if t(suffix) is not None else []
+    return Projection(fmt.name, tensors, prefix, kind, dropped)
 
 
 def _check_fp8_grid(prefix: str, w: torch.Tensor, s: torch.Tensor) -> None:
@@ -187,18 +191,18 @@ def _global_scale_problem(t: torch.Tensor, kind: str | None) -> str | None:
     values = t.float().reshape(-1).tolist()
     for i, v in enumerate(values):
         which = f" ({('gate', 'up')[i]})" if len(values) == 2 else ""
-        role = "multiplies" if kind == "multiplier" else "divides"
+        role = "multiplies" if kind == formats.MULTIPLIER else "divides"
         head = f"global scale{which} is {v}"
         if v != v or v in (float("inf"), float("-inf")):
             return f"{head}: every weight it scales becomes NaN or infinite"
         if v == 0:
-            return (f"{head}: it multiplies every weight of the projection to 0" if kind == "multiplier" else
+            return (f"{head}: it multiplies every weight of the projection to 0" if kind == formats.MULTIPLIER else
                     f"{head}: it divides every weight of the projection, giving inf/NaN at run time")
         if v < 0:
             return f"{head}: negative; it {role} every weight of the projection and must be > 0"
-        top = _NVFP4_TOP * v if kind == "multiplier" else _NVFP4_TOP / v
+        top = _NVFP4_TOP * v if kind == formats.MULTIPLIER else _NVFP4_TOP / v
         if top > _FP32_MAX:
-            return (f"{head}: {'too large' if kind == 'multiplier' else 'too small'}; the largest code "
+            return (f"{head}: {'too large' if kind == formats.MULTIPLIER else 'too small'}; the largest code "
                     f"dequantizes to {top:.3g}, beyond fp32 (inf at run time)")
     return None
 
@@ -209,57 +213,41 @@ def split_fused(p: Projection) -> tuple[Projection, Projection]:
     if rows % 2:
         raise FormatError(f"{p.name}: a fused [gate; up] projection needs an even row count, found {rows}")
     half = rows // 2
-    if p.format == "fp8_block128" and half % formats.FP8_BLOCK:
-        raise FormatError(f"{p.name}: I = {half} splits a 128-row FP8 block between gate and up")
+    fmt = p.spec
+    block = fmt.scale_rows if fmt else 1
+    if half % block:
+        raise FormatError(f"{p.name}: I = {half} splits a {block}-row scale block of {fmt.name} between gate and up")
     halves = ({}, {})
     for suffix, t in p.tensors.items():
-        if suffix == "weight_global_scale":  # one per-tensor scale shared by both halves
+        if fmt and suffix == fmt.global_scale_name:  # one per-tensor scale shared by both halves
             halves[0][suffix], halves[1][suffix] = t, t
             continue
-        cut = half // formats.FP8_BLOCK if suffix == "weight_scale_inv" else half
+        cut = half // block if fmt and suffix == fmt.scale_name else half
         halves[0][suffix], halves[1][suffix] = t[:cut], t[cut:]
     return (Projection(p.format, halves[0], f"{p.name}[gate]", p.kind, p.dropped),
             Projection(p.format, halves[1], f"{p.name}[up]", p.kind))
 
 
 def dequantize(p: Projection) -> torch.Tensor:
-    if p.format in (DENSE, "bf16"):
-        return p.tensors["weight"].float()
-    if p.format == "fp8_block128":
-        return quant.dequantize_fp8_block(p.tensors["weight"], p.tensors["weight_scale_inv"])
-    t = p.tensors
-    return quant.dequantize_nvfp4(t["weight_packed"], t["weight_scale"], t["weight_global_scale"],
-                                  divisor=p.kind == "divisor")
+    fmt = p.spec
+    return p.tensors["weight"].float() if fmt is None else fmt.dequantize(p.tensors, p.kind)
 
 
 def quantize(w: torch.Tensor, fmt: str, name: str, kind: str | None = None) -> Projection:
-    """A dense weight → a Projection in ``fmt`` (nvfp4 global scale stored as ``kind``)."""
-    if fmt == "bf16":
-        out = w.to(torch.bfloat16)
-        over = ~torch.isfinite(out)
-        if over.any():  # finite fp32 beyond bfloat16's largest value rounds to inf
-            raise FormatError(f"{name}: {int(over.sum())} of {w.numel()} weights exceed bfloat16's range (largest "
-                              f"{torch.finfo(torch.bfloat16).max:.3g}); choose --format fp8_block128 or nvfp4, "
-                              "which scale each block")
-        return Projection("bf16", {"weight": out}, name)
-    if fmt == "nvfp4" and w.shape[1] % 2:
-        raise FormatError(f"{name}: nvfp4 packs two values per byte, so it needs an even number of columns; "
-                          f"this projection has {w.shape[1]} (choose --format fp8_block128 or bf16)")
-    if fmt == "fp8_block128":
-        q, s = quant.quantize_fp8_block(w)
-        return Projection(fmt, {"weight": q, "weight_scale_inv": s}, name)
-    packed, scale, gs = quant.quantize_nvfp4(w)
-    if kind == "multiplier":
-        gs = 1.0 / gs
-    return Projection(fmt, {"weight_packed": packed, "weight_scale": scale, "weight_global_scale": gs},
-                      name, kind or "divisor")
+    """A dense weight → a Projection in ``fmt`` (a per-tensor scale stored as ``kind``, default divisor)."""
+    spec = formats.weight_format(fmt)
+    kind = (kind or formats.DIVISOR) if spec.global_scale_name else None
+    return Projection(spec.name, spec.quantize(w, name, kind), name, kind)
 
 
 def keeps_bytes(p: Projection, fmt: str, kind: str | None) -> bool:
-    """Whether ``p`` is already in ``fmt`` (nvfp4: with the same global-scale kind), so that
-    converting it moves bytes only."""
-    return (p.format == fmt and (fmt != "nvfp4" or p.kind == kind)) or (
-        fmt == "bf16" and p.format == DENSE and p.tensors["weight"].dtype == torch.bfloat16)
+    """Whether ``p`` is already in ``fmt`` (with a per-tensor scale: of the same kind), so that
+    converting it moves bytes only. A dense source is already in a format whose one tensor is its
+    weight, in the weight's dtype (bf16)."""
+    spec = formats.weight_format(fmt)
+    if p.spec is not None:
+        return p.spec is spec and (not spec.global_scale_name or p.kind == kind)
+    return spec.tensors(1, 2, 1).keys() == {"weight"} and p.tensors["weight"].dtype == spec.weight_dtype
 
 
 def to_format(p: Projection, fmt: str, kind: str | None) -> tuple[Projection, bool]:
@@ -274,27 +262,11 @@ def pack_gate_up(gate: Projection, up: Projection, g: int) -> dict[str, torch.Te
     if gate.format != up.format or gate.shape != up.shape:
         raise FormatError(f"{gate.name} and {up.name} differ: {gate.format} {list(gate.shape)} vs "
                           f"{up.format} {list(up.shape)}; gate and up must have the same shape")
-    out = {}
-    for suffix, gt in gate.tensors.items():
-        ut = up.tensors[suffix]
-        if suffix == "weight_global_scale":
-            out[suffix] = torch.cat([gt.reshape(1), ut.reshape(1)]).float()
-        elif suffix == "weight_scale_inv":
-            out[suffix] = il.interleave_block_scales(gt, ut, g)
-        else:
-            out[suffix] = il.interleave_rows(gt, ut, g)
-    return out
+    return il.pack_gate_up(gate.tensors, up.tensors, g, formats.weight_format(gate.format))
 
 
 def unpack_gate_up(tensors: dict[str, torch.Tensor], fmt: str, g: int, kind: str | None = None,
                    ) -> tuple[Projection, Projection]:
     """The inverse of ``pack_gate_up``: packed tensors → gate and up projections."""
-    gate, up = {}, {}
-    for suffix, t in tensors.items():
-        if suffix == "weight_global_scale":
-            gate[suffix], up[suffix] = t[0:1], t[1:2]
-        elif suffix == "weight_scale_inv":
-            gate[suffix], up[suffix] = il.deinterleave_block_scales(t, g)
-        else:
-            gate[suffix], up[suffix] = il.deinterleave_rows(t, g)
+    gate, up = il.unpack_gate_up(tensors, g, formats.weight_format(fmt))
     return Projection(fmt, gate, "gate", kind), Projection(fmt, up, "up", kind)

@@ -1,9 +1,12 @@
-"""Check a packed checkpoint (``verify``) and describe it (``inspect``)."""
+"""Check a packed checkpoint (``verify``, and ``validate`` from its headers alone) and describe it
+(``inspect``). Reading files is packing's business: formats.py checks what it is given."""
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Mapping
 
 import torch
 from safetensors import safe_open
@@ -77,7 +80,7 @@ def _compare(module: str, name: str, packed: pack.Projection, source: pack.Proje
                         if k == "weight_scale_inv" else source.tensors[k]) for k in packed.tensors)
         return Check(module, name, "bit-exact", 0.0 if ok else float("nan"), 0.0, ok)
     ref, got = pack.dequantize(source), pack.dequantize(packed)
-    bound = formats.ROUNDTRIP_BOUND[fmt]
+    bound = formats.weight_format(fmt).roundtrip_bound
     if ref.shape != got.shape:
         return Check(module, name, "shape", float("nan"), bound, False,
                      f"packed {list(got.shape)}, source {list(ref.shape)} (converted from another model?)")
@@ -101,14 +104,14 @@ def _relative_error(got: torch.Tensor, ref: torch.Tensor) -> float:
 
 
 def verify(dst: str | Path, against: str | Path | None = None) -> VerifyReport:
-    """Validate ``dst`` (formats.validate: config, metadata, index, shapes, dtypes, unlisted modules;
+    """Validate ``dst`` (``validate``: config, metadata, index, shapes, dtypes, unlisted modules;
     then the values of every packed tensor, see ``_value_problems``); with ``against``, also compare
     every MLP weight with the source checkpoint: bit-exact where bytes were moved, within
-    formats.ROUNDTRIP_BOUND where re-quantized."""
+    the format's roundtrip_bound where re-quantized."""
     if not Path(dst).is_dir():
         raise FileNotFoundError(f"{dst}: no such directory (DST: a packed checkpoint directory)"
                                 if not Path(dst).exists() else f"{dst}: not a directory")
-    report = VerifyReport(Path(dst), violations=formats.validate(dst))
+    report = VerifyReport(Path(dst), violations=validate(dst))
     if report.violations:
         return report
     ckpt = PackedCheckpoint(dst)
@@ -184,7 +187,7 @@ def inspect(dst: str | Path) -> tuple[formats.PackedConfig, list[InspectRow]]:
     if not Path(dst).is_dir():
         raise FileNotFoundError(f"{dst}: no such directory (DST: a packed checkpoint directory)"
                                 if not Path(dst).exists() else f"{dst}: not a directory")
-    problems = formats.validate(dst)
+    problems = validate(dst)
     if problems:
         more = f" (and {len(problems) - 1} more problems)" if len(problems) > 1 else ""
         raise formats.FormatError(f"{dst}: not a valid packed checkpoint: {problems[0]}{more}; "
@@ -196,8 +199,8 @@ def inspect(dst: str | Path) -> tuple[formats.PackedConfig, list[InspectRow]]:
     rows = []
     for module in cfg.modules:
         def shape(proj):
-            e = entries[f"{module}.{proj}.{fmt.weight_name()}"]
-            return (e.shape[0], e.shape[1] * (2 if fmt.name == "nvfp4" else 1))
+            e = entries[f"{module}.{proj}.{fmt.weight_name}"]
+            return (e.shape[0], e.shape[1] * fmt.values_per_byte)
         nbytes = sum(e.nbytes for n, e in entries.items() if n.startswith(module + "."))
         rows.append(InspectRow(module, cfg.weight_format, cfg.interleave, shape(formats.GATE_UP),
                                shape(formats.DOWN), nbytes))
@@ -218,3 +221,93 @@ def format_table(cfg: formats.PackedConfig, rows: list[InspectRow]) -> str:
     lines += [fmt_row(b) for b in body]
     lines.append(f"{len(rows)} MLPs, {total:,} bytes of MLP weights")
     return "\n".join(lines)
+
+
+# ---------------------------------------------------------------- headers (no tensor data)
+def validate(path: str | Path) -> list[formats.Violation]:
+    """Every violation found in a packed checkpoint directory (empty list = valid): reads the
+    headers (config.json, each shard's __metadata__, the index) and checks them with formats.py's
+    pure checks (``formats.header_problems``, ``formats.file_metadata_problems``, ``formats.validate_state_dict``)."""
+    path = Path(path)
+    cfg_path = path / formats.CONFIG_FILE
+    if not cfg_path.is_file():
+        return [formats.Violation(str(cfg_path), None, None, "missing config.json")]
+    try:
+        model_config = json.loads(cfg_path.read_text())
+    except (ValueError, RecursionError) as e:  # JSONDecodeError, UnicodeDecodeError; nesting too deep
+        return [formats.Violation(str(cfg_path), None, None, f"not valid JSON ({str(e) or type(e).__name__:.200})")]
+    qcfg = model_config.get("quantization_config") if isinstance(model_config, dict) else None
+    if not isinstance(qcfg, dict):
+        return [formats.Violation(str(cfg_path), None, "quantization_config", "missing: not a swiglu-fused checkpoint")]
+    problems = formats.header_problems(qcfg, str(cfg_path))
+    if problems:
+        return problems
+    cfg = formats.PackedConfig.from_dict(qcfg)
+    try:
+        files = sio.checkpoint_files(path)
+    except sio.CheckpointError as e:
+        return [formats.Violation(str(path), None, None, str(e))]
+    tensors: dict[str, torch.Tensor] = {}
+    file_of: dict[str, str] = {}
+    stored: dict[str, list[str]] = {}  # file name → its tensors (readable files only)
+    out: list[formats.Violation] = []
+    for f in files:
+        try:
+            header = sio.read_header(f)
+        except sio.CheckpointError as e:
+            out.append(formats.Violation(str(f), None, None, str(e)))
+            continue
+        out += formats.file_metadata_problems(header.metadata, cfg, str(f))
+        stored[f.relative_to(path).as_posix()] = list(header.entries)
+        # Meta tensors carry dtype and shape without reading a byte of data.
+        for name, t in header.meta_tensors().items():
+            if name in file_of:
+                out.append(formats.Violation(str(f), name, None, f"also stored in {file_of[name]}: a loader reads only one"))
+            tensors[name] = t
+            file_of[name] = str(f)
+    index = sio.index_file(path)
+    if index is not None:
+        single = path / formats.SINGLE_FILE
+        if single.is_file() and single not in files:  # transformers loads it and ignores the index
+            out.append(formats.Violation(str(single), None, None, f"beside {index.name}: transformers loads this file "
+                                 "instead of the index; remove it"))
+        # other safetensors files the index does not name: loaders never open them (a Mistral
+        # repo's consolidated.safetensors is fine), but they tell where a listed tensor went
+        extra = {}
+        for f in sorted(set(path.glob("*.safetensors")) - set(files)):
+            try:
+                extra[f.name] = list(sio.read_header(f).entries)
+            except sio.CheckpointError:
+                pass
+        out += index_problems(index, sio.index_weight_map(index), stored,
+                              unreadable={f.relative_to(path).as_posix() for f in files} - stored.keys(), extra=extra)
+    out += formats.validate_state_dict(tensors, cfg, file_of)
+    return out
+
+
+def index_problems(index: Path, weight_map: Mapping[str, str], stored: Mapping[str, list[str]],
+                   unreadable: set[str] = set(), extra: Mapping[str, list[str]] = {}) -> list[formats.Violation]:
+    """The index must list every tensor of the files it names, in the file that holds it, and
+    nothing else: a loader reads only what it lists (an unlisted MLP tensor is left randomly
+    initialised) and fails on a listed tensor that no file holds. ``stored``: file → tensors of the
+    files the index names; ``extra``: the same for safetensors files it does not name."""
+    out = []
+    weight_map = {n: Path(f).as_posix() for n, f in weight_map.items()}  # "./a.safetensors" is "a.safetensors"
+    holder = {n: f for f, names in stored.items() for n in names}
+    elsewhere = {n: f for f, names in extra.items() for n in names}
+    for name, f in holder.items():
+        listed = weight_map.get(name)
+        if listed is None:
+            out.append(formats.Violation(str(index), name, "weight_map",
+                                 f"stored in {f} but not listed: loaders will not read it"))
+        elif listed != f:
+            out.append(formats.Violation(str(index), name, "weight_map", f"listed in {listed} but stored in {f}"))
+    for name, f in weight_map.items():
+        if name in holder or f in unreadable:
+            continue
+        if name in elsewhere:
+            out.append(formats.Violation(str(index), name, "weight_map", f"listed in {f} but stored in {elsewhere[name]}, "
+                                                                 "a file the index does not name"))
+        else:
+            out.append(formats.Violation(str(index), name, "weight_map", f"listed in {f}, but no file holds this tensor"))
+    return out

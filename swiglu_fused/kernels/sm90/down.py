@@ -25,7 +25,8 @@ import cutlass
 
 from .gemm256 import launch
 from .kernel_host import compile_kernel
-from .tile_config import MAINLOOPS, N_ALIGN, TileConfig
+from ...quant import cdiv
+from .tile_config import BF16_MAINLOOP, FP8_MAINLOOP, MAINLOOPS, N_ALIGN, TileConfig
 
 
 @dataclass(frozen=True)
@@ -76,7 +77,7 @@ def cluster_k_applies(config: DownConfig, m: int, n: int, k: int, sms: int) -> b
 
 def tile_for(m: int, mainloop: str) -> tuple[int, int, bool]:
     """(tile_m, stages, swap_ab) for M rows."""
-    if mainloop == "fp8_block128" and swap_ab_applies(m):
+    if mainloop == FP8_MAINLOOP and swap_ab_applies(m):
         return (*SWAP_TILES[0], True)
     return (64, 5, False) if m <= ROWS_64 else (128, 4, False)
 
@@ -88,7 +89,7 @@ def tile_for(m: int, mainloop: str) -> tuple[int, int, bool]:
 # an H200). The swap-AB tile was level; bf16 down and the 128-row tile were not measured with it.
 def l2_hint_for(tile_m: int, swap_ab: bool, mainloop: str) -> str:
     """TileConfig.l2_hint for down's tile (the rule above)."""
-    return "w_first" if tile_m == 64 and not swap_ab and mainloop == "fp8_block128" else ""
+    return "w_first" if tile_m == 64 and not swap_ab and mainloop == FP8_MAINLOOP else ""
 
 
 def shipped_configs() -> list[DownConfig]:
@@ -98,7 +99,7 @@ def shipped_configs() -> list[DownConfig]:
         for mainloop in MAINLOOPS
         for residual in (False, True)
         for tile_m, stages, swap in [(128, 4, False), (64, 5, False)]
-        + ([(t, s, True) for t, s in SWAP_TILES] if mainloop == "fp8_block128" else [])
+        + ([(t, s, True) for t, s in SWAP_TILES] if mainloop == FP8_MAINLOOP else [])
     ] + [DownConfig(tile_m=SWAP_TILES[0][0], stages=SWAP_TILES[0][1], residual=residual, swap_ab=True, cluster_k=2)
          for residual in (False, True)]  # cluster_k_applies
 
@@ -115,9 +116,9 @@ def select_config(h, weight, weight_scale, h_scale, residual, out_dtype) -> Down
         if (weight_scale is None or h_scale is None or weight_scale.dtype != torch.float32
                 or h_scale.dtype != torch.float32):
             return None
-        mainloop, k_align = "fp8_block128", 16
+        mainloop, k_align = FP8_MAINLOOP, 16
     elif weight.dtype == torch.bfloat16 and h.dtype == torch.bfloat16:
-        mainloop, k_align = "bf16", 8
+        mainloop, k_align = BF16_MAINLOOP, 8
     else:
         return None
     if residual is not None and residual.dtype != torch.bfloat16:
@@ -155,7 +156,7 @@ MAX_M = 4096
 
 def fills_gpu(config: DownConfig, m: int, n: int, sms: int) -> bool:
     """Whether the kernel's ceil(M/tile_m) · ceil(H/256) tiles fill at least MIN_WAVE of the SMs."""
-    tiles = -(-m // config.tile_m) * -(-n // config.tile_n)
+    tiles = cdiv(m, config.tile_m) * cdiv(n, config.tile_n)
     return tiles >= MIN_WAVE * sms
 
 

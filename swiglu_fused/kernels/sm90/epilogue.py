@@ -23,8 +23,9 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Float32
 
+from ... import formats
+from ...quant import FP8_MAX
 from .ptx import cvt_bf16x2, cvt_e4m3x2, div_rn
-from ...quant import FP8_MAX  # (not tile_config: it imports this module)
 
 SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
 
@@ -40,6 +41,7 @@ def gelu_tanh(g: Float32) -> Float32:
     return Float32(0.5) * g * (Float32(1.0) + cute.math.tanh(inner, fastmath=True))
 
 
+# implementations of the names registered in formats.ACTIVATIONS and formats.H_FORMATS
 ACTIVATIONS = {"silu": silu, "gelu_tanh": gelu_tanh}
 
 EPILOGUES = ("swiglu", "linear")
@@ -94,14 +96,8 @@ H_FORMATS = tuple(f.name for f in _FORMATS)
 
 
 def h_format(name: str) -> HFormat:
-    for f in _FORMATS:
-        if f.name == name:
-            return f
-    raise ValueError(f"h_format: no sm90 epilogue for {name!r}; expected one of {H_FORMATS}")
+    return formats.implementation({f.name: f for f in _FORMATS}, name, "h_format", "sm90 epilogue")
 
 
 def activation(name: str):
-    try:
-        return ACTIVATIONS[name]
-    except KeyError:
-        raise ValueError(f"act: no sm90 epilogue for activation {name!r}; expected one of {sorted(ACTIVATIONS)}") from None
+    return formats.implementation(ACTIVATIONS, name, "act", "sm90 epilogue")

@@ -27,7 +27,8 @@ from cutlass import Float32
 from . import epilogue
 from .gemm256 import launch
 from .kernel_host import compile_kernel
-from .tile_config import G, MAINLOOPS, TILE_N_GRANULES, TileConfig
+from ...quant import cdiv
+from .tile_config import BF16_MAINLOOP, FP8_MAINLOOP, G, MAINLOOPS, TILE_N_GRANULES, TileConfig
 
 
 @dataclass(frozen=True)
@@ -102,7 +103,7 @@ def cluster_k_applies(m: int, n: int, sms: int, mainloop: str) -> bool:
 
 def _swap_tiles(m: int, n: int) -> int:
     """Tiles of the swap-AB tile for M rows and N = 2I weight rows."""
-    return -(-m // SWAP_TILES[0][0]) * -(-n // 256)
+    return cdiv(m, SWAP_TILES[0][0]) * cdiv(n, 2 * G)
 
 
 def swap_ab_applies(m: int, n: int, sms: int) -> bool:
@@ -118,7 +119,7 @@ def tile_for(m: int, n: int, sms: int, mainloop: str) -> tuple[int, int, bool]:
     61.3 vs 80.3), except for fp8 up to M = 128 (split64_applies)."""
     if swap_ab_applies(m, n, sms):
         return (*SWAP_TILES[0], True)
-    if m <= DECODE_M or (m <= ONE_WAVE_64_M and -(-m // 64) * -(-n // 256) <= sms):
+    if m <= DECODE_M or (m <= ONE_WAVE_64_M and cdiv(m, 64) * cdiv(n, 2 * G) <= sms):
         return 64, 5, False
     if split64_applies(m, n, sms, mainloop):
         return 64, 5, False
@@ -138,10 +139,10 @@ def granule_tile_n(m: int, n: int, sms: int) -> int | None:
     None where the 256-row tile's rounds are as short: the width whose ⌈tiles / SMs⌉ rounds of
     tile_n / 2 h columns are shortest (the wider one on a tie)."""
     i_cols = n // 2
-    grid_m = -(-m // 128)
+    grid_m = cdiv(m, 128)
 
     def rounds_cost(cols):
-        return -(-grid_m * (i_cols // cols) // sms) * cols
+        return cdiv(grid_m * (i_cols // cols), sms) * cols
 
     best = None
     for tile_n in sorted(TILE_N_GRANULES, reverse=True):
@@ -185,18 +186,18 @@ SPLIT_N_DEEP_TILES = 40
 
 def split_n_applies(tile_m: int, swap_ab: bool, mainloop: str) -> bool:
     """TileConfig.split_n for gate_up's tile: the fp8 mainloop's 64-row tile."""
-    return mainloop == "fp8_block128" and tile_m == 64 and not swap_ab
+    return mainloop == FP8_MAINLOOP and tile_m == 64 and not swap_ab
 
 
 def split_n_deep(n: int) -> bool:
     """Whether N = 2I weight rows have few enough 256-row tiles for the 5-stage split_n tile."""
-    return -(-n // (2 * G)) <= SPLIT_N_DEEP_TILES
+    return cdiv(n, 2 * G) <= SPLIT_N_DEEP_TILES
 
 
 def split_n_pipeline(deep: bool, h_format: str) -> dict:
     """The split_n tile's stages and xacc_parts: 4 stages, or (deep) 5 with the hand-over in parts."""
     if deep:
-        return dict(stages=SPLIT_N_STAGES + 1, xacc_parts=2 if h_format == "fp8_group128" else 4)
+        return dict(stages=SPLIT_N_STAGES + 1, xacc_parts=2 if epilogue.h_format(h_format).scaled else 4)
     return dict(stages=SPLIT_N_STAGES)
 
 
@@ -210,7 +211,7 @@ SPLIT64_M = 128
 def split64_applies(m: int, n: int, sms: int, mainloop: str) -> bool:
     """Whether fp8 gate_up with M rows and N = 2I weight rows takes the 64-row tile (split_n) where
     tile_for's one-wave rule would pick the 128-row one."""
-    return mainloop == "fp8_block128" and m <= SPLIT64_M and -(-n // (2 * G)) <= sms
+    return mainloop == FP8_MAINLOOP and m <= SPLIT64_M and cdiv(n, 2 * G) <= sms
 
 
 # The 64-row tile (M ≤ 256, both mainloops) asks L2 to evict the weight k tiles first
@@ -230,7 +231,7 @@ def l2_hint_for(tile_m: int, swap_ab: bool) -> str:
 
 def smem_scales_apply(tile_m: int, swap_ab: bool, mainloop: str, h_format: str) -> bool:
     """TileConfig.smem_scales for the fp8 128-row tile with fp8 h (bf16 h leaves no smem for it)."""
-    return mainloop == "fp8_block128" and tile_m == 128 and not swap_ab and h_format == "fp8_group128"
+    return mainloop == FP8_MAINLOOP and tile_m == 128 and not swap_ab and epilogue.h_format(h_format).scaled
 
 
 def shipped_configs() -> list[GateUpConfig]:
@@ -251,7 +252,7 @@ def shipped_configs() -> list[GateUpConfig]:
                                                 **pipe))
                 out.append(GateUpConfig(tile_m=SWAP_TILES[0][0], stages=SWAP_TILES[0][1], act=act,  # cluster_k_applies
                                         h_format=h_format, mainloop=mainloop, swap_ab=True, cluster_k=2))
-                if mainloop == "bf16" and h_format == "bf16":  # granule_tile_n
+                if mainloop == BF16_MAINLOOP and not epilogue.h_format(h_format).scaled:  # granule_tile_n
                     out.extend(GateUpConfig(tile_m=128, tile_n=tile_n, stages=4, act=act, h_format=h_format,
                                             mainloop=mainloop) for tile_n in TILE_N_GRANULES)
     return out
@@ -266,9 +267,9 @@ def select_config(x, weight, weight_scale, x_scale, *, act: str, h_format: str) 
     if weight.dtype == torch.float8_e4m3fn and x.dtype == torch.float8_e4m3fn:
         if weight_scale is None or x_scale is None or weight_scale.dtype != torch.float32:
             return None
-        mainloop = "fp8_block128"
+        mainloop = FP8_MAINLOOP
     elif weight.dtype == torch.bfloat16 and x.dtype == torch.bfloat16:
-        mainloop = "bf16"
+        mainloop = BF16_MAINLOOP
     else:
         return None
     if weight.shape[0] % (2 * G):
@@ -281,7 +282,7 @@ def select_config(x, weight, weight_scale, x_scale, *, act: str, h_format: str) 
     if swap and ck == 1 and x.shape[1] >= SWAP_LONG_K:  # (K pairs keep five: measured at 4096 a CTA only)
         stages = SWAP_LONG_K_STAGES
     tile_n = 2 * G
-    if mainloop == "bf16" and h_format == "bf16" and tile_m == 128:
+    if mainloop == BF16_MAINLOOP and not epilogue.h_format(h_format).scaled and tile_m == 128:
         tile_n = granule_tile_n(x.shape[0], weight.shape[0], sms) or tile_n
     split = split_n_applies(tile_m, swap, mainloop)
     pipe = split_n_pipeline(split_n_deep(weight.shape[0]), h_format) if split else dict(stages=stages)

@@ -44,7 +44,7 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Float32
 
-from .tile_config import G
+from .tile_config import BF16_MAINLOOP, G
 
 
 class RowOperands(NamedTuple):
@@ -88,7 +88,7 @@ class MainloopMixin:
         segment; returns the advanced (state, release)."""
         cfg = self.cfg
         # (a W4A16 mainloop: one more name here, and its method below)
-        if cfg.mainloop == "bf16":
+        if cfg.mainloop == BF16_MAINLOOP:
             return self._mainloop_bf16(mainloop, state, release, ops.tiled_mma, acc, ops.tCrA, ops.tCrB, work.kb0,
                                        work.kb1, ops.num_k_blocks)
         # fp8_block128: the schedule that suits the tile

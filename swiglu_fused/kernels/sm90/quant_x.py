@@ -26,10 +26,11 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Int32
 
+from ...quant import FP8_BLOCK, FP8_MAX, cdiv
 from .ptx import cvt_e4m3x4, div_rn
 
-FP8_MAX = 448.0
-GROUP = 128
+GROUP = FP8_BLOCK
+IN_DTYPES = ("bf16",)  # x dtypes the kernel reads (CuTe DSL names)
 VEC = 8  # bf16 elements per 16-byte load
 THREADS = 256
 ROUNDS = 4  # (row, k-group) pairs per thread: 4 × 16 B loads in flight
@@ -52,8 +53,8 @@ class QuantXConfig:
     def __post_init__(self):
         if self.rounds not in (1, 2, ROUNDS):
             raise ValueError(f"QuantXConfig.rounds: expected 1, 2 or {ROUNDS}, got {self.rounds}")
-        if self.in_dtype != "bf16":
-            raise ValueError(f"QuantXConfig.in_dtype: only 'bf16' is implemented, got {self.in_dtype!r}")
+        if self.in_dtype not in IN_DTYPES:
+            raise ValueError(f"QuantXConfig.in_dtype: only {IN_DTYPES} is implemented, got {self.in_dtype!r}")
         if self.threads not in (128, 256, 512):
             raise ValueError(f"QuantXConfig.threads: expected 128, 256 or 512, got {self.threads}")
         if self.vec not in (VEC, 2 * VEC):
@@ -202,7 +203,7 @@ ONE_ROUND_GROUPS = 1 << 17
 
 def select_config(m: int, k: int) -> QuantXConfig:
     """The thread ↔ data map for x [M, K] (the rules above)."""
-    groups = m * -(-k // GROUP)
+    groups = m * cdiv(k, GROUP)
     if groups >= WIDE_GROUPS and k % (2 * VEC) == 0:
         return QuantXConfig(rounds=1, vec=2 * VEC, threads=128 if groups >= ONE_ROUND_GROUPS else THREADS)
     return QuantXConfig(rounds=1 if groups <= ONE_ROUND_GROUPS else ROUNDS)
@@ -226,7 +227,7 @@ def quant_x(x, config: QuantXConfig | None = None, *, out=None):
         config = select_config(m, k)
     if out is None:
         q = torch.empty((m, k), dtype=torch.float8_e4m3fn, device=x.device)
-        s = torch.empty((m, -(-k // GROUP)), dtype=torch.float32, device=x.device)
+        s = torch.empty((m, cdiv(k, GROUP)), dtype=torch.float32, device=x.device)
     else:
         q, s = out
     if m == 0 or k == 0:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import cutlass
 
+from ...quant import cdiv
 from .tile_config import G, TileConfig
 
 
@@ -64,20 +65,20 @@ def plan(tiles: int, k_tiles: int, sms: int, grid_m: int = 1, iter_bytes: int = 
     if tiles <= 0 or grid_m > max_sk_grid_m or k_tiles < 2 * SK_MIN_ITERS:
         return whole
     t_hbm = tiles // grid_m * k_tiles * iter_bytes / HBM_BYTES_PER_US  # each weight byte read once
-    t_whole = max(-(-tiles // sms) * k_tiles * iter_us, t_hbm)
+    t_whole = max(cdiv(tiles, sms) * k_tiles * iter_us, t_hbm)
     hbm_ctas = HBM_BYTES_PER_US * iter_us / iter_bytes * grid_m
-    split = int(min(-(-hbm_ctas // tiles), k_tiles // SK_MIN_ITERS, sms // tiles))
+    split = int(min(cdiv(hbm_ctas, tiles), k_tiles // SK_MIN_ITERS, sms // tiles))
     if split < 2:
         return whole
-    t_sk = max(-(-k_tiles // split) * iter_us, t_hbm) + FIXUP_US[0] + FIXUP_US[1] * split
+    t_sk = max(cdiv(k_tiles, split) * iter_us, t_hbm) + FIXUP_US[0] + FIXUP_US[1] * split
     return (tiles * split, tiles) if t_whole > SK_MIN_GAIN * t_sk else whole
 
 
 def schedule(config: TileConfig, m: int, n: int, k: int, sms: int) -> tuple[int, int]:
     """plan() for this config and problem: (ctas, sk_tiles); clusters: whole tiles, cluster pairs."""
     cl = config.cluster_m
-    grid_m = -(-m // (config.tile_m * cl)) * cl
-    tiles = grid_m * -(-n // config.tile_n)
+    grid_m = cdiv(m, config.tile_m * cl) * cl
+    tiles = grid_m * cdiv(n, config.tile_n)
     if config.granules or config.split_n:  # whole tiles (their epilogues have no stream-K fix-up)
         return max(1, min(tiles, sms)), 0
     if cl > 1:
@@ -89,7 +90,7 @@ def schedule(config: TileConfig, m: int, n: int, k: int, sms: int) -> tuple[int,
         return ck * tiles, tiles
     iter_bytes = config.tile_n * config.tile_k * config.elem_bytes
     iter_us = ITER_US[f"swap{config.tile_m}" if config.swap_ab else config.tile_m] * iter_bytes / 32768
-    return plan(tiles, -(-k // config.tile_k), sms, grid_m, iter_bytes, iter_us,
+    return plan(tiles, cdiv(k, config.tile_k), sms, grid_m, iter_bytes, iter_us,
                 max_sk_grid_m=64 // config.tile_m if config.swap_ab else 2)
 
 

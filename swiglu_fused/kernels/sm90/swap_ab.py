@@ -52,7 +52,7 @@ from .gemm256 import Gemm256Kernel, Gmem
 from .mainloop import TileWork
 from .ptx import bf16_lo_to_f32, cvt_bf16x2, div_rn
 from .stream_k import Schedule
-from .tile_config import G, N_ALIGN
+from .tile_config import BF16_MAINLOOP, G, N_ALIGN
 
 
 class SwapOperands(NamedTuple):
@@ -146,7 +146,7 @@ class SwapABKernel(Gemm256Kernel):
     def _swap_mainloop(self, mainloop, state, release, ops: SwapOperands, acc, work: TileWork):
         """The swap-AB tile's mainloop for cfg.mainloop (chosen at trace time; the interface of
         mainloop.py's): the bf16 one is the row tiles' with the weights as the wgmma's A operand."""
-        if self.cfg.mainloop == "bf16":
+        if self.cfg.mainloop == BF16_MAINLOOP:
             return self._mainloop_bf16(mainloop, state, release, ops.tiled_mma, acc, ops.tCrW, ops.tCrX, work.kb0,
                                        work.kb1, ops.num_k_blocks)
         return self._mainloop_fp8_swap(mainloop, state, release, ops, acc, work)

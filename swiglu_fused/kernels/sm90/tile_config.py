@@ -10,13 +10,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ... import formats
+from ...quant import FP8_MAX  # noqa: F401 (the kernels' name for it)
 from . import epilogue
 
 
-FP8_MAX = 448.0
-G = 128  # weight block = half tile = gate_up's interleave granularity and h scale group
+G = formats.FP8_BLOCK  # weight block = half tile = gate_up's interleave granularity and h scale group
 SMEM_BYTES = 227 * 1024
-MAINLOOPS = ("fp8_block128", "bf16")
+# the mainloops, named by the weight format they implement (formats.WeightFormat.sm90_kernels)
+FP8_MAINLOOP, BF16_MAINLOOP = formats.FP8Block128.name, formats.BF16.name
+MAINLOOPS = (FP8_MAINLOOP, BF16_MAINLOOP)
 N_ALIGN = 8  # weight rows (N) must be a multiple of this: 16-byte rows of a bf16 output
 # TMA cache_policy operands (CUTLASS's CacheHintSm90 encodings) and TileConfig.l2_hint's values
 EVICT_FIRST = 0x12F0000000000000
@@ -113,7 +116,7 @@ class TileConfig:
         if self.tile_n not in (2 * G, *TILE_N_GRANULES):
             raise ValueError(f"{name}.tile_n: expected {2 * G} (two 128-row weight blocks) or one of "
                              f"{TILE_N_GRANULES} (16-row granules), got {self.tile_n}")
-        if self.granules and (self.mainloop != "bf16" or self.out_bytes != 2 or self.epilogue != "swiglu"
+        if self.granules and (self.mainloop != BF16_MAINLOOP or self.out_bytes != 2 or self.epilogue != "swiglu"
                               or self.tile_m != 128 or self.swap_ab or self.cluster_size > 1 or self.tma_store):
             raise ValueError(f"{name}.tile_n = {self.tile_n} is the bf16 mainloop's 128-row gate_up tile with "
                              f"bf16 h (no swap_ab, clusters or tma_store); got {self}")
@@ -210,7 +213,7 @@ class TileConfig:
 
     @property
     def fp8(self) -> bool:
-        return self.mainloop == "fp8_block128"
+        return self.mainloop == FP8_MAINLOOP
 
     @property
     def elem_bytes(self) -> int:

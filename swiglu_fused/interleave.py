@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from ..formats import FP8_BLOCK, FormatError
+from .formats import FP8_BLOCK, FormatError, WeightFormat
 
 
 def _check(gate: torch.Tensor, up: torch.Tensor, g: int, unit: int = 1) -> int:
@@ -70,3 +70,34 @@ def h_column_order(intermediate: int, g: int) -> torch.Tensor:
     packed_idx = interleave_rows(torch.arange(intermediate), torch.arange(intermediate), g)
     chunks = packed_idx.view(-1, 2, g)
     return chunks[:, 0].reshape(-1)
+
+
+def pack_gate_up(gate: dict[str, torch.Tensor], up: dict[str, torch.Tensor], g: int, fmt: WeightFormat,
+                 ) -> dict[str, torch.Tensor]:
+    """Gate's and up's tensors in format ``fmt`` (by suffix) → the packed gate_up tensors: row
+    tensors interleaved, block scales in blocks of ``fmt.scale_rows`` rows, the per-tensor scales
+    side by side ([2]: gate, up)."""
+    out = {}
+    for suffix, gt in gate.items():
+        ut = up[suffix]
+        if suffix == fmt.global_scale_name:
+            out[suffix] = torch.cat([gt.reshape(1), ut.reshape(1)]).float()
+        elif suffix == fmt.scale_name and fmt.scale_rows > 1:
+            out[suffix] = interleave_block_scales(gt, ut, g)
+        else:
+            out[suffix] = interleave_rows(gt, ut, g)
+    return out
+
+
+def unpack_gate_up(tensors: dict[str, torch.Tensor], g: int, fmt: WeightFormat,
+                   ) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+    """The inverse of ``pack_gate_up``: packed gate_up tensors → gate's and up's."""
+    gate, up = {}, {}
+    for suffix, t in tensors.items():
+        if suffix == fmt.global_scale_name:
+            gate[suffix], up[suffix] = t[0:1], t[1:2]
+        elif suffix == fmt.scale_name and fmt.scale_rows > 1:
+            gate[suffix], up[suffix] = deinterleave_block_scales(t, g)
+        else:
+            gate[suffix], up[suffix] = deinterleave_rows(t, g)
+    return gate, up

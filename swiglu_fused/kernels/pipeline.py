@@ -1,0 +1,58 @@
+"""The gated MLP as three calls, quant_x → gate_up → down, on one projection pair's packed tensors.
+
+``mlp(impl, ...)`` composes ``impl.quant_x`` / ``impl.gate_up`` / ``impl.down``: ``ops.mlp`` passes
+the dispatching ops (the production forward of FusedSwiGLUMLP), ``reference.mlp`` the reference
+ops (its ground truth). What the format needs (whether x is quantized, which tensors are the
+weight, its scales and its per-tensor scales, which h format gate_up writes) comes from its
+formats.WeightFormat.
+"""
+
+from __future__ import annotations
+
+from typing import Mapping
+
+import torch
+
+from .. import formats
+
+
+def runtime_global_scale(t: torch.Tensor | None, kind: str | None) -> torch.Tensor | None:
+    """Stored per-tensor (nvfp4 global) scales → the multipliers the ops take."""
+    if t is None:
+        return None
+    return 1.0 / t.float() if kind == formats.DIVISOR else t.float()
+
+
+def mlp(
+    impl,
+    x: torch.Tensor,
+    gate_up_tensors: Mapping[str, torch.Tensor],
+    down_tensors: Mapping[str, torch.Tensor],
+    *,
+    weight_format: str,
+    interleave: int = formats.DEFAULT_INTERLEAVE,
+    act: str = "silu",
+    global_scale_kind: str | None = formats.DIVISOR,
+    residual: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """x [..., H] → y [..., H] (x's dtype) through ``impl``'s quant_x, gate_up and down."""
+    fmt = formats.weight_format(weight_format)
+    lead, hidden = x.shape[:-1], x.shape[-1]
+    x2 = x.reshape(-1, hidden)
+
+    def args(t: Mapping[str, torch.Tensor]) -> tuple:
+        scale = t.get(fmt.scale_name) if fmt.scale_name else None
+        gs = t.get(fmt.global_scale_name) if fmt.global_scale_name else None
+        return t[fmt.weight_name], scale, runtime_global_scale(gs, global_scale_kind)
+
+    gw, gscale, ggs = args(gate_up_tensors)
+    x_scale = None
+    if fmt.quantizes_x:
+        x2, x_scale = impl.quant_x(x2.to(torch.bfloat16))
+    else:
+        x2 = x2.to(torch.bfloat16)
+    h, h_scale = impl.gate_up(x2, gw, gscale, x_scale, ggs, interleave=interleave, act=act, h_format=fmt.h_format)
+    dw, dscale, dgs = args(down_tensors)
+    res = None if residual is None else residual.reshape(-1, hidden)
+    y = impl.down(h, dw, dscale, h_scale, dgs, residual=res, out_dtype=x.dtype)
+    return y.reshape(*lead, y.shape[-1])
