@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 from . import eager_graphs, formats, interleave as il
-from .kernels import ops, reference
+from .kernels import dispatch, ops, reference
 
 
 class _PackedProjection(nn.Module):
@@ -62,7 +62,7 @@ class FusedSwiGLUMLP(nn.Module):
         self.down_proj = _PackedProjection(down)
         w = gate_up[fmt.weight_name]
         self.hidden_size, self.intermediate_size = fmt.cols_of(w), w.shape[0] // 2  # (load_state_dict keeps shapes)
-        self.eager_graph_rows = eager_graphs.MAX_ROWS if fmt.has_sm90_kernels(interleave) else 0
+        self.eager_graph_rows = eager_graphs.MAX_ROWS if dispatch.format_has_kernels(fmt.name, interleave) else 0
 
     @classmethod
     def from_linear(cls, gate: nn.Linear | torch.Tensor, up: nn.Linear | torch.Tensor, down: nn.Linear | torch.Tensor,
@@ -111,19 +111,17 @@ class FusedSwiGLUMLP(nn.Module):
 
     @property
     def backend(self) -> str:
-        """Where forward runs: "sm90" (the CuTe DSL kernels; down partly on cuBLAS, see ops.down) or
-        "reference"."""
-        fmt = formats.weight_format(self.weight_format)
-        w = self.gate_up_interleaved.tensors()[fmt.weight_name]
-        kernel_format = fmt.has_sm90_kernels(self.interleave)
-        return "sm90" if kernel_format and ops.sm90_kernels_usable(w.device) else "reference"
+        """Where forward runs: "sm90" (the CuTe DSL kernels; down partly on cuBLAS) or "reference"
+        (dispatch.module_backend)."""
+        w = self.gate_up_interleaved.tensors()[formats.weight_format(self.weight_format).weight_name]
+        return dispatch.module_backend(self.weight_format, self.interleave, w.device)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         self._check_input(x)
         if x.numel() == 0:
             return x.new_empty(x.shape)
         y = None
-        if self.eager_graph_rows and not torch.compiler.is_compiling() and ops.sm90_kernels_usable(x.device):
+        if self.eager_graph_rows and not torch.compiler.is_compiling() and dispatch.sm90_kernels_usable(x.device):
             buffers = (*self.gate_up_interleaved._buffers.values(), *self.down_proj._buffers.values())
             y = eager_graphs.run(self, x.reshape(-1, x.shape[-1]), self._ops_forward, buffers)
         if y is None:

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from swiglu_fused import quant
-from swiglu_fused.kernels import ops, reference
+from swiglu_fused.kernels import dispatch, ops, reference
 
 
 def _fp8_operands(m=5, hidden=200, inter=256, seed=0):
@@ -126,18 +126,18 @@ def test_down_configs():
 
     hq, hs = reference.quant_x(torch.randn(200, 256))
     wq, ws = quant.quantize_fp8_block(torch.randn(576, 256))
-    cfg = down.select_config(hq, wq, ws, hs, None, torch.bfloat16)
+    cfg = dispatch.down_config(hq, wq, ws, hs, None, torch.bfloat16)
     assert cfg == down.DownConfig(tile_m=128, stages=4, mainloop="fp8_block128", residual=False)
-    assert down.select_config(hq[:100], wq, ws, hs[:100], None, torch.bfloat16).tile_m == 64  # M ≤ 128
-    assert cfg in down.shipped_configs()
+    assert dispatch.down_config(hq[:100], wq, ws, hs[:100], None, torch.bfloat16).tile_m == 64  # M ≤ 128
+    assert cfg in dispatch.down_shipped()
     res = torch.zeros(3, 576, dtype=torch.bfloat16)
-    assert down.select_config(hq[:3], wq, ws, hs[:3], res, torch.bfloat16).residual
-    assert down.select_config(hq, wq, ws, hs, None, torch.float16) is None  # y is bf16 only
-    assert down.select_config(hq, wq[:570], ws, hs, None, torch.bfloat16) is None  # H % 8
+    assert dispatch.down_config(hq[:3], wq, ws, hs[:3], res, torch.bfloat16).residual
+    assert dispatch.down_config(hq, wq, ws, hs, None, torch.float16) is None  # y is bf16 only
+    assert dispatch.down_config(hq, wq[:570], ws, hs, None, torch.bfloat16) is None  # H % 8
     # bf16: ops.down prefers cuBLAS (where it takes the shape) when the kernel's tiles cannot fill the SMs
     prefill = down.DownConfig(tile_m=128, stages=4, mainloop="bf16")
-    assert down.fills_gpu(prefill, 1024, 4096, 132) and not down.fills_gpu(prefill, 256, 4096, 132)
-    assert down.beats_cublas(prefill, 1024, 4096, 14336, 132) and not down.beats_cublas(prefill, 8192, 4096, 14336, 132)
+    assert dispatch.fills_gpu(prefill, 1024, 4096, 132) and not dispatch.fills_gpu(prefill, 256, 4096, 132)
+    assert dispatch.beats_cublas(prefill, 1024, 4096, 14336, 132) and not dispatch.beats_cublas(prefill, 8192, 4096, 14336, 132)
     with pytest.raises(ValueError, match="DownConfig.stages"):
         down.DownConfig(stages=5)
 
@@ -184,8 +184,8 @@ def _shipped():
 
     return (
         [("quant_x", c, quant_x.compile_quant_x) for c in quant_x.shipped_configs()]
-        + [("gate_up", c, gate_up.compile_gate_up) for c in gate_up.shipped_configs()]
-        + [("down", c, down.compile_down) for c in down.shipped_configs()]
+        + [("gate_up", c, gate_up.compile_gate_up) for c in dispatch.gate_up_shipped()]
+        + [("down", c, down.compile_down) for c in dispatch.down_shipped()]
         # programmatic dependent launch (TileConfig.pdl): measured, not dispatched
         + [("gate_up", gate_up.GateUpConfig(tile_m=16, stages=6, swap_ab=True, cluster_k=2, pdl=True),
             gate_up.compile_gate_up),
@@ -263,7 +263,7 @@ def test_layer_traces_whole_under_torch_compile(fmt):
 
 def test_quant_x_map_follows_the_measured_rule():
     """One (row, k-group) pair of 8 columns per thread at decode sizes; 16 columns per thread from
-    2^15 pairs, in 128-thread CTAs from 2^17 (measured faster on each side, benchmarks/NOTES.md);
+    2^15 pairs, in 128-thread CTAs from 2^17 (measured faster on each side, benchmarks/history/quant_x.md);
     where K % 16 != 0, 8 columns with one round up to 2^17 pairs, four above. All shipped."""
     pytest.importorskip("cutlass")
     from swiglu_fused.kernels.sm90 import quant_x

@@ -9,6 +9,7 @@ from hypothesis import assume, example, given, settings
 from hypothesis import strategies as st
 
 pytest.importorskip("cutlass")
+from swiglu_fused.kernels import dispatch  # noqa: E402
 from swiglu_fused.kernels.sm90 import gemm256, schedule as g, tile_config  # noqa: E402
 
 
@@ -133,11 +134,12 @@ def test_launch_plan_meets_the_kernels_preconditions(m, k, n, op, mainloop):
     from unittest import mock
 
     import torch
-    from swiglu_fused.kernels.sm90 import down, gate_up
 
-    mod = gate_up if op == "gate_up" else down
-    tile_m, _, swap = gate_up.tile_for(m, n, 132, mainloop) if op == "gate_up" else down.tile_for(m, mainloop)
-    cfg = next(c for c in mod.shipped_configs()
+    if op == "gate_up":
+        (tile_m, _, swap), shipped = dispatch.gate_up_tile_for(m, n, 132, mainloop), dispatch.gate_up_shipped()
+    else:
+        (tile_m, _, swap), shipped = dispatch.down_tile_for(m, mainloop), dispatch.down_shipped()
+    cfg = next(c for c in shipped
                if c.mainloop == mainloop and c.tile_m == tile_m and c.swap_ab == swap)
     with mock.patch.object(g, "sm_count", lambda device: 132):
         ctas, sk_tiles, parts, ctr = g.launch_plan(cfg, m, n, k, torch.device("cpu"))
@@ -167,9 +169,9 @@ def test_launch_plan_meets_the_kernels_preconditions(m, k, n, op, mainloop):
 def test_down_runs_the_kernel_where_it_was_measured_faster(m, hidden, inter, expect):
     from swiglu_fused.kernels.sm90 import down
 
-    tile_m, stages, swap = down.tile_for(m, "fp8_block128")
+    tile_m, stages, swap = dispatch.down_tile_for(m, "fp8_block128")
     cfg = down.DownConfig(tile_m=tile_m, stages=stages, swap_ab=swap)
-    assert down.beats_cublas(cfg, m, hidden, inter, 132) == expect
+    assert dispatch.beats_cublas(cfg, m, hidden, inter, 132) == expect
 
 
 @pytest.mark.parametrize("m,inter,expect", [
@@ -183,13 +185,11 @@ def test_down_runs_the_kernel_where_it_was_measured_faster(m, hidden, inter, exp
     (1024, 3584, (128, False)),
 ])
 def test_gate_up_tile_for_follows_the_measured_rule(m, inter, expect):
-    from swiglu_fused.kernels.sm90 import gate_up
-
-    tile_m, _, swap = gate_up.tile_for(m, 2 * inter, 132, "bf16")
+    tile_m, _, swap = dispatch.gate_up_tile_for(m, 2 * inter, 132, "bf16")
     assert (tile_m, swap) == expect
-    fp8 = gate_up.tile_for(m, 2 * inter, 132, "fp8_block128")
-    assert fp8 == ((64, 5, False) if gate_up.split64_applies(m, 2 * inter, 132, "fp8_block128") and not swap
-                   else gate_up.tile_for(m, 2 * inter, 132, "bf16"))
+    fp8 = dispatch.gate_up_tile_for(m, 2 * inter, 132, "fp8_block128")
+    assert fp8 == ((64, 5, False) if dispatch.split64_applies(m, 2 * inter, 132, "fp8_block128") and not swap
+                   else dispatch.gate_up_tile_for(m, 2 * inter, 132, "bf16"))
 
 
 @pytest.mark.parametrize("m,n", [(1, 7168), (129, 3072), (1100, 28672), (4096, 28672), (16384, 7168)])
@@ -234,12 +234,12 @@ def test_cluster_k_where_few_swap_tiles_leave_hbm_idle():
     28 tiles), measured faster there and not at 56 or 64 tiles; the grid is then 2 CTAs a tile."""
     from swiglu_fused.kernels.sm90 import gate_up
 
-    assert gate_up.cluster_k_applies(16, 7168, 132, "fp8_block128")
-    assert not gate_up.cluster_k_applies(32, 7168, 132, "fp8_block128")  # 56 tiles
-    assert not gate_up.cluster_k_applies(16, 16384, 132, "fp8_block128")  # 2048×8192: 64 tiles
-    assert gate_up.cluster_k_applies(16, 7168, 132, "bf16")  # measured 1.02-1.05× there too
+    assert dispatch.gate_up_cluster_k(16, 7168, 132, "fp8_block128")
+    assert not dispatch.gate_up_cluster_k(32, 7168, 132, "fp8_block128")  # 56 tiles
+    assert not dispatch.gate_up_cluster_k(16, 16384, 132, "fp8_block128")  # 2048×8192: 64 tiles
+    assert dispatch.gate_up_cluster_k(16, 7168, 132, "bf16")  # measured 1.02-1.05× there too
     cfg = gate_up.GateUpConfig(tile_m=16, stages=5, swap_ab=True, cluster_k=2)
-    assert cfg in gate_up.shipped_configs()
+    assert cfg in dispatch.gate_up_shipped()
     assert g.schedule(cfg, 16, 7168, 8192, 132) == (56, 28)
     import torch
     from unittest import mock
@@ -265,16 +265,14 @@ def test_gate_up_swap_tile_stages_follow_the_k_a_cta_streams(mainloop, m, hidden
     import torch
     from unittest import mock
 
-    from swiglu_fused.kernels.sm90 import gate_up
-
     dt = torch.float8_e4m3fn if mainloop == "fp8_block128" else torch.bfloat16
     x, w = torch.empty(m, hidden, dtype=dt, device="meta"), torch.empty(2 * inter, hidden, dtype=dt, device="meta")
     scales = (torch.empty(1, device="meta"),) * 2 if mainloop == "fp8_block128" else (None, None)
     h_format = "fp8_group128" if mainloop == "fp8_block128" else "bf16"
     with mock.patch.object(g, "sm_count", lambda device: 132):
-        cfg = gate_up.select_config(x, w, *scales, act="silu", h_format=h_format)
+        cfg = dispatch.gate_up_config(x, w, *scales, act="silu", h_format=h_format)
     assert (cfg.swap_ab, cfg.cluster_k, cfg.stages) == (True, ck, stages)
-    assert cfg in gate_up.shipped_configs()
+    assert cfg in dispatch.gate_up_shipped()
 
 
 @pytest.mark.parametrize("m,inter,expect", [
@@ -291,10 +289,10 @@ def test_gate_up_swap_tile_stages_follow_the_k_a_cta_streams(mainloop, m, hidden
 def test_gate_up_granule_tile_where_its_rounds_are_shorter(m, inter, expect):
     from swiglu_fused.kernels.sm90 import gate_up
 
-    assert gate_up.granule_tile_n(m, 2 * inter, 132) == expect
+    assert dispatch.granule_tile_n(m, 2 * inter, 132) == expect
     for tile_n in tile_config.TILE_N_GRANULES:
         cfg = gate_up.GateUpConfig(tile_m=128, tile_n=tile_n, stages=4, mainloop="bf16", h_format="bf16")
-        assert cfg in gate_up.shipped_configs()
+        assert cfg in dispatch.gate_up_shipped()
         tiles = -(-m // 128) * -(-inter // (tile_n // 2))
         assert g.schedule(cfg, m, 2 * inter, 4096, 132) == (min(132, tiles), 0)  # whole tiles
 
@@ -317,12 +315,12 @@ def test_granule_tile_only_for_bf16_to_bf16_on_128_rows(kw):
 def test_gate_up_cluster_pairs_from_m_4096(m, tile_m, tile_n, expect):
     from swiglu_fused.kernels.sm90 import gate_up
 
-    assert gate_up.cluster_m_for(m, tile_m, tile_n) == expect
+    assert dispatch.cluster_m_for(m, tile_m, tile_n) == expect
     for mainloop in tile_config.MAINLOOPS:
         for h_format in ("fp8_group128", "bf16"):
             cfg = gate_up.GateUpConfig(tile_m=128, stages=4, cluster_m=2, mainloop=mainloop, h_format=h_format,
-                                       smem_scales=gate_up.smem_scales_apply(128, False, mainloop, h_format))
-            assert cfg in gate_up.shipped_configs()
+                                       smem_scales=dispatch.smem_scales_apply(128, False, mainloop, h_format))
+            assert cfg in dispatch.gate_up_shipped()
 
 
 def test_gate_up_fp8_64_row_tile_on_two_warpgroups():
@@ -331,10 +329,10 @@ def test_gate_up_fp8_64_row_tile_on_two_warpgroups():
     that tile only."""
     from swiglu_fused.kernels.sm90 import gate_up
 
-    assert gate_up.split_n_applies(64, False, "fp8_block128")
-    assert not gate_up.split_n_applies(64, False, "bf16") and not gate_up.split_n_applies(128, False, "fp8_block128")
-    assert not gate_up.split_n_applies(16, True, "fp8_block128")
-    shipped = gate_up.shipped_configs()
+    assert dispatch.split_n_applies(64, False, "fp8_block128")
+    assert not dispatch.split_n_applies(64, False, "bf16") and not dispatch.split_n_applies(128, False, "fp8_block128")
+    assert not dispatch.split_n_applies(16, True, "fp8_block128")
+    shipped = dispatch.gate_up_shipped()
     assert gate_up.GateUpConfig(tile_m=64, stages=4, split_n=True, l2_hint="w_first") in shipped
     assert gate_up.GateUpConfig(tile_m=64, stages=5, split_n=True, xacc_parts=2, l2_hint="w_first") in shipped
     assert gate_up.GateUpConfig(tile_m=64, stages=5, split_n=True, xacc_parts=4, h_format="bf16",
@@ -359,10 +357,10 @@ def test_gate_up_split_n_fifth_stage_where_the_weight_has_few_tiles(inter, stage
     from swiglu_fused.kernels.sm90 import gate_up
 
     for h_format in ("fp8_group128", "bf16"):
-        pipe = gate_up.split_n_pipeline(gate_up.split_n_deep(2 * inter), h_format)
+        pipe = dispatch.split_n_pipeline(dispatch.split_n_deep(2 * inter), h_format)
         assert pipe["stages"] == stages
         cfg = gate_up.GateUpConfig(tile_m=64, split_n=True, h_format=h_format, l2_hint="w_first", **pipe)
-        assert cfg in gate_up.shipped_configs()
+        assert cfg in dispatch.gate_up_shipped()
 
 
 @pytest.mark.parametrize("m,inter,expect", [
@@ -371,12 +369,10 @@ def test_gate_up_split_n_fifth_stage_where_the_weight_has_few_tiles(inter, stage
     (129, 14336, False),  # two M tiles of 128 rows
 ])
 def test_gate_up_fp8_64_row_tile_up_to_m_128_where_128_row_tiles_fit_a_wave(m, inter, expect):
-    from swiglu_fused.kernels.sm90 import gate_up
-
-    assert gate_up.split64_applies(m, 2 * inter, 132, "fp8_block128") == expect
-    assert not gate_up.split64_applies(m, 2 * inter, 132, "bf16")
-    assert gate_up.tile_for(m, 2 * inter, 132, "fp8_block128")[0] == (64 if expect else 128)
-    assert gate_up.tile_for(m, 2 * inter, 132, "bf16")[0] == 128
+    assert dispatch.split64_applies(m, 2 * inter, 132, "fp8_block128") == expect
+    assert not dispatch.split64_applies(m, 2 * inter, 132, "bf16")
+    assert dispatch.gate_up_tile_for(m, 2 * inter, 132, "fp8_block128")[0] == (64 if expect else 128)
+    assert dispatch.gate_up_tile_for(m, 2 * inter, 132, "bf16")[0] == 128
 
 
 def test_smem_scales_only_where_they_fit():
@@ -384,11 +380,11 @@ def test_smem_scales_only_where_they_fit():
     four stages and the wider h slab leave no room, so that config keeps the global loads."""
     from swiglu_fused.kernels.sm90 import gate_up
 
-    assert gate_up.smem_scales_apply(128, False, "fp8_block128", "fp8_group128")
-    assert not gate_up.smem_scales_apply(128, False, "fp8_block128", "bf16")
-    assert not gate_up.smem_scales_apply(64, False, "fp8_block128", "fp8_group128")
-    assert not gate_up.smem_scales_apply(128, False, "bf16", "bf16")
-    assert gate_up.GateUpConfig(tile_m=128, stages=4, smem_scales=True) in gate_up.shipped_configs()
+    assert dispatch.smem_scales_apply(128, False, "fp8_block128", "fp8_group128")
+    assert not dispatch.smem_scales_apply(128, False, "fp8_block128", "bf16")
+    assert not dispatch.smem_scales_apply(64, False, "fp8_block128", "fp8_group128")
+    assert not dispatch.smem_scales_apply(128, False, "bf16", "bf16")
+    assert gate_up.GateUpConfig(tile_m=128, stages=4, smem_scales=True) in dispatch.gate_up_shipped()
     with pytest.raises(ValueError, match="stages"):
         gate_up.GateUpConfig(tile_m=128, stages=4, h_format="bf16", smem_scales=True)
     with pytest.raises(ValueError, match="smem_scales"):
@@ -403,8 +399,8 @@ def test_smem_scales_only_where_they_fit():
 def test_gate_up_weight_loads_evict_first_on_the_64_row_tile(tile_m, swap_ab, expect):
     from swiglu_fused.kernels.sm90 import gate_up
 
-    assert gate_up.l2_hint_for(tile_m, swap_ab) == expect
-    shipped = gate_up.shipped_configs()
+    assert dispatch.gate_up_l2_hint(tile_m, swap_ab) == expect
+    shipped = dispatch.gate_up_shipped()
     assert {c.l2_hint for c in shipped if c.tile_m == tile_m and c.swap_ab == swap_ab} == {expect}
     assert gate_up.GateUpConfig(tile_m=64, stages=5, mainloop="bf16", l2_hint="w_first") in shipped
     with pytest.raises(ValueError, match="l2_hint"):
@@ -414,12 +410,11 @@ def test_gate_up_weight_loads_evict_first_on_the_64_row_tile(tile_m, swap_ab, ex
 def test_down_weight_loads_evict_first_on_the_fp8_64_row_tile():
     """down's fp8 64-row tile (stream-K at 4096×14336 M = 128: the MLP 1.04-1.06× faster with it)
     takes the hint; the swap-AB, 128-row and bf16 tiles were not measured faster and do not."""
-    from swiglu_fused.kernels.sm90 import down
 
-    assert down.l2_hint_for(64, False, "fp8_block128") == "w_first"
-    assert down.l2_hint_for(16, True, "fp8_block128") == down.l2_hint_for(128, False, "fp8_block128") == ""
-    assert down.l2_hint_for(64, False, "bf16") == ""
-    shipped = down.shipped_configs()
+    assert dispatch.down_l2_hint(64, False, "fp8_block128") == "w_first"
+    assert dispatch.down_l2_hint(16, True, "fp8_block128") == dispatch.down_l2_hint(128, False, "fp8_block128") == ""
+    assert dispatch.down_l2_hint(64, False, "bf16") == ""
+    shipped = dispatch.down_shipped()
     assert {c.l2_hint for c in shipped if c.tile_m == 64 and c.fp8 and not c.swap_ab} == {"w_first"}
     assert {c.l2_hint for c in shipped if not (c.tile_m == 64 and c.fp8 and not c.swap_ab)} == {""}
 

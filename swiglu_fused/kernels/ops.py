@@ -12,61 +12,26 @@ gate_up returns h_scale M-major (strides (1, M), on every backend): the layout b
 read, the sm90 kernel and cuBLAS's block-scaled one, so no transpose copy runs between them;
 down takes h_scale in any layout.
 
-Dispatch: a CUDA tensor on an sm_90 device with a configuration the sm90 kernels implement runs
-the kernel; everything else (CPU, other GPUs, formats without a kernel yet) runs the reference.
-``down`` runs its sm90 kernel (fp8_block128 or bf16, bf16 output, H a multiple of 8) with the fp8
-swap-AB tile (M ≤ 64), where its 64-row tile shares a long K out by stream-K (M ≤ 128 at I = 14336:
-1.12× cuBLAS), for bf16 also from a full wave of tiles up to M = 4096, and elsewhere only where
-cuBLAS does not take the shape (cuBLAS is as fast or faster there, sm90/down.py beats_cublas);
-cuBLAS (block-scaled ``torch._scaled_mm`` for fp8, a bf16 GEMM for bf16; see cublas.py) runs the
-rest on CUDA, and the reference elsewhere (CPU, nvfp4). Plain eager calls skip the torch.library
-dispatcher (``runs_directly``); the registered ops run under torch.compile, fake-tensor modes and for
-inputs that require grad.
+Which backend runs a call (the sm90 kernel with which config, cuBLAS for down, or the reference)
+is kernels/dispatch.py's choice; this module validates, runs what it chose and registers the ops.
+Plain eager calls skip the torch.library dispatcher (``runs_directly``); the registered ops run
+under torch.compile, fake-tensor modes and for inputs that require grad.
 
 ``mlp`` is the forward of FusedSwiGLUMLP: pipeline.mlp over these three ops.
 """
 
 from __future__ import annotations
 
-import functools
-import os
 import sys
-import warnings
 
 import torch
 
 from .. import formats, quant
-from . import cublas, pipeline, reference
+from . import cublas, dispatch, pipeline, reference
 
 FP8 = torch.float8_e4m3fn
 GROUP = formats.FP8_BLOCK
 cdiv = quant.cdiv
-
-# Set SWIGLU_FUSED_DISABLE_KERNELS=1 to force the reference path everywhere (debugging).
-_DISABLED = os.environ.get("SWIGLU_FUSED_DISABLE_KERNELS", "") not in ("", "0")
-
-
-# ---------------------------------------------------------------- availability
-@functools.lru_cache(maxsize=None)
-def _cutlass_available() -> bool:
-    try:
-        import cutlass  # noqa: F401
-        import cutlass.cute  # noqa: F401
-    except Exception:
-        return False
-    return True
-
-
-@functools.lru_cache(maxsize=None)
-def _is_sm90(index: int) -> bool:
-    return torch.cuda.get_device_capability(index) == (9, 0)
-
-
-def sm90_kernels_usable(device: torch.device) -> bool:
-    """True when tensors on ``device`` can run the sm_90a kernels."""
-    if _DISABLED or device.type != "cuda" or not _cutlass_available():
-        return False
-    return _is_sm90(device.index if device.index is not None else torch.cuda.current_device())
 
 
 # ---------------------------------------------------------------- validation helpers
@@ -155,33 +120,14 @@ def _kernel_layout_ok(name: str, t: torch.Tensor, k_multiple: int) -> None:
         )
 
 
-def _rows_16_bytes(op: str, **tensors: torch.Tensor) -> bool:
-    """Whether every matrix has 16-byte rows, which the kernels' TMA and vector accesses need. A
-    shape without them (H = 1000 in fp8, say: the format allows it) runs on the reference, slowly
-    but correctly, and says so once per op and width."""
-    for name, t in tensors.items():
-        if t.shape[-1] * t.element_size() % 16:
-            _warn_reference_once(op, name, t.shape[-1], 16 // t.element_size())
-            return False
-    return True
-
-
-@functools.lru_cache(maxsize=None)
-def _warn_reference_once(op: str, name: str, cols: int, multiple: int) -> None:
-    warnings.warn(f"{op}: {name} has {cols} columns, not a multiple of {multiple} (16-byte rows), so the "
-                  f"sm90 kernel cannot run it and the plain-torch reference does, much more slowly; pad "
-                  f"{name}'s last dimension with zeros to {cdiv(cols, multiple) * multiple} for the kernel",
-                  stacklevel=4)
-
-
 # ---------------------------------------------------------------- eager fast path
 def runs_directly(*tensors: torch.Tensor | None) -> bool:
     """Whether the wrappers may call the op's implementation directly rather than through
-    torch.library's dispatcher: the same function runs either way, but the dispatcher costs about
-    40-50 µs of host time per op on torch 2.11 (benchmarks/host_overhead.py), and eager decode is
-    host-bound. Only for plain eager calls: under torch.compile, inside a dispatch
-    mode (FakeTensorMode, ...), with tensor subclasses or with inputs that require grad (the ops have
-    no autograd formula, and the dispatcher says so) the registered op runs."""
+    torch.library's dispatcher: the same function runs either way, but the dispatcher costs host
+    time per op, and eager decode is host-bound (DISPATCH D21). Only for plain eager calls: under
+    torch.compile, inside a dispatch mode (FakeTensorMode, ...), with tensor subclasses or with
+    inputs that require grad (the ops have no autograd formula, and the dispatcher says so) the
+    registered op runs."""
     if torch.compiler.is_compiling():  # first: dynamo cannot trace the dispatch-mode query
         return False
     mode = getattr(getattr(torch.utils, "_python_dispatch", None), "_get_current_dispatch_mode", None)  # private
@@ -192,7 +138,7 @@ def runs_directly(*tensors: torch.Tensor | None) -> bool:
 
 # ---------------------------------------------------------------- quant_x
 def _quant_x_impl(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    if x.dtype == torch.bfloat16 and sm90_kernels_usable(x.device) and _rows_16_bytes("quant_x", x=x):
+    if dispatch.quant_x_backend(x) == dispatch.SM90:
         _kernel_layout_ok("x", x, 8)
         from .sm90 import quant_x as k
 
@@ -218,18 +164,6 @@ def quant_x(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 # ---------------------------------------------------------------- gate_up
-def _gate_up_kernel_config(x, weight, weight_scale, x_scale, global_scale, interleave, act, h_format):
-    """The sm90 GateUpConfig that runs these arguments, or None (→ reference)."""
-    if not sm90_kernels_usable(x.device) or global_scale is not None or interleave != GROUP:
-        return None
-    try:
-        from .sm90 import gate_up as k
-    except ImportError:
-        return None
-    cfg = k.select_config(x, weight, weight_scale, x_scale, act=act, h_format=h_format)
-    return cfg if cfg is not None and _rows_16_bytes("gate_up", x=x, weight=weight) else None
-
-
 def _gate_up_impl(
     x: torch.Tensor,
     weight: torch.Tensor,
@@ -240,8 +174,8 @@ def _gate_up_impl(
     act: str,
     h_format: str,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    cfg = _gate_up_kernel_config(x, weight, weight_scale, x_scale, global_scale, interleave, act, h_format)
-    if cfg is not None:
+    backend, cfg = dispatch.gate_up_backend(x, weight, weight_scale, x_scale, global_scale, interleave, act, h_format)
+    if backend == dispatch.SM90:
         _kernel_operands_ok(dict(x=x, weight=weight), dict(weight_scale=weight_scale, x_scale=x_scale))
         from .sm90 import gate_up as k
 
@@ -318,23 +252,6 @@ def gate_up(
 
 
 # ---------------------------------------------------------------- down
-def _down_kernel_config(h, weight, weight_scale, h_scale, global_scale, residual, out_dtype):
-    """The sm90 DownConfig that runs these arguments, or None (→ cuBLAS on CUDA, else the reference)."""
-    if not sm90_kernels_usable(h.device) or global_scale is not None:
-        return None
-    try:
-        from .sm90 import down as k, schedule
-    except ImportError:
-        return None
-    cfg = k.select_config(h, weight, weight_scale, h_scale, residual, out_dtype)
-    if (cfg is not None and cublas.supports_down(h, weight, weight_scale, h_scale, None)
-            and not k.beats_cublas(cfg, h.shape[0], weight.shape[0], h.shape[1], schedule.sm_count(h.device))):
-        # cuBLAS was measured as fast or faster wherever the kernel does not share K out
-        # (sm90/down.py beats_cublas): cuBLAS keeps those shapes
-        return None
-    return cfg
-
-
 def _down_impl(
     h: torch.Tensor,
     weight: torch.Tensor,
@@ -344,14 +261,14 @@ def _down_impl(
     residual: torch.Tensor | None,
     out_dtype: torch.dtype,
 ) -> torch.Tensor:
-    cfg = _down_kernel_config(h, weight, weight_scale, h_scale, global_scale, residual, out_dtype)
-    if cfg is not None:  # (k.down takes h_scale in any layout; gate_up's, M-major, without a copy)
+    backend, cfg = dispatch.down_backend(h, weight, weight_scale, h_scale, global_scale, residual, out_dtype)
+    if backend == dispatch.SM90:  # (k.down takes h_scale in any layout; gate_up's, M-major, without a copy)
         _kernel_operands_ok(dict(h=h, weight=weight, residual=residual), dict(weight_scale=weight_scale))
         from .sm90 import down as k
 
         with torch.cuda.device(h.device):
             return k.down(cfg, h, weight, weight_scale, h_scale, residual)
-    if cublas.supports_down(h, weight, weight_scale, h_scale, global_scale) and not _DISABLED:
+    if backend == dispatch.CUBLAS:
         return cublas.down(h, weight, weight_scale, h_scale, residual, out_dtype)
     return reference.down(h, weight, weight_scale, h_scale, global_scale, residual=residual, out_dtype=out_dtype)
 
@@ -402,8 +319,8 @@ def down(
     residual: torch.Tensor | None = None,
     out_dtype: torch.dtype = torch.bfloat16,
 ) -> torch.Tensor:
-    """y = h @ down^T (+ residual) (see reference.down): the sm90 kernel where it applies, else
-    cuBLAS on CUDA, else the reference."""
+    """y = h @ down^T (+ residual) (see reference.down): the sm90 kernel, cuBLAS or the reference,
+    as dispatch.down_backend picks."""
     _validate_down(h, weight, weight_scale, h_scale, global_scale, residual, out_dtype)
     op = _down_impl if runs_directly(h, weight, weight_scale, h_scale, global_scale, residual) else _down_op
     return op(h, weight, weight_scale, h_scale, global_scale, residual, out_dtype)

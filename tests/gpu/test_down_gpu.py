@@ -97,7 +97,7 @@ def test_ops_down_dispatch(monkeypatch):
     """ops.down runs the fp8 kernel with the swap-AB tile (M ≤ 64) and where its 64-row tile shares a
     long K out by stream-K (H = 4096, I = 14336, M = 128), the bf16 kernel also when its tiles fill
     the SMs (M = 1024, H = 4096), and otherwise only where cuBLAS does not take the shape (H = 576);
-    cuBLAS keeps the other shapes it supports (as fast or faster there, sm90/down.py beats_cublas)."""
+    cuBLAS keeps the other shapes it supports (as fast or faster there, dispatch.beats_cublas)."""
     def no_fallback(*a, **kw):
         raise AssertionError("ops.down did not run the sm90 kernel on an sm_90 GPU")
 

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from swiglu_fused import quant
-from swiglu_fused.kernels import ops, reference
+from swiglu_fused.kernels import dispatch, ops, reference
 from .tolerance import FP8, assert_bf16_close, assert_fp8_group_close
 
 pytest.importorskip("cutlass")
@@ -63,7 +63,7 @@ def run_kernel(cfg, ops_args):
 # held to the measured hardware limits below; against the reference with Hopper's accumulator in it
 # (hopper_gemm_reference) it is held to DESIGN §4's own numbers, which it meets with room: scales
 # within 1.1e-5 (1.4e-6 Frobenius), 100 % of h within 1 ulp (twelfth session).
-# Over this file's matrix (SWIGLU_FUSED_TOL_LOG, eleventh session, benchmarks/NOTES.md) the fp8
+# Over this file's matrix (SWIGLU_FUSED_TOL_LOG, eleventh session, benchmarks/history/numerics.md) the fp8
 # mainloop's scales came within 2.3e-4 relative Frobenius (1.4e-3 each) and ≥ 99.84 % of h within
 # 1 ulp (≥ 99.92 % in outputs of ≥ 1e5 elements); the bf16 mainloop's within 1.7e-5 (4.2e-5 each)
 # and 100 %.
@@ -244,7 +244,7 @@ def test_cluster_pairs_with_a_padding_m_tile(hidden, inter, m, h_format):
 
     args = make_operands(m, hidden, inter, "fp8_block128", seed=m)
     cfg = dataclasses.replace(k.CLUSTER_PAIR, h_format=h_format,
-                              smem_scales=k.smem_scales_apply(128, False, "fp8_block128", h_format))
+                              smem_scales=dispatch.smem_scales_apply(128, False, "fp8_block128", h_format))
     h, hs = run_kernel(cfg, args)
     assert_matches_reference(h, hs, args, "silu", h_format)
 
@@ -253,7 +253,7 @@ def test_cluster_pairs_with_a_padding_m_tile(hidden, inter, m, h_format):
                                                ("bf16", "bf16"), ("bf16", "fp8_group128")])
 @pytest.mark.parametrize("hidden,inter,m", [(576, 1536, 4100), (2048, 8192, 4097)])
 def test_dispatched_cluster_pairs_at_a_ragged_m(hidden, inter, m, mainloop, h_format):
-    """From M = 4096 on the 128-row tile runs in cluster pairs (gate_up.cluster_m_for); with 33
+    """From M = 4096 on the 128-row tile runs in cluster pairs (dispatch.cluster_m_for); with 33
     M tiles the last pair's second tile lies wholly past M."""
     from swiglu_fused.kernels.sm90 import gate_up as k
 
@@ -334,16 +334,17 @@ def test_h_by_tma_store_is_the_copy_out_bit_for_bit(hidden, inter, m, tile_m, h_
 def test_granule_tile(hidden, inter, m, tile_n, act):
     """tile_n = 224 / 192 (bf16 → bf16 h, 112 / 96 h columns a tile from 16-row gate/up granules that
     straddle the g = 128 chunks): every element of h written (poisoned), equal to the reference; and
-    select_config takes it where granule_tile_n says so."""
+    dispatch.gate_up_config takes it where granule_tile_n says so."""
     from swiglu_fused.kernels.sm90 import gate_up as k
 
     args = make_operands(m, hidden, inter, "bf16", seed=zlib.crc32(repr((hidden, inter, m, act)).encode()))
     cfg = k.GateUpConfig(tile_m=128, tile_n=tile_n, stages=4, mainloop="bf16", h_format="bf16", act=act)
     h, _ = run_kernel(cfg, args)
     assert_matches_reference(h, None, args, act, "bf16", "bf16")
-    picked = k.select_config(args["x"], args["weight"], None, None, act=act, h_format="bf16")
+    picked = dispatch.gate_up_config(args["x"], args["weight"], None, None, act=act, h_format="bf16")
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    expect = k.tile_for(m, 2 * inter, sms, "bf16") == (128, 4, False) and k.granule_tile_n(m, 2 * inter, sms) == tile_n
+    expect = (dispatch.gate_up_tile_for(m, 2 * inter, sms, "bf16") == (128, 4, False)
+              and dispatch.granule_tile_n(m, 2 * inter, sms) == tile_n)
     assert (picked == cfg) == expect
 
 
@@ -427,7 +428,7 @@ def test_split_n_64_row_tile(hidden, inter, m, act, h_format, deep, monkeypatch)
     from swiglu_fused.kernels.sm90 import gate_up as k, schedule
 
     args = make_operands(m, hidden, inter, "fp8_block128", seed=m + inter)
-    pipe = k.split_n_pipeline(deep, h_format)
+    pipe = dispatch.split_n_pipeline(deep, h_format)
     cfg = k.GateUpConfig(tile_m=64, act=act, h_format=h_format, split_n=True, **pipe)
     # (whole tiles for both: stream-K would sum the one-warpgroup tile's partials in another order)
     monkeypatch.setattr(schedule, "plan", lambda tiles, k_tiles, sms, *a, **kw: (max(1, min(tiles, sms)), 0))

@@ -21,12 +21,12 @@ stream-K instead (plan()): their k iterations are dealt out evenly over more CTA
 part of a tile stores its fp32 accumulator to a workspace, and the last of the tile's CTAs to
 arrive (an atomic counter per tile) sums the partials in CTA order and runs the epilogue (_fixup).
 Cluster pairs (TileConfig.cluster_m = 2; gate_up's 128-row tile from M = 4096 on,
-gate_up.cluster_m_for): CTAs 2c and 2c + 1 form a cluster and
+dispatch.cluster_m_for): CTAs 2c and 2c + 1 form a cluster and
 take tiles of the same weight tile at adjacent M (grid_m padded to even, whole tiles only); each
 loads its x tile and one half of the weight k tile, TMA-multicast into both CTAs' smem, and a stage
 is free once the consumers of both CTAs have released it. Weight traffic from L2 halves.
-K pairs (TileConfig.cluster_k = 2, swap-AB decode tiles, dispatched by gate_up.cluster_k_applies;
-and the 64-row tile with 3 stages, measured no faster and not dispatched): the stream-K schedule
+K pairs (TileConfig.cluster_k = 2, swap-AB decode tiles, dispatched by dispatch.gate_up_cluster_k /
+down_cluster_k; the 64-row tile with 3 stages is not dispatched, DISPATCH D23): the stream-K schedule
 with every tile split in two halves, CTAs 2t and 2t + 1 a cluster, and the fix-up through DSMEM
 instead of global memory: the second CTA st.async's its fp32 accumulator into the first's smem
 (completing bytes on its mbarrier), the first adds it and runs the epilogue.
@@ -38,7 +38,7 @@ block:
 
 so for gate_up (interleave g = 128) the tile yields h columns [128n, 128n+128): exactly one fp8
 scale group; for down it is output columns [256n, 256n+256). The granule tile (tile_n = 224, bf16
-mainloop and bf16 h only, gate_up.granule_tile_n; also tile_n = 192: 96 columns) yields h columns
+mainloop and bf16 h only, dispatch.granule_tile_n; also tile_n = 192: 96 columns) yields h columns
 [112n, 112n+112) instead, which straddle the g = 128 chunks: its B stage is 7 granules, each 16 gate
 rows then the 16 up rows of the same h columns, one 16-row TMA box each; one wgmma of N = 224
 covers them, and the up partner of gate value v is value v + 8 (_epilogue_swiglu_granules).
@@ -83,7 +83,7 @@ tile schedule's plan (plan(), stream-K, band order, launch_plan) in schedule.py 
 epilogues' stores in gemm256_epilogue.py; the swap-AB decode tiles (a subclass) in swap_ab.py;
 the choice of kernel class and compile_kernel in kernel_host.py. This file holds the kernel (host
 tensors and TMA atoms, shared storage, setup, the producer, the consumers' walk over their tiles)
-and launch. Performance and accuracy measurements: benchmarks/NOTES.md.
+and launch. Measurements: benchmarks/STATUS.md, benchmarks/history/, docs/DISPATCH.md.
 """
 
 from __future__ import annotations

@@ -26,6 +26,7 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Int32
 
+from .. import dispatch
 from ...quant import FP8_BLOCK, FP8_MAX, cdiv
 from .ptx import cvt_e4m3x4, div_rn
 
@@ -44,7 +45,7 @@ class QuantXConfig:
     threads: int = THREADS
     pdl: bool = False  # programmatic dependent launch, as tile_config.TileConfig.pdl (measured, not shipped)
     # (row, k-group) pairs per thread, their 16-byte loads in flight together: 4 where there are
-    # enough groups to fill the SMs that way, 1 for decode-sized x (select_config)
+    # enough groups to fill the SMs that way, 1 for decode-sized x (dispatch.quant_x_map)
     rounds: int = ROUNDS
     # columns per thread: 8 (one 16-byte load, 16 lanes per group) or 16 (two loads, one 16-byte
     # store, 8 lanes per group); 16 needs K % 16 == 0
@@ -187,26 +188,9 @@ def compile_quant_x(config: QuantXConfig = QuantXConfig()):
     )
 
 
-# Measured (bench_gate_up.py --quant-x, interleaved, 3 rounds; benchmarks/NOTES.md), µs:
-# - up to 2^15 (row, k-group) pairs: one round of 8 columns per thread, 256-thread CTAs (the most
-#   CTAs, the shortest chain per thread): M = 1..16 × K 4096 2.2, 64 × 8192 2.5, 256 × 8192 3.7; no
-#   other map was more than 0.1-0.2 µs faster at any of these sizes;
-# - from 2^15: 16 columns per thread (two loads, one 16-byte store, 3 shuffles instead of 4):
-#   1024 × 4096 5.65 → 5.11, 1024 × 8192 9.40 → 8.31;
-# - from 2^17 in 128-thread CTAs: 4096 × 4096 20.2 → 17.9, 4096 × 8192 37.7 (4 rounds) → 34.4,
-#   16384 × 4096 71.7 (4 rounds) → 67.6.
-# Where K % 16 != 0 the 8-column map runs: one round up to 2^17 pairs, four above (the earlier rule:
-# 4096 × 4096 20.9 / 21.1, 4096 × 8192 39.6 / 38.9, 16384 × 4096 75.9 / 72.9 for 1 / 4 rounds).
-WIDE_GROUPS = 1 << 15
-ONE_ROUND_GROUPS = 1 << 17
-
-
 def select_config(m: int, k: int) -> QuantXConfig:
-    """The thread ↔ data map for x [M, K] (the rules above)."""
-    groups = m * cdiv(k, GROUP)
-    if groups >= WIDE_GROUPS and k % (2 * VEC) == 0:
-        return QuantXConfig(rounds=1, vec=2 * VEC, threads=128 if groups >= ONE_ROUND_GROUPS else THREADS)
-    return QuantXConfig(rounds=1 if groups <= ONE_ROUND_GROUPS else ROUNDS)
+    """The thread ↔ data map for x [M, K]: kernels/dispatch.py's quant_x_map (DISPATCH D1)."""
+    return QuantXConfig(**dispatch.quant_x_map(m, k))
 
 
 def shipped_configs() -> list[QuantXConfig]:

@@ -15,20 +15,17 @@ from .tile_config import G, TileConfig
 # Stream-K deals the K iterations of all tiles out evenly over more CTAs instead; a CTA finishing
 # part of a tile stores an fp32 partial and the last to arrive sums them and runs the epilogue
 # (stream_k.StreamKMixin._fixup). That fix-up is not free (partials through L2, an arrival counter, the
-# epilogue serialized behind the last contributor: 4-16 µs measured, growing with the number of
-# CTAs per tile), so plan() uses it only where a cost model, fitted to the H100 measurements in
-# benchmarks/NOTES.md, predicts a clear gain, and with about enough CTAs to saturate HBM.
+# epilogue serialized behind the last contributor, growing with the number of CTAs per tile), so
+# plan() uses it only where a cost model predicts a clear gain, and with about enough CTAs to
+# saturate HBM. The model's constants are fitted to measurements: DISPATCH D19.
 SK_MIN_ITERS = 4  # k tiles per CTA, at least
 # A band's A tiles (x or h rows × K) fit in this much of the 50 MB L2, with the few weight tiles the
 # running CTAs share: beyond it, m-fastest order would re-read all of A from HBM for every N tile
 # (gate_up 8192×3584 at M = 16384: 134 MB of x, 28 times).
 BAND_A_BYTES = 32 << 20
-# One CTA's time per 32 KB weight k tile when few CTAs run (whole tiles, measured): the 64-row tile
-# (0.59 µs until v7 loaded its scales a pair of k tiles ahead; now 0.52: gate_up 8192×3584 at
-# M = 128, 56 whole tiles, 33.4 µs, which is faster than stream-K over 112 CTAs, 35.5 µs), the
-# 128-row tile (two consumer warpgroups, more MMA per byte), and the 16/32/64-token swap-AB tiles
-# (whole tiles on 28 CTAs, 64 k tiles: 28.3 / 34 / 71 µs, less ~3 µs of launch and epilogue; only
-# the 16-token one is shipped)
+# One CTA's time per 32 KB weight k tile when few CTAs run (whole tiles; DISPATCH D19): the 64-row
+# tile, the 128-row tile (two consumer warpgroups, more MMA per byte), and the 16/32/64-token
+# swap-AB tiles (only the 16-token one is shipped)
 ITER_US = {64: 0.52, 128: 0.84, "swap16": 0.40, "swap32": 0.48, "swap64": 1.07}
 HBM_BYTES_PER_US = 2.6e6  # what many CTAs together reach (2.96e6 for a plain copy)
 FIXUP_US = (4.0, 2.5)  # fix-up cost: base + per CTA sharing a tile
@@ -58,9 +55,9 @@ def plan(tiles: int, k_tiles: int, sms: int, grid_m: int = 1, iter_bytes: int = 
     tiles) of ``k_tiles`` k tiles, each reading ``iter_bytes`` of weights in ``iter_us`` per CTA:
     whole tiles (sk_tiles = 0), or all tiles stream-K split ``split`` ways. Stream-K is considered
     only while weights dominate (grid_m ≤ max_sk_grid_m: 2 for the 64/128-row tiles, since with
-    more M tiles CTAs on different K ranges no longer share weight tiles in L2, measured 1.6×
-    slower at M = 1024; 4 for the 16-token swap-AB tile, i.e. M ≤ 64), with about the CTAs that
-    keep HBM busy, and only where the cost model predicts SK_MIN_GAIN."""
+    more M tiles CTAs on different K ranges no longer share weight tiles in L2 (DISPATCH D19); 4
+    for the 16-token swap-AB tile, i.e. M ≤ 64), with about the CTAs that keep HBM busy, and only
+    where the cost model predicts SK_MIN_GAIN."""
     whole = (max(1, min(tiles, sms)), 0)
     if tiles <= 0 or grid_m > max_sk_grid_m or k_tiles < 2 * SK_MIN_ITERS:
         return whole
@@ -97,7 +94,7 @@ def schedule(config: TileConfig, m: int, n: int, k: int, sms: int) -> tuple[int,
 def launch_plan(config: TileConfig, m: int, n: int, k: int, device):
     """(ctas, sk_tiles, partials, counters) for one launch. Both are allocated per call, so no two
     launches (concurrent streams, CUDA graphs) ever share them: the partials cost nothing to
-    allocate, the zeroed counters one small memset (1–1.5 µs, benchmarks/NOTES.md). The kernel
+    allocate, the zeroed counters one small memset (DISPATCH D19). The kernel
     leaves its counters at zero again, which would let a cached tensor be reused safely on one
     stream."""
     import torch

@@ -1,9 +1,10 @@
 """Compile-time configuration of the sm_90a GEMM (gemm256.py) and the constants it is built on.
 
 TileConfig is the mainloop part of a configuration: tile shape, stages, mainloop, and the tile
-variants (swap-AB, cluster pairs along M or K, split_n, smem_scales, L2 hints). gate_up.GateUpConfig
-and down.DownConfig add the epilogue. A config is frozen: it is the compile-cache key, what a
-benchmark prints and what an error names.
+variants (swap-AB, cluster pairs along M or K, split_n, smem_scales, L2 hints). GateUpConfig
+(gate_up.py's kernel) and DownConfig (down.py's) add the epilogue. A config is frozen: it is the
+compile-cache key, what a benchmark prints and what an error names. Which config runs a call is
+kernels/dispatch.py's choice.
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ class TileConfig:
     # weight rows per tile: 256 = two 128-row halves (h columns [128n, 128n + 128)), or 192 / 224
     # (bf16 mainloop, bf16 h, 128-row tile: TILE_N_GRANULES): 6 / 7 granules of 16 gate + 16 up rows,
     # h columns [96n, 96n + 96) / [112n, 112n + 112), where whole waves of them are shorter
-    # (gate_up.granule_tile_n: e.g. I = 3584 at M = 1024, 224 tiles of 256 rows = 1.7 waves of 132 SMs)
+    # (dispatch.granule_tile_n)
     tile_n: int = 256
     stages: int = 4
     mainloop: str = "fp8_block128"
@@ -51,8 +52,8 @@ class TileConfig:
     # tile, each loads half of its weight k tiles and TMA multicasts it to both (half the L2
     # traffic for weights). Whole tiles only (no stream-K); the M tiles are padded to a multiple.
     cluster_m: int = 1
-    # CTAs per cluster along K (1 or 2; swap-AB tiles, and the 64-row tile with 3 stages, measured no
-    # faster and not dispatched): every tile is split in two K halves
+    # CTAs per cluster along K (1 or 2; swap-AB tiles, and the 64-row tile with 3 stages, not
+    # dispatched: DISPATCH D23): every tile is split in two K halves
     # run by the two CTAs of a cluster, and the second sends its fp32 accumulator into the first's
     # shared memory (st.async, DSMEM), which adds it and runs the epilogue. Twice the CTAs
     # streaming weights at decode, without stream-K's global partials, counters and their memset.
@@ -62,22 +63,19 @@ class TileConfig:
     # (quant_x, gate_up) finishes, and sets up (barriers, TMA descriptors, cluster sync) before
     # griddepcontrol.wait, which returns once that kernel is complete and its writes visible; every
     # global access comes after it. It lets the next kernel start early in turn. Correct (the GPU
-    # suite passed with it on everywhere) but off: in the whole MLP it measured from 15 µs faster
-    # to 44 µs slower depending on the shape and M (benchmarks/NOTES.md, bench_mlp --pdl-ab).
+    # suite passed with it on everywhere) but off: DISPATCH D20.
     pdl: bool = False
     # gate_up's 64/128-row tiles: each warpgroup's h slab leaves smem by a TMA store (issued by one
     # thread, asynchronous: the warpgroup goes on to its next tile while the TMA unit writes, rows
     # ≥ M clipped by the tensor map) instead of the threads' 16-byte copy-out (which the swap-AB
-    # tiles and the linear epilogue always use). Correct (GPU tests: bit-identical h) but off:
-    # measured 0-8 % slower at prefill (gate_up 4096×14336 M = 1024: 249.6 vs 230.0 µs; the TMA
-    # unit also serves the producer's loads), benchmarks/NOTES.md; bench_gate_up --store-ab.
+    # tiles and the linear epilogue always use). Correct (GPU tests: bit-identical h) but off
+    # (the TMA unit also serves the producer's loads): DISPATCH D22.
     tma_store: bool = False
     # the 128-row fp8 tile: the producer warp stages each k tile's promotion scales (the tile's 128
     # A-row scales and its 2 weight-block scales) in smem beside the stage, and the consumers read
     # them there instead of from global memory (as cuBLAS's block-scaled kernel does); the stage's
-    # full barrier takes a second arrival for them. Measured 1-5 % faster (gate_up 8192x3584
-    # M = 1024: 114.2 vs 119.7 µs, 9 rounds; benchmarks/NOTES.md). Dispatched for gate_up with
-    # fp8 h; with bf16 h its 4 stages leave no room for the scales.
+    # full barrier takes a second arrival for them. Dispatched for gate_up with fp8 h (DISPATCH
+    # D13); with bf16 h its 4 stages leave no room for the scales.
     smem_scales: bool = False
     # the fp8 64-row gate_up tile with two consumer warpgroups instead of one: warpgroup w runs B
     # half w (gate, up) over all 64 rows in N = 128 chains, double-buffered; the up warpgroup hands
@@ -226,3 +224,39 @@ class TileConfig:
     @property
     def k_align(self) -> int:
         return 16 // self.elem_bytes  # TMA: 16-byte row stride
+
+
+@dataclass(frozen=True)
+class GateUpConfig(TileConfig):
+    """Compile-time configuration of gate_up (the cache key; benchmarks print it)."""
+
+    act: str = "silu"
+    h_format: str = "fp8_group128"
+
+    epilogue = "swiglu"
+    residual = False
+
+    def __post_init__(self):
+        epilogue.activation(self.act)
+        if self.h_format not in epilogue.H_FORMATS:
+            raise ValueError(f"GateUpConfig.h_format: expected one of {epilogue.H_FORMATS}, got {self.h_format!r}")
+        super().__post_init__()
+
+    @property
+    def h_fmt(self) -> epilogue.HFormat:
+        """How the epilogue stores h (epilogue.h_format of h_format)."""
+        return epilogue.h_format(self.h_format)
+
+    @property
+    def out_bytes(self) -> int:
+        return self.h_fmt.bits // 8
+
+
+@dataclass(frozen=True)
+class DownConfig(TileConfig):
+    """Compile-time configuration of down (the cache key; benchmarks print it)."""
+
+    residual: bool = False  # y = h @ W^T + residual
+
+    epilogue = "linear"
+    out_bytes = 2  # bf16 y

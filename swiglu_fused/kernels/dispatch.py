@@ -1,0 +1,424 @@
+"""Kernel selection: for each call, which backend runs it and with which kernel configuration.
+
+    backend     quant_x_backend, gate_up_backend, down_backend, module_backend:
+                "sm90" (the CuTe DSL kernels), "cublas" (down only) or "reference" (kernels/reference.py)
+    config      quant_x_map, gate_up_config, down_config: the sm90 kernel's compile-time
+                configuration for these operands (None: the kernel does not implement them)
+    shipped     gate_up_shipped, down_shipped: every config the rules can return (CI compile-checks
+                them; benchmarks/ptx_md5.py fingerprints them)
+
+The sm90 kernels run on a CUDA tensor of an sm_90 device where CuTe DSL imports, for the formats
+and operands they implement; everything else runs the reference (down: cuBLAS on CUDA first).
+Rules that were chosen by measurement cite a row of docs/DISPATCH.md ("DISPATCH D4"), which holds
+the numbers, the device, the date and the benchmark behind them.
+
+This module imports the sm90 package only inside functions, so it loads (and the reference runs)
+without CuTe DSL; the sm90 modules import it for their ``select_config`` / ``shipped_configs``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import os
+import warnings
+
+import torch
+
+from .. import formats
+from ..quant import cdiv
+from . import cublas
+
+SM90, CUBLAS, REFERENCE = "sm90", "cublas", "reference"
+GROUP = formats.FP8_BLOCK  # fp8 scale group = weight block = half a gate_up tile (tile_config.G)
+FP8_MAINLOOP, BF16_MAINLOOP = formats.FP8Block128.name, formats.BF16.name  # = tile_config's
+
+# Set SWIGLU_FUSED_DISABLE_KERNELS=1 to force the reference path everywhere (debugging).
+DISABLED = os.environ.get("SWIGLU_FUSED_DISABLE_KERNELS", "") not in ("", "0")
+
+
+# ================================================================ backends
+@functools.lru_cache(maxsize=None)
+def _cutlass_available() -> bool:
+    try:
+        import cutlass  # noqa: F401
+        import cutlass.cute  # noqa: F401
+    except Exception:
+        return False
+    return True
+
+
+@functools.lru_cache(maxsize=None)
+def _is_sm90(index: int) -> bool:
+    return torch.cuda.get_device_capability(index) == (9, 0)
+
+
+def sm90_kernels_usable(device: torch.device) -> bool:
+    """True when tensors on ``device`` can run the sm_90a kernels."""
+    if DISABLED or device.type != "cuda" or not _cutlass_available():
+        return False
+    return _is_sm90(device.index if device.index is not None else torch.cuda.current_device())
+
+
+def rows_16_bytes(op: str, **tensors: torch.Tensor) -> bool:
+    """Whether every matrix has 16-byte rows, which the kernels' TMA and vector accesses need. A
+    shape without them (H = 1000 in fp8, say: the format allows it) runs on the reference, slowly
+    but correctly, and says so once per op and width."""
+    for name, t in tensors.items():
+        if t.shape[-1] * t.element_size() % 16:
+            _warn_reference_once(op, name, t.shape[-1], 16 // t.element_size())
+            return False
+    return True
+
+
+@functools.lru_cache(maxsize=None)
+def _warn_reference_once(op: str, name: str, cols: int, multiple: int) -> None:
+    warnings.warn(f"{op}: {name} has {cols} columns, not a multiple of {multiple} (16-byte rows), so the "
+                  f"sm90 kernel cannot run it and the plain-torch reference does, much more slowly; pad "
+                  f"{name}'s last dimension with zeros to {cdiv(cols, multiple) * multiple} for the kernel",
+                  stacklevel=5)
+
+
+def format_has_kernels(weight_format: str, interleave: int) -> bool:
+    """Whether the sm90 kernels implement this weight format at this interleave (formats.py says)."""
+    return formats.weight_format(weight_format).has_sm90_kernels(interleave)
+
+
+def module_backend(weight_format: str, interleave: int, device: torch.device) -> str:
+    """Where a FusedSwiGLUMLP's forward runs: SM90 (down partly on cuBLAS, see down_backend) or REFERENCE."""
+    return SM90 if format_has_kernels(weight_format, interleave) and sm90_kernels_usable(device) else REFERENCE
+
+
+def quant_x_backend(x: torch.Tensor) -> str:
+    """SM90 for a bf16 x with 16-byte rows on an sm_90 device, else REFERENCE."""
+    if x.dtype == torch.bfloat16 and sm90_kernels_usable(x.device) and rows_16_bytes("quant_x", x=x):
+        return SM90
+    return REFERENCE
+
+
+def gate_up_backend(x, weight, weight_scale, x_scale, global_scale, interleave, act, h_format):
+    """(SM90, GateUpConfig) where the kernel implements these arguments (g = 128, no global scale,
+    16-byte rows, gate_up_config not None), else (REFERENCE, None)."""
+    if not sm90_kernels_usable(x.device) or global_scale is not None or interleave != GROUP:
+        return REFERENCE, None
+    try:
+        cfg = gate_up_config(x, weight, weight_scale, x_scale, act=act, h_format=h_format)
+    except ImportError:
+        return REFERENCE, None
+    if cfg is None or not rows_16_bytes("gate_up", x=x, weight=weight):
+        return REFERENCE, None
+    return SM90, cfg
+
+
+def down_backend(h, weight, weight_scale, h_scale, global_scale, residual, out_dtype):
+    """(SM90, DownConfig) where the kernel implements these arguments and is the faster one
+    (beats_cublas), else (CUBLAS, None) where cuBLAS takes them (CUDA, fp8_block128 / bf16), else
+    (REFERENCE, None)."""
+    takes = cublas.supports_down(h, weight, weight_scale, h_scale, global_scale) and not DISABLED
+    if sm90_kernels_usable(h.device) and global_scale is None:
+        try:
+            from .sm90 import schedule
+
+            cfg = down_config(h, weight, weight_scale, h_scale, residual, out_dtype)
+        except ImportError:
+            cfg = None
+        if cfg is not None and not (takes and not beats_cublas(cfg, h.shape[0], weight.shape[0], h.shape[1],
+                                                               schedule.sm_count(h.device))):
+            return SM90, cfg
+    return (CUBLAS, None) if takes else (REFERENCE, None)
+
+
+# ================================================================ quant_x: the thread ↔ data map
+WIDE_GROUPS = 1 << 15  # from this many (row, k-group) pairs: 16 columns per thread (DISPATCH D1)
+ONE_ROUND_GROUPS = 1 << 17  # from this many: 128-thread CTAs; with 8 columns, 4 rounds above it (D1)
+
+
+def quant_x_map(m: int, k: int) -> dict:
+    """QuantXConfig's rounds / vec / threads for x [M, K] (DISPATCH D1): one round of 8 columns in
+    256-thread CTAs at decode sizes; 16 columns (K % 16 == 0) from WIDE_GROUPS, in 128-thread CTAs
+    from ONE_ROUND_GROUPS; with 8 columns four rounds above ONE_ROUND_GROUPS."""
+    groups = m * cdiv(k, GROUP)
+    if groups >= WIDE_GROUPS and k % 16 == 0:
+        return dict(rounds=1, vec=16, threads=128 if groups >= ONE_ROUND_GROUPS else 256)
+    return dict(rounds=1 if groups <= ONE_ROUND_GROUPS else 4, vec=8, threads=256)
+
+
+# ================================================================ gate_up: the tile
+DECODE_M = 64  # M ≤ this uses the 64-row tile (or the swap-AB tile)
+# The swap-AB tile (swap_ab.py): (tokens, stages), both mainloops; 32/64-token tiles not shipped (D2, D3)
+GATE_UP_SWAP_TILES = ((16, 5),)
+SWAP_LONG_K, SWAP_LONG_K_STAGES = 8192, 6  # a CTA streaming K ≥ this (whole tiles): six stages (D4)
+GATE_UP_SWAP_M = 32  # M ≤ this: the swap-AB tile (D2)
+SWAP_M_ONE_WAVE = 64  # M ≤ this: the swap-AB tile if its tiles fit one wave (D2)
+ONE_WAVE_64_M = 256  # M ≤ this: the 64-row tile if its tiles fit one wave, else the 128-row one (D6)
+CLUSTER_K_MAX_TILES = 0.25  # × SMs: the swap-AB tile as K halves over cluster pairs up to this (D5)
+GRANULE_MIN_GAIN = 0.95  # the granule tile where its rounds are predicted this much shorter (D7)
+CLUSTER_M_MIN = 4096  # the 128 × 256 tile in cluster pairs from this M on (D8)
+SPLIT_N_STAGES = 4  # the fp8 64-row tile on two warpgroups (split_n, D9) ...
+SPLIT_N_DEEP_TILES = 40  # ... with a fifth stage up to this many 256-row weight tiles (D10)
+SPLIT64_M = 128  # fp8, 64 < M ≤ this with one wave of 128-row tiles: the split_n 64-row tile (D11)
+
+
+def _gate_up_swap_tiles(m: int, n: int) -> int:
+    """Tiles of the swap-AB tile for M rows and N = 2I weight rows."""
+    return cdiv(m, GATE_UP_SWAP_TILES[0][0]) * cdiv(n, 2 * GROUP)
+
+
+def gate_up_swap_ab(m: int, n: int, sms: int) -> bool:
+    """Whether gate_up with M rows and N = 2I weight rows runs the swap-AB tile (DISPATCH D2)."""
+    return m <= GATE_UP_SWAP_M or (m <= SWAP_M_ONE_WAVE and _gate_up_swap_tiles(m, n) <= sms)
+
+
+def gate_up_cluster_k(m: int, n: int, sms: int, mainloop: str) -> bool:
+    """Whether gate_up's swap-AB tile runs as K halves over cluster pairs (TileConfig.cluster_k = 2,
+    either mainloop; DISPATCH D5)."""
+    return _gate_up_swap_tiles(m, n) <= CLUSTER_K_MAX_TILES * sms
+
+
+def gate_up_tile_for(m: int, n: int, sms: int, mainloop: str) -> tuple[int, int, bool]:
+    """(tile_m, stages, swap_ab) for M rows and N = 2I weight rows on ``sms`` SMs: the swap-AB tile
+    (D2), else the 64-row tile up to M = 256 where its tiles fit one wave (D6) or fp8's split64
+    range (D11), else the 128-row tile."""
+    if gate_up_swap_ab(m, n, sms):
+        return (*GATE_UP_SWAP_TILES[0], True)
+    if m <= DECODE_M or (m <= ONE_WAVE_64_M and cdiv(m, 64) * cdiv(n, 2 * GROUP) <= sms):
+        return 64, 5, False
+    if split64_applies(m, n, sms, mainloop):
+        return 64, 5, False
+    return 128, 4, False
+
+
+def granule_tile_n(m: int, n: int, sms: int) -> int | None:
+    """The granule tile_n for the 128-row bf16 → bf16 h tile of M rows and N = 2I weight rows, or
+    None where the 256-row tile's rounds are as short: the width whose ⌈tiles / SMs⌉ rounds of
+    tile_n / 2 h columns are shortest (the wider one on a tie), if GRANULE_MIN_GAIN shorter (D7).
+    E.g. I = 3584 at M = 1024: 224 tiles of 256 rows on 132 SMs (1.7 waves, two rounds) but 256 of
+    224 rows (1.94 waves, two rounds of 7/8 the work). Needs I % (tile_n / 2) == 0."""
+    from .sm90.tile_config import TILE_N_GRANULES
+
+    i_cols = n // 2
+    grid_m = cdiv(m, 128)
+
+    def rounds_cost(cols):
+        return cdiv(grid_m * (i_cols // cols), sms) * cols
+
+    best = None
+    for tile_n in sorted(TILE_N_GRANULES, reverse=True):
+        cols = tile_n // 2
+        if i_cols % cols == 0 and rounds_cost(cols) < GRANULE_MIN_GAIN * rounds_cost(GROUP):
+            if best is None or rounds_cost(cols) < rounds_cost(best // 2):
+                best = tile_n
+    return best
+
+
+def cluster_m_for(m: int, tile_m: int, tile_n: int) -> int:
+    """TileConfig.cluster_m for M rows on this tile: 2 for the 128 × 256 tile from CLUSTER_M_MIN on
+    (D8: the two CTAs take M-adjacent tiles and TMA-multicast the shared weight k tiles)."""
+    return 2 if m >= CLUSTER_M_MIN and tile_m == 128 and tile_n == 2 * GROUP else 1
+
+
+def split_n_applies(tile_m: int, swap_ab: bool, mainloop: str) -> bool:
+    """TileConfig.split_n for gate_up's tile: the fp8 mainloop's 64-row tile (D9)."""
+    return mainloop == FP8_MAINLOOP and tile_m == 64 and not swap_ab
+
+
+def split_n_deep(n: int) -> bool:
+    """Whether N = 2I weight rows have few enough 256-row tiles for the 5-stage split_n tile (D10)."""
+    return cdiv(n, 2 * GROUP) <= SPLIT_N_DEEP_TILES
+
+
+def split_n_pipeline(deep: bool, h_format: str) -> dict:
+    """The split_n tile's stages and xacc_parts: 4 stages, or (deep) 5, which fit when the up half's
+    accumulator is handed over in parts (2 with fp8 h, 4 with bf16 h's larger staging slab; D10)."""
+    from .sm90 import epilogue
+
+    if deep:
+        return dict(stages=SPLIT_N_STAGES + 1, xacc_parts=2 if epilogue.h_format(h_format).scaled else 4)
+    return dict(stages=SPLIT_N_STAGES)
+
+
+def split64_applies(m: int, n: int, sms: int, mainloop: str) -> bool:
+    """Whether fp8 gate_up with M rows and N = 2I weight rows takes the 64-row tile (split_n) where
+    gate_up_tile_for's one-wave rule would pick the 128-row one (D11)."""
+    return mainloop == FP8_MAINLOOP and m <= SPLIT64_M and cdiv(n, 2 * GROUP) <= sms
+
+
+def gate_up_l2_hint(tile_m: int, swap_ab: bool) -> str:
+    """TileConfig.l2_hint for gate_up's tile: the 64-row tile evicts weight k tiles first, so x and
+    what the previous kernels wrote stay in L2 (D12)."""
+    return "w_first" if tile_m == 64 and not swap_ab else ""
+
+
+def smem_scales_apply(tile_m: int, swap_ab: bool, mainloop: str, h_format: str) -> bool:
+    """TileConfig.smem_scales for the fp8 128-row tile with fp8 h (D13; bf16 h leaves no smem for it)."""
+    from .sm90 import epilogue
+
+    return mainloop == FP8_MAINLOOP and tile_m == 128 and not swap_ab and epilogue.h_format(h_format).scaled
+
+
+def gate_up_config(x, weight, weight_scale, x_scale, *, act: str, h_format: str):
+    """The GateUpConfig for these operands (on any device), or None when the sm90 kernel does not
+    implement them."""
+    from .sm90 import epilogue
+    from .sm90.schedule import sm_count
+    from .sm90.tile_config import GateUpConfig
+
+    if act not in epilogue.ACTIVATIONS or h_format not in epilogue.H_FORMATS:
+        return None
+    if weight.dtype == torch.float8_e4m3fn and x.dtype == torch.float8_e4m3fn:
+        if weight_scale is None or x_scale is None or weight_scale.dtype != torch.float32:
+            return None
+        mainloop = FP8_MAINLOOP
+    elif weight.dtype == torch.bfloat16 and x.dtype == torch.bfloat16:
+        mainloop = BF16_MAINLOOP
+    else:
+        return None
+    m, n, k = x.shape[0], weight.shape[0], x.shape[1]
+    if n % (2 * GROUP):
+        return None
+    sms = sm_count(x.device)
+    tile_m, stages, swap = gate_up_tile_for(m, n, sms, mainloop)
+    ck = 2 if swap and gate_up_cluster_k(m, n, sms, mainloop) else 1
+    if swap and ck == 1 and k >= SWAP_LONG_K:  # (K pairs keep five: D4 measured them at 4096 a CTA only)
+        stages = SWAP_LONG_K_STAGES
+    tile_n = 2 * GROUP
+    if mainloop == BF16_MAINLOOP and not epilogue.h_format(h_format).scaled and tile_m == 128:
+        tile_n = granule_tile_n(m, n, sms) or tile_n
+    split = split_n_applies(tile_m, swap, mainloop)
+    pipe = split_n_pipeline(split_n_deep(n), h_format) if split else dict(stages=stages)
+    return GateUpConfig(tile_m=tile_m, tile_n=tile_n, act=act, h_format=h_format, mainloop=mainloop, swap_ab=swap,
+                        cluster_k=ck, cluster_m=cluster_m_for(m, tile_m, tile_n),
+                        smem_scales=smem_scales_apply(tile_m, swap, mainloop, h_format),
+                        split_n=split, l2_hint=gate_up_l2_hint(tile_m, swap), **pipe)
+
+
+def gate_up_shipped() -> list:
+    """Every GateUpConfig gate_up_config can return (what CI compile-checks)."""
+    from .sm90 import epilogue
+    from .sm90.tile_config import MAINLOOPS, TILE_N_GRANULES, GateUpConfig
+
+    swap_tm, swap_stages = GATE_UP_SWAP_TILES[0]
+    out = []
+    for mainloop in MAINLOOPS:
+        for act in epilogue.ACTIVATIONS:
+            for h_format in epilogue.H_FORMATS:
+                tiles = [(128, 4, False, 1), (128, 4, False, 2), (64, 5, False, 1)]  # (cluster_m_for)
+                tiles += [(t, s, True, 1) for t, s in GATE_UP_SWAP_TILES] + [(swap_tm, SWAP_LONG_K_STAGES, True, 1)]
+                for tile_m, stages, swap, cl in tiles:
+                    split = split_n_applies(tile_m, swap, mainloop)
+                    for deep in (False, True) if split else (False,):  # (split_n_pipeline: 4 or 5 stages)
+                        pipe = split_n_pipeline(deep, h_format) if split else dict(stages=stages)
+                        out.append(GateUpConfig(tile_m=tile_m, act=act, h_format=h_format, mainloop=mainloop,
+                                                swap_ab=swap, cluster_m=cl, split_n=split,
+                                                l2_hint=gate_up_l2_hint(tile_m, swap),
+                                                smem_scales=smem_scales_apply(tile_m, swap, mainloop, h_format),
+                                                **pipe))
+                out.append(GateUpConfig(tile_m=swap_tm, stages=swap_stages, act=act,  # gate_up_cluster_k
+                                        h_format=h_format, mainloop=mainloop, swap_ab=True, cluster_k=2))
+                if mainloop == BF16_MAINLOOP and not epilogue.h_format(h_format).scaled:  # granule_tile_n
+                    out.extend(GateUpConfig(tile_m=128, tile_n=tile_n, stages=4, act=act, h_format=h_format,
+                                            mainloop=mainloop) for tile_n in TILE_N_GRANULES)
+    return out
+
+
+# ================================================================ down: the tile, and sm90 vs cuBLAS
+DOWN_SWAP_TILES = ((16, 6),)  # the fp8 swap-AB tile (swap_ab.py): (tokens, stages) ...
+DOWN_SWAP_M = 64  # ... for M ≤ this (D14)
+ROWS_64 = 128  # M ≤ this (above the swap-AB range): the 64-row tile
+MIN_WAVE = 0.9  # bf16: the kernel from this fraction of a wave of tiles ... (D16)
+MAX_M = 4096  # ... up to this M (D16)
+
+
+def down_swap_ab(m: int) -> bool:
+    """Whether down with M rows runs the swap-AB tile (fp8; D14)."""
+    return m <= DOWN_SWAP_M
+
+
+def down_tile_for(m: int, mainloop: str) -> tuple[int, int, bool]:
+    """(tile_m, stages, swap_ab) for M rows."""
+    if mainloop == FP8_MAINLOOP and down_swap_ab(m):
+        return (*DOWN_SWAP_TILES[0], True)
+    return (64, 5, False) if m <= ROWS_64 else (128, 4, False)
+
+
+def down_cluster_k(config, m: int, n: int, k: int, sms: int) -> bool:
+    """Whether the fp8 swap-AB tile runs its K halves over cluster pairs (TileConfig.cluster_k = 2,
+    DSMEM) instead of the stream-K split 2 that schedule.plan picks, with few tiles (≤ 0.25 × SMs,
+    as gate_up_cluster_k; D17). Other splits and whole tiles keep plan()'s schedule."""
+    from .sm90.schedule import schedule
+
+    if not (config.swap_ab and config.fp8):
+        return False
+    ctas, sk_tiles = schedule(config, m, n, k, sms)
+    return 0 < sk_tiles <= 0.25 * sms and ctas == 2 * sk_tiles
+
+
+def down_l2_hint(tile_m: int, swap_ab: bool, mainloop: str) -> str:
+    """TileConfig.l2_hint for down's tile: the fp8 64-row tile evicts weight k tiles first, as
+    gate_up's does (h was just written by gate_up and every CTA reads it; D18)."""
+    return "w_first" if tile_m == 64 and not swap_ab and mainloop == FP8_MAINLOOP else ""
+
+
+def down_config(h, weight, weight_scale, h_scale, residual, out_dtype):
+    """The DownConfig for these operands, or None when the sm90 kernel does not implement them
+    (then down_backend picks cuBLAS or the reference)."""
+    from .sm90.tile_config import N_ALIGN, DownConfig
+
+    fp8 = torch.float8_e4m3fn
+    if out_dtype != torch.bfloat16:
+        return None
+    if weight.dtype == fp8 and h.dtype == fp8:
+        if (weight_scale is None or h_scale is None or weight_scale.dtype != torch.float32
+                or h_scale.dtype != torch.float32):
+            return None
+        mainloop, k_align = FP8_MAINLOOP, 16
+    elif weight.dtype == torch.bfloat16 and h.dtype == torch.bfloat16:
+        mainloop, k_align = BF16_MAINLOOP, 8
+    else:
+        return None
+    if residual is not None and residual.dtype != torch.bfloat16:
+        return None
+    if weight.shape[0] % N_ALIGN or weight.shape[1] % k_align:
+        return None
+    tile_m, stages, swap = down_tile_for(h.shape[0], mainloop)
+    cfg = DownConfig(tile_m=tile_m, stages=stages, mainloop=mainloop, residual=residual is not None, swap_ab=swap,
+                     l2_hint=down_l2_hint(tile_m, swap, mainloop))
+    if h.is_cuda:
+        from .sm90.schedule import sm_count
+
+        if down_cluster_k(cfg, h.shape[0], weight.shape[0], h.shape[1], sm_count(h.device)):
+            return dataclasses.replace(cfg, cluster_k=2)
+    return cfg
+
+
+def down_shipped() -> list:
+    """Every DownConfig down_config can return (what CI compile-checks)."""
+    from .sm90.tile_config import MAINLOOPS, DownConfig
+
+    return [
+        DownConfig(tile_m=tile_m, stages=stages, mainloop=mainloop, residual=residual, swap_ab=swap,
+                   l2_hint=down_l2_hint(tile_m, swap, mainloop))
+        for mainloop in MAINLOOPS
+        for residual in (False, True)
+        for tile_m, stages, swap in [(128, 4, False), (64, 5, False)]
+        + ([(t, s, True) for t, s in DOWN_SWAP_TILES] if mainloop == FP8_MAINLOOP else [])
+    ] + [DownConfig(tile_m=DOWN_SWAP_TILES[0][0], stages=DOWN_SWAP_TILES[0][1], residual=residual, swap_ab=True,
+                    cluster_k=2) for residual in (False, True)]  # down_cluster_k
+
+
+def fills_gpu(config, m: int, n: int, sms: int) -> bool:
+    """Whether the kernel's ceil(M/tile_m) · ceil(H/256) tiles fill at least MIN_WAVE of the SMs."""
+    tiles = cdiv(m, config.tile_m) * cdiv(n, config.tile_n)
+    return tiles >= MIN_WAVE * sms
+
+
+def beats_cublas(config, m: int, n: int, k: int, sms: int) -> bool:
+    """Where the down kernel was measured faster than cuBLAS: fp8 with the swap-AB tile or with the
+    64-row tile where stream-K shares K out, elsewhere cuBLAS (D15); bf16 from MIN_WAVE of a wave
+    of tiles up to MAX_M, or where stream-K shares K out (D16)."""
+    from .sm90.schedule import schedule
+
+    shares_k = config.tile_m == 64 and schedule(config, m, n, k, sms)[1] > 0
+    if config.fp8:
+        return config.swap_ab or shares_k
+    return (fills_gpu(config, m, n, sms) and m <= MAX_M) or shares_k
