@@ -1,8 +1,8 @@
 """gate_up config variants against the dispatched config, timed in turn on the same operands (GPU).
 
-Each variant is the dispatched config (gate_up.select_config) with some fields replaced:
+Each variant is the dispatched config (harness.gate_up_config) with some fields replaced:
 
-    python benchmarks/ab_gate_up.py --shapes 8192x3584 --m 1024,4096 --rounds 5 \\
+    python -m benchmarks.ab_gate_up --shapes 8192x3584 --m 1024,4096 --rounds 5 \\
         --variant stagger:stagger=True --variant tile64:tile_m=64,stages=5
 
 Every variant's h is first compared with the dispatched config's (bit-identical, or the largest
@@ -14,31 +14,13 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import os
 import statistics
-import sys
 
 import torch
 
-sys.path.insert(0, ".")
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import bench_gate_up as b  # noqa: E402
-from swiglu_fused.kernels.sm90 import gate_up as kg  # noqa: E402
+from benchmarks import harness as b
+from swiglu_fused.kernels.sm90 import gate_up as kg
 
-
-def parse_variant(text: str) -> tuple[str, dict]:
-    """'name:field=value,field=value' → (name, {field: value}); values are Python literals."""
-    import ast
-
-    name, _, fields = text.partition(":")
-    out = {}
-    for item in filter(None, fields.split(",")):
-        key, _, value = item.partition("=")
-        try:
-            out[key] = ast.literal_eval(value)
-        except (ValueError, SyntaxError):
-            out[key] = value  # a bare string such as gelu_tanh
-    return name, out
 
 
 def same_h(cfg_a, cfg_b, ops) -> str:
@@ -61,7 +43,7 @@ def main():
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--json", default=None)
     a = p.parse_args()
-    variants = [parse_variant(v) for v in a.variant]
+    variants = [b.parse_variant(v) for v in a.variant]
     h_format = "fp8_group128" if a.mainloop == "fp8_block128" else "bf16"
     rows = []
     for shape in a.shapes.split(","):
@@ -76,7 +58,7 @@ def main():
             sets = b.rotation(make, sum(t.nbytes for t in first if t is not None))
             del first
             x, xs, w, ws = sets[0]
-            base = kg.select_config(x, w, ws, xs, act="silu", h_format=h_format)
+            base = b.gate_up_config(x, w, ws, xs, act="silu", h_format=h_format)
             if base is None:
                 print(f"H={hidden} I={inter} M={m}: no sm90 config (the reference would run); skipped")
                 continue

@@ -1,15 +1,15 @@
 """down benchmark: the sm90 kernel (gemm256 with the linear epilogue) against cuBLAS block-scaled
 GEMM (torch._scaled_mm, 1x128 / 128x128 scales, as kernels/cublas.py calls it), with and without
 the residual (cuBLAS: GEMM then a separate add). Same process, same inputs; every timing is a CUDA
-graph of REPS launches, median of --iters replays (bench_gate_up.graph_time_us).
+graph of REPS launches, median of --iters replays (harness.graph_time_us).
 
-    python benchmarks/bench_down.py [--shapes 4096x14336,8192x3584] [--m 16,1024,4096] [--json out.json]
-    python benchmarks/bench_down.py --rounds 5 [...]   # kernel vs cuBLAS (no residual) only, in turn
-    python benchmarks/bench_down.py --rounds 5 --variant s5:stages=5   # + DownConfig variants
+    python -m benchmarks.bench_down [--shapes 4096x14336,8192x3584] [--m 16,1024,4096] [--json out.json]
+    python -m benchmarks.bench_down --rounds 5 [...]   # kernel vs cuBLAS (no residual) only, in turn
+    python -m benchmarks.bench_down --rounds 5 --variant s5:stages=5   # + DownConfig variants
 
 --rounds N: the kernel and cuBLAS, each on operand sets rotated past L2 (as bench_gate_up), captured
-once and timed in turn N times (bench_gate_up.interleaved_us): medians and the per-round ratio,
-for the dispatch decisions (down.beats_cublas) whose margins are a few %. --variant (as in
+once and timed in turn N times (harness.interleaved_us): medians and the per-round ratio,
+for the dispatch decisions (beats_cublas) whose margins are a few %. --variant (as in
 ab_gate_up.py) adds the dispatched config with fields replaced, timed in the same turns.
 """
 
@@ -17,19 +17,15 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import os
 import statistics
-import sys
 
 import torch
 
-sys.path.insert(0, ".")
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import bench_gate_up as b  # noqa: E402
-from swiglu_fused import quant  # noqa: E402
-from swiglu_fused.kernels import cublas, reference  # noqa: E402
-from swiglu_fused.kernels.sm90 import down as k  # noqa: E402
-from ab_gate_up import parse_variant  # noqa: E402
+from benchmarks import harness as b
+from benchmarks.harness import parse_variant
+from swiglu_fused import quant
+from swiglu_fused.kernels import cublas, reference
+from swiglu_fused.kernels.sm90 import down as k
 
 
 def main():
@@ -61,8 +57,8 @@ def main():
             hq, hs = (hb, None) if bf16 else reference.quant_x(hb)
             hs = hs if bf16 else quant.m_major(hs)  # M-major, as gate_up writes it (and both downs read)
             res = torch.randn(m, hidden, device="cuda", generator=g).to(torch.bfloat16)
-            cfg = k.select_config(hq, wq, ws, hs, None, torch.bfloat16)
-            cfg_r = k.select_config(hq, wq, ws, hs, res, torch.bfloat16)
+            cfg = b.down_config(hq, wq, ws, hs, None, torch.bfloat16)
+            cfg_r = b.down_config(hq, wq, ws, hs, res, torch.bfloat16)
             y_ref = reference.down(hq, wq, ws, hs)
             y_k = k.down(cfg, hq, wq, ws, hs)
             y_c = cublas.down(hq, wq, ws, hs, None, torch.bfloat16)
@@ -100,7 +96,7 @@ def interleaved(a):
                     torch.randn(hidden, inter, device="cuda", generator=g) * 0.05))
             sets = b.rotation(make, hidden * inter)
             hq0, hs0, wq0, ws0 = sets[0]
-            cfg = k.select_config(hq0, wq0, ws0, hs0, None, torch.bfloat16)
+            cfg = b.down_config(hq0, wq0, ws0, hs0, None, torch.bfloat16)
             variants = {n: dataclasses.replace(cfg, **f) for n, f in map(parse_variant, a.variant)}
             y0 = k.down(cfg, hq0, wq0, ws0, hs0) if variants else None
             checks = {n: "bit-identical" if torch.equal(k.down(c, hq0, wq0, ws0, hs0), y0) else "differs"

@@ -1,12 +1,12 @@
 """gate_up fp8_block128 benchmark: the fused sm90 kernel against cuBLAS block-scaled GEMM
 (torch._scaled_mm, 1x128 / 128x128 scales) followed by the best separate SiLU·up + group-quant
-(the faster of torch.compile's and a one-pass Triton kernel on each shape, act_quant_peer.py; its
+(the faster of torch.compile's and a one-pass Triton kernel on each shape, swiglu_fused/bench.py; its
 achieved TB/s is printed). Peers run in the same process on the same inputs; every timing is a CUDA graph of
 ``REPS`` launches (so Python launch cost is excluded for both), median of ``--iters`` replays. Operands
 rotate over enough independent sets that one pass moves more than twice the 50 MB L2 (``rotated_sets``
 in the JSON), so small shapes are not timed from cache.
 
-    python benchmarks/bench_gate_up.py [--shapes 4096x14336,...] [--m 16,64,1024,4096] [--json out.json]
+    python -m benchmarks.bench_gate_up [--shapes 4096x14336,...] [--m 16,64,1024,4096] [--json out.json]
                                        [--rounds 5]   # ours and the peers timed in turn, 5 times
 
 Prints a table: µs and TFLOP/s (2·M·H·2I) of every GEMM pipeline (ours, cuBLAS GEMM alone, cuBLAS GEMM
@@ -21,165 +21,21 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import datetime
 import functools
-import itertools
-import json
 import statistics
-import sys
-from pathlib import Path
 
 import torch
 
-sys.path.insert(0, ".")
-from swiglu_fused import quant  # noqa: E402
-from swiglu_fused.kernels import reference  # noqa: E402
-from swiglu_fused.kernels.sm90 import gate_up as k  # noqa: E402
+from benchmarks.harness import (
+    COPY_BPS, PEAK_TFLOPS, REPS, act_mul_bf16, act_quant, act_quant_bytes, best_act_quant, bf16_operands,
+    cublas_gemm, cycling, gate_up_config, graph_time_us, interleaved_us, operands, parse_variant, peer_sets,
+    quant_x_m_major, rotation, write_json,
+)
+from swiglu_fused import quant
+from swiglu_fused.kernels.sm90 import gate_up as k
 
-FP8 = torch.float8_e4m3fn
-REPS = 10
-L2_BYTES = 50 * 2**20  # H100
-# roofline rates measured on the lent H100 (DESIGN §6); this script times no copy or square GEMM itself
-COPY_BPS = 2.96e12
-PEAK_TFLOPS = {"fp8_block128": 1257, "bf16": 775}  # cuBLAS 8192³; fp8 with 1×128/128×128 block scales
 # table/JSON name of each timed pipeline whose time covers the GEMM (act·quant alone has no GEMM flops)
 GEMM_PIPELINES = {"fused": "fused", "gemm": "gemm", "sep": "separate", "tile256": "tile256", "copyout": "copyout"}
-# one compiled graph per (M, shape): allow more than dynamo's default 8 recompilations, or the
-# separate epilogue silently falls back to eager for the later shapes
-for _name in ("recompile_limit", "cache_size_limit"):
-    if hasattr(torch._dynamo.config, _name):
-        setattr(torch._dynamo.config, _name, 1024)
-
-
-def operands(m, hidden, inter, seed=0):
-    g = torch.Generator(device="cuda").manual_seed(seed)
-    x = torch.randn(m, hidden, device="cuda", generator=g).to(torch.bfloat16)
-    w = torch.randn(2 * inter, hidden, device="cuda", generator=g) * 0.05
-    xq, xs = reference.quant_x(x)
-    wq, ws = quant.quantize_fp8_block(w)
-    return xq, xs, wq, ws
-
-
-def _scaled_mm_candidates(xq, xs, wq, ws, out_dtype):
-    """torch._scaled_mm with the x scales M-major (quant.m_major); the weight-scale layouts torch versions accept."""
-    yield lambda: torch._scaled_mm(xq, wq.t(), scale_a=xs, scale_b=ws.t(), out_dtype=out_dtype)
-    yield lambda: torch._scaled_mm(xq, wq.t(), scale_a=xs, scale_b=ws, out_dtype=out_dtype)
-
-
-def cublas_gemm(xq, xs, wq, ws, out_dtype=torch.bfloat16):
-    """A callable (xq, xs, wq, ws) → the packed [M, 2I] bf16 GEMM with cuBLAS block scales, where xs
-    is M-major (``peer_sets``), with the weight-scale layout this torch accepts (checked once, on these
-    operands), and its relative error."""
-    xs = quant.m_major(xs)
-    ref = reference.dequant_weight(wq, ws)
-    ref = reference._dequant_operand(xq, xs, "x") @ ref.t()
-    errors = []
-    for i, fn in enumerate(_scaled_mm_candidates(xq, xs, wq, ws, out_dtype)):
-        try:
-            y = fn()
-        except Exception as e:  # layout not accepted by this torch
-            errors.append(str(e).splitlines()[0][:160])
-            continue
-        err = ((y.float() - ref).norm() / ref.norm()).item()
-        if err < 1e-2:
-            return (lambda *ops, i=i: list(_scaled_mm_candidates(*ops, out_dtype))[i]()), err
-        errors.append(f"wrong result (rel err {err:.2e})")
-    raise RuntimeError("torch._scaled_mm block-scaled: no layout worked: " + " | ".join(errors))
-
-
-def peer_sets(sets):
-    """Operand sets (xq, xs, wq, ws) with xs M-major (quant.m_major), as cublas_gemm's callable takes
-    them. A quantization kernel writes that layout at no cost (vLLM's per-token-group quant has the
-    option; our gate_up writes h_scale so), so the cuBLAS peers get it before timing, and no
-    transpose copy is charged to them."""
-    return [(xq, quant.m_major(xs), wq, ws) for xq, xs, wq, ws in sets]
-
-
-def rotation(make, one_set_bytes):
-    """Enough operand sets (``make(seed)``) that one pass over them moves more than twice the L2,
-    so no peer is timed on operands the previous launch left in cache."""
-    n = max(1, -(-2 * L2_BYTES // one_set_bytes))
-    return [make(seed) for seed in range(n)]
-
-
-def cycling(fn, sets):
-    """A no-argument callable running ``fn`` on the next operand set at each call."""
-    it = itertools.cycle(sets)
-    return lambda: fn(*next(it))
-
-
-def act_quant(y: torch.Tensor):
-    """Packed gate/up GEMM output [M, 2I] (g = 128) → e4m3 h [M, I] + scales [M, I/128]."""
-    m = y.shape[0]
-    y = y.view(m, -1, 2, 128).float()
-    h = torch.nn.functional.silu(y[:, :, 0]) * y[:, :, 1]
-    amax = h.abs().amax(-1)
-    s = torch.where(amax > 0, amax / 448.0, torch.ones_like(amax))
-    q = (h / s[..., None]).clamp(-448.0, 448.0).to(FP8)
-    return q.view(m, -1), quant.m_major(s)  # as a cuBLAS down GEMM reads them (inductor writes them so)
-
-
-def act_mul_bf16(y: torch.Tensor):
-    """Packed [M, 2I] bf16 GEMM output → bf16 h [M, I] (the bf16 format's separate epilogue)."""
-    m = y.shape[0]
-    y = y.view(m, -1, 2, 128).float()
-    return (torch.nn.functional.silu(y[:, :, 0]) * y[:, :, 1]).to(torch.bfloat16).view(m, -1)
-
-
-def capture(fn, reps=REPS):
-    """A CUDA graph of ``reps`` calls of fn (after 3 warm-up calls on a side stream)."""
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream().wait_stream(s)
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(reps):
-            fn()
-    for _ in range(3):
-        graph.replay()
-    torch.cuda.synchronize()
-    return graph
-
-
-def replay_us(graph, iters, reps=REPS):
-    """Median µs per call over ``iters`` timed replays of a graph of ``reps`` calls."""
-    times = []
-    for _ in range(iters):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        graph.replay()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b) * 1e3 / reps)
-    return statistics.median(times)
-
-
-def graph_time_us(fn, iters, reps=REPS):
-    """Median µs per call of fn, from CUDA-graph replays of ``reps`` calls."""
-    return replay_us(capture(fn, reps), iters, reps)
-
-
-def interleaved_us(fns: dict, iters, rounds, reps=REPS) -> dict:
-    """{name: [µs per round]}: every fn captured once, then timed in turn, ``rounds`` times, so that
-    drift of the board's clock and power state (5 % within one process, benchmarks/NOTES.md)
-    reaches every peer alike and per-round ratios cancel most of it. The order within a round is a
-    fresh (seeded) permutation each round, so that no peer always follows the same one (with a fixed
-    order, a bimodal point, 4096×14336 M = 256 at 111 or 126 µs, put one pipeline in its slow state
-    every round; benchmarks/NOTES.md, tenth session)."""
-    import random
-
-    graphs = {name: capture(fn, reps) for name, fn in fns.items()}
-    out = {name: [] for name in fns}
-    order = random.Random(0)
-    for _ in range(rounds):
-        for name in order.sample(list(graphs), len(graphs)):
-            out[name].append(replay_us(graphs[name], iters, reps))
-    return out
-
 
 QX_SHAPES = ((1, 4096), (16, 4096), (64, 8192), (128, 4096), (128, 8192), (256, 4096), (256, 8192),
              (1024, 4096), (1024, 8192), (4096, 4096), (4096, 8192), (16384, 4096))
@@ -187,11 +43,8 @@ QX_SHAPES = ((1, 4096), (16, 4096), (64, 8192), (128, 4096), (128, 8192), (256, 
 
 def bench_quant_x(iters, variants=(), rounds=3):
     """quant_x kernel (the shipped pick, and each QuantXConfig in ``variants``, e.g. "rounds=1,vec=16")
-    vs the torch.compile'd quantization of the unfused pipeline (bench_mlp.quant_x_m_major): µs and
+    vs the torch.compile'd quantization of the unfused pipeline (harness.quant_x_m_major): µs and
     GB/s (bytes read + written). Every variant's output is checked against the shipped kernel's."""
-    from ab_gate_up import parse_variant
-    from bench_mlp import quant_x_m_major
-
     from swiglu_fused.kernels.sm90 import quant_x as kq
 
     configs = {v: kq.QuantXConfig(**parse_variant(":" + v)[1]) for v in variants}
@@ -254,13 +107,6 @@ def main():
     write_json(a.json, chart=True, rows=rows)
 
 
-def bf16_operands(m, hidden, inter, seed=0):
-    """operands() of the bf16 mainloop: bf16 x and packed weight, no scales."""
-    g = torch.Generator(device="cuda").manual_seed(seed)
-    x = torch.randn(m, hidden, device="cuda", generator=g).to(torch.bfloat16)
-    w = (torch.randn(2 * inter, hidden, device="cuda", generator=g) * 0.05).to(torch.bfloat16)
-    return x, None, w, None
-
 
 def peer_gemm(mainloop, m, xq, xs, wq, ws):
     """(cuBLAS's GEMM as a callable of an operand set, its relative error); (None, NaN) at an M that
@@ -292,10 +138,8 @@ def peers(gemm_fn, psets, fp8, act_quant_c):
     """(act·quant kernel name, {name: callable}) of the cuBLAS GEMM alone, the separate act·quant alone
     (on GEMM outputs made beforehand) and the two in sequence. The act·quant kernel is the faster of
     inductor's and a one-pass Triton kernel on this shape."""
-    import act_quant_peer  # (Triton: GPU machine only)
-
     ys = [(gemm_fn(*ops),) for ops in psets]
-    name, actq_fn = act_quant_peer.best(ys[0][0], fp8, act_quant_c, lambda f: graph_time_us(f, 10))
+    name, actq_fn = best_act_quant(ys[0][0], fp8, act_quant_c, lambda f: graph_time_us(f, 10))
     return name, dict(gemm=cycling(gemm_fn, psets), actq=cycling(actq_fn, ys),
                       sep=cycling(lambda *ops: actq_fn(gemm_fn(*ops)), psets))
 
@@ -303,13 +147,11 @@ def peers(gemm_fn, psets, fp8, act_quant_c):
 def bench_point(a, m, hidden, inter, act_quant_c):
     """One row at (M, H, I): ours and the peers on the same rotated operand sets, every pipeline captured
     first and then timed in turn (--rounds times), so that the board's drift reaches all alike."""
-    import act_quant_peer
-
     fp8 = a.mainloop == "fp8_block128"
     make = functools.partial(operands if fp8 else bf16_operands, m, hidden, inter)
     sets = rotation(make, sum(t.nbytes for t in make(0) if t is not None))
     xq, xs, wq, ws = sets[0]
-    cfg = k.select_config(xq, wq, ws, xs, act="silu", h_format="fp8_group128" if fp8 else "bf16")
+    cfg = gate_up_config(xq, wq, ws, xs, act="silu", h_format="fp8_group128" if fp8 else "bf16")
     gemm_fn, gemm_err = peer_gemm(a.mainloop, m, *sets[0])
     fns, actq_name = ours(a, cfg, sets), None
     if gemm_fn is not None:  # cuBLAS reads the x scales M-major (peer_sets)
@@ -324,7 +166,7 @@ def bench_point(a, m, hidden, inter, act_quant_c):
     r = dict(mainloop=a.mainloop, m=m, hidden=hidden, inter=inter, config=str(cfg), rotated_sets=len(sets),
              fused_us=t["fused"], gemm_us=t["gemm"], act_quant_us=t["actq"], separate_us=t["sep"],
              cublas_rel_err=gemm_err, act_quant_kernel=actq_name,
-             act_quant_tbps=act_quant_peer.bytes_moved(m, inter, fp8) / t["actq"] / 1e6,
+             act_quant_tbps=act_quant_bytes(m, inter, fp8) / t["actq"] / 1e6,
              **derived(t, per_round, gemm_flops(m, hidden, inter), nbytes, a.mainloop))
     for name in ("tile256", "copyout"):
         if name in t:
@@ -392,41 +234,6 @@ def print_row(r, cfg, rounds):
           f"{r['compute_floor_us']:>7.1f} {r['fused_over_roofline']:>9.2f} {r['roofline_bound']:>7}" + extra,
           flush=True)
 
-
-def compact(obj):
-    """obj with every float rounded to 4 significant digits (NaN and inf kept): results/ travels with
-    every GPU run, whose size is capped (benchmarks/NOTES.md, "Tree size")."""
-    if isinstance(obj, float):
-        return float(f"{obj:.4g}")
-    if isinstance(obj, dict):
-        return {k: compact(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [compact(v) for v in obj]
-    return obj
-
-
-def write_json(path, chart=False, **results):
-    """Results with when (UTC, ISO), on which GPU (``device``) and torch they were measured, compact
-    (4 significant digits, no spaces); nothing if no path. ``chart``: also NAME.png beside NAME.json."""
-    if not path:
-        return
-    head = dict(device=torch.cuda.get_device_name(), torch=torch.__version__,
-                date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"))
-    with open(path, "w") as f:
-        json.dump(compact({**head, **results}), f, separators=(",", ":"))
-    if chart:
-        write_png(path)
-
-
-def write_png(json_path):
-    """plot.py's chart of a results JSON, beside it; a note instead where matplotlib is missing (the
-    JSON is written already, and plot.py can draw it later)."""
-    try:
-        import plot
-    except ImportError as e:
-        print(f"no chart ({e}); later: python benchmarks/plot.py {json_path}")
-        return
-    print("wrote", plot.plot(Path(json_path)))
 
 
 if __name__ == "__main__":

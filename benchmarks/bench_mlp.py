@@ -6,170 +6,46 @@ shard, 1 for LLaMA-3-8B) that no call finds its weights in L2, as in a model:
   hf_bf16        transformers LlamaMLP, bf16, eager
   hf_compiled    the same under torch.compile
   fp8_unfused    compiled quant_x → cuBLAS block-scaled GEMM [M, 2I] → SiLU·up·quant (the faster
-                 of inductor's and a Triton kernel at that M, act_quant_peer.py)
+                 of inductor's and a Triton kernel at that M, swiglu_fused/bench.py)
                  → cuBLAS block-scaled GEMM (down); both quantizations write their scales M-major,
                  the layout cuBLAS reads (quant.m_major), so no transpose copy is timed
   ours_fp8       FusedSwiGLUMLP fp8_block128: quant_x + fused gate_up kernels, down as ops.down
                  dispatches it (sm90 kernel at M ≤ 16 and from a full wave of tiles, cuBLAS between)
   ours_bf16      FusedSwiGLUMLP bf16: fused gate_up kernel (bf16 mainloop), down as ops.down
 
-    python benchmarks/bench_mlp.py [--shapes 4096x14336,8192x3584] [--m 1,16,...] [--json out.json]
-    python benchmarks/bench_mlp.py --generate      # also tokens/s of generate(), patched vs unpatched
-    python benchmarks/bench_mlp.py --generate-only # only that
-    python benchmarks/bench_mlp.py --generate-only --gen-batch 64  # a batch where decode is MLP-bound
-    python benchmarks/bench_mlp.py --interleave 8  # ours vs unfused vs hf in alternation, per-round ratios
-    python benchmarks/bench_mlp.py --interleave 8 --pdl-ab  # and ours with PDL on (TileConfig.pdl)
-    python benchmarks/bench_mlp.py --interleave 5 --ab gate_up:l2_hint=w_first  # and ours with a config change
+    python -m benchmarks.bench_mlp [--shapes 4096x14336,8192x3584] [--m 1,16,...] [--json out.json]
+    python -m benchmarks.bench_mlp --generate      # also tokens/s of generate(), patched vs unpatched
+    python -m benchmarks.bench_mlp --generate-only # only that
+    python -m benchmarks.bench_mlp --generate-only --gen-batch 64  # a batch where decode is MLP-bound
+    python -m benchmarks.bench_mlp --interleave 8  # ours vs unfused vs hf in alternation, per-round ratios
+    python -m benchmarks.bench_mlp --interleave 8 --pdl-ab  # and ours with PDL on (TileConfig.pdl)
+    python -m benchmarks.bench_mlp --interleave 5 --ab gate_up:l2_hint=w_first  # and ours with a config change
 
 --json NAME.json writes the results (with the date, GPU and torch) and NAME.png (benchmarks/plot.py).
+`swiglu-fused bench` runs the same comparison (hf_bf16, fp8_unfused, ours) from a normal install.
 """
 
 from __future__ import annotations
 
 import argparse
-import itertools
 import statistics
-import sys
 import time
 
 import torch
 
-sys.path.insert(0, ".")
-sys.path.insert(0, "benchmarks")
-from bench_gate_up import L2_BYTES, act_quant, graph_time_us, interleaved_us, write_json  # noqa: E402
-
-from swiglu_fused import FusedSwiGLUMLP, patch_model, quant  # noqa: E402
-from swiglu_fused.kernels import reference  # noqa: E402
+from benchmarks.harness import (
+    ALL_PDL, fused, graph_time_us, hf_mlp, interleaved_us, layer_count, parse_ab, rotating, unfused_fp8,
+    with_configs, write_json,
+)
+from swiglu_fused import patch_model
 
 PEERS = ("hf_bf16", "hf_compiled", "fp8_unfused", "ours_fp8", "ours_bf16")
 
 
-def hf_mlp(hidden, inter, seed=0):
-    from transformers import LlamaConfig
-    from transformers.models.llama.modeling_llama import LlamaMLP
-
-    torch.manual_seed(seed)
-    with torch.device("cuda"):
-        mlp = LlamaMLP(LlamaConfig(hidden_size=hidden, intermediate_size=inter)).to(torch.bfloat16)
-    for lin in (mlp.gate_proj, mlp.up_proj, mlp.down_proj):
-        torch.nn.init.normal_(lin.weight, std=lin.in_features ** -0.5)
-    return mlp.eval()
-
-
-def layer_count(hidden, inter):
-    """How many independent MLPs (own weights, as a model's layers have) one pass must cycle through
-    to move more than twice the L2 in fp8 weights, so no pipeline is timed on weights its previous
-    call left in cache (bench_gate_up.rotation does the same for gate_up). A real model runs
-    attention and the other layers between two calls of one MLP."""
-    return max(1, -(-2 * L2_BYTES // (3 * hidden * inter)))
-
-
-def rotating(layers, name, x):
-    """One no-argument callable that runs ``layer[name](x)`` for the next of ``layers`` at each call."""
-    it = itertools.cycle([layer[name] for layer in layers])
-    return lambda: next(it)(x)
-
-
-def fused(mlp, weight_format="fp8_block128"):
-    """Our FusedSwiGLUMLP from a transformers MLP's three projections."""
-    return FusedSwiGLUMLP.from_linear(mlp.gate_proj, mlp.up_proj, mlp.down_proj, weight_format=weight_format)
-
-
-def quant_x_m_major(x):
-    """reference.quant_x with the scales M-major (compiled: as fast as our quant_x kernel from M = 4096,
-    faster below, benchmarks/NOTES.md)."""
-    q, s = reference.quant_x(x)
-    return q, quant.m_major(s)
-
-
-def unfused_fp8(fused: FusedSwiGLUMLP):
-    """The best separate pipeline on the same packed fp8 weights (g = 128: [M, 2I] halves pair up).
-    cuBLAS's block-scaled GEMM rejects some M (1 and 10 on the H100); the benchmark reports those.
-    The act·quant step is inductor's or a one-pass Triton kernel, whichever is faster at the M of
-    the first call (act_quant_peer.best)."""
-    import act_quant_peer  # (Triton: GPU machine only)
-
-    gu, dn = fused.gate_up_interleaved.tensors(), fused.down_proj.tensors()
-    quantize = torch.compile(quant_x_m_major, dynamic=False)  # one graph per M: faster than dynamic shapes
-    compiled = torch.compile(act_quant, dynamic=False)
-    picked = {}
-
-    def actq(y):
-        if y.shape[0] not in picked:
-            picked[y.shape[0]] = act_quant_peer.best(y, True, compiled, lambda f: graph_time_us(f, 10))[1]
-        return picked[y.shape[0]](y)
-
-    def run(x):
-        xq, xs = quantize(x)
-        y = torch._scaled_mm(xq, gu["weight"].t(), scale_a=xs, scale_b=gu["weight_scale_inv"].t(),
-                             out_dtype=torch.bfloat16)
-        hq, hs = actq(y)
-        return torch._scaled_mm(hq, dn["weight"].t(), scale_a=hs, scale_b=dn["weight_scale_inv"].t(),
-                                out_dtype=torch.bfloat16)
-    return run
-
-
-def parse_ab(spec: str) -> dict:
-    """"gate_up:l2_hint=w_first,down:pdl=True" → {"gate_up": {"l2_hint": "w_first"}, "down": {"pdl": True}}
-    (kernel families gate_up, down, quant_x; values as Python literals, else strings). The field
-    "down:kernel=True" is not a config field: it runs the sm90 down kernel where cuBLAS would run."""
-    import ast
-
-    out = {}
-    for item in filter(None, spec.split(",")):
-        family, _, assignment = item.partition(":")
-        field, _, value = assignment.partition("=")
-        if family not in ("gate_up", "down", "quant_x") or not field or not value:
-            raise SystemExit(f"--ab: expected FAMILY:FIELD=VALUE items (FAMILY gate_up, down or quant_x), got {item!r}")
-        try:
-            value = ast.literal_eval(value)
-        except (ValueError, SyntaxError):
-            pass
-        out.setdefault(family, {})[field] = value
-    return out
-
-
-def with_configs(mlp: FusedSwiGLUMLP, fields: dict):
-    """mlp's forward with the sm90 kernels' configs changed (``fields``: parse_ab's form; each
-    family's select_config result goes through dataclasses.replace), for --ab and --pdl-ab. Use a
-    module of its own: its eager CUDA graphs are captured with these kernels."""
-    import dataclasses
-    import functools
-    from unittest import mock
-
-    from swiglu_fused.kernels.sm90 import down as kd, gate_up as kg, quant_x as kq
-
-    def changed(select, family):
-        @functools.wraps(select)
-        def pick(*a, **kw):
-            c = select(*a, **kw)
-            return c and dataclasses.replace(c, **fields.get(family, {}))
-        return pick
-
-    fields = {fam: dict(f) for fam, f in fields.items()}
-    force_down = fields.get("down", {}).pop("kernel", False)
-    modules = {"gate_up": kg, "down": kd, "quant_x": kq}
-    patches = [mock.patch.object(mod, "select_config", changed(mod.select_config, fam)) for fam, mod in modules.items()]
-    if force_down:
-        patches.append(mock.patch.object(kd, "beats_cublas", lambda *a: True))
-
-    def run(x):
-        for patch in patches:
-            patch.start()
-        try:
-            return mlp(x)
-        finally:
-            for patch in patches:
-                patch.stop()
-    return run
-
-
-ALL_PDL = {"gate_up": {"pdl": True}, "down": {"pdl": True}, "quant_x": {"pdl": True}}
-
 
 def bench_interleaved(shapes, ms, iters, rounds, variants=None):
     """ours_fp8 against fp8_unfused (and hf_bf16), timed in alternation ``rounds`` times
-    (bench_gate_up.interleaved_us): per-round ratios, to tell margins of a few % from drift.
+    (harness.interleaved_us): per-round ratios, to tell margins of a few % from drift.
     Every pipeline cycles through ``layer_count`` layers of its own weights. ``variants``: name →
     kernel config changes (parse_ab's form), each one more pipeline of ours, timed in the same rounds."""
     variants = variants or {}

@@ -1,7 +1,19 @@
 """bf16 gate_up next to QuACK's gated GEMM (Dao-AILab/quack: a GEMM whose epilogue writes
 act(gate)·up) and next to cuBLAS alone, all in one process on the same random inputs.
 
-    source .dsl/dsl-env.sh && source .quack/env.sh && python benchmarks/bench_quack.py --json out.json
+    python -m benchmarks.bench_quack --json out.json
+
+What it needs besides the package: an sm_90 GPU, the CuTe DSL (`pip install 'swiglu-fused[cuda]'`,
+nvidia-cutlass-dsl 4.8.1) and QuACK's Python sources at commit c7cbc61 on PYTHONPATH. Two ways:
+
+    git clone https://github.com/Dao-AILab/quack && git -C quack checkout c7cbc61
+    PYTHONPATH=$PWD/quack python -m benchmarks.bench_quack ...
+
+or, where the checkout has to travel (our GPU machine receives only the working tree):
+`bash benchmarks/quack_bundle.sh /path/to/quack/.git` writes `.quack/` (git-ignored), and
+`source .quack/env.sh` unpacks it and sets PYTHONPATH. (On our lent GPU machine the CuTe DSL comes
+from a bundle of that machine, sourced before this; that is a detail of the machine, not of the
+repository: anywhere else the pip package is the DSL.)
 
 Peers (x [M, H] bf16, packed weight W [2I, H] bf16):
   quack   quack.gemm_interface.gemm_gated(x, W.T, activation="swiglu", store_preact=False) → bf16
@@ -38,7 +50,7 @@ from pathlib import Path
 
 import torch
 
-QUACK_HINT = "run from the repo root after: source .dsl/dsl-env.sh && source .quack/env.sh"
+QUACK_HINT = ("put QuACK c7cbc61's sources on PYTHONPATH (PYTHONPATH=/path/to/quack, or source .quack/env.sh from benchmarks/quack_bundle.sh) and install the CuTe DSL (pip install 'swiglu-fused[cuda]')")
 
 
 def fail(msg: str, exc: BaseException | None = None):
@@ -90,10 +102,12 @@ def check_small(quack_gated, tol):
 
 
 def ours_config(ops, x, w):
-    """The sm90 config ops.gate_up dispatches to (None: it fell back to the torch reference).
-    Private helper of ops, so only reported: "?" if its signature changed."""
+    """The sm90 config ops.gate_up dispatches to (None: it fell back to the torch reference);
+    only reported: "?" if it cannot be asked."""
+    from benchmarks.harness import gate_up_config
+
     try:
-        return ops._gate_up_kernel_config(x, w, None, None, None, 128, "silu", "bf16")
+        return gate_up_config(x, w, None, None, act="silu", h_format="bf16")
     except Exception:
         return "?"
 
@@ -121,8 +135,7 @@ def main():
     if not torch.cuda.is_available():
         fail("no CUDA device (this benchmark needs an sm_90 GPU)")
     quack, gi = import_quack()
-    # timing helpers shared with the other gate_up benchmark (sys.path[0] is benchmarks/)
-    from bench_gate_up import L2_BYTES, REPS, act_mul_bf16, cycling, graph_time_us, rotation
+    from benchmarks.harness import L2_BYTES, REPS, act_mul_bf16, cycling, graph_time_us, rotation
 
     from swiglu_fused.kernels import ops
 
@@ -222,7 +235,7 @@ def main():
         Path(a.json).write_text(json.dumps(data, indent=1))
         print("wrote", a.json)
         try:
-            from plot import plot  # benchmarks/plot.py (needs matplotlib)
+            from benchmarks.plot import plot  # (needs matplotlib)
         except ImportError:
             print("matplotlib not installed: no PNG (the JSON has every number)")
         else:

@@ -1,25 +1,21 @@
 """Schedule benchmark: the same sm90 kernels (gate_up fp8, down fp8) run with whole tiles only
 against the stream-K schedule schedule.plan picks, and stream-K with its workspace preallocated
-(isolates the per-call counter memset). Inputs rotated past L2, CUDA graphs (bench_gate_up).
+(isolates the per-call counter memset). Inputs rotated past L2, CUDA graphs (benchmarks/harness.py).
 
-    python benchmarks/bench_schedule.py [--shapes 4096x14336,8192x3584] [--m 16,256,1024] [--json out.json]
+    python -m benchmarks.bench_schedule [--shapes 4096x14336,8192x3584] [--m 16,256,1024] [--json out.json]
 """
 
 from __future__ import annotations
 
 import argparse
-import os
-import sys
 from unittest import mock
 
 import torch
 
-sys.path.insert(0, ".")
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import bench_gate_up as b  # noqa: E402
-from swiglu_fused import quant  # noqa: E402
-from swiglu_fused.kernels import reference  # noqa: E402
-from swiglu_fused.kernels.sm90 import down as kd, gate_up as kg, gemm256, schedule  # noqa: E402
+from benchmarks import harness as b
+from swiglu_fused import quant
+from swiglu_fused.kernels import reference
+from swiglu_fused.kernels.sm90 import down as kd, gate_up as kg, gemm256, schedule
 
 
 def whole_tiles(tiles, k_tiles, sms, *_, **__):
@@ -64,7 +60,7 @@ def main():
         for m in map(int, a.m.split(",")):
             sets = b.rotation(lambda s: b.operands(m, hidden, inter, seed=s), 2 * inter * hidden)
             xq, xs, wq, ws = sets[0]
-            cfg = kg.select_config(xq, wq, ws, xs, act="silu", h_format="fp8_group128")
+            cfg = b.gate_up_config(xq, wq, ws, xs, act="silu", h_format="fp8_group128")
             fn = b.cycling(lambda x, xs_, w, ws_: kg.gate_up(cfg, x, w, ws_, xs_), sets)
             tiles = -(-m // cfg.tile_m) * (2 * inter // 256)
             t = time_variants(fn, a.iters)
@@ -80,7 +76,7 @@ def main():
 
             dsets = b.rotation(down_set, hidden * inter)
             hq, hs, wq, ws = dsets[0]
-            dcfg = kd.select_config(hq, wq, ws, hs, None, torch.bfloat16)
+            dcfg = b.down_config(hq, wq, ws, hs, None, torch.bfloat16)
             fn = b.cycling(lambda h, hs_, w, ws_: kd.down(dcfg, h, w, ws_, hs_), dsets)
             tiles = -(-m // dcfg.tile_m) * -(-hidden // 256)
             t = time_variants(fn, a.iters)

@@ -7,26 +7,22 @@ rotated past L2); then the graphs are timed in turn, --rounds times (median), so
 board's clocks reaches every variant alike (use --rounds 5 or more for margins of a few %).
 cuBLAS's block-scaled GEMM is the yardstick (for down: ops' cuBLAS path, cublas.down).
 
-    python benchmarks/bench_swap_ab.py [--op gate_up|down] [--mainloop fp8_block128|bf16] [--rounds 5]
+    python -m benchmarks.bench_swap_ab [--op gate_up|down] [--mainloop fp8_block128|bf16] [--rounds 5]
                                        [--shapes 4096x14336,...] [--m 1,16,32] [--json out.json]
 """
 
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
-import sys
 from unittest import mock
 
 import torch
 
-sys.path.insert(0, ".")
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import bench_gate_up as b  # noqa: E402
-from swiglu_fused import quant  # noqa: E402
-from swiglu_fused.kernels import cublas, reference  # noqa: E402
-from swiglu_fused.kernels.sm90 import down as kd, gate_up as kg, gemm256, schedule  # noqa: E402
+from benchmarks import harness as b
+from swiglu_fused import quant
+from swiglu_fused.kernels import cublas, reference
+from swiglu_fused.kernels.sm90 import down as kd, gate_up as kg, gemm256, schedule
 
 
 def forced(split):

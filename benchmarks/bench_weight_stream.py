@@ -12,21 +12,18 @@ away). Reported: µs per pass (median of CUDA-event-timed CUDA-graph replays, op
 past L2) and TB/s. A plain copy (`torch.Tensor.copy_`) of the same bytes is the yardstick (the roofline floor of
 bench_gate_up.py uses its rate, 2.96 TB/s).
 
-    python benchmarks/bench_weight_stream.py [--shapes 8192x3584,4096x14336] [--programs 56,112,132]
+    python -m benchmarks.bench_weight_stream [--shapes 8192x3584,4096x14336] [--programs 56,112,132]
 """
 
 from __future__ import annotations
 
 import argparse
-import os
-import sys
 
 import torch
 import triton
 import triton.language as tl
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_gate_up import graph_time_us  # noqa: E402
+from benchmarks.harness import graph_time_us
 
 
 @triton.jit

@@ -6,7 +6,7 @@ samples NVML every 20 ms; printed: µs per call, median SM clock, median power, 
 reasons seen. A kernel that moves fewer bytes may run at a higher clock under the same power cap,
 which a timing alone does not show.
 
-    python benchmarks/clock_probe.py --shape 4096x14336 --m 4096 --variant resident:probe=resident
+    python -m benchmarks.clock_probe --shape 4096x14336 --m 4096 --variant resident:probe=resident
 """
 
 from __future__ import annotations
@@ -14,19 +14,15 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import os
 import statistics
-import sys
 import threading
 import time
 
 import torch
 
-sys.path.insert(0, ".")
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import bench_gate_up as b  # noqa: E402
-from ab_gate_up import parse_variant  # noqa: E402
-from swiglu_fused.kernels.sm90 import gate_up as kg  # noqa: E402
+from benchmarks import harness as b
+from benchmarks.harness import parse_variant
+from swiglu_fused.kernels.sm90 import gate_up as kg
 
 
 def nvml_sampler():
@@ -134,7 +130,7 @@ def main():
     sets = b.rotation(make, sum(t.nbytes for t in first if t is not None))
     del first
     x, xs, w, ws = sets[0]
-    base = kg.select_config(x, w, ws, xs, act="silu", h_format="fp8_group128" if fp8 else "bf16")
+    base = b.gate_up_config(x, w, ws, xs, act="silu", h_format="fp8_group128" if fp8 else "bf16")
     cfgs = {"dispatched": base} | {n: dataclasses.replace(base, **f) for n, f in map(parse_variant, a.variant)}
     fns = {n: b.cycling(lambda x, xs, w, ws, c=c: kg.gate_up(c, x, w, ws, xs), sets) for n, c in cfgs.items()}
     if fp8:

@@ -2,7 +2,7 @@
 as transformers' generate() runs): µs of wall time per call with the GPU kept ahead, and where it
 goes (cProfile, top functions). GPU time is not what this measures; see bench_mlp.py for that.
 
-    python benchmarks/host_overhead.py [--hidden 4096 --inter 14336] [--profile]
+    python -m benchmarks.host_overhead [--hidden 4096 --inter 14336] [--profile]
 """
 
 from __future__ import annotations
@@ -10,14 +10,12 @@ from __future__ import annotations
 import argparse
 import cProfile
 import pstats
-import sys
 import time
 
 import torch
 
-sys.path.insert(0, ".")
-from swiglu_fused.kernels import ops, reference  # noqa: E402
-from swiglu_fused.layer import FusedSwiGLUMLP  # noqa: E402
+from swiglu_fused.kernels import ops, reference
+from swiglu_fused.layer import FusedSwiGLUMLP
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"  # the CPU runs the reference (a dry run of the script)
 

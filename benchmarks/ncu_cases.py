@@ -4,7 +4,7 @@ Each case runs ours (the dispatched config, or a named variant) and cuBLAS's pee
 operands. Warm-up (compilation, cuBLAS heuristics) happens outside the ranges, so
 
     ncu --clock-control none --nvtx --nvtx-include "regex:^prof/" --section SpeedOfLight ... \\
-        python benchmarks/ncu_cases.py
+        python -m benchmarks.ncu_cases
 
 profiles exactly the launches listed on stdout, in that order (the stream-K counter memset is a
 separate launch and shows up too). Cases: --cases fp8_256,fp8_16,... (see CASES).
@@ -14,17 +14,13 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import os
-import sys
 from unittest import mock
 
 import torch
 
-sys.path.insert(0, ".")
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import bench_gate_up as b  # noqa: E402
-from bench_swap_ab import forced  # noqa: E402
-from swiglu_fused.kernels.sm90 import gate_up as kg, schedule  # noqa: E402
+from benchmarks import harness as b
+from benchmarks.bench_swap_ab import forced
+from swiglu_fused.kernels.sm90 import gate_up as kg, schedule
 
 # name: (mainloop, hidden, inter, M, [(label, config or None for the dispatched one[, forced split])]);
 # a forced split is bench_swap_ab.forced's argument (1: whole tiles), fixed at the first call
@@ -56,7 +52,7 @@ def run_case(name):
     calls = []
     for label, cfg, *split in variants:
         if cfg is None:
-            cfg = kg.select_config(x, w, ws, xs, act="silu", h_format="fp8_group128")
+            cfg = b.gate_up_config(x, w, ws, xs, act="silu", h_format="fp8_group128")
         else:
             cfg = dataclasses.replace(cfg, mainloop=mainloop)
         plan = forced(split[0]) if split else schedule.plan

@@ -6,7 +6,7 @@ under torch.profiler, and the trace's kernel records are cut into calls: per pos
 the kernel's name, its median duration and the median gap to the next kernel (the launch latency
 a graph still pays, plus any wait of a kernel for its predecessor's tail).
 
-    python benchmarks/profile_mlp.py [--shapes 8192x3584] [--m 128,256] [--layers N] [--json out.json]
+    python -m benchmarks.profile_mlp [--shapes 8192x3584] [--m 128,256] [--layers N] [--json out.json]
         [--ab gate_up:l2_hint=''] (each --ab: one more pipeline of ours, as in bench_mlp.py)
 """
 
@@ -16,17 +16,15 @@ import argparse
 import json
 import os
 import statistics
-import sys
 import tempfile
 
 import torch
 
-sys.path.insert(0, ".")
-sys.path.insert(0, "benchmarks")
-from bench_gate_up import REPS, capture  # noqa: E402
-from bench_mlp import fused, hf_mlp, layer_count, parse_ab, rotating, unfused_fp8, with_configs  # noqa: E402
+from benchmarks.harness import (
+    REPS, capture, fused, hf_mlp, layer_count, parse_ab, rotating, unfused_fp8, with_configs,
+)
 
-from swiglu_fused import FusedSwiGLUMLP, quant  # noqa: E402
+from swiglu_fused import FusedSwiGLUMLP, quant
 
 
 def kernel_records(graph, replays):

@@ -15,9 +15,9 @@ Run it before a refactor and after each step, and diff the two outputs: any line
 means the change is not a pure refactor (the PTX is what ptxas turns into the binary; identical
 PTX means an identical kernel, whatever the Python around it looks like).
 
-    python benchmarks/ptx_md5.py --out /tmp/ptx_before.txt
+    python -m benchmarks.ptx_md5 --out /tmp/ptx_before.txt
     ... edit ...
-    python benchmarks/ptx_md5.py --out /tmp/ptx_after.txt && diff /tmp/ptx_before.txt /tmp/ptx_after.txt
+    python -m benchmarks.ptx_md5 --out /tmp/ptx_after.txt && diff /tmp/ptx_before.txt /tmp/ptx_after.txt
 
 ``--match TEXT`` compiles only the configurations whose line contains TEXT (e.g. ``swap_ab=True``
 or ``down``); ``-j N`` compiles in N processes. The PTX is taken from the compiled function

@@ -3,17 +3,17 @@
 Run it twice in separate processes: the first compiles and fills the on-disk kernel cache
 ($SWIGLU_FUSED_CACHE_DIR, default ~/.cache/swiglu_fused); the second should load from it and
 compile nothing (DESIGN §5). Each run also checks the gate_up output against the reference, so
-a kernel loaded from disk is exercised, not just loaded.    python benchmarks/startup_compile.py
+a kernel loaded from disk is exercised, not just loaded.
+
+    python -m benchmarks.startup_compile
 """
 
-import sys
 import time
 
 import torch
 
-sys.path.insert(0, ".")
-from swiglu_fused import quant  # noqa: E402
-from swiglu_fused.kernels import ops, reference  # noqa: E402
+from swiglu_fused import quant
+from swiglu_fused.kernels import ops, reference
 
 x = torch.randn(64, 4096, device="cuda").to(torch.bfloat16)
 w, ws = quant.quantize_fp8_block(torch.randn(2 * 14336, 4096, device="cuda") * 0.02)

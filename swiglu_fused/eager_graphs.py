@@ -2,7 +2,7 @@
 
 Why: eager decode (transformers' ``generate()`` without torch.compile, batch 1) is host-bound.
 The three ops of the fused MLP cost 0.6–1 ms of host time per call against about 90 µs of GPU
-time (benchmarks/NOTES.md, "generate() and host overhead"), so a patched model decoded *slower*
+time (benchmarks/history/mlp.md, "generate() and host overhead"), so a patched model decoded *slower*
 than the unpatched one. Replaying a captured graph costs a few µs of host time whatever it holds.
 
 What: the first eager call with a given number of rows (rounded up to a power of two, at most

@@ -207,7 +207,7 @@ class MainloopMixin:
         flight across the loop's back-edge, and ptxas then serializes every wgmma: C7514.) An odd
         last k tile runs alone. The scales of a pair are loaded one pair ahead: loaded at the top
         of the body, as v5 did, the pair's first wgmma waited for them (the largest stall in Nsight
-        Compute's source view, benchmarks/NOTES.md). (Multiplying them only after that wgmma is
+        Compute's source view, benchmarks/history/gate_up.md). (Multiplying them only after that wgmma is
         issued changes nothing: ptxas hoists the multiply above it.)"""
         quarters = ops.quarters
         mma_q, tCrA_q, tCrB_q, tq, num_k_blocks = quarters
