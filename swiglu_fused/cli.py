@@ -15,6 +15,7 @@ EPILOG = """examples:
   swiglu-fused convert ./Qwen3-8B-FP8 ./Qwen3-8B-fused --format fp8_block128   # repacks bit-exactly
   swiglu-fused verify ./Llama-3-8B-fused --against ./Llama-3-8B
   swiglu-fused inspect ./Llama-3-8B-fused
+  swiglu-fused bench --out bench-results      # on an H100 / H200
 """
 
 
@@ -36,8 +37,9 @@ def _parser() -> argparse.ArgumentParser:
                                    "SRC is never written. Exit status 2 on an error, 128+N on signal N.")
     c.add_argument("src", help="source checkpoint directory")
     c.add_argument("dst", help="output directory (must not exist unless --force)")
-    c.add_argument("--format", dest="weight_format", choices=sorted(formats.WEIGHT_FORMATS), default="fp8_block128",
-                   help="packed weight format (default: fp8_block128)")
+    c.add_argument("--format", dest="weight_format", choices=sorted(formats.WEIGHT_FORMATS), default=None,
+                   help="packed weight format (default: the source's, so bytes are moved: nvfp4 for an NVFP4 "
+                        "source, fp8_block128 for a fine-grained FP8 or a dense one; another format re-quantizes)")
     c.add_argument("--interleave", type=int, default=formats.DEFAULT_INTERLEAVE, metavar="G",
                    help="interleave granularity g in rows; must divide the intermediate size, and be a multiple "
                         "of 128 for fp8_block128 (default: 128)")
@@ -65,7 +67,66 @@ def _parser() -> argparse.ArgumentParser:
     d.add_argument("--format", dest="weight_formats", action="append", choices=sorted(formats.WEIGHT_FORMATS),
                    help="format to run (repeatable; default: all)")
     d.add_argument("--seed", type=int, default=0, help="seed of the random weights and inputs (default: 0)")
+    _add_bench(sub)
     return p
+
+
+BENCH_DESCRIPTION = """\
+Time the whole gated MLP (gate/up, SiLU·up, down) on this GPU, ours against its peers, in one
+process on the same random bf16 input x [M, H] and the same random weights:
+
+  hf_bf16             transformers' LlamaMLP (from a LlamaConfig), bf16, eager
+  fp8_unfused         the best separate fp8 pipeline on the same packed fp8 weights: compiled quant_x
+                      -> cuBLAS block-scaled GEMM (torch._scaled_mm) -> SiLU·up·quant (the faster of a
+                      compiled and a Triton kernel) -> cuBLAS block-scaled GEMM; "–" where cuBLAS
+                      rejects M (M = 1 on the H100)
+  ours_FORMAT         FusedSwiGLUMLP in each --format (default bf16 and fp8_block128); nvfp4 has no
+                      sm90 kernels yet, so it times the pure-torch reference: only with
+                      --allow-reference, and marked "(reference)"
+
+How it is timed: each pipeline is captured as a CUDA graph of 10 calls (--no-cuda-graphs: 10 plain
+eager calls, host launch cost included) and timed with CUDA events --iters times a round; the median
+is the round's µs per call. The pipelines are timed in turn, in a fresh random order each round,
+--rounds times; the table gives the median over rounds and the median (range) of the per-round
+speed-ups. Each pipeline cycles through enough layers of its own weights to move more than twice
+the GPU's L2 per pass, so no call finds its weights in cache.
+
+Needs an sm_90 GPU (H100, H200), the CuTe DSL (pip install 'swiglu-fused[cuda]') and transformers
+(pip install 'swiglu-fused[hf]'); matplotlib for the PNG. Exit status 2 with one line if any is missing.
+"""
+
+
+def _bench_type(parse):
+    """An argparse type from one of bench's parsers: its BenchError becomes argparse's usage error."""
+    def convert(text):
+        from . import bench
+
+        try:
+            return getattr(bench, parse)(text)
+        except bench.BenchError as e:
+            raise argparse.ArgumentTypeError(str(e)) from None
+    convert.__name__ = parse.removeprefix("parse_")
+    return convert
+
+
+def _add_bench(sub) -> None:
+    b = sub.add_parser("bench", help="time the whole MLP on this GPU: ours vs transformers bf16 vs unfused fp8",
+                       description=BENCH_DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
+    b.add_argument("--shapes", type=_bench_type("parse_shapes"), default="4096x14336,8192x3584", metavar="HxI,...",
+                   help="hidden x intermediate sizes, multiples of 128 (default: 4096x14336,8192x3584: "
+                        "LLaMA-3-8B, and LLaMA-3-70B's MLP on 8-way tensor parallelism)")
+    b.add_argument("--m", type=_bench_type("parse_ms"), default="1,16,64,256,1024,4096", metavar="M,...",
+                   help="token counts (default: 1,16,64,256,1024,4096)")
+    b.add_argument("--format", dest="weight_formats", action="append", choices=sorted(formats.WEIGHT_FORMATS),
+                   help="our weight format to time (repeatable; default: bf16 and fp8_block128)")
+    b.add_argument("--allow-reference", action="store_true",
+                   help="allow a --format without sm90 kernels (nvfp4): times the pure-torch reference")
+    b.add_argument("--rounds", type=int, default=3, help="rounds of timing every pipeline in turn (default: 3)")
+    b.add_argument("--iters", type=int, default=30, help="timings per pipeline and round, median (default: 30)")
+    b.add_argument("--no-cuda-graphs", dest="cuda_graphs", action="store_false",
+                   help="time plain eager calls instead of CUDA-graph replays (host launch cost included)")
+    b.add_argument("--out", metavar="DIR", default=None,
+                   help="write DIR/bench.json (every number, per round) and DIR/bench.png (replacing them)")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -127,6 +188,17 @@ def _run(args) -> int:
         from .weight_packing.verify import format_table, inspect
 
         print(format_table(*inspect(args.dst)))
+        return 0
+    if args.command == "bench":
+        from . import bench
+
+        try:
+            bench.run(shapes=args.shapes, m=args.m, weight_formats=tuple(args.weight_formats or bench.DEFAULT_FORMATS),
+                      rounds=args.rounds, iters=args.iters, out=args.out, cuda_graphs=args.cuda_graphs,
+                      allow_reference=args.allow_reference)
+        except bench.BenchError as e:
+            print(f"swiglu-fused bench: error: {e}", file=sys.stderr)
+            return 2
         return 0
     from .demo import run_demo
 

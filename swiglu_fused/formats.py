@@ -20,6 +20,21 @@ The interleave of granularity g (rows of the packed gate_up, chunk j = 0 … I/g
 
 so a tile of 2g packed rows yields g finished columns of h, in the original intermediate order.
 
+Non-MLP linears (attention q/k/v/o, ...) of a quantized source are listed in
+``quantization_config.linears``; each listed module ``L`` (rows = out_features, cols = in_features)
+holds the tensors of the weight format for rows × cols with halves = 1, exactly as a down_proj:
+
+    fp8_block128  L.weight (e4m3), L.weight_scale_inv (fp32 [ceil(N/128), ceil(K/128)])
+    nvfp4         L.weight_packed, L.weight_scale, L.weight_global_scale [1] (global_scale_kind)
+    any format    L.bias: optional, bf16 / fp16 / fp32 [N], as the source had it
+
+and a loader runs it as ``swiglu_fused.linear.PackedLinear`` (x quantized per token group of 128
+for fp8, bf16 for nvfp4; then the down GEMM). A format-bf16 checkpoint lists none: a quantized
+source's linears are stored dequantized as a plain bf16 ``L.weight``. Linears the source left
+unquantized (lm_head, its ignore list) are stored as they were. Quantized tensors anywhere else
+(a scale, or a weight of e4m3 / uint8 codes outside the packed MLPs and ``linears``) are a violation:
+a plain Linear would compute with the raw codes.
+
 Why ``gate_up_interleaved`` (version 2) and not ``gate_up_proj`` (version 1): interleaved rows are
 not a Linear's [gate; up] weight, so they must not carry a Linear's name. Under version 1 a packed
 Phi-3 bf16 checkpoint loaded without ``import swiglu_fused`` filled Phi3MLP.gate_up_proj with
@@ -65,6 +80,7 @@ K_ACTIVATION = "activation"
 K_H_FORMAT = "h_format"
 K_GLOBAL_SCALE_KIND = "global_scale_kind"
 K_MODULES = "modules"
+K_LINEARS = "linears"
 K_SOURCE = "source"
 
 CONFIG_FILE = "config.json"
@@ -159,6 +175,7 @@ class WeightFormat:
     sm90_kernels: bool = False  # the sm90 kernels implement it (at g = 128; else the reference runs)
     sources: tuple[SourceLayout, ...] = ()
     requantized: str = "quantized"  # what convert's summary says of projections it did not repack
+    packs_linears: bool = True  # a quantized source's non-MLP linears are stored in it (else plain dense weights)
 
     def tensors(self, rows: int, cols: int, halves: int) -> dict[str, tuple[torch.dtype, tuple[int, ...]]]:
         """Tensor suffix → (dtype, shape) for a projection of ``rows`` × ``cols``.
@@ -204,6 +221,7 @@ class BF16(WeightFormat):
     weight_dtype = torch.bfloat16
     sm90_kernels = True
     requantized = "converted to bf16"
+    packs_linears = False  # a plain bf16 Linear holds them
 
     def tensors(self, rows, cols, halves):
         return {"weight": (torch.bfloat16, (rows, cols))}
@@ -292,6 +310,12 @@ class NVFP4(WeightFormat):
 
 
 WEIGHT_FORMATS: dict[str, WeightFormat] = {f.name: f for f in (BF16(), FP8Block128(), NVFP4())}
+
+
+def source_layout(get) -> SourceLayout | None:
+    """The producer's quantized layout of the projection whose tensors ``get(suffix)`` returns
+    (tensors or meta tensors), or None: a dense projection."""
+    return next((lay for f in WEIGHT_FORMATS.values() for lay in f.sources if lay.matches(get)), None)
 ROUNDTRIP_BOUND = {name: f.roundtrip_bound for name, f in WEIGHT_FORMATS.items()}
 
 
@@ -383,6 +407,7 @@ class PackedConfig:
     global_scale_kind: str | None = None  # nvfp4 only
     source: Mapping = field(default_factory=dict)
     format_version: int = FORMAT_VERSION
+    linears: tuple[str, ...] = ()  # non-MLP linears stored in weight_format (see the module docstring)
 
     @property
     def h_format(self) -> str:
@@ -399,13 +424,15 @@ class PackedConfig:
             K_MODULES: list(self.modules),
             K_SOURCE: dict(self.source),
         }
+        if self.linears:
+            d[K_LINEARS] = list(self.linears)
         if self.global_scale_kind is not None:
             d[K_GLOBAL_SCALE_KIND] = self.global_scale_kind
         return d
 
     def file_metadata(self) -> dict[str, str]:
         """The safetensors ``__metadata__`` (string values only): the same facts minus the module list."""
-        blob = {k: v for k, v in self.to_dict().items() if k not in (K_MODULES, K_SOURCE)}
+        blob = {k: v for k, v in self.to_dict().items() if k not in (K_MODULES, K_SOURCE, K_LINEARS)}
         return {"format": "pt", METADATA_KEY: json.dumps(blob, sort_keys=True)}
 
     @classmethod
@@ -421,6 +448,7 @@ class PackedConfig:
             global_scale_kind=d.get(K_GLOBAL_SCALE_KIND),
             source=d.get(K_SOURCE, {}),
             format_version=int(d[K_VERSION]),
+            linears=tuple(d.get(K_LINEARS, ())),
         )
 
 
@@ -462,6 +490,17 @@ def header_problems(d: Mapping, where: str) -> list["Violation"]:
     modules = d.get(K_MODULES, [])
     if not isinstance(modules, list) or not all(isinstance(m, str) and m for m in modules):
         bad(K_MODULES, f"must be a list of module names (e.g. \"model.layers.0.mlp\"), found {modules!r:.200}")
+    linears = d.get(K_LINEARS, [])
+    if not isinstance(linears, list) or not all(isinstance(m, str) and m for m in linears):
+        bad(K_LINEARS, f"must be a list of linear module names (e.g. \"model.layers.0.self_attn.q_proj\"), "
+                       f"found {linears!r:.200}")
+    elif isinstance(modules, list):
+        inside = [lin for lin in linears if any(lin == m or lin.startswith(f"{m}.") for m in modules if isinstance(m, str))]
+        if inside:
+            bad(K_LINEARS, f"{inside[0]!r} lies in a packed MLP listed in {K_MODULES}; an MLP's projections are "
+                           f"stored as {GATE_UP} and {DOWN}, not as linears")
+        if len(set(linears)) != len(linears):
+            bad(K_LINEARS, "lists a module twice")
     return out
 
 
@@ -533,6 +572,27 @@ def module_problems(
     return out
 
 
+LINEAR_BIAS_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+
+
+def linear_problems(
+    tensors: Mapping[str, torch.Tensor], module: str, cfg: PackedConfig, file_of: Mapping[str, str] = {},
+) -> list[Violation]:
+    """Check one packed non-MLP linear (``cfg.linears``): its format's tensors for rows × cols with
+    one per-tensor scale (as down_proj), and an optional bias [rows] in bf16, fp16 or fp32."""
+    out, shape = projection_problems(tensors, module, weight_format(cfg.weight_format), 1, file_of)
+    bias = tensors.get(f"{module}.bias")
+    if bias is not None:
+        name = f"{module}.bias"
+        if bias.dtype not in LINEAR_BIAS_DTYPES:
+            out.append(Violation(file_of.get(name), name, "dtype",
+                                 f"expected one of {[str(d) for d in LINEAR_BIAS_DTYPES]}, found {bias.dtype}"))
+        if shape and tuple(bias.shape) != (shape[0],):
+            out.append(Violation(file_of.get(name), name, "shape", f"expected [{shape[0]}] (the weight's rows), "
+                                                                   f"found {list(bias.shape)}"))
+    return out
+
+
 def file_metadata_problems(metadata: Mapping[str, str] | None, cfg: PackedConfig, file: str) -> list[Violation]:
     """The facts in a safetensors __metadata__ must be present and agree with config.json."""
     if not metadata or METADATA_KEY not in metadata:
@@ -563,7 +623,10 @@ def validate_state_dict(tensors: Mapping[str, torch.Tensor], cfg: PackedConfig |
         out.append(Violation(None, None, K_MODULES, "the packed config lists no MLP modules"))
     for module in cfg.modules:
         out += module_problems(tensors, module, cfg, file_of)
+    for module in cfg.linears:
+        out += linear_problems(tensors, module, cfg, file_of)
     out += unlisted_module_problems(tensors, cfg, file_of)
+    out += unlisted_linear_problems(tensors, cfg, file_of)
     return out
 
 
@@ -583,4 +646,34 @@ def unlisted_module_problems(tensors, cfg: PackedConfig, file_of: Mapping[str, s
             out.append(Violation(file_of.get(name), name, K_MODULES,
                                  f"packed MLP {module!r} is not listed in quantization_config.modules, so a "
                                  "loader would leave it randomly initialised; add it to modules or convert again"))
+    return out
+
+
+# tensor suffixes that only a quantized linear has: ours and the producers' (formats.SourceLayout)
+_QUANTIZED_SUFFIXES = frozenset(
+    {s for f in WEIGHT_FORMATS.values() for s in f.tensors(2, 2, 1) if s != "weight"}
+    | {s for f in WEIGHT_FORMATS.values() for lay in f.sources for s in (*lay.names.values(), *lay.dropped)
+       if s != "weight"})
+
+
+def unlisted_linear_problems(tensors, cfg: PackedConfig, file_of: Mapping[str, str] = {}) -> list[Violation]:
+    """Quantized tensors outside the packed MLPs and ``cfg.linears`` (a scale tensor, or a weight
+    of e4m3 / uint8 codes): a loader builds plain Linears there, which would drop the scales and
+    compute with the raw codes (the failure of converters that copied a quantized source's
+    attention unchanged)."""
+    listed = set(cfg.linears)
+    mlps = tuple(f"{m}." for m in cfg.modules)
+    out, seen = [], set()
+    for name, t in tensors.items():
+        prefix, _, suffix = name.rpartition(".")
+        if prefix in listed or prefix in seen or name.startswith(mlps):
+            continue
+        codes = suffix == "weight" and t.dtype in (FP8_DTYPE, torch.uint8)
+        if suffix in _QUANTIZED_SUFFIXES or codes:
+            seen.add(prefix)
+            what = f"a weight of {t.dtype} codes" if codes else "a quantized linear's tensor"
+            out.append(Violation(file_of.get(name), name, K_LINEARS,
+                                 f"{what} outside the packed MLPs, in a module that quantization_config.{K_LINEARS} "
+                                 "does not list, so a loader would build a plain Linear there and compute with "
+                                 "raw codes; convert the source checkpoint again"))
     return out

@@ -528,7 +528,7 @@ def test_sharded_output_is_numbered_consecutively(tmp_path):
     ({"progress": 1}, "progress=1 (int); expected True or False"),
     ({"interleave": "128"}, "interleave='128' (str); expected an int"),
     ({"interleave": True}, "interleave=True (bool); expected an int"),
-    ({"weight_format": None}, "weight_format=None (NoneType); expected a format name"),
+    ({"weight_format": 8}, "weight_format=8 (int); expected a format name"),  # None: follow the source
     ({"source_format": 1}, "source_format=1 (int); expected one of"),
     ({"dst": None}, "dst=None (NoneType); expected a path"),
 ])

@@ -162,6 +162,40 @@ def _declare_packed(model: nn.Module, swapped: list[str]) -> None:
 
 
 # ---------------------------------------------------------------- from_pretrained / save_pretrained
+def _packed_linear(model: nn.Module, name: str, cfg: formats.PackedConfig, stored: dict):
+    """The empty PackedLinear (on meta) that replaces the model's Linear ``name``, a module listed in
+    quantization_config.linears; FormatError when the model and the stored tensors disagree."""
+    from ..linear import PackedLinear
+
+    try:
+        module = model.get_submodule(name)
+    except AttributeError:
+        raise FormatError(f"quantization_config.linears names {name}, which {type(model).__name__} "
+                          "does not have") from None
+    if not isinstance(module, nn.Linear):
+        raise FormatError(f"quantization_config.linears names {name}, a {type(module).__name__}, not a Linear")
+    bias_file, _ = stored.get(f"{name}.bias", (None, None))
+    if (module.bias is not None) != (bias_file is not None):
+        has = "has a bias" if module.bias is not None else "has no bias"
+        raise FormatError(f"{name}: the model that config.json describes {has}, but the checkpoint "
+                          f"{'does not store one' if bias_file is None else f'stores {name}.bias in {bias_file}'}; "
+                          "config.json and the packed tensors are not from the same model")
+    bias_dtype = None
+    if bias_file is not None:
+        from ..weight_packing import safetensors_io as sio
+        bias_dtype = sio.read_header(Path(bias_file)).entries[f"{name}.bias"].dtype
+    linear = PackedLinear.empty(module.in_features, module.out_features, weight_format=cfg.weight_format,
+                                global_scale_kind=cfg.global_scale_kind, bias_dtype=bias_dtype)
+    for key, buffer in linear.state_dict().items():
+        file, shape = stored.get(f"{name}.{key}", (None, None))
+        if shape is not None and tuple(shape) != tuple(buffer.shape):
+            raise FormatError(f"{file} / {name}.{key} / shape: {list(shape)}, but the model that config.json "
+                              f"describes needs {list(buffer.shape)} (a Linear {module.in_features} → "
+                              f"{module.out_features}); config.json and the packed tensors are not from the "
+                              "same model: re-run `swiglu-fused convert` on the source")
+    return linear
+
+
 _REGISTERED = False
 _QUANTIZER_REGISTRY = "transformers.quantizers.auto"
 
@@ -265,6 +299,8 @@ def _classes():
                             f"intermediate_size {_intermediate(gate, up)}); config.json and the packed "
                             "tensors are not from the same model: re-run `swiglu-fused convert` on the source")
                 _swap(model, name, fused)
+            for name in cfg.linears:
+                _swap(model, name, _packed_linear(model, name, cfg, stored))
             return model
 
         def _check_checkpoint(self, checkpoint_files, name_or_path) -> dict:

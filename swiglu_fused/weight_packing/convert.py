@@ -66,6 +66,8 @@ class ConvertReport:
     src_bytes: int = 0
     dst_bytes: int = 0
     left_out: list[tuple[str, str]] = field(default_factory=list)  # (SRC entry, why it was not copied)
+    linears: list[str] = field(default_factory=list)  # the source's quantized non-MLP linears, converted
+    linears_repacked: int = 0  # of those, moved unchanged
 
     def __str__(self) -> str:  # print(report) reads like the CLI
         return self.summary()
@@ -75,7 +77,19 @@ class ConvertReport:
                 f"adapter={self.adapter}): {len(self.modules)} MLPs, {self.repacked} projections repacked "
                 f"bit-exactly, {self.quantized} {formats.weight_format(self.weight_format).requantized}; "
                 f"{self.src_bytes / 2**20:.1f} MiB → "
-                f"{self.dst_bytes / 2**20:.1f} MiB" + self._left_out_line())
+                f"{self.dst_bytes / 2**20:.1f} MiB" + self._linears_line() + self._left_out_line())
+
+    def _linears_line(self) -> str:
+        n = len(self.linears)
+        if not n:
+            return ""
+        rest = n - self.linears_repacked
+        how = (f"{self.linears_repacked} repacked bit-exactly" if not rest else
+               f"{rest} dequantized to plain {self.weight_format} weights"
+               if not formats.weight_format(self.weight_format).packs_linears else
+               f"{rest} re-quantized from the source's {self.source_format} to {self.weight_format}"
+               + (f", {self.linears_repacked} repacked bit-exactly" if self.linears_repacked else ""))
+        return f"\n{n} quantized non-MLP linears of the source (attention, ...): {how}"
 
     def _left_out_line(self, shown: int = 5) -> str:
         if not self.left_out:
@@ -97,6 +111,7 @@ class _Plan:
     mlps: list[adapters.MLPSource]
     owner: dict[str, adapters.MLPSource]  # source projection prefix → its MLP
     members: dict[str, set[str]]  # source projection prefix → all its tensor names, over all shards
+    linears: dict[str, set[str]] = field(default_factory=dict)  # quantized non-MLP linear → its tensor names
 
 
 def _plan(src: Path, weight_format: str, g: int, source_format: str) -> _Plan:
@@ -126,7 +141,47 @@ def _plan(src: Path, weight_format: str, g: int, source_format: str) -> _Plan:
         proj = n.rsplit(".", 1)[0]
         if proj in owner:
             members.setdefault(proj, set()).add(n)
-    return _Plan(config, adapter, adapter.activation(config), declared, files, headers, mlps, owner, members)
+    return _Plan(config, adapter, adapter.activation(config), declared, files, headers, mlps, owner, members,
+                 _quantized_linears(headers, owner))
+
+
+def _quantized_linears(headers: list[sio.Header], mlp_projections: Mapping) -> dict[str, set[str]]:
+    """Every projection outside the MLPs that the source stores quantized (a producer's layout,
+    formats.SourceLayout, recognises it) → its tensor names; FormatError for a tensor of one that
+    no layout explains (it would have no home in the packed checkpoint)."""
+    meta = {n: t for h in headers for n, t in h.meta_tensors().items()}
+    by_prefix: dict[str, set[str]] = {}
+    for n in meta:
+        by_prefix.setdefault(n.rsplit(".", 1)[0], set()).add(n)
+    out = {}
+    for proj in sorted(mlp_projections):  # read_projection reads only the tensors a layout names
+        layout = formats.source_layout(lambda suffix: meta.get(f"{proj}.{suffix}"))
+        known = {*layout.names.values(), *layout.dropped} if layout else {"weight", "bias"}  # (bias: refused later)
+        strange = sorted(n for n in by_prefix.pop(proj, ()) if n.rsplit(".", 1)[1] not in known)
+        if strange:
+            raise FormatError(f"{strange[0]}: a tensor of the MLP projection {proj} that swiglu-fused does not "
+                              f"know (it knows {', '.join(sorted(known))}), so the packed checkpoint would have "
+                              "no place for it")
+    for prefix, names in sorted(by_prefix.items()):
+        layout = formats.source_layout(lambda suffix: meta.get(f"{prefix}.{suffix}"))
+        if layout is None:
+            continue
+        known = {*layout.names.values(), *layout.dropped, "bias"}
+        strange = sorted(n for n in names if n.rsplit(".", 1)[1] not in known)
+        if strange:
+            raise FormatError(f"{strange[0]}: a tensor of the {layout.producer} quantized linear {prefix} that "
+                              f"swiglu-fused does not know (it knows {', '.join(sorted(known))}), so the packed "
+                              "checkpoint would have no place for it")
+        out[prefix] = names
+    return out
+
+
+def default_format(src: str | Path, source_format: str = "auto") -> str:
+    """The packed format a conversion of ``src`` writes when none is asked for: the source's own
+    (nvfp4 → nvfp4, fine-grained fp8 → fp8_block128, so bytes are moved), fp8_block128 for a dense one."""
+    src = Path(src)
+    declared = declared_source_format(read_config(src), src) if source_format == "auto" else source_format
+    return declared if declared in formats.WEIGHT_FORMATS else "fp8_block128"
 
 
 def _rows_cols(meta: Mapping[str, sio.Entry], proj: str) -> tuple[int, int] | None:
@@ -183,12 +238,20 @@ class _Packer:
         self.by_module = {m.module: m for m in plan.mlps}
         self.waiting: dict[str, dict[str, torch.Tensor]] = {}  # MLP module → source tensors not yet packed
         self.done: dict[str, set[str]] = {}  # MLP module → packed projections ("gate_up_interleaved", "down_proj")
+        self.linear_waiting: dict[str, dict[str, torch.Tensor]] = {}  # quantized linear → source tensors so far
 
     def shard(self, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         out: dict[str, torch.Tensor] = {}
         touched = set()
         for name, t in tensors.items():
-            mlp = self.plan.owner.get(name.rsplit(".", 1)[0])
+            prefix = name.rsplit(".", 1)[0]
+            if prefix in self.plan.linears:
+                have = self.linear_waiting.setdefault(prefix, {})
+                have[name] = t
+                if self.plan.linears[prefix] <= have.keys():
+                    out.update(self._linear(prefix, self.linear_waiting.pop(prefix)))
+                continue
+            mlp = self.plan.owner.get(prefix)
             if mlp is None:
                 out[name] = t
                 continue
@@ -227,6 +290,20 @@ class _Packer:
             self.report.modules.append(mlp.module)
         return out
 
+    def _linear(self, prefix: str, have: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """A quantized non-MLP linear in the target format (bytes moved when it is the source's; a
+        plain bf16 weight for target bf16), its bias as it was."""
+        bias_name = f"{prefix}.bias"
+        source = pack.read_projection(lambda n: None if n == bias_name else have.get(n), prefix)
+        proj, kept = pack.to_format(source, self.fmt, self.kind)
+        self.report.linears.append(prefix)
+        self.report.linears_repacked += kept
+        self.report.dropped += source.dropped
+        out = {f"{prefix}.{suffix}": t for suffix, t in proj.tensors.items()}
+        if bias_name in have:
+            out[bias_name] = have[bias_name]
+        return out
+
     def _present(self, have: Mapping[str, torch.Tensor], projections: list[str]) -> bool:
         """Whether every tensor of these projections has arrived (a weight and its scales may
         sit in different shards)."""
@@ -254,13 +331,19 @@ def convert(
     src: str | Path,
     dst: str | Path,
     *,
-    weight_format: str = "fp8_block128",
+    weight_format: str | None = None,
     interleave: int = formats.DEFAULT_INTERLEAVE,
     source_format: str = "auto",
     force: bool = False,
     progress: bool = True,
 ) -> ConvertReport:
     """Convert the checkpoint in ``src`` into a packed checkpoint in ``dst`` (see module docstring).
+
+    ``weight_format`` None follows the source (``default_format``: nvfp4 → nvfp4, fine-grained fp8 →
+    fp8_block128, dense → fp8_block128); another format than a quantized source's re-quantizes, and
+    the report says so. Every projection the source quantized outside the MLPs (attention, ...) is
+    stored in the packed format and listed in ``quantization_config.linears`` (for bf16: dequantized
+    to a plain weight); what the source left unquantized is copied as it was.
 
     Raises FormatError / CheckpointError for a source or a request it cannot convert,
     FileExistsError (DestinationError) for a DST it may not write, OutputError when writing fails,
@@ -269,6 +352,10 @@ def convert(
     _check_types(src=src, dst=dst, weight_format=weight_format, interleave=interleave,
                  source_format=source_format, force=force, progress=progress)
     src, dst = Path(src), Path(dst)
+    if weight_format is None:
+        if source_format not in SOURCE_FORMATS:
+            raise FormatError(f"source_format: {source_format!r} is not one of {list(SOURCE_FORMATS)}")
+        weight_format = default_format(src, source_format)
     plan = _plan(src, weight_format, interleave, source_format)
     kind = _target_kind(weight_format, plan.source_format, plan.headers)
     cfg = formats.PackedConfig(
@@ -276,7 +363,8 @@ def convert(
         modules=tuple(m.module for m in plan.mlps), global_scale_kind=kind,
         source={"format": plan.source_format, "adapter": plan.adapter.name,
                 **({"quantization_config": plan.config["quantization_config"]}
-                   if "quantization_config" in plan.config else {})})
+                   if "quantization_config" in plan.config else {})},
+        linears=tuple(plan.linears) if formats.weight_format(weight_format).packs_linears else ())
     report = ConvertReport(dst, weight_format, interleave, plan.activation, plan.adapter.name, plan.source_format,
                            src_bytes=sum(h.data_bytes for h in plan.headers))
     _write_atomically(src, dst, force, plan, cfg, kind, report, progress)
@@ -286,7 +374,8 @@ def convert(
 
 _TYPES = {"src": ((str, os.PathLike), "a path (str or os.PathLike)"),
           "dst": ((str, os.PathLike), "a path (str or os.PathLike)"),
-          "weight_format": (str, f"a format name, one of {sorted(formats.WEIGHT_FORMATS)}"),
+          "weight_format": ((str, type(None)), f"a format name, one of {sorted(formats.WEIGHT_FORMATS)}, or None "
+                                               "(follow the source)"),
           "interleave": (int, "an int"),
           "source_format": (str, f"one of {list(SOURCE_FORMATS)}"),
           "force": (bool, "True or False"),
@@ -357,6 +446,9 @@ def _write(src: Path, tmp: Path, plan: _Plan, cfg: formats.PackedConfig, kind, r
                 sio.write_file(out, tmp / path.name, metadata)
                 weight_map.update({n: path.name for n in out})
             bar.update(header.data_bytes)
+    if packer.linear_waiting:
+        raise FormatError(f"{src}: incomplete quantized linears (a weight or its scales never appeared): "
+                          f"{', '.join(sorted(packer.linear_waiting))}")
     if packer.waiting:
         missing = ", ".join(sorted(packer.waiting))
         raise FormatError(f"{src}: incomplete MLPs (gate, up or down never appeared): {missing}")

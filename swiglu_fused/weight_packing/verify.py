@@ -147,7 +147,74 @@ def verify(dst: str | Path, against: str | Path | None = None) -> VerifyReport:
         p_down = pack.Projection(cfg.weight_format, dn, "down", cfg.global_scale_kind)
         for name, p, s in (("gate", p_gate, s_gate), ("up", p_up, s_up), ("down", p_down, s_down)):
             report.checks.append(_compare(module, name, p, s, cfg.weight_format))
+    _check_rest(report, ckpt, file_of, {p for m in mlps.values() for p in m.projections})
     return report
+
+
+def _check_rest(report: VerifyReport, ckpt: PackedCheckpoint, src_file_of: Mapping[str, Path],
+                mlp_projections: set[str]) -> None:
+    """Every tensor of the source outside its MLPs has a home in the packed checkpoint: the same
+    tensor, bit-equal (names, dtypes, bytes); or, in a linear the source quantized, that linear in
+    the packed format (``linears``; bit-exact where bytes were moved, else within the format's
+    bound; a plain bf16 weight when the format is bf16), minus the activation scales the
+    weight-only format drops. Anything else is a violation naming the source tensor; so is a
+    tensor of the MLPs' projections that their producer's layout does not know."""
+    cfg, dst = ckpt.config, ckpt.path
+    fmt = formats.weight_format(cfg.weight_format)
+    by_prefix: dict[str, list[str]] = {}
+    for n in src_file_of:
+        by_prefix.setdefault(n.rsplit(".", 1)[0], []).append(n)
+    src_meta = {n: t for f in sorted(set(src_file_of.values())) for n, t in sio.read_header(f).meta_tensors().items()}
+
+    def load(names: list[str]) -> dict[str, torch.Tensor]:
+        out = {}
+        for f in sorted({src_file_of[n] for n in names}):
+            out.update(sio.load_file(f, [n for n in names if src_file_of[n] == f]))
+        return out
+
+    def homeless(name: str, why: str) -> None:
+        report.violations.append(formats.Violation(str(src_file_of[name]), name, None,
+                                                   f"has no home in {dst}: {why}"))
+
+    for prefix, names in sorted(by_prefix.items()):
+        layout = formats.source_layout(lambda suffix: src_meta.get(f"{prefix}.{suffix}"))
+        if prefix in mlp_projections:
+            known = {*layout.names.values(), *layout.dropped} if layout else {"weight"}
+            for n in sorted(names):
+                if n.rsplit(".", 1)[1] not in known:
+                    homeless(n, "a tensor of an MLP projection that its format does not use")
+            continue
+        if layout is None:  # what the source left unquantized: copied as it was
+            for n in sorted(names):
+                if n not in ckpt.file_of:
+                    homeless(n, "missing from the packed checkpoint")
+                elif not _same_bytes(ckpt.tensor(n), load([n])[n]):
+                    report.checks.append(Check(n, "copied", "bit-exact", float("nan"), 0.0, False))
+            continue
+        known = {*layout.names.values(), *layout.dropped, "bias"}
+        for n in sorted(names):
+            if n.rsplit(".", 1)[1] not in known:
+                homeless(n, f"a tensor of the {layout.producer} quantized linear {prefix} that no format uses")
+        listed = prefix in cfg.linears
+        if not listed and fmt.packs_linears:
+            homeless(f"{prefix}.{layout.weight}", f"the source quantized {prefix}, but quantization_config.linears "
+                                                  "does not list it")
+            continue
+        src_t = load(names)
+        bias = src_t.pop(f"{prefix}.bias", None)
+        source = pack.read_projection(src_t.get, prefix)
+        packed = {s: ckpt.tensor(f"{prefix}.{s}") for s in fmt.tensors(1, 2, 1) if f"{prefix}.{s}" in ckpt.file_of}
+        if packed.keys() != fmt.tensors(1, 2, 1).keys():
+            homeless(f"{prefix}.{layout.weight}", f"{prefix} is missing from the packed checkpoint")
+            continue
+        report.checks.append(_compare(prefix, "linear", pack.Projection(fmt.name, packed, prefix,
+                                                                        cfg.global_scale_kind), source, fmt.name))
+        if bias is not None:
+            got = ckpt.tensor(f"{prefix}.bias") if f"{prefix}.bias" in ckpt.file_of else None
+            if got is None:
+                homeless(f"{prefix}.bias", "missing from the packed checkpoint")
+            elif not _same_bytes(got, bias):
+                report.checks.append(Check(prefix, "bias", "bit-exact", float("nan"), 0.0, False))
 
 
 def _value_problems(ckpt: PackedCheckpoint) -> list[formats.Violation]:
@@ -157,7 +224,7 @@ def _value_problems(ckpt: PackedCheckpoint) -> list[formats.Violation]:
     time, so memory holds one tensor however large the checkpoint."""
     cfg = ckpt.config
     suffixes = set(formats.weight_format(cfg.weight_format).tensors(2, 2, 1))
-    projections = {f"{m}.{p}" for m in cfg.modules for p in (formats.GATE_UP, formats.DOWN)}
+    projections = {f"{m}.{p}" for m in cfg.modules for p in (formats.GATE_UP, formats.DOWN)} | set(cfg.linears)
     out = []
     for f, header in ckpt.headers.items():
         names = [n for n in header.entries if n.rsplit(".", 1)[0] in projections and n.rsplit(".", 1)[1] in suffixes]
