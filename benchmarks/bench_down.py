@@ -1,4 +1,4 @@
-"""down benchmark: the sm90 kernel (gemm256 with the linear epilogue) against cuBLAS block-scaled
+"""down benchmark: the sm90 kernel (gemm with the linear epilogue) against cuBLAS block-scaled
 GEMM (torch._scaled_mm, 1x128 / 128x128 scales, as kernels/cublas.py calls it), with and without
 the residual (cuBLAS: GEMM then a separate add). Same process, same inputs; every timing is a CUDA
 graph of REPS launches, median of --iters replays (harness.graph_time_us).

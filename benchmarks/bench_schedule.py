@@ -15,7 +15,7 @@ import torch
 from benchmarks import harness as b
 from swiglu_fused import quant
 from swiglu_fused.kernels import reference
-from swiglu_fused.kernels.sm90 import down as kd, gate_up as kg, gemm256, schedule
+from swiglu_fused.kernels.sm90 import down as kd, gate_up as kg, gemm, schedule
 
 
 def whole_tiles(tiles, k_tiles, sms, *_, **__):
@@ -40,7 +40,7 @@ def time_variants(fn, iters):
     with mock.patch.object(schedule, "plan", whole_tiles):
         out["whole"] = b.graph_time_us(fn, iters)
     out["stream_k"] = b.graph_time_us(fn, iters)
-    with mock.patch.object(gemm256, "launch_plan", preallocated(gemm256.launch_plan)):
+    with mock.patch.object(gemm, "launch_plan", preallocated(gemm.launch_plan)):
         out["stream_k_prealloc"] = b.graph_time_us(fn, iters)
     return out
 
@@ -65,7 +65,7 @@ def main():
             tiles = -(-m // cfg.tile_m) * (2 * inter // 256)
             t = time_variants(fn, a.iters)
             rows.append(dict(op="gate_up", m=m, hidden=hidden, inter=inter, tiles=tiles,
-                             sk_tiles=gemm256.launch_plan(cfg, m, 2 * inter, hidden, xq.device)[1], **t))
+                             sk_tiles=gemm.launch_plan(cfg, m, 2 * inter, hidden, xq.device)[1], **t))
             del sets
 
             def down_set(seed):
@@ -81,7 +81,7 @@ def main():
             tiles = -(-m // dcfg.tile_m) * -(-hidden // 256)
             t = time_variants(fn, a.iters)
             rows.append(dict(op="down", m=m, hidden=hidden, inter=inter, tiles=tiles,
-                             sk_tiles=gemm256.launch_plan(dcfg, m, hidden, inter, hq.device)[1], **t))
+                             sk_tiles=gemm.launch_plan(dcfg, m, hidden, inter, hq.device)[1], **t))
             del dsets
             for r in rows[-2:]:
                 print(f"{r['op']:>7} {m:>6} {hidden:>6} {inter:>6} {r['tiles']:>6} {r['sk_tiles']:>8} "

@@ -22,7 +22,7 @@ import torch
 from benchmarks import harness as b
 from swiglu_fused import quant
 from swiglu_fused.kernels import cublas, reference
-from swiglu_fused.kernels.sm90 import down as kd, gate_up as kg, gemm256, schedule
+from swiglu_fused.kernels.sm90 import down as kd, gate_up as kg, gemm, schedule
 
 
 def forced(split):
@@ -142,7 +142,7 @@ def main():
                     else:
                         err = y_error(cfg, sets[0])
                         fn = b.cycling(lambda h, hs_, w, ws_, c=cfg: kd.down(c, h, w, ws_, hs_), sets)
-                    ctas, sk, _, _ = gemm256.launch_plan(cfg, m, n, k, sets[0][0].device)
+                    ctas, sk, _, _ = gemm.launch_plan(cfg, m, n, k, sets[0][0].device)
                     runs.append((name, cfg, err, b.capture(fn), ctas, sk))
             # then timed in turn, --rounds times, so that drift reaches every variant alike
             times = {name: [] for name, *_ in runs}

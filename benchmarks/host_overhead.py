@@ -98,7 +98,7 @@ def main():
         import cutlass
         from cutlass import Float32, Int32
 
-        from swiglu_fused.kernels.sm90 import compile_cache, gate_up as kg, gemm256
+        from swiglu_fused.kernels.sm90 import compile_cache, gate_up as kg, gemm
 
         cfg = kg.select_config(xq, gu["weight"], gu["weight_scale_inv"], xs, act="silu", h_format="fp8_group128")
         kfn = compile_cache.get("gate_up", cfg, lambda: kg.compile_gate_up(cfg))
@@ -131,7 +131,7 @@ def main():
             "sm90 gate_up, no torch.library": lambda: kg.gate_up(cfg, xq, gu["weight"], gu["weight_scale_inv"], xs),
             "8 cute pointers": ptrs,
             "compiled kernel call alone": lambda: kfn(*fixed),
-            "launch_plan": lambda: gemm256.launch_plan(cfg, 1, 2 * a.inter, a.hidden, x.device),
+            "launch_plan": lambda: gemm.launch_plan(cfg, 1, 2 * a.inter, a.hidden, x.device),
             "torch.cuda.device ctx": lambda: device_ctx(x.device),
             "compile_cache.get": lambda: compile_cache.get("gate_up", cfg, None),
             "current_stream + CUstream": lambda: cuda.CUstream(torch.cuda.current_stream(x.device).cuda_stream),

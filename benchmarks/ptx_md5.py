@@ -26,6 +26,18 @@ imported, dumping into a temporary directory). Nothing in the PTX depends on the
 paths, addresses or line numbers without ``CUTE_DSL_LINEINFO``): two runs print the same lines.
 The kernel's entry name is in the PTX and is built from the kernel class's module and name, so a
 class that moves module changes every md5 of its configurations.
+
+``--normalize NAME [NAME ...]`` makes a rename comparable: every PTX identifier that contains one
+of the NAMEs (the entry name, which embeds module and class, e.g. ``...sm90gemmGemmKernel_...``,
+and its ``<entry>_param_<i>`` parameters) is replaced, before hashing, by ``NORMALIZED<j>`` (j
+numbering the distinct identifiers in order of first appearance; a ``_param_<i>`` suffix is kept).
+The entry name is truncated by the DSL, so a shorter or longer name also changes which argument
+text it carries: replacing the whole identifier, not the name inside it, hides that too. Hash the
+old code with the old names and the new code with the new ones, then diff:
+
+    python -m benchmarks.ptx_md5 --normalize OldKernel --out /tmp/before.txt
+    ... rename OldKernel to NewKernel ...
+    python -m benchmarks.ptx_md5 --normalize NewKernel --out /tmp/after.txt
 """
 
 from __future__ import annotations
@@ -35,6 +47,7 @@ import atexit
 import hashlib
 import multiprocessing
 import os
+import re
 import shutil
 import sys
 import tempfile
@@ -84,7 +97,23 @@ def configurations():
     return unique
 
 
-def _compile(family, cfg):
+def normalize(ptx: str, names) -> str:
+    """The PTX with every identifier containing one of ``names`` replaced by NORMALIZED<j> (module doc)."""
+    if not names:
+        return ptx
+    bases = {}
+
+    def sub(m):
+        ident = m.group(0)
+        if not any(n in ident for n in names):
+            return ident
+        base, param = re.fullmatch(r"(.*?)((?:_param_\d+)?)", ident).groups()
+        return bases.setdefault(base, f"NORMALIZED{len(bases)}") + param
+
+    return re.sub(r"[A-Za-z_$%][\w$]*", sub, ptx)
+
+
+def _compile(family, cfg, names=()):
     from swiglu_fused.kernels.sm90 import down, gate_up, quant_x
 
     fn = {"quant_x": quant_x.compile_quant_x, "gate_up": gate_up.compile_gate_up,
@@ -92,7 +121,7 @@ def _compile(family, cfg):
     ptx = fn.__ptx__
     if ptx is None:
         raise RuntimeError(f"{family} {cfg!r}: no PTX kept (is CUTE_DSL_KEEP=ptx honoured?)")
-    return f"{family} {cfg!r} {hashlib.md5(ptx.encode()).hexdigest()}"
+    return f"{family} {cfg!r} {hashlib.md5(normalize(ptx, names).encode()).hexdigest()}"
 
 
 def _compile_job(job):
@@ -104,8 +133,12 @@ def main(argv=None):
     p.add_argument("--out", help="also write the sorted lines to this file")
     p.add_argument("--match", default="", help="only the configurations whose 'family repr' contains this")
     p.add_argument("-j", "--jobs", type=int, default=1, help="compile in this many processes")
+    p.add_argument("--normalize", nargs="+", default=(), metavar="NAME",
+                   help="replace each PTX identifier containing a NAME by a placeholder before hashing "
+                        "(compare across a rename of a kernel class or module)")
     a = p.parse_args(argv)
-    jobs = [(f, c) for f, c in configurations() if a.match in f"{f} {c!r}"]
+    names = tuple(a.normalize)
+    jobs = [(f, c, names) for f, c in configurations() if a.match in f"{f} {c!r}"]
     if a.jobs > 1:
         with ProcessPoolExecutor(a.jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
             lines = list(pool.map(_compile_job, jobs))

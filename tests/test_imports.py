@@ -108,7 +108,7 @@ def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 def test_the_import_graph_is_read():
     graph = _graph()
     assert "swiglu_fused.formats" in graph["swiglu_fused.weight_packing.pack"]
-    assert "swiglu_fused.kernels.sm90.epilogue" in graph["swiglu_fused.kernels.sm90.tile_config"]
+    assert "swiglu_fused.kernels.sm90.activations_and_h" in graph["swiglu_fused.kernels.sm90.tile_config"]
     assert "swiglu_fused.kernels.dispatch" in graph["swiglu_fused.kernels.sm90.gate_up"]
     assert "swiglu_fused.kernels.sm90.tile_config" in graph["swiglu_fused.kernels.dispatch"]  # (deferred)
     assert "swiglu_fused.kernels.ops" in graph["swiglu_fused.layer"]

@@ -209,26 +209,27 @@ def test_every_shipped_sm90_config_compiles():
 
 
 def test_a_new_h_format_is_one_entry(monkeypatch):
-    """An h output format is one epilogue.HFormat (width, dtype, pack, optional scale rule): a
+    """An h output format is one activations_and_h.HFormat (width, dtype, pack, optional scale rule): a
     made-up format (e4m3 with a scale of 2^ceil(log2(amax/448)), a power of two) compiles into the
     128-row, 64-row and swap-AB epilogues for sm_90a with no other change."""
     from cutlass import Float32
     import cutlass.cute as cute
 
-    from swiglu_fused.kernels.sm90 import epilogue, gate_up
+    from swiglu_fused.kernels.sm90 import activations_and_h, gate_up
 
     def pow2_scale(amax):
         return cute.math.exp2(cute.math.ceil(cute.math.log2(amax * Float32(1.0 / 448.0) + Float32(1e-30))))
 
-    pow2 = epilogue.HFormat("fp8_pow2_group128", 8, epilogue.h_format("fp8_group128").dtype, "float8_e4m3fn",
-                            epilogue.e4m3_pair, pow2_scale)
-    monkeypatch.setattr(epilogue, "_FORMATS", epilogue._FORMATS + (pow2,))
-    monkeypatch.setattr(epilogue, "H_FORMATS", epilogue.H_FORMATS + (pow2.name,))
+    ah = activations_and_h
+    pow2 = ah.HFormat("fp8_pow2_group128", 8, ah.h_spec("fp8_group128").dtype, "float8_e4m3fn",
+                      ah.e4m3_pair, pow2_scale)
+    monkeypatch.setattr(ah, "_FORMATS", ah._FORMATS + (pow2,))
+    monkeypatch.setattr(activations_and_h, "H_FORMATS", activations_and_h.H_FORMATS + (pow2.name,))
     for fields in (dict(tile_m=128, stages=4), dict(tile_m=64, stages=5), dict(tile_m=16, stages=6, swap_ab=True)):
         cfg = gate_up.GateUpConfig(h_format=pow2.name, **fields)
         assert cfg.out_bytes == 1 and gate_up.compile_gate_up(cfg) is not None, cfg
     with pytest.raises(ValueError, match="h_format: unknown h format 'int4'"):
-        epilogue.h_format("int4")
+        activations_and_h.h_spec("int4")
 
 
 def test_eager_calls_skip_the_dispatcher_only_when_safe():

@@ -24,12 +24,12 @@ def test_reference_implements_the_registered_names():
 
 def test_sm90_epilogue_implements_the_registered_names():
     pytest.importorskip("cutlass")
-    from swiglu_fused.kernels.sm90 import epilogue, tile_config
+    from swiglu_fused.kernels.sm90 import activations_and_h, tile_config
 
-    assert set(epilogue.ACTIVATIONS) == set(formats.ACTIVATIONS)
-    assert set(epilogue.H_FORMATS) == set(formats.H_FORMATS)
+    assert set(activations_and_h.ACTIVATIONS) == set(formats.ACTIVATIONS)
+    assert set(activations_and_h.H_FORMATS) == set(formats.H_FORMATS)
     for name, spec in formats.H_FORMATS.items():  # the kernel stores what the spec says
-        impl = epilogue.h_format(name)
+        impl = activations_and_h.h_spec(name)
         assert getattr(torch, impl.torch_dtype) == spec.dtype and impl.scaled == spec.scaled
     assert set(tile_config.MAINLOOPS) == {f.name for f in formats.WEIGHT_FORMATS.values() if f.sm90_kernels}
 

@@ -1,6 +1,6 @@
 """The persistent stream-K schedule of the sm90 GEMM (schedule.plan / sk_iter_begin / sk_cta_of),
 checked on the host: the kernel evaluates the same integer formulas in Int32, and walks the
-segments that `segments` below lists (Gemm256Kernel._segment)."""
+segments that `segments` below lists (GemmKernel._segment)."""
 
 import itertools
 
@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 pytest.importorskip("cutlass")
 from swiglu_fused.kernels import dispatch  # noqa: E402
-from swiglu_fused.kernels.sm90 import gemm256, schedule as g, tile_config  # noqa: E402
+from swiglu_fused.kernels.sm90 import gemm, schedule as g, tile_config  # noqa: E402
 
 
 def segments(b, ctas, tiles, sk_tiles, k_tiles):
@@ -209,7 +209,7 @@ def test_banded_tile_order_is_a_bijection_that_keeps_cluster_pairs(grid_m, n_til
     gets one weight tile and adjacent M tiles; within a band, m varies fastest."""
     grid_m = -(-grid_m // cl) * cl
     band = max(cl, min(grid_m, band // cl * cl))
-    kernel = gemm256.Gemm256Kernel.__new__(gemm256.Gemm256Kernel)
+    kernel = gemm.GemmKernel.__new__(gemm.GemmKernel)
     coords = [kernel._tile_mn(t, (grid_m, n_tiles, band)) for t in range(grid_m * n_tiles)]
     assert sorted(coords) == [(tm, tn) for tm in range(grid_m) for tn in range(n_tiles)]
     if cl == 2:

@@ -30,7 +30,7 @@ from ..quant import cdiv
 from . import cublas
 
 SM90, CUBLAS, REFERENCE = "sm90", "cublas", "reference"
-GROUP = formats.FP8_BLOCK  # fp8 scale group = weight block = half a gate_up tile (tile_config.G)
+GROUP = formats.FP8_BLOCK  # fp8 scale group = weight block = half a gate_up tile (tile_config.W_BLOCK, HALF_N, H_GROUP)
 FP8_MAINLOOP, BF16_MAINLOOP = formats.FP8Block128.name, formats.BF16.name  # = tile_config's
 
 # Set SWIGLU_FUSED_DISABLE_KERNELS=1 to force the reference path everywhere (debugging).
@@ -230,10 +230,10 @@ def split_n_deep(n: int) -> bool:
 def split_n_pipeline(deep: bool, h_format: str) -> dict:
     """The split_n tile's stages and xacc_parts: 4 stages, or (deep) 5, which fit when the up half's
     accumulator is handed over in parts (2 with fp8 h, 4 with bf16 h's larger staging slab; D10)."""
-    from .sm90 import epilogue
+    from .sm90 import activations_and_h
 
     if deep:
-        return dict(stages=SPLIT_N_STAGES + 1, xacc_parts=2 if epilogue.h_format(h_format).scaled else 4)
+        return dict(stages=SPLIT_N_STAGES + 1, xacc_parts=2 if activations_and_h.h_spec(h_format).scaled else 4)
     return dict(stages=SPLIT_N_STAGES)
 
 
@@ -251,19 +251,19 @@ def gate_up_l2_hint(tile_m: int, swap_ab: bool) -> str:
 
 def smem_scales_apply(tile_m: int, swap_ab: bool, mainloop: str, h_format: str) -> bool:
     """TileConfig.smem_scales for the fp8 128-row tile with fp8 h (D13; bf16 h leaves no smem for it)."""
-    from .sm90 import epilogue
+    from .sm90 import activations_and_h
 
-    return mainloop == FP8_MAINLOOP and tile_m == 128 and not swap_ab and epilogue.h_format(h_format).scaled
+    return mainloop == FP8_MAINLOOP and tile_m == 128 and not swap_ab and activations_and_h.h_spec(h_format).scaled
 
 
 def gate_up_config(x, weight, weight_scale, x_scale, *, act: str, h_format: str):
     """The GateUpConfig for these operands (on any device), or None when the sm90 kernel does not
     implement them."""
-    from .sm90 import epilogue
+    from .sm90 import activations_and_h
     from .sm90.schedule import sm_count
     from .sm90.tile_config import GateUpConfig
 
-    if act not in epilogue.ACTIVATIONS or h_format not in epilogue.H_FORMATS:
+    if act not in activations_and_h.ACTIVATIONS or h_format not in activations_and_h.H_FORMATS:
         return None
     if weight.dtype == torch.float8_e4m3fn and x.dtype == torch.float8_e4m3fn:
         if weight_scale is None or x_scale is None or weight_scale.dtype != torch.float32:
@@ -282,7 +282,7 @@ def gate_up_config(x, weight, weight_scale, x_scale, *, act: str, h_format: str)
     if swap and ck == 1 and k >= SWAP_LONG_K:  # (K pairs keep five: D4 measured them at 4096 a CTA only)
         stages = SWAP_LONG_K_STAGES
     tile_n = 2 * GROUP
-    if mainloop == BF16_MAINLOOP and not epilogue.h_format(h_format).scaled and tile_m == 128:
+    if mainloop == BF16_MAINLOOP and not activations_and_h.h_spec(h_format).scaled and tile_m == 128:
         tile_n = granule_tile_n(m, n, sms) or tile_n
     split = split_n_applies(tile_m, swap, mainloop)
     pipe = split_n_pipeline(split_n_deep(n), h_format) if split else dict(stages=stages)
@@ -294,14 +294,14 @@ def gate_up_config(x, weight, weight_scale, x_scale, *, act: str, h_format: str)
 
 def gate_up_shipped() -> list:
     """Every GateUpConfig gate_up_config can return (what CI compile-checks)."""
-    from .sm90 import epilogue
+    from .sm90 import activations_and_h
     from .sm90.tile_config import MAINLOOPS, TILE_N_GRANULES, GateUpConfig
 
     swap_tm, swap_stages = GATE_UP_SWAP_TILES[0]
     out = []
     for mainloop in MAINLOOPS:
-        for act in epilogue.ACTIVATIONS:
-            for h_format in epilogue.H_FORMATS:
+        for act in activations_and_h.ACTIVATIONS:
+            for h_format in activations_and_h.H_FORMATS:
                 tiles = [(128, 4, False, 1), (128, 4, False, 2), (64, 5, False, 1)]  # (cluster_m_for)
                 tiles += [(t, s, True, 1) for t, s in GATE_UP_SWAP_TILES] + [(swap_tm, SWAP_LONG_K_STAGES, True, 1)]
                 for tile_m, stages, swap, cl in tiles:
@@ -315,7 +315,7 @@ def gate_up_shipped() -> list:
                                                 **pipe))
                 out.append(GateUpConfig(tile_m=swap_tm, stages=swap_stages, act=act,  # gate_up_cluster_k
                                         h_format=h_format, mainloop=mainloop, swap_ab=True, cluster_k=2))
-                if mainloop == BF16_MAINLOOP and not epilogue.h_format(h_format).scaled:  # granule_tile_n
+                if mainloop == BF16_MAINLOOP and not activations_and_h.h_spec(h_format).scaled:  # granule_tile_n
                     out.extend(GateUpConfig(tile_m=128, tile_n=tile_n, stages=4, act=act, h_format=h_format,
                                             mainloop=mainloop) for tile_n in TILE_N_GRANULES)
     return out

@@ -135,12 +135,12 @@ def test_ops_down_dispatch(monkeypatch):
 def test_stream_k_is_repeatable(hidden, inter, m, residual):
     """Decode-sized down GEMMs with a long K run stream-K (schedule.plan): bit-identical launches
     (partials summed in CTA order) and the residual added once, by the CTA that runs the epilogue."""
-    from swiglu_fused.kernels.sm90 import down as k, gemm256
+    from swiglu_fused.kernels.sm90 import down as k, gemm
 
     args = make_operands(m, hidden, inter, "fp8_block128", residual, seed=11)
     cfg = k.select_config(args["h"], args["weight"], args["weight_scale"], args["h_scale"], args["residual"],
                           torch.bfloat16)
-    assert gemm256.launch_plan(cfg, m, hidden, inter, torch.device("cuda"))[1] > 0
+    assert gemm.launch_plan(cfg, m, hidden, inter, torch.device("cuda"))[1] > 0
     ys = []
     for _ in range(3):
         y = torch.full((m, hidden), float("nan"), dtype=torch.bfloat16, device="cuda")

@@ -204,7 +204,7 @@ def test_stream_k_is_repeatable_and_leaves_counters_zero(monkeypatch, mainloop, 
     partials in CTA order, so launches are bit-identical whatever order CTAs arrive in; the kernel
     re-zeroes the arrival counters it used (here one counter tensor is reused on purpose: a counter
     left non-zero would skip the epilogue next time and leave the NaN poison in h)."""
-    from swiglu_fused.kernels.sm90 import gate_up as k, gemm256, schedule
+    from swiglu_fused.kernels.sm90 import gate_up as k, gemm, schedule
 
     args = make_operands(m, hidden, inter, mainloop, seed=7)
     cfg = k.select_config(args["x"], args["weight"], args.get("weight_scale"), args.get("x_scale"),
@@ -213,7 +213,7 @@ def test_stream_k_is_repeatable_and_leaves_counters_zero(monkeypatch, mainloop, 
     if cfg.split_n:  # (whole tiles only: the one-warpgroup 64-row tile's stream-K path, down's too)
         cfg = dataclasses.replace(cfg, split_n=False, stages=5, xacc_parts=1)
     plans = []
-    real_plan = gemm256.launch_plan
+    real_plan = gemm.launch_plan
     if real_plan(cfg, m, 2 * inter, hidden, args["x"].device)[1] == 0:
         # plan() keeps whole tiles here (the cost model's choice): test the stream-K path split 3 ways
         monkeypatch.setattr(schedule, "plan", lambda tiles, *a, **kw: (3 * tiles, tiles))
@@ -224,7 +224,7 @@ def test_stream_k_is_repeatable_and_leaves_counters_zero(monkeypatch, mainloop, 
             plans.append((sk_tiles, ctr))
         return ctas, sk_tiles, parts, plans[0][1]
 
-    monkeypatch.setattr(gemm256, "launch_plan", reuse_counters)  # what gemm256.launch calls
+    monkeypatch.setattr(gemm, "launch_plan", reuse_counters)  # what gemm.launch calls
     outs = [run_kernel(cfg, args) for _ in range(3)]
     torch.cuda.synchronize()
     sk_tiles, ctr = plans[0]

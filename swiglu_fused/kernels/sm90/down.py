@@ -9,7 +9,7 @@ Operands (ground truth: reference.down):
     residual                bf16 [M, H] or none (compile-time: DownConfig.residual)
     y                       bf16 [M, H]
 
-The kernel is gemm256.Gemm256Kernel: a tile of 256 weight rows (two 128-row blocks, each with its
+The kernel is gemm.GemmKernel: a tile of 256 weight rows (two 128-row blocks, each with its
 own 128×128 scale) is output columns [256n, 256n+256). H needs only be a multiple of 8 (16-byte
 output rows): the last tile's weight rows ≥ H are TMA zero-fill, its scale rows are clamped to
 ceil(H/128) - 1, and the stores skip columns ≥ H. The residual is added in fp32 before the single
@@ -22,7 +22,7 @@ from __future__ import annotations
 import cutlass
 
 from .. import dispatch
-from .gemm256 import launch
+from .gemm import launch
 from .kernel_host import compile_kernel
 from .tile_config import DownConfig  # noqa: F401 (this kernel's config, defined beside TileConfig)
 

@@ -10,8 +10,8 @@ Operands (ground truth: reference.gate_up):
                             ours (down.py) and cuBLAS's block-scaled GEMM (no transpose copy)
     h_format bf16           h bf16 [M, I]
 
-The kernel is gemm256.Gemm256Kernel (mainloop, fragment layout and stores are drawn there) with
-the "swiglu" epilogue: a tile of 256 packed rows = 128 gate rows + 128 up rows yields h columns
+The kernel is gemm.GemmKernel (mainloop, fragment layout and stores are drawn there) with
+the "gated" epilogue: a tile of 256 packed rows = 128 gate rows + 128 up rows yields h columns
 [128n, 128n+128), one fp8 scale group (for bf16 → bf16 h, where waves fit better, a tile of
 224 or 192 rows: 112 or 96 h columns, dispatch.granule_tile_n). This module compiles and launches
 it; its configuration (tile_config.GateUpConfig) is chosen by kernels/dispatch.py.
@@ -22,9 +22,9 @@ from __future__ import annotations
 from cutlass import Float32
 
 from .. import dispatch
-from .gemm256 import launch
+from .gemm import launch
 from .kernel_host import compile_kernel
-from .tile_config import G, GateUpConfig  # noqa: F401 (GateUpConfig: this kernel's config, defined beside TileConfig)
+from .tile_config import H_GROUP, GateUpConfig  # noqa: F401 (GateUpConfig: this kernel's config, defined beside TileConfig)
 
 
 # ---------------------------------------------------------------- host side
@@ -32,7 +32,7 @@ from .tile_config import G, GateUpConfig  # noqa: F401 (GateUpConfig: this kerne
 
 def compile_gate_up(config: GateUpConfig):
     """Compile for sm_90a (no GPU needed: fake pointers, runtime Int32 sizes)."""
-    return compile_kernel(config, config.h_fmt.dtype, Float32, 4)
+    return compile_kernel(config, config.h_spec.dtype, Float32, 4)
 
 
 # The config choice is kernels/dispatch.py's; these names stay for callers that select through
@@ -58,10 +58,10 @@ def gate_up(config: GateUpConfig, x, weight, weight_scale=None, x_scale=None, *,
     if config.granules and i_cols % (config.tile_n // 2):
         raise ValueError(f"gate_up: {config} takes {config.tile_n // 2} h columns a tile, and I = {i_cols} is not a "
                          f"multiple of that; use tile_n = 256 (dispatch.gate_up_config does)")
-    fmt = config.h_fmt
+    fmt = config.h_spec
     if out is None:
         h = torch.empty((m, i_cols), dtype=getattr(torch, fmt.torch_dtype), device=x.device)
-        hs = torch.empty((i_cols // G, m), dtype=torch.float32, device=x.device).t() if fmt.scaled else None
+        hs = torch.empty((i_cols // H_GROUP, m), dtype=torch.float32, device=x.device).t() if fmt.scaled else None
     else:
         h, hs = out
     if m == 0:

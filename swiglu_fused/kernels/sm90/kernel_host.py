@@ -1,7 +1,7 @@
-"""Compiling the sm_90a GEMM (gemm256.py) for a configuration: which kernel class builds it, and
+"""Compiling the sm_90a GEMM (gemm.py) for a configuration: which kernel class builds it, and
 the compile with fake pointers. Both kernel modules are imported here, so neither imports the
-other's subclass (swap_ab.SwapABKernel derives from gemm256.Gemm256Kernel; gemm256 knows nothing
-of it). gate_up.py and down.py compile through compile_kernel and run through gemm256.launch.
+other's subclass (swap_ab.SwapABKernel derives from gemm.GemmKernel; gemm knows nothing
+of it). gate_up.py and down.py compile through compile_kernel and run through gemm.launch.
 """
 
 from __future__ import annotations
@@ -10,20 +10,20 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Int32
 
-from .gemm256 import Gemm256Kernel
+from .gemm import GemmKernel
 from .swap_ab import SwapABKernel
 from .tile_config import TileConfig
 
 
-def kernel_class(config: TileConfig) -> type[Gemm256Kernel]:
-    """Gemm256Kernel, or its swap-AB subclass for config.swap_ab (the decode tiles)."""
-    return SwapABKernel if config.swap_ab else Gemm256Kernel
+def kernel_class(config: TileConfig) -> type[GemmKernel]:
+    """GemmKernel, or its swap-AB subclass for config.swap_ab (the decode tiles)."""
+    return SwapABKernel if config.swap_ab else GemmKernel
 
 
 def compile_kernel(config: TileConfig, out_dtype, aux_dtype, aux_align: int):
     """Compile for sm_90a (no GPU needed: fake pointers, runtime Int32 sizes). ``out`` / ``aux`` are
     the epilogue's pointers: h and h_scale for gate_up, y and the residual for down. The arguments
-    are Gemm256Kernel.__call__'s, in the order gemm256.launch passes the real ones."""
+    are GemmKernel.__call__'s, in the order gemm.launch passes the real ones."""
     from .compile_cache import COMPILE_OPTIONS, fake_ptr, null_stream
 
     ab = cutlass.Float8E4M3FN if config.fp8 else cutlass.BFloat16

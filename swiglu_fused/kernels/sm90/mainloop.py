@@ -1,4 +1,4 @@
-"""The mainloops of the sm_90a GEMM (gemm256.py): what the consumer warpgroups do with one tile's
+"""The mainloops of the sm_90a GEMM (gemm.py): what the consumer warpgroups do with one tile's
 k tiles [kb0, kb1) between the producer's TMA loads and the epilogue, one method per mainloop.
 
     _mainloop_bf16           bf16 operands: wgmma chains accumulate straight into acc. Shared by
@@ -16,13 +16,13 @@ k tiles [kb0, kb1) between the producer's TMA loads and the epilogue, one method
       _mainloop_fp8_split_n    two warpgroups, one per B half (TileConfig.split_n), k tiles in runs
 
 The promotion formula, the C fragment layout and the tile's two 128-row weight halves are drawn in
-gemm256.py's docstring.
+gemm.py's docstring.
 
 Interface. A 64/128-row mainloop is a method (mainloop, state, release, ops, acc, work) →
 (state, release): ``mainloop`` the TMA pipeline (PipelineTmaAsync), ``state`` / ``release`` its
 consumer states (the stage to wait for next, the stage to release next; returned advanced, since
 the tracer carries the pipeline states through a loop only where it sees them assigned or
-advanced), ``ops`` the CTA's RowOperands (made once, Gemm256Kernel._row_operands), ``acc`` the
+advanced), ``ops`` the CTA's RowOperands (made once, GemmKernel._row_operands), ``acc`` the
 zeroed fp32 accumulator, ``work`` the tile's TileWork. _row_mainloop picks it at trace time from
 the config.
 
@@ -32,7 +32,7 @@ operands, fields of RowOperands filled by _row_operands: e.g. the weight scale t
 registers it dequantizes into), plus what it needs of the producer; none of the others change.
 The decode tiles (swap_ab.SwapABKernel._consume) pick theirs the same way.
 
-MainloopMixin is a base class of Gemm256Kernel: its methods are traced into the kernel. The
+MainloopMixin is a base class of GemmKernel: its methods are traced into the kernel. The
 methods without @cute.jit are plain Python, inlined where called (their Python loops unroll).
 """
 
@@ -44,11 +44,11 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Float32
 
-from .tile_config import BF16_MAINLOOP, G
+from .tile_config import BF16_MAINLOOP, HALF_N
 
 
 class RowOperands(NamedTuple):
-    """What the 64/128-row mainloops read, per CTA (Gemm256Kernel._row_operands; trace values)."""
+    """What the 64/128-row mainloops read, per CTA (GemmKernel._row_operands; trace values)."""
 
     tiled_mma: Any
     thr_mma: Any  # this thread's slice of tiled_mma
@@ -259,7 +259,7 @@ class MainloopMixin:
         bandwidth spent re-reading A per quarter) into two temps, k tiles in runs of split_unroll:
         each tile's chain runs while the one before is promoted (the run's last promotion has the
         tensor pipe to itself). Scales a run ahead. The half lands in acc half 0 (the epilogue
-        hands the up half over: Gemm256Kernel._split_n_handoff)."""
+        hands the up half over: GemmKernel._split_n_handoff)."""
         cfg = self.cfg
         tiled_mma, thr_mma, sB, tCrA, temp, temp2 = ops.tiled_mma, ops.thr_mma, ops.sB, ops.tCrA, ops.temp, ops.temp2
         num_k_blocks = ops.num_k_blocks
@@ -267,7 +267,7 @@ class MainloopMixin:
         tn, kb0, kb1, row_a, row_b = work.tn, work.kb0, work.kb1, work.row_a, work.row_b
         w = ops.wg_idx - 1
         tCrB_w = tiled_mma.make_fragment_B(
-            thr_mma.partition_B(cute.local_tile(sB, (G, cfg.tile_k, cfg.stages), (w, 0, 0)))
+            thr_mma.partition_B(cute.local_tile(sB, (HALF_N, cfg.tile_k, cfg.stages), (w, 0, 0)))
         )
         wrow = cutlass.min(2 * tn + w, ws_last)
         scales = (mAS, mWS, cutlass.min(row_a, m - 1), cutlass.min(row_b, m - 1), wrow, wrow)
@@ -349,7 +349,7 @@ class MainloopMixin:
 
     def _promote_quarter(self, acc, temp, c, sc_a, sc_b):
         """acc[quarter c] += temp · scale: temp value v is column 64·(c % 2) + col(v) of half c // 2,
-        i.e. acc value v + 32·(c % 2) (the C fragment formula in gemm256.py's docstring)."""
+        i.e. acc value v + 32·(c % 2) (the C fragment formula in gemm.py's docstring)."""
         half = c // 2
         n_q = cute.size(temp, mode=[0])
         for v in range(n_q):

@@ -1,4 +1,4 @@
-"""Tile scheduling of the sm_90a GEMM (gemm256.py): whole tiles or stream-K, the band order of
+"""Tile scheduling of the sm_90a GEMM (gemm.py): whole tiles or stream-K, the band order of
 M tiles, and the per-launch plan (grid, stream-K workspace). The integer formulas run both in the
 kernel (Int32) and on the host (int, tests)."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 import cutlass
 
 from ...quant import cdiv
-from .tile_config import G, TileConfig
+from .tile_config import ACC_VALUES, TileConfig
 
 
 # Whole tiles leave SMs idle when there are few of them: decode with I = 3584 has 28 gate_up tiles
@@ -103,7 +103,7 @@ def launch_plan(config: TileConfig, m: int, n: int, k: int, device):
     if sk_tiles == 0 or config.cluster_k > 1:  # (cluster_k: the partials go through DSMEM)
         return ctas, sk_tiles, None, None
     # per CTA two slots (its first and last tile) of 128 fp32 per consumer thread
-    parts = torch.empty(ctas * 2 * G * config.consumer_threads, dtype=torch.float32, device=device)
+    parts = torch.empty(ctas * 2 * ACC_VALUES * config.consumer_threads, dtype=torch.float32, device=device)
     ctr = torch.zeros(sk_tiles + 1, dtype=torch.int32, device=device)
     return ctas, sk_tiles, parts, ctr
 

@@ -1,4 +1,4 @@
-"""The device side of the sm_90a GEMM's tile schedule (gemm256.py, swap_ab.py): the walk of a CTA
+"""The device side of the sm_90a GEMM's tile schedule (gemm.py, swap_ab.py): the walk of a CTA
 over its work, and the fix-up of the tiles that several CTAs share.
 
 The plan (how many tiles go stream-K, how their K iterations are dealt out to CTAs, the band
@@ -12,7 +12,7 @@ tile's CTAs to arrive (an atomic counter per tile) sums every partial in CTA ord
 epilogue (_fixup). K pairs (TileConfig.cluster_k = 2 or 4) split every tile over the CTAs of one
 cluster and hand the accumulators over through DSMEM instead (_cluster_fixup).
 
-StreamKMixin is a base class of Gemm256Kernel: its methods are traced into the kernel. The
+StreamKMixin is a base class of GemmKernel: its methods are traced into the kernel. The
 kernel's accumulator layout enters only through _partial, which swap_ab.SwapABKernel overrides.
 """
 
@@ -30,13 +30,13 @@ from .schedule import sk_cta_of, sk_iter_begin
 
 
 class Schedule(NamedTuple):
-    """This CTA's share of the work, computed once in the kernel (Gemm256Kernel._prologue) and
+    """This CTA's share of the work, computed once in the kernel (GemmKernel._prologue) and
     read by the producer and the consumers. Values of the trace (Int32) except ``tiling``."""
 
     bidx: Any  # this CTA
     nctas: Any  # the persistent grid
     k_tiles: Any  # k tiles per tile
-    tiling: tuple  # (grid_m, n_tiles, band): the band order of the tiles (Gemm256Kernel._tile_mn)
+    tiling: tuple  # (grid_m, n_tiles, band): the band order of the tiles (GemmKernel._tile_mn)
     dp_tiles: Any  # whole tiles (data-parallel), dealt round-robin; the rest are stream-K
     sk_iters: Any  # k iterations of the stream-K tiles, in all
     it_begin: Any  # this CTA's stream-K iterations [it_begin, it_end)

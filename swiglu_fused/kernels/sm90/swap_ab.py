@@ -8,7 +8,7 @@ Why: with the 64-row tile a 32 KB weight k tile costs one SM 4.2 MFLOP whatever 
 so a CTA streams weights at ~55 GB/s (tensor-bound), and HBM needs ≥ 55 busy SMs; at M = 16 three
 quarters of that work is zero rows. With 16 tokens on the N side the same k tile is 1 MFLOP.
 
-Everything but the consumer warpgroups (_consume) is gemm256.Gemm256Kernel's: the TMA producer
+Everything but the consumer warpgroups (_consume) is gemm.GemmKernel's: the TMA producer
 (A = x tile [tile_m, 128], W = weight tile [256, 128]), the persistent / stream-K schedule and its
 fix-up (stream_k.py; _partial is overridden here for this accumulator), the slab copy-out, and the
 bf16 mainloop (mainloop.py's, with the weights as the wgmma's A operand). The consumer warpgroups
@@ -29,7 +29,7 @@ the bf16 mainloop accumulates straight into acc. The fp8 mainloop (_mainloop_fp8
 wgmma temps so that k tile kt+1's MMAs run while kt is promoted (a branch-free loop over pairs of
 k tiles).
 
-Epilogue "swiglu" (gate_up): per token, amax over the tile's 128 h columns = in-thread (B/2 blocks
+Epilogue "gated" (gate_up): per token, amax over the tile's 128 h columns = in-thread (B/2 blocks
 × 2 rows), butterfly over lane/4 (xor 4, 8, 16), then over the 4·W warps through smem. h is staged
 in smem token-major (one byte or bf16 per value) and copied out 16 bytes per thread (each
 warpgroup its share of the tokens); h_scale per token.
@@ -48,11 +48,11 @@ import cutlass.pipeline as pipeline
 import cutlass.utils.hopper_helpers as sm90_utils
 from cutlass import Float32, Int32
 
-from .gemm256 import Gemm256Kernel, Gmem
+from .gemm import GemmKernel, Gmem
 from .mainloop import TileWork
 from .ptx import bf16_lo_to_f32, cvt_bf16x2, div_rn
 from .stream_k import Schedule
-from .tile_config import BF16_MAINLOOP, G, N_ALIGN
+from .tile_config import BF16_MAINLOOP, HALF_N, N_ALIGN, W_BLOCK
 
 
 class SwapOperands(NamedTuple):
@@ -82,8 +82,8 @@ def _pair(inv, j: int):
     return (None, None) if inv is None else (inv[j], inv[j + 1])
 
 
-class SwapABKernel(Gemm256Kernel):
-    """Gemm256Kernel with the swap-AB consumer (config.swap_ab; see the module docstring)."""
+class SwapABKernel(GemmKernel):
+    """GemmKernel with the swap-AB consumer (config.swap_ab; see the module docstring)."""
 
     def __init__(self, config):
         super().__init__(config)
@@ -102,7 +102,7 @@ class SwapABKernel(Gemm256Kernel):
         stores (gmem.mOut, the output as 32-bit words)."""
         cfg = self.cfg
         mOut, mAux, m, n = gmem.mOut, gmem.mAux, gmem.m, gmem.n
-        ws_last = (n + G - 1) // G - 1
+        ws_last = (n + W_BLOCK - 1) // W_BLOCK - 1
         t = tidx - 128
         thr_mma = tiled_mma.get_slice(t)
         tCrW = tiled_mma.make_fragment_A(thr_mma.partition_A(sB))  # (MMA, blocks, MMA_K, STAGES)
@@ -138,7 +138,7 @@ class SwapABKernel(Gemm256Kernel):
             state, release = self._swap_mainloop(mainloop, state, release, ops, acc, TileWork(tm, tn, kb0, kb1))
             epi = self._finish_tile(acc, n_vals, Int32(0), m, tile, sched, gmem.mPart, gmem.mCtr, storage, t)
             if epi != 0:
-                if cutlass.const_expr(cfg.epilogue == "swiglu"):
+                if cutlass.const_expr(cfg.epilogue == "gated"):
                     self._epilogue_swap(acc, tCcC, n_vals, n_tok, tok0, tm, tn, m, sO, sRed, mOut, mAux, t)
                 else:
                     self._epilogue_swap_linear(acc, tCcC, n_vals, tm, tn, m, n, sO, mOut, mAux, t)
@@ -257,7 +257,7 @@ class SwapABKernel(Gemm256Kernel):
         bar.arrive_and_wait()  # the previous tile's copy-out and amax reads are done
         lane = t % 32
         warp = t // 32
-        fmt = self.h_fmt
+        fmt = self.h_spec
         inv = None  # 1/s per token value j of this thread (scaled formats)
         if cutlass.const_expr(fmt.scaled):
             amax = cute.make_rmem_tensor(cute.make_layout(n_tok), Float32)
@@ -337,7 +337,7 @@ class SwapABKernel(Gemm256Kernel):
             for bb in cutlass.range_constexpr(gates):
                 b = gates * half + bb
                 for v in cutlass.range_constexpr(0, n_vals, 2):  # v, v + 1: tokens tok, tok + 1 of one column
-                    col = tCcC[(v, b, 0)][0] - G * half
+                    col = tCcC[(v, b, 0)][0] - HALF_N * half
                     tok = tCcC[(v, b, 0)][1]
                     lo = acc[(v, b, 0)]
                     hi = acc[(v + 1, b, 0)]

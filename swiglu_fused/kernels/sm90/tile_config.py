@@ -1,4 +1,4 @@
-"""Compile-time configuration of the sm_90a GEMM (gemm256.py) and the constants it is built on.
+"""Compile-time configuration of the sm_90a GEMM (gemm.py) and the constants it is built on.
 
 TileConfig is the mainloop part of a configuration: tile shape, stages, mainloop, and the tile
 variants (swap-AB, cluster pairs along M or K, split_n, smem_scales, L2 hints). GateUpConfig
@@ -13,10 +13,15 @@ from dataclasses import dataclass
 
 from ... import formats
 from ...quant import FP8_MAX  # noqa: F401 (the kernels' name for it)
-from . import epilogue
+from . import activations_and_h
 
 
-G = formats.FP8_BLOCK  # weight block = half tile = gate_up's interleave granularity and h scale group
+# formats.FP8_BLOCK (128) under the name of each thing it sizes here (all equal, by design):
+W_BLOCK = formats.FP8_BLOCK  # rows and K columns of a weight-scale block (one fp32 weight_scale)
+HALF_N = W_BLOCK  # weight rows of a tile half (gate or up; 256-row tile = 2 halves): h columns a tile
+INTERLEAVE = HALF_N  # gate_up's packed weight: chunks of this many gate rows, then as many up rows
+H_GROUP = formats.FP8_BLOCK  # h columns that share one h_scale (fp8 h)
+ACC_VALUES = 64 * 2 * HALF_N // 128  # fp32 accumulator values per consumer thread (64 rows × 256 / 128)
 SMEM_BYTES = 227 * 1024
 # the mainloops, named by the weight format they implement (formats.WeightFormat.sm90_kernels)
 FP8_MAINLOOP, BF16_MAINLOOP = formats.FP8Block128.name, formats.BF16.name
@@ -27,7 +32,7 @@ EVICT_FIRST = 0x12F0000000000000
 EVICT_LAST = 0x14F0000000000000
 L2_HINTS = ("", "w_first", "w_first_x_last")
 TILE_N_GRANULES = (192, 224)  # TileConfig.tile_n of the granule tiles (96 and 112 h columns)
-GRANULE = 16  # gate (and up) rows per TMA box: 16 divides 96, 112 and g = 128, so no box straddles a chunk
+GRANULE = 16  # gate (and up) rows per TMA box: 16 divides 96, 112 and INTERLEAVE, so no box straddles a chunk
 
 
 @dataclass(frozen=True)
@@ -96,7 +101,7 @@ class TileConfig:
     l2_hint: str = ""
 
     # the epilogue and the bytes per element of the staged output (set by subclasses)
-    epilogue = "swiglu"
+    epilogue = "gated"
     out_bytes = 2
 
     def __post_init__(self):
@@ -111,17 +116,17 @@ class TileConfig:
                 or (self.cluster_k == 4 and not self.swap_ab)):
             raise ValueError(f"{name}.cluster_k: expected 1, 2 or 4 (2 only with swap_ab or tile_m = 64, 4 only "
                              f"with swap_ab), got {self.cluster_k}")
-        if self.tile_n not in (2 * G, *TILE_N_GRANULES):
-            raise ValueError(f"{name}.tile_n: expected {2 * G} (two 128-row weight blocks) or one of "
+        if self.tile_n not in (2 * HALF_N, *TILE_N_GRANULES):
+            raise ValueError(f"{name}.tile_n: expected {2 * HALF_N} (two 128-row weight blocks) or one of "
                              f"{TILE_N_GRANULES} (16-row granules), got {self.tile_n}")
-        if self.granules and (self.mainloop != BF16_MAINLOOP or self.out_bytes != 2 or self.epilogue != "swiglu"
+        if self.granules and (self.mainloop != BF16_MAINLOOP or self.out_bytes != 2 or self.epilogue != "gated"
                               or self.tile_m != 128 or self.swap_ab or self.cluster_size > 1 or self.tma_store):
             raise ValueError(f"{name}.tile_n = {self.tile_n} is the bf16 mainloop's 128-row gate_up tile with "
                              f"bf16 h (no swap_ab, clusters or tma_store); got {self}")
         if self.mainloop not in MAINLOOPS:
             raise ValueError(f"{name}.mainloop: expected one of {MAINLOOPS}, got {self.mainloop!r}")
         if self.split_n and (self.tile_m != 64 or not self.fp8 or self.swap_ab or self.cluster_size > 1
-                             or self.tma_store or self.epilogue != "swiglu" or self.tile_n != 2 * G):
+                             or self.tma_store or self.epilogue != "gated" or self.tile_n != 2 * HALF_N):
             raise ValueError(f"{name}.split_n: the fp8 mainloop's 64-row gate_up tile only (no swap_ab, clusters "
                              f"or tma_store); got {self}")
         if self.xacc_parts not in (1, 2, 4) or (self.xacc_parts > 1 and not self.split_n):
@@ -135,8 +140,8 @@ class TileConfig:
             raise ValueError(f"{name}.l2_hint: expected one of {L2_HINTS}, got {self.l2_hint!r}")
         if self.promote_k not in (32, 64, 128):
             raise ValueError(f"{name}.promote_k: expected 32, 64 or 128, got {self.promote_k}")
-        if self.epilogue not in epilogue.EPILOGUES:
-            raise ValueError(f"{name}.epilogue: expected one of {epilogue.EPILOGUES}, got {self.epilogue!r}")
+        if self.epilogue not in activations_and_h.EPILOGUES:
+            raise ValueError(f"{name}.epilogue: expected one of {activations_and_h.EPILOGUES}, got {self.epilogue!r}")
         stage_bytes = (self.tile_m + self.tile_n) * self.tile_k * self.elem_bytes
         # output staging + the swap-AB amax exchange + the cluster_k accumulator + mbarriers (16 B a
         # stage; 64 reserved)
@@ -171,16 +176,16 @@ class TileConfig:
 
     @property
     def h_tma_store(self) -> bool:
-        """Whether h leaves through TMA stores (tma_store; the swiglu epilogue of the 64/128-row tiles)."""
-        return self.tma_store and self.epilogue == "swiglu" and not self.swap_ab
+        """Whether h leaves through TMA stores (tma_store; the gated epilogue of the 64/128-row tiles)."""
+        return self.tma_store and self.epilogue == "gated" and not self.swap_ab
 
     @property
     def out_row_words(self) -> int:
         """32-bit words per row of the smem staging slab: 128 output columns + 16 bytes of padding,
         so that a warp's 8 rows × 4 lanes of fragment stores hit distinct banks and rows stay
         16-byte aligned for the vector copy-out. With TMA stores no padding: the slab is 128-byte
-        swizzled instead (Gemm256Kernel._h_store_layout), which spreads those stores as well."""
-        return G * self.out_bytes // 4 if self.h_tma_store else (G * self.out_bytes + 16) // 4
+        swizzled instead (GemmKernel._h_store_layout), which spreads those stores as well."""
+        return HALF_N * self.out_bytes // 4 if self.h_tma_store else (HALF_N * self.out_bytes + 16) // 4
 
     @property
     def out_stage_bytes(self) -> int:
@@ -202,7 +207,7 @@ class TileConfig:
         """fp32 words of smem that receive the peer CTAs' accumulators (cluster_k > 1: the whole tile
         from each of the cluster_k - 1 others)."""
         if self.split_n:  # the up half's accumulator, handed to the gate half's warpgroup
-            return G * self.tile_m // self.xacc_parts
+            return HALF_N * self.tile_m // self.xacc_parts
         return (self.cluster_k - 1) * self.tile_n * self.tile_m if self.cluster_k > 1 else 4
 
     @property
@@ -233,23 +238,24 @@ class GateUpConfig(TileConfig):
     act: str = "silu"
     h_format: str = "fp8_group128"
 
-    epilogue = "swiglu"
+    epilogue = "gated"
     residual = False
 
     def __post_init__(self):
-        epilogue.activation(self.act)
-        if self.h_format not in epilogue.H_FORMATS:
-            raise ValueError(f"GateUpConfig.h_format: expected one of {epilogue.H_FORMATS}, got {self.h_format!r}")
+        activations_and_h.activation(self.act)
+        if self.h_format not in activations_and_h.H_FORMATS:
+            raise ValueError(f"GateUpConfig.h_format: expected one of {activations_and_h.H_FORMATS}, "
+                             f"got {self.h_format!r}")
         super().__post_init__()
 
     @property
-    def h_fmt(self) -> epilogue.HFormat:
-        """How the epilogue stores h (epilogue.h_format of h_format)."""
-        return epilogue.h_format(self.h_format)
+    def h_spec(self) -> activations_and_h.HFormat:
+        """How the epilogue stores h (activations_and_h.h_spec of the name h_format)."""
+        return activations_and_h.h_spec(self.h_format)
 
     @property
     def out_bytes(self) -> int:
-        return self.h_fmt.bits // 8
+        return self.h_spec.bits // 8
 
 
 @dataclass(frozen=True)

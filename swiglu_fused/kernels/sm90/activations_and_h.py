@@ -1,14 +1,14 @@
-"""Epilogue pieces of the sm90 GEMM (gemm256.py), chosen at compile time by name (STYLE §4).
+"""Epilogue pieces of the sm90 GEMM (gemm.py), chosen at compile time by name (STYLE §4).
 
 An epilogue is what the kernel does with a finished 256-row tile (two 128-column halves):
-"swiglu" (gate_up: h = act(half 0) · half 1, quantized or bf16) or "linear" (down: both halves
+"gated" (gate_up: h = act(half 0) · half 1, quantized or bf16) or "linear" (down: both halves
 as bf16 output columns, + an optional bf16 residual); the store code lives with the fragment
-layout in gemm256.py.
+layout in gemm.py.
 
 An activation is a function of one fp32 gate value; the kernel computes h = act(gate) · up in
 fp32. An h format (``HFormat``) says how h values become stored bits: the element width, whether a
 row's 128 columns share a scale (and how the scale follows from their amax), and how two values
-become one packed word. The epilogues (gemm256_epilogue.py, swap_ab.py) reduce the amax in their
+become one packed word. The epilogues (epilogue_stores.py, swap_ab.py) reduce the amax in their
 fragment layout and stage words by width; they ask the format for the rest. Adding an activation
 or a format is one function or one HFormat and one registry entry.
 """
@@ -44,7 +44,7 @@ def gelu_tanh(g: Float32) -> Float32:
 # implementations of the names registered in formats.ACTIVATIONS and formats.H_FORMATS
 ACTIVATIONS = {"silu": silu, "gelu_tanh": gelu_tanh}
 
-EPILOGUES = ("swiglu", "linear")
+EPILOGUES = ("gated", "linear")
 
 
 # ---------------------------------------------------------------- h formats
@@ -70,7 +70,7 @@ def bf16_pair(a: Float32, b: Float32, inv_a, inv_b):
 
 @dataclass(frozen=True)
 class HFormat:
-    """How the swiglu epilogue stores h. ``bits``: element width (8: pairs are 16-bit words, 16:
+    """How the gated epilogue stores h. ``bits``: element width (8: pairs are 16-bit words, 16:
     32-bit words; the epilogues stage by width). ``scale``: a row's 128 columns share an fp32 scale,
     ``scale(amax)``, stored in h_scale [M, I/128], and values are multiplied by 1/scale; None: no
     scale. ``pack``: (a, b, 1/s_a, 1/s_b) → one word. ``dtype``: h's element type (CuTe DSL);
@@ -95,7 +95,7 @@ _FORMATS = (
 H_FORMATS = tuple(f.name for f in _FORMATS)
 
 
-def h_format(name: str) -> HFormat:
+def h_spec(name: str) -> HFormat:
     return formats.implementation({f.name: f for f in _FORMATS}, name, "h_format", "sm90 epilogue")
 
 

@@ -1,10 +1,10 @@
-"""The stores of the sm_90a GEMM's finished tiles (gemm256.py): the "swiglu" epilogue of gate_up
+"""The stores of the sm_90a GEMM's finished tiles (gemm.py): the "gated" epilogue of gate_up
 (h = act(gate) · up, quantized to e4m3 with its group scale or rounded to bf16, staged in smem as a
 64 × 128 slab per warpgroup, then stored by TMA or copied out by the threads), its granule-tile
 variant, and the "linear" epilogue of down (bf16 y, + an optional residual). The fragment layout
-they rely on is drawn at the top of gemm256.py; the activations and h formats are epilogue.py's.
+they rely on is drawn at the top of gemm.py; the activations and h formats are activations_and_h.py's.
 
-EpilogueMixin is a base class of Gemm256Kernel: its methods are traced into the kernel.
+EpilogueMixin is a base class of GemmKernel: its methods are traced into the kernel.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from .tile_config import N_ALIGN
 class EpilogueMixin:
 
     @cute.jit
-    def _epilogue_swiglu(self, acc, n_vals: cutlass.Constexpr, r0, col0, tm, tn, m, sH, mH, mHS, wg, tid, h_store):
+    def _epilogue_gated(self, acc, n_vals: cutlass.Constexpr, r0, col0, tm, tn, m, sH, mH, mHS, wg, tid, h_store):
         """h = act(gate) · up in place in the gate half; quantize (fp8) or round (bf16); stage the
         warpgroup's 64 × 128 h slab in smem (fragment order), then store it: TMA (h_store =
         (atom, smem boxes, gmem boxes), cfg.h_tma_store) or a copy-out by the threads."""
@@ -40,7 +40,7 @@ class EpilogueMixin:
         bar.arrive_and_wait()  # the previous tile's copy-out of this slab is done
         # TMA: the slab is 128-byte swizzled (_h_store_layout): 16-byte chunk c of row r is stored
         # at chunk c ^ (r % 8), so a warp's 8 rows of fragment stores hit 8 different chunks
-        fmt = self.h_fmt
+        fmt = self.h_spec
         inv_a = None  # 1/s of rows ra / rb (scaled formats)
         inv_b = None
         if cutlass.const_expr(fmt.scaled):
@@ -109,7 +109,7 @@ class EpilogueMixin:
             self._copy_slab(sH, mH, tm, tn, m, Int32(0), wg, tid, False)
 
     @cute.jit
-    def _epilogue_swiglu_granules(self, acc, n_vals: cutlass.Constexpr, r0, col0, tm, tn, m, sH, mH, wg, tid):
+    def _epilogue_gated_granules(self, acc, n_vals: cutlass.Constexpr, r0, col0, tm, tn, m, sH, mH, wg, tid):
         """The granule tile's bf16 h: smem B row (= wgmma column) c holds gate row 16·(c // 32) + c % 16
         of the tile's tile_n / 2 if c % 32 < 16, else the up row of c - 16, so the up partner of gate
         value v is value v + 8 (col(v) = 8·(v/4) + 2·(lane%4) + v%2, module docstring). Staged like

@@ -2,7 +2,7 @@
 bf16) GEMM over tiles of 256 weight rows, with the epilogue chosen at compile time
 (``TileConfig.epilogue``, STYLE §4):
 
-    "swiglu"  gate_up:  h = act(x @ gate^T) · (x @ up^T)            (gate_up.py: GateUpConfig)
+    "gated"   gate_up:  h = act(x @ gate^T) · (x @ up^T)            (gate_up.py: GateUpConfig)
     "linear"  down:     y = h @ W_down^T (+ residual), bf16          (down.py: DownConfig)
 
 Operands: A [M, K] (x, or h) and W [N, K] (the packed gate_up weight with N = 2I, or W_down with
@@ -41,7 +41,7 @@ scale group; for down it is output columns [256n, 256n+256). The granule tile (t
 mainloop and bf16 h only, dispatch.granule_tile_n; also tile_n = 192: 96 columns) yields h columns
 [112n, 112n+112) instead, which straddle the g = 128 chunks: its B stage is 7 granules, each 16 gate
 rows then the 16 up rows of the same h columns, one 16-row TMA box each; one wgmma of N = 224
-covers them, and the up partner of gate value v is value v + 8 (_epilogue_swiglu_granules).
+covers them, and the up partner of gate value v is value v + 8 (_epilogue_gated_granules).
 Rows ≥ N of a partial last tile are TMA zero-fill; their weight-scale row is clamped to the last
 one (ceil(N/128) - 1), so no scale is read out of bounds, and the linear epilogue masks columns ≥ N.
 
@@ -71,7 +71,7 @@ amax = in-thread max over 32 values + two butterfly shuffles (xor 1, xor 2).
 
 Stores: each warpgroup writes a 64 × 128-column slab into smem in fragment order (rows padded by
 16 bytes: the 8 rows × 4 lanes of one store hit distinct banks), then copies it out
-row-contiguous, 16 bytes per thread per step (masked at M, and for "linear" at N). "swiglu" stages
+row-contiguous, 16 bytes per thread per step (masked at M, and for "linear" at N). "gated" stages
 one slab (h), "linear" two in turn (the two halves; the residual, when compiled in, is first
 copied into the slab the same way in reverse, then added in fp32 in fragment order before the
 single rounding to bf16, as reference.down does). TileConfig.tma_store (measured slower, off) has
@@ -80,7 +80,7 @@ slab with one TMA store.
 Where the pieces are: the configuration (TileConfig and the constants) in tile_config.py; the
 tile schedule's plan (plan(), stream-K, band order, launch_plan) in schedule.py and its device side
 (segments, the stream-K and K-pair fix-ups) in stream_k.py; the mainloops in mainloop.py; the
-epilogues' stores in gemm256_epilogue.py; the swap-AB decode tiles (a subclass) in swap_ab.py;
+epilogues' stores in epilogue_stores.py; the swap-AB decode tiles (a subclass) in swap_ab.py;
 the choice of kernel class and compile_kernel in kernel_host.py. This file holds the kernel (host
 tensors and TMA atoms, shared storage, setup, the producer, the consumers' walk over their tiles)
 and launch. Measurements: benchmarks/STATUS.md, benchmarks/history/, docs/DISPATCH.md.
@@ -99,12 +99,13 @@ import cutlass.utils.hopper_helpers as sm90_utils
 from cutlass import Float32, Int32, Int64
 from cutlass.pipeline import pipeline_init_arrive, pipeline_init_wait
 
-from . import epilogue
-from .gemm256_epilogue import EpilogueMixin
+from . import activations_and_h
+from .epilogue_stores import EpilogueMixin
 from .mainloop import MainloopMixin, RowOperands, TileWork
 from .schedule import band_rows, launch_plan, sk_iter_begin
 from .stream_k import Schedule, StreamKMixin
-from .tile_config import EVICT_FIRST, EVICT_LAST, G, GRANULE, N_ALIGN, TileConfig
+from .tile_config import (ACC_VALUES, EVICT_FIRST, EVICT_LAST, GRANULE, HALF_N, INTERLEAVE, N_ALIGN, W_BLOCK,
+                          TileConfig)
 
 
 class Gmem(NamedTuple):
@@ -123,7 +124,7 @@ class Gmem(NamedTuple):
 
 
 class TmaLoads(NamedTuple):
-    """The producer's TMA atoms and their smem / gmem partitions (Gemm256Kernel._prologue)."""
+    """The producer's TMA atoms and their smem / gmem partitions (GemmKernel._prologue)."""
 
     tma_a: Any
     tAgA: Any
@@ -134,7 +135,7 @@ class TmaLoads(NamedTuple):
     b_mask: Any  # cluster_m > 1: the CTAs the weight k tile is multicast to
 
 
-class Gemm256Kernel(MainloopMixin, StreamKMixin, EpilogueMixin):
+class GemmKernel(MainloopMixin, StreamKMixin, EpilogueMixin):
     def __init__(self, config: TileConfig):
         self.cfg = config
         self.ab_dtype = cutlass.Float8E4M3FN if config.fp8 else cutlass.BFloat16
@@ -143,17 +144,17 @@ class Gemm256Kernel(MainloopMixin, StreamKMixin, EpilogueMixin):
         self.threads = 128 * (1 + self.num_mma_wg)
         self.tile_mnk = (config.tile_m, config.tile_n, config.tile_k)
         self.overlap = (config.fp8 and config.overlap and not config.swap_ab and self.num_mma_wg == 1
-                        and config.promote_k == G)
+                        and config.promote_k == W_BLOCK)
         # registers per consumer thread after setmaxnreg (the producer keeps 40): the 64K register
         # file holds 40·128 + 232·256 with two consumer warpgroups; with one, the kernel starts with
         # up to 255 (256 threads) and the consumer may keep them all (ptxas reports 237-249)
         self.consumer_regs = 232 if self.num_mma_wg == 2 else 256
         # warpgroups the tiled MMA spreads over M (split_n: each warpgroup runs its own 64-row MMA)
         self.mma_wgs_m = 1 if config.split_n else self.num_mma_wg
-        if config.epilogue == "swiglu":
-            self.act = epilogue.activation(config.act)
-            self.h_fmt = config.h_fmt
-            self.h_dtype = self.h_fmt.dtype
+        if config.epilogue == "gated":
+            self.act = activations_and_h.activation(config.act)
+            self.h_spec = config.h_spec
+            self.h_dtype = self.h_spec.dtype
             self.h_box = (64, 128 // config.out_bytes)  # TMA store box of h (tma_store): 128 bytes a row
     # ------------------------------------------------------------------ host
     @cute.jit
@@ -179,23 +180,23 @@ class Gemm256Kernel(MainloopMixin, StreamKMixin, EpilogueMixin):
         k = cute.assume(k_units * cfg.k_align, divby=cfg.k_align)  # 16-byte rows
         n = cute.assume(n_units * N_ALIGN, divby=N_ALIGN)
         n_tiles = (n + cfg.tile_n - 1) // cfg.tile_n
-        kb = (k + G - 1) // G
+        kb = (k + W_BLOCK - 1) // W_BLOCK
         mA = cute.make_tensor(a_ptr, cute.make_layout((m, k), stride=(k, 1)))
         mB = cute.make_tensor(w_ptr, cute.make_layout((n, k), stride=(k, 1)))
         # a_scale: gate_up's x_scale as quant_x writes it (row-major); down's h_scale as gate_up
         # writes it, M-major (strides (1, M), the layout cuBLAS's block-scaled GEMM reads)
         as_stride = (1, m) if cfg.epilogue == "linear" else (kb, 1)
         mAS = cute.make_tensor(as_ptr, cute.make_layout((m, kb), stride=as_stride))
-        mWS = cute.make_tensor(ws_ptr, cute.make_layout(((n + G - 1) // G, kb), stride=(kb, 1)))
+        mWS = cute.make_tensor(ws_ptr, cute.make_layout(((n + W_BLOCK - 1) // W_BLOCK, kb), stride=(kb, 1)))
         # outputs as 32-bit words (4 e4m3 or 2 bf16 each), written 16 bytes at a time
-        if cutlass.const_expr(cfg.epilogue == "swiglu"):
+        if cutlass.const_expr(cfg.epilogue == "gated"):
             out_words = cute.assume(n_tiles * (cfg.out_chunks * 4), divby=cfg.out_chunks * 4)
         else:
             out_words = cute.assume(n_units * (N_ALIGN // 2), divby=N_ALIGN // 2)
         mOut = cute.make_tensor(
             cute.recast_ptr(out_ptr, dtype=Int32), cute.make_layout((m, out_words), stride=(out_words, 1))
         )
-        if cutlass.const_expr(cfg.epilogue == "swiglu"):
+        if cutlass.const_expr(cfg.epilogue == "gated"):
             mAux = cute.make_tensor(aux_ptr, cute.make_layout((m, n_tiles), stride=(1, m)))  # h_scale, M-major
         else:  # residual, bf16 pairs as words like y
             mAux = cute.make_tensor(
@@ -219,7 +220,7 @@ class Gemm256Kernel(MainloopMixin, StreamKMixin, EpilogueMixin):
         )
         tma_o, mO_tma = tma_a, mA  # (placeholders: the kernel reads them only with h_tma_store)
         if cutlass.const_expr(cfg.h_tma_store):
-            i_cols = cute.assume(n_tiles * G, divby=G)
+            i_cols = cute.assume(n_tiles * HALF_N, divby=HALF_N)
             mH = cute.make_tensor(
                 cute.recast_ptr(out_ptr, dtype=self.h_dtype), cute.make_layout((m, i_cols), stride=(i_cols, 1))
             )
@@ -244,7 +245,7 @@ class Gemm256Kernel(MainloopMixin, StreamKMixin, EpilogueMixin):
 
         consumers = 128 * self.num_mma_wg
         mPart = cute.make_tensor(
-            part_ptr, cute.make_layout((ctas * 2, G, consumers), stride=(G * consumers, consumers, 1))
+            part_ptr, cute.make_layout((ctas * 2, ACC_VALUES, consumers), stride=(ACC_VALUES * consumers, consumers, 1))
         )
         mCtr = cute.make_tensor(ctr_ptr, cute.make_layout(sk_tiles + 1))
         cluster = {"cluster": [cfg.cluster_size, 1, 1]} if cfg.cluster_size > 1 else {}
@@ -263,7 +264,7 @@ class Gemm256Kernel(MainloopMixin, StreamKMixin, EpilogueMixin):
         )
         return cute.tile_to_shape(atom, (*self.h_box, cfg.tile_m // 64 * cfg.out_bytes), order=(0, 1, 2))
 
-    def _tiled_mma(self, tile_n: int = G):
+    def _tiled_mma(self, tile_n: int = HALF_N):
         """64 rows of A × tile_n weight rows per warpgroup: one B half (128) per wgmma chain, or
         one quarter (64) for the overlapped promotion."""
         major = cute.nvgpu.warpgroup.OperandMajorMode.K
@@ -343,7 +344,7 @@ class Gemm256Kernel(MainloopMixin, StreamKMixin, EpilogueMixin):
     @cute.jit
     def _consume(self, tiled_mma, mainloop, sA, sB, storage, gmem: Gmem, sched: Schedule, tidx, wg_idx):
         """The consumer warpgroups (tidx ≥ 128): for each segment of this CTA's work (stream_k.py),
-        the mainloop (mainloop.py), the stream-K fix-up and the epilogue (gemm256_epilogue.py).
+        the mainloop (mainloop.py), the stream-K fix-up and the epilogue (epilogue_stores.py).
         swap_ab.py overrides this."""
         cfg = self.cfg
         m = gmem.m
@@ -395,7 +396,7 @@ class Gemm256Kernel(MainloopMixin, StreamKMixin, EpilogueMixin):
         mainloops' RowOperands, the accumulator (both halves: 128 fp32 per thread), its values per
         half and this thread's first column."""
         cfg = self.cfg
-        ws_last = (gmem.n + G - 1) // G - 1  # last weight-scale row (a partial last tile reads no further)
+        ws_last = (gmem.n + W_BLOCK - 1) // W_BLOCK - 1  # last weight-scale row (a partial last tile reads no further)
         split = cfg.split_n
         t_mma = (tidx - 128) % 128 if split else tidx - 128  # (split_n: each warpgroup its own MMA)
         thr_mma = tiled_mma.get_slice(t_mma)
@@ -404,7 +405,7 @@ class Gemm256Kernel(MainloopMixin, StreamKMixin, EpilogueMixin):
         tCrB = tiled_mma.make_fragment_B(thr_mma.partition_B(sB))
         tCrB_half = [
             tiled_mma.make_fragment_B(
-                thr_mma.partition_B(cute.local_tile(sB, (G, cfg.tile_k, cfg.stages), (h, 0, 0)))
+                thr_mma.partition_B(cute.local_tile(sB, (HALF_N, cfg.tile_k, cfg.stages), (h, 0, 0)))
             )
             for h in range(2 if cfg.fp8 else 0)
         ]
@@ -421,7 +422,7 @@ class Gemm256Kernel(MainloopMixin, StreamKMixin, EpilogueMixin):
         temp = temp2 = None
         if cfg.fp8:
             temp = cute.make_rmem_tensor(
-                thr_mma.partition_C(cute.make_identity_tensor((cfg.tile_m, G))).shape, self.acc_dtype
+                thr_mma.partition_C(cute.make_identity_tensor((cfg.tile_m, HALF_N))).shape, self.acc_dtype
             )  # (MMA, 1, 1): one half
         if split:
             temp2 = cute.make_rmem_tensor(temp.shape, self.acc_dtype)
@@ -430,16 +431,16 @@ class Gemm256Kernel(MainloopMixin, StreamKMixin, EpilogueMixin):
         if self.overlap:
             # wgmma chains over 64-row quarters of B (quarter c: B rows [64c, 64c + 64), half c // 2)
             # into two 32-register temps, so that one is promoted while the other is computed
-            mma_q = self._tiled_mma(G // 2)
+            mma_q = self._tiled_mma(HALF_N // 2)
             thr_q = mma_q.get_slice(t_mma)
             tCrA_q = mma_q.make_fragment_A(thr_q.partition_A(sA))
             tCrB_q = [
                 mma_q.make_fragment_B(
-                    thr_q.partition_B(cute.local_tile(sB, (G // 2, cfg.tile_k, cfg.stages), (c, 0, 0)))
+                    thr_q.partition_B(cute.local_tile(sB, (HALF_N // 2, cfg.tile_k, cfg.stages), (c, 0, 0)))
                 )
                 for c in range(4)
             ]
-            temp_q = thr_q.partition_C(cute.make_identity_tensor((64, G // 2))).shape
+            temp_q = thr_q.partition_C(cute.make_identity_tensor((64, HALF_N // 2))).shape
             tq = (cute.make_rmem_tensor(temp_q, self.acc_dtype), cute.make_rmem_tensor(temp_q, self.acc_dtype))
             quarters = (mma_q, tCrA_q, tCrB_q, tq, num_k_blocks)
         ops = RowOperands(tiled_mma, thr_mma, sB, tCrA, tCrB, tCrB_half, num_k_blocks, temp, temp2, quarters,
@@ -449,15 +450,15 @@ class Gemm256Kernel(MainloopMixin, StreamKMixin, EpilogueMixin):
     @cute.jit
     def _row_epilogue(self, acc, n_vals: cutlass.Constexpr, r0, col0, tm, tn, sO, gmem: Gmem, storage, h_store, tidx,
                       wg_idx):
-        """The finished tile's stores (gemm256_epilogue.py), chosen at compile time."""
+        """The finished tile's stores (epilogue_stores.py), chosen at compile time."""
         cfg = self.cfg
         m, mOut, mAux = gmem.m, gmem.mOut, gmem.mAux
         if cutlass.const_expr(cfg.granules):
-            self._epilogue_swiglu_granules(acc, n_vals, r0, col0, tm, tn, m, sO, mOut, wg_idx - 1, tidx % 128)
+            self._epilogue_gated_granules(acc, n_vals, r0, col0, tm, tn, m, sO, mOut, wg_idx - 1, tidx % 128)
         elif cutlass.const_expr(cfg.split_n):
             self._split_n_epilogue(acc, n_vals, r0, col0, tm, tn, m, sO, mOut, mAux, storage, h_store, tidx, wg_idx)
-        elif cutlass.const_expr(cfg.epilogue == "swiglu"):
-            self._epilogue_swiglu(acc, n_vals, r0, col0, tm, tn, m, sO, mOut, mAux, wg_idx - 1, tidx % 128, h_store)
+        elif cutlass.const_expr(cfg.epilogue == "gated"):
+            self._epilogue_gated(acc, n_vals, r0, col0, tm, tn, m, sO, mOut, mAux, wg_idx - 1, tidx % 128, h_store)
         else:
             self._epilogue_linear(acc, n_vals, r0, col0, tm, tn, m, gmem.n, sO, mOut, mAux, wg_idx - 1, tidx % 128)
 
@@ -485,7 +486,7 @@ class Gemm256Kernel(MainloopMixin, StreamKMixin, EpilogueMixin):
                 pipeline.NamedBarrier(barrier_id=5, num_threads=256).arrive_and_wait()
                 for v in cutlass.range_constexpr(n_part):
                     acc[(part * n_part + v, 0, 1)] = sX[v, t]
-            self._epilogue_swiglu(acc, n_vals, r0, col0, tm, tn, m, sO, mOut, mAux, 0, t, h_store)
+            self._epilogue_gated(acc, n_vals, r0, col0, tm, tn, m, sO, mOut, mAux, 0, t, h_store)
 
     def _prologue(self, tma_a, mA, tma_b, mB, a_layout, b_layout, m, n_tiles, sk_tiles, bidx):
         """The setup both kernels (this one and swap_ab's) share, plain Python inlined at trace time:
@@ -585,7 +586,7 @@ class Gemm256Kernel(MainloopMixin, StreamKMixin, EpilogueMixin):
         mAS, mWS, m, n = gmem.mAS, gmem.mWS, gmem.m, gmem.n  # (for smem_scales)
         cursor_end = sched.cursor_end
         lane = cute.arch.lane_idx()
-        ws_last = (n + G - 1) // G - 1
+        ws_last = (n + W_BLOCK - 1) // W_BLOCK - 1
         sScl = None
         if cutlass.const_expr(self.cfg.smem_scales):
             sScl = storage.scl.get_tensor(self._scale_layout())
@@ -602,11 +603,11 @@ class Gemm256Kernel(MainloopMixin, StreamKMixin, EpilogueMixin):
                 bar = mainloop.producer_get_barrier(state)
                 cute.copy(tma_a, tAgA[(None, tm, kt)], tAsA[(None, state.index)], tma_bar_ptr=bar, **hint_a)
                 if cutlass.const_expr(self.cfg.granules):
-                    # h-tile tn is granules u = per_tile·tn + j; with c = G / 16 = 8 granules a
-                    # g = 128 chunk, granule u's gate rows are 16-row box p = 2c·(u // c) + u % c of
+                    # h-tile tn is granules u = per_tile·tn + j; with c = INTERLEAVE / 16 = 8 granules a
+                    # 128-row chunk, granule u's gate rows are 16-row box p = 2c·(u // c) + u % c of
                     # the packed weight, its up rows box p + c
                     per_tile = self.cfg.tile_n // (2 * GRANULE)
-                    c = G // GRANULE
+                    c = INTERLEAVE // GRANULE
                     for j in cutlass.range_constexpr(per_tile):
                         u = tn * per_tile + j
                         p = u + u // c * c
