@@ -17,7 +17,7 @@ import torch
 from . import formats
 from .layer import FusedSwiGLUMLP
 from .weight_packing.convert import convert
-from .weight_packing.packed import PackedCheckpoint
+from .weight_packing.packed_checkpoint import PackedCheckpoint
 from .weight_packing.verify import verify
 
 # hidden 320 is not a multiple of 128 (partial scale blocks); I = 768 holds 6 chunks of g = 128.

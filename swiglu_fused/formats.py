@@ -94,7 +94,7 @@ class FormatError(ValueError):
 
 # ---------------------------------------------------------------- registries: activations, h formats
 # The names are registered here; the reference (kernels/reference.py) and the sm90 epilogue
-# (kernels/sm90/epilogue.py) register their implementations against them (tests/test_registry.py
+# (kernels/sm90/activations_and_h.py) register their implementations against them (tests/test_registry.py
 # checks that the name sets agree), and look them up with ``implementation``.
 ACTIVATIONS = ("silu", "gelu_tanh")
 
@@ -250,8 +250,12 @@ class FP8Block128(WeightFormat):
     scale_rows = FP8_BLOCK
     quantizes_x = True
     sm90_kernels = True
-    # transformers' fine-grained FP8 (DeepSeek-V3, Qwen3-FP8)
-    sources = (SourceLayout("transformers fine-grained FP8", "weight",
+    # compressed-tensors float-quantized with block [128, 128] weights (llmcompressor's FP8_BLOCK):
+    # weight_scale (bf16 or fp32) multiplies, like weight_scale_inv; first, as its weight is e4m3 too.
+    # Then transformers' fine-grained FP8 (DeepSeek-V3, Qwen3-FP8).
+    sources = (SourceLayout("compressed-tensors FP8 block", "weight_scale",
+                            {"weight": "weight", "weight_scale_inv": "weight_scale"}, weight_dtype=FP8_DTYPE),
+               SourceLayout("transformers fine-grained FP8", "weight",
                             {"weight": "weight", "weight_scale_inv": "weight_scale_inv"},
                             weight_dtype=FP8_DTYPE, dropped=("activation_scale",)),)
 

@@ -103,7 +103,7 @@ class FusedSwiGLUMLP(nn.Module):
     def from_packed(cls, checkpoint, module: str) -> "FusedSwiGLUMLP":
         """One MLP of a packed checkpoint: ``checkpoint`` has the checkpoint's ``config``
         (formats.PackedConfig) and ``module(name)`` → (gate_up tensors, down tensors), as
-        ``weight_packing.packed.PackedCheckpoint`` has (the runtime does not import the packer)."""
+        ``weight_packing.packed_checkpoint.PackedCheckpoint`` has (the runtime does not import the packer)."""
         cfg = checkpoint.config
         gate_up, down = checkpoint.module(module)
         return cls(gate_up, down, weight_format=cfg.weight_format, interleave=cfg.interleave,

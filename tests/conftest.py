@@ -93,6 +93,37 @@ def make_ct_nvfp4(path: Path, model) -> None:
     compressor.update_config(path)
 
 
+def make_ct_fp8_block(path: Path, model, preset: str = "FP8_BLOCK") -> None:
+    """Quantize ``model`` with compressed-tensors' FP8_BLOCK preset (e4m3 weights, one scale per
+    128x128 block, dynamic e4m3 activations per token group of 128) and save it float-quantized, as
+    llm-compressor would; lm_head stays bf16. compressed-tensors writes ``weight`` (e4m3) and
+    ``weight_scale`` (a multiplier, in the model's dtype: bf16 [ceil(N/128), ceil(K/128)]).
+    ``preset="FP8_DYNAMIC"`` makes its per-channel scheme instead (weight_scale [N, 1])."""
+    from compressed_tensors.compressors import ModelCompressor
+    from compressed_tensors.quantization import QuantizationConfig, apply_quantization_config, preset_name_to_scheme
+    from compressed_tensors.quantization.utils import calculate_qparams
+
+    scheme = preset_name_to_scheme(preset, targets=["Linear"])
+    apply_quantization_config(model, QuantizationConfig(config_groups={"group_0": scheme}, ignore=["lm_head"]))
+    with torch.no_grad():
+        for _, m in model.named_modules():
+            if not hasattr(m, "quantization_scheme"):
+                continue
+            w = m.weight.float()
+            if m.quantization_scheme.weights.strategy == "block":  # amax of each 128x128 block (edges partial)
+                n, k = w.shape
+                padded = torch.nn.functional.pad(w.abs(), (0, -k % 128, 0, -n % 128))
+                amax = padded.unflatten(0, (-1, 128)).unflatten(-1, (-1, 128)).amax(dim=(1, 3))
+            else:  # per output channel
+                amax = w.abs().amax(dim=-1, keepdim=True)
+            scale, _ = calculate_qparams(-amax, amax, m.quantization_scheme.weights)
+            m.weight_scale.data = scale.to(m.weight_scale.dtype)
+    compressor = ModelCompressor.from_pretrained_model(model, quantization_format="float-quantized")
+    compressor.compress_model(model)
+    model.save_pretrained(path)
+    compressor.update_config(path)
+
+
 MODELOPT_SCRIPT = """
 import sys, torch
 import modelopt.torch.quantization as mtq

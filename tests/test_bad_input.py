@@ -10,7 +10,7 @@ from swiglu_fused import formats
 from swiglu_fused.formats import FormatError
 from swiglu_fused.weight_packing import safetensors_io as sio
 from swiglu_fused.weight_packing.convert import convert
-from swiglu_fused.weight_packing.packed import PackedCheckpoint
+from swiglu_fused.weight_packing.packed_checkpoint import PackedCheckpoint
 from swiglu_fused.weight_packing.verify import validate, verify
 
 from conftest import DATA, make_causal_lm

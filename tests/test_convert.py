@@ -13,7 +13,7 @@ import swiglu_fused
 from swiglu_fused import FusedSwiGLUMLP, formats
 from swiglu_fused.weight_packing import safetensors_io as sio
 from swiglu_fused.weight_packing.convert import convert
-from swiglu_fused.weight_packing.packed import PackedCheckpoint
+from swiglu_fused.weight_packing.packed_checkpoint import PackedCheckpoint
 from swiglu_fused.weight_packing.verify import format_table, inspect, verify
 
 from conftest import make_causal_lm, make_flux2

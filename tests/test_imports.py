@@ -22,9 +22,9 @@ RUNTIME = ("swiglu_fused.kernels", "swiglu_fused.layer", "swiglu_fused.eager_gra
 ALLOWED = {
     # patch_model finds a model's gate/up/down through the family adapters (model-family facts,
     # no converter code); the transformers quantizer checks a packed directory's headers before
-    # from_pretrained reads a byte (packed.check_files_match_config, safetensors_io.read_header).
+    # from_pretrained reads a byte (packed_checkpoint.check_files_match_config, safetensors_io.read_header).
     "swiglu_fused.integrations.transformers": {
-        "swiglu_fused.weight_packing.adapters", "swiglu_fused.weight_packing.packed",
+        "swiglu_fused.weight_packing.adapters", "swiglu_fused.weight_packing.packed_checkpoint",
         "swiglu_fused.weight_packing.safetensors_io",
     },
 }

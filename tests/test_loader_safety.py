@@ -18,7 +18,7 @@ import swiglu_fused  # noqa: F401  (registers the swiglu_fused quantization meth
 from swiglu_fused import FusedSwiGLUMLP, convert, formats, patch_model, verify
 from swiglu_fused.formats import FormatError
 from swiglu_fused.weight_packing import safetensors_io as sio
-from swiglu_fused.weight_packing.packed import PackedCheckpoint
+from swiglu_fused.weight_packing.packed_checkpoint import PackedCheckpoint
 
 from conftest import make_causal_lm
 

@@ -9,7 +9,7 @@ import torch
 from swiglu_fused.weight_packing import pack
 from swiglu_fused.weight_packing import safetensors_io as sio
 from swiglu_fused.weight_packing.convert import convert
-from swiglu_fused.weight_packing.packed import PackedCheckpoint
+from swiglu_fused.weight_packing.packed_checkpoint import PackedCheckpoint
 from swiglu_fused.weight_packing.verify import verify
 
 from conftest import DATA, _causal_lm, make_causal_lm, make_ct_nvfp4, make_modelopt_nvfp4

@@ -103,7 +103,7 @@ def check_from_pretrained_and_save_pretrained(tmp_path, fmt, family, device="cpu
     assert loaded.model.embed_tokens.weight.dtype == torch.bfloat16
     mlp = loaded.model.layers[1].mlp
     assert isinstance(mlp, FusedSwiGLUMLP) and mlp.weight_format == fmt
-    packed = swiglu_fused.weight_packing.packed.PackedCheckpoint(dst)
+    packed = swiglu_fused.weight_packing.packed_checkpoint.PackedCheckpoint(dst)
     for name, t in packed.module("model.layers.1.mlp")[0].items():  # loaded as stored, no bf16 detour
         got = getattr(mlp.gate_up_interleaved, name)
         assert got.device.type == device and got.dtype == t.dtype

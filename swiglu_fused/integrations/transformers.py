@@ -309,7 +309,7 @@ def _classes():
             than the module's buffer silently (a bf16 label on e4m3 data). Returns tensor name →
             (file, shape). transformers 5 passes the checkpoint files; 4.x does not: then the
             directory from_pretrained was given."""
-            from ..weight_packing import packed, safetensors_io as sio
+            from ..weight_packing import packed_checkpoint, safetensors_io as sio
 
             if checkpoint_files is None and name_or_path and Path(name_or_path).is_dir():
                 checkpoint_files = sio.checkpoint_files(Path(name_or_path))
@@ -319,8 +319,8 @@ def _classes():
                                   f"and loaded from its safetensors files, found {checkpoint_files!r}; pass its "
                                   "local directory (transformers 4.x does not tell a quantizer which files it loads)")
             headers = {f: sio.read_header(f) for f in files}
-            packed.check_files_match_config(self.quantization_config.packed, files[0].parent / formats.CONFIG_FILE,
-                                            headers)
+            packed_checkpoint.check_files_match_config(self.quantization_config.packed,
+                                                       files[0].parent / formats.CONFIG_FILE, headers)
             return {n: (f, e.shape) for f, h in headers.items() for n, e in h.entries.items()}
 
         def get_state_dict_and_metadata(self, model):

@@ -1,9 +1,9 @@
 """Turn one MLP's source projections into the packed tensors of formats.py.
 
 A source projection is read in whatever format its checkpoint holds (dense, fine-grained FP8,
-compressed-tensors NVFP4, ModelOpt NVFP4). When the target format is the source's, bytes are
-only moved (rows interleaved, scales with them): bit-exact. Otherwise the weight is dequantized
-to fp32 and quantized afresh.
+compressed-tensors FP8 blocks and NVFP4, ModelOpt NVFP4). When the target format is the source's,
+bytes are only moved (rows interleaved, scales with them): bit-exact. Otherwise the weight is
+dequantized to fp32 and quantized afresh.
 
     source gate [I, K]  ─┐                        ┌─ gate_up_interleaved.* [2I, K] (interleaved, g)
     source up   [I, K]  ─┼─ same format? repack ──┤
@@ -79,18 +79,20 @@ def read_projection(get: Callable[[str], torch.Tensor | None], prefix: str) -> P
 
 def _read_block_scaled(t, prefix: str, fmt: formats.WeightFormat, layout: formats.SourceLayout,
                        dropped: list[str]) -> Projection:
-    """An e4m3 projection with 128x128 block scales (transformers' fine-grained FP8)."""
-    w, s = t(layout.names[fmt.weight_name]), t(layout.names[fmt.scale_name])
+    """An e4m3 projection with 128x128 block scales (transformers' fine-grained FP8, whose
+    weight_scale_inv multiplies; compressed-tensors FP8 block, whose weight_scale multiplies too)."""
+    scale_name = layout.names[fmt.scale_name]
+    w, s = t(layout.names[fmt.weight_name]), t(scale_name)
     if s is None:
-        raise FormatError(f"{prefix}.{fmt.scale_name}: an e4m3 weight without its block scales "
+        raise FormatError(f"{prefix}.{scale_name}: an e4m3 weight without its block scales "
                           "(only fine-grained FP8 with weight_block_size [128, 128] is supported)")
     if w.dim() != 2:
         raise FormatError(f"{prefix}.weight: expected a 2-D e4m3 weight, found shape {list(w.shape)}")
     if not s.is_floating_point():
-        raise FormatError(f"{prefix}.{fmt.scale_name}: expected floating-point block scales "
+        raise FormatError(f"{prefix}.{scale_name}: expected floating-point block scales "
                           f"(float32, bfloat16 or float8_e8m0fnu), found {s.dtype}")
-    _check_fp8_grid(prefix, w, s)
-    _refuse_bad_values(prefix, {fmt.weight_name: ("weight", w), fmt.scale_name: (fmt.scale_name, s)}, None)
+    _check_fp8_grid(prefix, w, s, scale_name)
+    _refuse_bad_values(prefix, {fmt.weight_name: ("weight", w), fmt.scale_name: (scale_name, s)}, None)
     # e8m0 scales are powers of two: exact in fp32.
     return Projection(fmt.name, {fmt.weight_name: w, fmt.scale_name: s.float()}, prefix, dropped=dropped)
 
@@ -124,11 +126,11 @@ def _read_global_scaled(t, prefix: str, fmt: formats.WeightFormat, layout: forma
     return Projection(fmt.name, tensors, prefix, kind, dropped)
 
 
-def _check_fp8_grid(prefix: str, w: torch.Tensor, s: torch.Tensor) -> None:
+def _check_fp8_grid(prefix: str, w: torch.Tensor, s: torch.Tensor, scale_name: str = "weight_scale_inv") -> None:
     expected = (formats.cdiv(w.shape[0], formats.FP8_BLOCK), formats.cdiv(w.shape[1], formats.FP8_BLOCK))
     if tuple(s.shape) != expected:
         raise FormatError(
-            f"{prefix}.weight_scale_inv: grid {list(s.shape)} does not match 128x128 blocks of a "
+            f"{prefix}.{scale_name}: grid {list(s.shape)} does not match 128x128 blocks of a "
             f"{list(w.shape)} weight (expected {list(expected)}); only weight_block_size [128, 128] is supported")
 
 

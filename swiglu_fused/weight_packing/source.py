@@ -1,6 +1,6 @@
 """What a source checkpoint directory says about itself: its config.json and the quantization its
-producer declared (transformers fine-grained FP8, compressed-tensors NVFP4, ModelOpt NVFP4, dense),
-and which of its other files belong in the packed checkpoint (``side_files``).
+producer declared (transformers fine-grained FP8, compressed-tensors NVFP4 and FP8 blocks, ModelOpt
+NVFP4, dense), and which of its other files belong in the packed checkpoint (``side_files``).
 
 Shared by ``convert`` (which packs it) and ``verify --against`` (which compares with it).
 """
@@ -90,8 +90,11 @@ def declared_source_format(config: Mapping, src: Path) -> str:
         fmts = [q.get("format")] + [g.get("format") for g in groups.values()]
         if "nvfp4-pack-quantized" in fmts:
             return "nvfp4"
-        raise FormatError(f"{where}.format is {sorted({str(f) for f in fmts if f})}; only nvfp4-pack-quantized "
-                          "compressed-tensors checkpoints are supported")
+        if "float-quantized" in fmts:
+            _check_ct_fp8_block(q, groups, where)
+            return "fp8_block128"
+        raise FormatError(f"{where}.format is {sorted({str(f) for f in fmts if f})}; only nvfp4-pack-quantized and "
+                          f"float-quantized (FP8 with {CT_FP8_BLOCK}) compressed-tensors checkpoints are supported")
     if method == "modelopt":
         algo = q.get("quant_algo")
         if algo == "NVFP4":
@@ -100,7 +103,43 @@ def declared_source_format(config: Mapping, src: Path) -> str:
     if method == formats.QUANT_METHOD:
         raise FormatError(f"{src}: already a swiglu-fused packed checkpoint")
     raise FormatError(f"{where}.quant_method {method!r:.100} is not supported; expected fp8 (fine-grained), "
-                      "compressed-tensors (nvfp4-pack-quantized) or modelopt (NVFP4)")
+                      "compressed-tensors (nvfp4-pack-quantized, or float-quantized FP8 128x128 blocks) or modelopt "
+                      "(NVFP4)")
+
+
+CT_FP8_BLOCK = "block [128, 128] weights and dynamic group-128 activations (llmcompressor's FP8_BLOCK scheme)"
+
+
+def _check_ct_fp8_block(q: Mapping, groups: Mapping, where: str) -> None:
+    """FormatError unless every config group of a float-quantized compressed-tensors checkpoint is
+    FP8 block [128, 128] weights with dynamic activations per token group of 128: the numbers of
+    our fp8_block128 (per-tensor, per-channel or static-activation FP8 are not)."""
+    supported = f"only FP8 with {CT_FP8_BLOCK} can be converted (or nvfp4-pack-quantized)"
+    if not groups:
+        raise FormatError(f"{where}.config_groups is empty: a float-quantized checkpoint must say how its weights "
+                          f"are quantized; {supported}")
+    for gname, g in groups.items():
+        at = f"{where}.config_groups.{gname}"
+        fmt = g.get("format") or q.get("format")
+        if fmt != "float-quantized":
+            raise FormatError(f"{at}.format is {fmt!r:.60} beside float-quantized groups; {supported}")
+        w, x = g.get("weights"), g.get("input_activations")
+        if not isinstance(w, dict):
+            raise FormatError(f"{at}.weights is {_kind(w)}; {supported}")
+        found = {k: w.get(k) for k in ("type", "num_bits", "strategy", "block_structure")}
+        if found != {"type": "float", "num_bits": 8, "strategy": "block",
+                     "block_structure": [formats.FP8_BLOCK, formats.FP8_BLOCK]}:
+            strategy = w.get("strategy")
+            what = (f"strategy {strategy!r:.40} ({'per-tensor' if strategy == 'tensor' else 'per-channel'} scales)"
+                    if strategy in ("tensor", "channel") else
+                    ", ".join(f"{k} {v!r:.40}" for k, v in found.items()))
+            raise FormatError(f"{at}.weights: {what}; {supported}")
+        if not isinstance(x, dict) or (x.get("type"), x.get("num_bits"), x.get("dynamic"), x.get("strategy"),
+                                       x.get("group_size")) != ("float", 8, True, "group", formats.FP8_BLOCK):
+            keys = ("type", "num_bits", "dynamic", "strategy", "group_size")
+            what = ("absent (weight-only)" if x is None else
+                    ", ".join(f"{k} {x.get(k)!r:.40}" for k in keys) if isinstance(x, dict) else _kind(x))
+            raise FormatError(f"{at}.input_activations: {what}; {supported}")
 
 
 # Files that hold weights (or pickled training state): never copied beside the packed weights, where

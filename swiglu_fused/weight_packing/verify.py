@@ -15,7 +15,7 @@ from .. import formats
 from . import adapters, pack
 from . import safetensors_io as sio
 from .source import declared_source_format, read_config
-from .packed import PackedCheckpoint
+from .packed_checkpoint import PackedCheckpoint
 
 
 @dataclass
