@@ -18,19 +18,9 @@ from swiglu_fused.linear import PackedLinear
 from swiglu_fused.weight_packing import safetensors_io as sio
 
 from conftest import _causal_lm, make_ct_fp8_block
+from test_whole_model import ATTENTION, LOGITS_BOUND, _load, _rel
 
-ATTENTION = [f"model.layers.{i}.self_attn.{p}_proj" for i in range(2) for p in "koqv"]
-BOUND = 0.08  # fp8_block128's logits bound, as tests/test_whole_model.py
-
-
-def _rel(a, b):
-    return ((a.float() - b.float()).norm() / b.float().norm()).item()
-
-
-def _load(path, **kwargs):
-    from transformers import AutoModelForCausalLM
-
-    return AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16, **kwargs)
+BOUND = LOGITS_BOUND["fp8_block128"]
 
 
 def _logits_and_tokens(model):

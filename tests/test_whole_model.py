@@ -16,23 +16,10 @@ from swiglu_fused.linear import PackedLinear
 from swiglu_fused.weight_packing import safetensors_io as sio
 
 from conftest import DATA, _causal_lm, make_ct_nvfp4
+from test_transformers_integration import LOGITS_BOUND, _generate, _rel, _tokens
 
 FP8_DATA = DATA / "tiny-llama-fp8"  # transformers' own fine-grained FP8 (attention quantized too)
-LOGITS_BOUND = {"fp8_block128": 0.08, "nvfp4": 0.25}  # as tests/test_transformers_integration.py
 ATTENTION = [f"model.layers.{i}.self_attn.{p}_proj" for i in range(2) for p in "koqv"]
-
-
-def _rel(a, b):
-    return ((a.float() - b.float()).norm() / b.float().norm()).item()
-
-
-def _tokens(seed=0):
-    return torch.randint(0, 128, (2, 12), generator=torch.Generator().manual_seed(seed))
-
-
-def _generate(model, tokens):
-    with torch.no_grad():
-        return model.generate(tokens, max_new_tokens=8, do_sample=False, pad_token_id=0)
 
 
 def _load(path, **kwargs):
