@@ -21,10 +21,12 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from .. import formats
+from .. import formats, interleave as il
 from ..formats import FormatError
 from ..layer import FusedSwiGLUMLP
+from ..linear import PackedLinear
 from ..weight_packing import adapters
+from . import hf_quantized
 
 # activation module class names (transformers.activations) → our activation names
 _ACT_CLASSES = {"SiLU": "silu", "SiLUActivation": "silu", "PytorchGELUTanh": "gelu_tanh", "GELUTanh": "gelu_tanh",
@@ -37,6 +39,12 @@ class PatchReport:
     skipped: dict[str, str] = field(default_factory=dict)  # module → why it was left as it was
     bytes_before: int = 0
     bytes_after: int = 0
+    weight_format: str | None = None
+    source: str | None = None  # the transformers quantizer that loaded the model (hf_quantized.producer)
+    moved: int = 0  # quantized projections (MLPs' and linears') whose bytes moved unchanged
+    requantized: int = 0  # quantized projections dequantized and quantized to weight_format
+    linears: list[str] = field(default_factory=list)  # quantized non-MLP linears → PackedLinear (bf16: Linear)
+    left: dict[str, str] = field(default_factory=dict)  # quantized module left to the source's quantizer → why
 
     @property
     def bytes_saved(self) -> int:
@@ -45,6 +53,14 @@ class PatchReport:
     def __str__(self) -> str:
         lines = [f"swapped {len(self.swapped)} MLPs, {self.bytes_before / 2**20:.1f} MiB → "
                  f"{self.bytes_after / 2**20:.1f} MiB of MLP weights"]
+        if self.moved or self.requantized:
+            lines.append(f"  quantized projections of the {self.source} model: {self.moved} repacked bit-exactly, "
+                         f"{self.requantized} re-quantized (dequantized, then quantized to {self.weight_format})")
+        if self.linears:
+            what = ("PackedLinear" if formats.weight_format(self.weight_format).packs_linears
+                    else "Linear (dequantized bf16)")
+            lines.append(f"  {len(self.linears)} quantized non-MLP linears became {what}: {', '.join(self.linears)}")
+        lines += [f"  left to {self.source} quantizer: {name}: {why}" for name, why in self.left.items()]
         lines += [f"  left as is: {name}: {why}" for name, why in self.skipped.items()]
         return "\n".join(lines)
 
@@ -88,25 +104,60 @@ def _intermediate(gate: nn.Linear, up: nn.Linear | None) -> int:
     return gate.out_features if up is not None else gate.out_features // 2
 
 
-def patch_model(model: nn.Module, weight_format: str = "fp8_block128",
+def patch_model(model: nn.Module, weight_format: str | None = None,
                 interleave: int = formats.DEFAULT_INTERLEAVE) -> PatchReport:
     """Replace every gated MLP (gate/up/down or Phi-3's gate_up/down) with a FusedSwiGLUMLP. MLPs the
     format cannot hold (a bias; an I that ``interleave`` does not divide) stay as they are, with the
     reason in the report; an ``interleave`` no MLP could use raises FormatError (naming the I found),
     before anything is changed. MLPs that already are FusedSwiGLUMLP stay as they are, reported as
     skipped with their format: packing is not redone from packed weights (load the original model
-    to pack it another way)."""
+    to pack it another way).
+
+    A model that transformers loaded from a quantized checkpoint (its FP8 or compressed-tensors
+    quantizer; hf_quantized.py lists what is read) is patched by moving bytes: ``weight_format``
+    None follows the model's quantization (fp8_block128 for a dense model), the MLPs' quantized
+    projections are repacked bit-exactly and its other quantized linears become PackedLinear, so
+    the patched model computes what the source computed. Another weight_format dequantizes and
+    re-quantizes them (the report counts them). Modules whose bytes cannot move stay as the
+    source's quantizer built them (``report.left``, with the reason); such a model runs, but
+    save_pretrained refuses it (one quantization_config cannot describe it)."""
+    quantized = hf_quantized.scan(model)
+    if weight_format is None:
+        weight_format = hf_quantized.default_format(quantized)
     fmt = formats.weight_format(weight_format)
     if formats.interleave_problem(interleave, fmt):
         raise FormatError(f"interleave: {interleave!r} is not a positive multiple of {fmt.interleave_multiple}, "
                           f"which weight_format {weight_format} needs (default {formats.DEFAULT_INTERLEAVE})")
-    report = PatchReport()
+    report = PatchReport(weight_format=fmt.name, source=hf_quantized.producer(model))
     config = getattr(model, "config", None)
     for name, module in model.named_modules():
         if isinstance(module, FusedSwiGLUMLP):
             report.skipped[name] = (f"already packed as {module.weight_format} (g={module.interleave}); "
                                     "load the original model to pack it again")
     candidates = [(n, m) for n, m in model.named_modules() if _projections(m) is not None]
+    _check_some_mlp_fits(candidates, interleave, fmt)
+    kind = hf_quantized.target_kind(quantized, fmt)
+    for name, module in candidates:
+        try:
+            fused, before, moved, requantized = _fuse(module, name, quantized, fmt, interleave, kind,
+                                                      _activation(module, config))
+        except FormatError as e:
+            report.skipped[name] = str(e)
+            continue
+        fused.to(_device(_projections(module)[2]))
+        report.bytes_before += before
+        report.bytes_after += _nbytes(*fused.buffers())
+        report.moved, report.requantized = report.moved + moved, report.requantized + requantized
+        _swap(model, name, fused)
+        report.swapped.append(name)
+    _pack_linears(model, quantized, fmt, kind, report)
+    report.left = {n: q.why or "not read" for n, q in hf_quantized.scan(model).items()}
+    _declare_packed(model, report)
+    return report
+
+
+def _check_some_mlp_fits(candidates, interleave: int, fmt: formats.WeightFormat) -> None:
+    """FormatError, before anything is changed, when ``interleave`` divides no MLP's I."""
     sizes = {_intermediate(*_projections(m)[:2]) for _, m in candidates}
     if sizes and all(i % interleave for i in sizes):
         hint = ""
@@ -117,48 +168,139 @@ def patch_model(model: nn.Module, weight_format: str = "fp8_block128",
         raise FormatError(f"interleave: {interleave} divides the intermediate size of none of the "
                           f"{len(candidates)} MLPs (I = {', '.join(map(str, sorted(sizes)))}){hint}; "
                           "nothing was changed")
-    for name, module in candidates:
-        gate, up, down = _projections(module)
-        try:
-            if any(p is not None and p.bias is not None for p in (gate, up, down)):
-                raise FormatError("projections with a bias are not supported")
-            weights = ([gate.weight, up.weight] if up is not None
-                       else list(gate.weight.chunk(2, dim=0))) + [down.weight]
-            fused = FusedSwiGLUMLP.from_linear(*weights, weight_format=weight_format, interleave=interleave,
-                                               activation=_activation(module, config))
-        except FormatError as e:
-            report.skipped[name] = str(e)
+
+
+def _device(linear: nn.Module) -> torch.device:
+    return next(iter(hf_quantized.own_tensors(linear).values())).device
+
+
+def _fuse(module: nn.Module, name: str, quantized: dict, fmt: formats.WeightFormat, g: int, kind: str | None,
+          activation: str) -> tuple[FusedSwiGLUMLP, int, int, int]:
+    """The FusedSwiGLUMLP for gated MLP ``module``, and (bytes of its projections, quantized
+    projections whose bytes moved, quantized projections re-quantized). Plain projections are
+    quantized by FusedSwiGLUMLP.from_linear; a quantizer's move into ``fmt`` unchanged when they
+    are in it already (hf_quantized.in_format), then interleave as convert interleaves them.
+    FormatError: the MLP stays as it is."""
+    gate, up, down = _projections(module)
+    projections = [p for p in (gate, up, down) if p is not None]
+    if any(getattr(p, "bias", None) is not None for p in projections):
+        raise FormatError("projections with a bias are not supported")
+    child = {id(m): f"{name}.{n}" for n, m in module.named_children()}
+    names = [child[id(p)] for p in projections]
+    found = [quantized.get(n) for n in names]
+    before = sum(_nbytes(*hf_quantized.own_tensors(p).values()) for p in projections)
+    if all(q is None for q in found):
+        weights = ([gate.weight, up.weight] if up is not None else list(gate.weight.chunk(2, dim=0))) + [down.weight]
+        return FusedSwiGLUMLP.from_linear(*weights, weight_format=fmt.name, interleave=g,
+                                          activation=activation), before, 0, 0
+    for n, q in zip(names, found):
+        if q is not None and q.format is None:
+            raise FormatError(f"{n} is left to {q.producer} quantizer: {q.why}")
+    # (tensors, format, global-scale kind) of each projection; a plain one is a dense {weight}
+    sources = [(q.tensors, q.format, q.kind) if q is not None else ({"weight": p.weight.detach()}, None, None)
+               for p, q in zip(projections, found)]
+    if up is None:  # Phi-3: cut [gate; up] in two, bytes kept
+        tensors, source_fmt, source_kind = sources[0]
+        halves = hf_quantized.split_fused(tensors, source_fmt, names[0])
+        sources = [(h, source_fmt, source_kind) for h in halves] + sources[1:]
+        names = [f"{names[0]}[gate]", f"{names[0]}[up]", names[1]]
+    converted = [hf_quantized.in_format(t, src, src_kind, fmt, kind, n)
+                 for (t, src, src_kind), n in zip(sources, names)]
+    (gate_q, _), (up_q, _), (down_q, _) = converted
+    formats.check_interleave(gate_q[fmt.weight_name].shape[0], g, fmt, name)
+    fused = FusedSwiGLUMLP(il.pack_gate_up(gate_q, up_q, g, fmt), down_q, weight_format=fmt.name,
+                           interleave=g, activation=activation, global_scale_kind=kind)
+    was_quantized = [src is not None for _, src, _ in sources]
+    moved = sum(kept for (_, kept), q in zip(converted, was_quantized) if q)
+    return fused, before, moved, sum(was_quantized) - moved
+
+
+def _pack_linears(model: nn.Module, quantized: dict, fmt: formats.WeightFormat, kind: str | None,
+                  report: PatchReport) -> None:
+    """Every quantized module still in the model whose bytes can move (attention q/k/v/o, the
+    projections of an MLP that stayed) → a PackedLinear in ``fmt`` (bf16: a plain Linear holding
+    the dequantized weight, as convert stores it), bias kept as it was."""
+    for name, q in quantized.items():
+        if q.format is None or not _holds(model, name, q.module):
             continue
-        fused.to(down.weight.device)
-        report.bytes_before += _nbytes(*(p.weight for p in (gate, up, down) if p is not None))
-        report.bytes_after += _nbytes(*fused.buffers())
-        _swap(model, name, fused)
-        report.swapped.append(name)
-    _declare_packed(model, report.swapped)
-    return report
+        tensors, kept = hf_quantized.in_format(q.tensors, q.format, q.kind, fmt, kind, name)
+        bias = getattr(q.module, "bias", None)
+        _swap(model, name, _linear(tensors, fmt, kind, None if bias is None else bias.detach()))
+        report.linears.append(name)
+        report.moved, report.requantized = report.moved + kept, report.requantized + (not kept)
 
 
-def _declare_packed(model: nn.Module, swapped: list[str]) -> None:
+def _holds(model: nn.Module, name: str, module: nn.Module) -> bool:
+    try:
+        return model.get_submodule(name) is module
+    except AttributeError:  # it was inside an MLP that was swapped
+        return False
+
+
+def _linear(tensors: dict, fmt: formats.WeightFormat, kind: str | None, bias: torch.Tensor | None) -> nn.Module:
+    if fmt.packs_linears:
+        return PackedLinear(tensors, weight_format=fmt.name, global_scale_kind=kind, bias=bias)
+    weight = tensors[fmt.weight_name]
+    linear = nn.Linear(weight.shape[1], weight.shape[0], bias=bias is not None, device="meta")
+    linear.weight = nn.Parameter(weight, requires_grad=False)
+    if bias is not None:
+        linear.bias = nn.Parameter(bias, requires_grad=False)
+    return linear
+
+
+def _declare_packed(model: nn.Module, report: PatchReport) -> None:
     """Give a transformers model what from_pretrained gives one loaded from a packed checkpoint
     (config.quantization_config, hf_quantizer), so that save_pretrained writes a packed checkpoint
     that loads again: without it the config says nothing, and from_pretrained would build plain
-    MLPs and fill them with packed bytes."""
+    MLPs and fill them with packed bytes. When modules were left to the source's quantizer, or
+    no MLP holds the packed linears, one quantization_config cannot describe the model:
+    save_pretrained is made to refuse it instead (``_refuse_save``)."""
     config = getattr(model, "config", None)
     if config is None or not hasattr(config, "to_dict") or not hasattr(model, "save_pretrained"):
         return  # not a transformers model
     mlps = {n: mod for n, mod in model.named_modules() if isinstance(mod, FusedSwiGLUMLP)}
+    linears = tuple(n for n, mod in model.named_modules() if isinstance(mod, PackedLinear))
     kinds = {(m.weight_format, m.interleave, m.activation, m.global_scale_kind) for m in mlps.values()}
-    if not swapped or len(kinds) != 1:
+    if report.left and (mlps or linears):
+        names = ", ".join(list(report.left)[:3]) + (f" and {len(report.left) - 3} more" if len(report.left) > 3 else "")
+        return _refuse_save(model, f"{len(report.left)} quantized modules ({names}) were left to {report.source} "
+                                   "quantizer, and one quantization_config cannot describe a model that is partly "
+                                   "packed and partly theirs")
+    if linears and not mlps:
+        return _refuse_save(model, f"{len(linears)} linears were packed but no MLP, and a packed checkpoint "
+                                   "needs at least one packed MLP")
+    if not (report.swapped or report.linears) or len(kinds) != 1:
         return  # nothing packed now, or MLPs packed differently: one quantization_config cannot describe them
     register()
     config_cls, quantizer_cls = _classes()
     weight_format, interleave, activation, global_scale_kind = kinds.pop()
+    source = {"via": "patch_model", **({"quantized_by": report.source} if report.source else {})}
     packed = formats.PackedConfig(weight_format, interleave, activation, tuple(mlps), global_scale_kind,
-                                  source={"via": "patch_model"})
+                                  source=source, linears=linears)
+    hook = getattr(model, "ct_decompress_hook", None)
+    if hook is not None:  # compressed-tensors' first-forward decompression: nothing of theirs is left to it
+        hook.remove()
+        del model.ct_decompress_hook
     qcfg = config_cls(**packed.to_dict())
     config.quantization_config = qcfg
     model.hf_quantizer = quantizer_cls(qcfg, pre_quantized=True)
     model.is_quantized, model.quantization_method = True, formats.QUANT_METHOD
+
+
+def _refuse_save(model: nn.Module, why: str) -> None:
+    """Make save_pretrained raise FormatError(why + the fix) before it writes anything. The
+    source's quantizer stays (its modules still run through it); save_pretrained asks it
+    ``is_serializable()`` first thing, so that is where the refusal goes, on this instance only."""
+    message = (f"save_pretrained: {why}, so no checkpoint is written (it would not load as this model "
+               "computes). To store it packed, convert the source checkpoint with `swiglu-fused convert SRC DST` "
+               "(it says what it cannot hold); or save the unpatched source model.")
+    quantizer = getattr(model, "hf_quantizer", None)
+    if quantizer is None:
+        return
+
+    def refuse():
+        raise FormatError(message)
+    quantizer.is_serializable = refuse
 
 
 # ---------------------------------------------------------------- from_pretrained / save_pretrained
