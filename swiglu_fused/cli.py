@@ -57,8 +57,10 @@ def _parser() -> argparse.ArgumentParser:
     v.add_argument("dst", help="packed checkpoint directory")
     v.add_argument("--against", metavar="SRC", help="the source checkpoint DST was converted from")
 
-    i = sub.add_parser("inspect", help="print a per-MLP table of a packed checkpoint",
-                       description="Print format, interleave, shapes and bytes of every packed MLP in DST.")
+    i = sub.add_parser("inspect", help="print the packed MLPs and linears of a packed checkpoint",
+                       description="Print format, interleave, shapes and bytes of every packed MLP in DST, then "
+                                   "every packed non-MLP linear (the source's quantized attention projections, ...: "
+                                   "quantization_config.linears) with its shape, format and bias.")
     i.add_argument("dst", help="packed checkpoint directory")
 
     d = sub.add_parser("demo", help="convert a tiny random LLaMA to every format and compare outputs (CPU, offline)",
@@ -185,9 +187,10 @@ def _run(args) -> int:
         print(report.summary())
         return 0 if report.ok else 1
     if args.command == "inspect":
-        from .weight_packing.verify import format_table, inspect
+        from .weight_packing.verify import format_table, inspect, inspect_linears
 
-        print(format_table(*inspect(args.dst)))
+        cfg, rows = inspect(args.dst)  # validates first
+        print(format_table(cfg, rows, inspect_linears(args.dst)))
         return 0
     if args.command == "bench":
         from . import bench

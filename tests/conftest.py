@@ -147,3 +147,51 @@ def make_modelopt_nvfp4(src: Path, dst: Path) -> None:
     pytest.importorskip("modelopt", reason="nvidia-modelopt is installed by .ci/run")
     proc = subprocess.run([sys.executable, "-c", MODELOPT_SCRIPT, str(src), str(dst)], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr[-3000:]
+
+
+def make_hf_fp8(path: Path, bf16: Path, scale_fmt: str = "float") -> None:
+    """Quantize the bf16 checkpoint ``bf16`` with transformers' own fine-grained FP8 quantizer
+    (``FineGrainedFP8Config``, 128x128 blocks) and save it, as ``from_pretrained(...,
+    quantization_config=...)`` + ``save_pretrained`` do on a GPU. transformers' ``validate_environment``
+    refuses to quantize without a GPU although the quantization itself (``Fp8Quantize``) is plain
+    torch, so only that check is skipped here: on an H100 (transformers 5.17) the same calls write
+    byte-identical files with and without it skipped, for both scale formats.
+    ``scale_fmt="ue8m0"`` (DeepSeek-V3.1's) rounds each block scale up to a power of two and stores
+    it as float8_e8m0fnu. transformers quantizes only linears whose sides are both multiples of 128:
+    others keep their bf16 weight beside an uninitialised ``weight_scale_inv`` (a broken
+    checkpoint), so give it shapes that are (``num_key_value_heads=2`` for 128-row k/v)."""
+    from unittest import mock
+
+    from transformers import AutoModelForCausalLM, FineGrainedFP8Config
+    from transformers.quantizers.quantizer_finegrained_fp8 import FineGrainedFP8HfQuantizer
+
+    config = FineGrainedFP8Config(weight_block_size=[128, 128], scale_fmt=scale_fmt)
+    with mock.patch.object(FineGrainedFP8HfQuantizer, "validate_environment", lambda self, *a, **k: None):
+        model = AutoModelForCausalLM.from_pretrained(bf16, quantization_config=config, dtype=torch.bfloat16)
+    model.save_pretrained(path)
+
+
+MODELOPT_MANY_SCRIPT = """
+import sys, torch
+import modelopt.torch.quantization as mtq
+from modelopt.torch.export import export_hf_checkpoint
+from transformers import AutoModelForCausalLM
+def calibrate(m):
+    with torch.no_grad():
+        m(torch.randint(0, m.config.vocab_size, (2, 16), generator=torch.Generator().manual_seed(0)))
+for src, dst in zip(sys.argv[1::2], sys.argv[2::2]):
+    model = AutoModelForCausalLM.from_pretrained(src, dtype=torch.bfloat16).eval()
+    export_hf_checkpoint(mtq.quantize(model, mtq.NVFP4_DEFAULT_CFG, calibrate), export_dir=dst)
+"""
+
+
+def make_modelopt_nvfp4_many(pairs: list[tuple[Path, Path]]) -> None:
+    """``make_modelopt_nvfp4`` for several (bf16 src, dst) pairs of any causal-LM family, in one
+    subprocess (importing ModelOpt takes most of the time)."""
+    import subprocess
+    import sys
+
+    pytest.importorskip("modelopt", reason="nvidia-modelopt is installed by .ci/run")
+    args = [str(p) for pair in pairs for p in pair]
+    proc = subprocess.run([sys.executable, "-c", MODELOPT_MANY_SCRIPT, *args], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-3000:]

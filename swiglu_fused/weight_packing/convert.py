@@ -68,6 +68,7 @@ class ConvertReport:
     left_out: list[tuple[str, str]] = field(default_factory=list)  # (SRC entry, why it was not copied)
     linears: list[str] = field(default_factory=list)  # the source's quantized non-MLP linears, converted
     linears_repacked: int = 0  # of those, moved unchanged
+    widened: dict[str, int] = field(default_factory=dict)  # repacked with scales widened exactly: source dtype → count
 
     def __str__(self) -> str:  # print(report) reads like the CLI
         return self.summary()
@@ -77,7 +78,8 @@ class ConvertReport:
                 f"adapter={self.adapter}): {len(self.modules)} MLPs, {self.repacked} projections repacked "
                 f"bit-exactly, {self.quantized} {formats.weight_format(self.weight_format).requantized}; "
                 f"{self.src_bytes / 2**20:.1f} MiB → "
-                f"{self.dst_bytes / 2**20:.1f} MiB" + self._linears_line() + self._left_out_line())
+                f"{self.dst_bytes / 2**20:.1f} MiB" + self._linears_line()
+                + (f"\nrepacked: {pack.widened_note(self.widened)}" if self.widened else "") + self._left_out_line())
 
     def _linears_line(self) -> str:
         n = len(self.linears)
@@ -299,6 +301,7 @@ class _Packer:
         self.report.linears.append(prefix)
         self.report.linears_repacked += kept
         self.report.dropped += source.dropped
+        self._count_widened(kept, source)
         out = {f"{prefix}.{suffix}": t for suffix, t in proj.tensors.items()}
         if bias_name in have:
             out[bias_name] = have[bias_name]
@@ -321,6 +324,12 @@ class _Packer:
             self.report.quantized += len(projs)
         for p in projs:
             self.report.dropped += p.dropped
+            self._count_widened(kept, p)
+
+    def _count_widened(self, kept: bool, p: pack.Projection) -> None:
+        for dtype in set(p.widened.values()) if kept else ():
+            name = str(dtype).removeprefix("torch.")
+            self.report.widened[name] = self.report.widened.get(name, 0) + 1
 
     @staticmethod
     def _named(module: str, proj: str, tensors: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:

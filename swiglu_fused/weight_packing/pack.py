@@ -38,6 +38,9 @@ class Projection:
     name: str
     kind: str | None = None
     dropped: list[str] = field(default_factory=list)  # source tensors with no place in the packed format
+    # our suffix → the narrower dtype the source stored it in (bf16 or e8m0 block scales), widened
+    # exactly to the format's fp32: the same values, not the same bytes
+    widened: dict[str, torch.dtype] = field(default_factory=dict)
 
     @property
     def spec(self) -> formats.WeightFormat | None:
@@ -93,8 +96,10 @@ def _read_block_scaled(t, prefix: str, fmt: formats.WeightFormat, layout: format
                           f"(float32, bfloat16 or float8_e8m0fnu), found {s.dtype}")
     _check_fp8_grid(prefix, w, s, scale_name)
     _refuse_bad_values(prefix, {fmt.weight_name: ("weight", w), fmt.scale_name: (scale_name, s)}, None)
-    # e8m0 scales are powers of two: exact in fp32.
-    return Projection(fmt.name, {fmt.weight_name: w, fmt.scale_name: s.float()}, prefix, dropped=dropped)
+    # bf16 and e8m0 (powers of two) scales are exact in fp32
+    widened = {fmt.scale_name: s.dtype} if s.dtype != torch.float32 else {}
+    return Projection(fmt.name, {fmt.weight_name: w, fmt.scale_name: s.float()}, prefix, dropped=dropped,
+                      widened=widened)
 
 
 def _read_global_scaled(t, prefix: str, fmt: formats.WeightFormat, layout: formats.SourceLayout,
@@ -226,8 +231,17 @@ def split_fused(p: Projection) -> tuple[Projection, Projection]:
             continue
         cut = half // block if fmt and suffix == fmt.scale_name else half
         halves[0][suffix], halves[1][suffix] = t[:cut], t[cut:]
-    return (Projection(p.format, halves[0], f"{p.name}[gate]", p.kind, p.dropped),
-            Projection(p.format, halves[1], f"{p.name}[up]", p.kind))
+    return (Projection(p.format, halves[0], f"{p.name}[gate]", p.kind, p.dropped, p.widened),
+            Projection(p.format, halves[1], f"{p.name}[up]", p.kind, widened=p.widened))
+
+
+def widened_note(counts: dict[str, int]) -> str:
+    """What convert and verify say of repacked projections whose scales the source stored in a
+    narrower dtype (``counts``: that dtype's name → projections): the values are moved exactly, the
+    bytes are not."""
+    parts = [f"{n} with {dtype} block scales" for dtype, n in sorted(counts.items())]
+    return (f"{', '.join(parts)} in the source: scales widened exactly to float32 (the same values, "
+            "not the same bytes; e4m3 weights moved byte for byte)")
 
 
 def dequantize(p: Projection) -> torch.Tensor:
@@ -255,7 +269,7 @@ def keeps_bytes(p: Projection, fmt: str, kind: str | None) -> bool:
 def to_format(p: Projection, fmt: str, kind: str | None) -> tuple[Projection, bool]:
     """Return (projection in ``fmt``, whether its bytes were kept as they were)."""
     if keeps_bytes(p, fmt, kind):
-        return Projection(fmt, p.tensors, p.name, p.kind, p.dropped), True
+        return Projection(fmt, p.tensors, p.name, p.kind, p.dropped, p.widened), True
     return quantize(dequantize(p), fmt, p.name, kind), False
 
 

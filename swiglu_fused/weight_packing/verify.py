@@ -27,6 +27,7 @@ class Check:
     bound: float
     ok: bool
     detail: str = ""
+    widened_from: str = ""  # bit-exact values whose source stored the scales narrower (bf16, e8m0): not bytes
 
     def problem(self) -> str:
         """Why the check failed, in words."""
@@ -59,6 +60,12 @@ class VerifyReport:
             exact = sum(c.mode == "bit-exact" and c.ok for c in self.checks)
             bounded = [c for c in self.checks if c.mode == "within bound"]
             lines.append(f"  {exact} projections bit-exact against the source")
+            widened: dict[str, int] = {}
+            for c in self.checks:
+                if c.mode == "bit-exact" and c.ok and c.widened_from:
+                    widened[c.widened_from] = widened.get(c.widened_from, 0) + 1
+            if widened:
+                lines.append(f"  of those, {pack.widened_note(widened)}")
             if bounded:
                 worst = max(bounded, key=lambda c: c.error / c.bound)
                 lines.append(f"  {len(bounded)} projections re-quantized; worst relative error "
@@ -78,7 +85,8 @@ def _compare(module: str, name: str, packed: pack.Projection, source: pack.Proje
         ok = packed.tensors.keys() == source.tensors.keys() and all(
             _same_bytes(packed.tensors[k], source.tensors[k].to(packed.tensors[k].dtype)
                         if k == "weight_scale_inv" else source.tensors[k]) for k in packed.tensors)
-        return Check(module, name, "bit-exact", 0.0 if ok else float("nan"), 0.0, ok)
+        widened = ", ".join(sorted({str(d).removeprefix("torch.") for d in source.widened.values()}))
+        return Check(module, name, "bit-exact", 0.0 if ok else float("nan"), 0.0, ok, widened_from=widened)
     ref, got = pack.dequantize(source), pack.dequantize(packed)
     bound = formats.weight_format(fmt).roundtrip_bound
     if ref.shape != got.shape:
@@ -274,7 +282,38 @@ def inspect(dst: str | Path) -> tuple[formats.PackedConfig, list[InspectRow]]:
     return cfg, rows
 
 
-def format_table(cfg: formats.PackedConfig, rows: list[InspectRow]) -> str:
+@dataclass
+class LinearRow:
+    module: str
+    weight_format: str
+    shape: tuple[int, int]  # [out_features, in_features]
+    bias: bool
+    nbytes: int
+
+
+def inspect_linears(dst: str | Path) -> list[LinearRow]:
+    """Per-linear description of the packed non-MLP linears (``quantization_config.linears``: the
+    source's quantized attention projections, ...), read from headers only; ``inspect`` checks."""
+    ckpt = PackedCheckpoint(dst)
+    fmt = formats.weight_format(ckpt.config.weight_format)
+    entries = {n: e for h in ckpt.headers.values() for n, e in h.entries.items()}
+    rows = []
+    for module in ckpt.config.linears:
+        e = entries[f"{module}.{fmt.weight_name}"]
+        nbytes = sum(entries[f"{module}.{s}"].nbytes for s in (*fmt.tensors(1, 2, 1), "bias")
+                     if f"{module}.{s}" in entries)
+        rows.append(LinearRow(module, fmt.name, (e.shape[0], e.shape[1] * fmt.values_per_byte),
+                              f"{module}.bias" in entries, nbytes))
+    return rows
+
+
+def _columns(head: tuple[str, ...], body: list[tuple[str, ...]]) -> list[str]:
+    widths = [max(len(x) for x in col) for col in zip(head, *body)]
+    fmt_row = lambda cells: "  ".join(c.ljust(w) for c, w in zip(cells, widths)).rstrip()  # noqa: E731
+    return [fmt_row(head), fmt_row(["-" * w for w in widths])] + [fmt_row(b) for b in body]
+
+
+def format_table(cfg: formats.PackedConfig, rows: list[InspectRow], linears: list[LinearRow] = ()) -> str:
     head = ("module", "format", "g", "gate_up [2I, H]", "down [H, I]", "bytes")
     body = [(r.module, r.weight_format, str(r.interleave), "x".join(map(str, r.gate_up_shape)),
              "x".join(map(str, r.down_shape)), f"{r.nbytes:,}") for r in rows]
@@ -287,6 +326,12 @@ def format_table(cfg: formats.PackedConfig, rows: list[InspectRow]) -> str:
              fmt_row(head), fmt_row(["-" * w for w in widths])]
     lines += [fmt_row(b) for b in body]
     lines.append(f"{len(rows)} MLPs, {total:,} bytes of MLP weights")
+    if linears:
+        body = [(r.module, r.weight_format, "x".join(map(str, r.shape)), "yes" if r.bias else "-", f"{r.nbytes:,}")
+                for r in linears]
+        lines += [""] + _columns(("linear", "format", "weight [out, in]", "bias", "bytes"), body)
+        lines.append(f"{len(linears)} packed non-MLP linears (quantization_config.linears), "
+                     f"{sum(r.nbytes for r in linears):,} bytes; other modules are stored as the source had them")
     return "\n".join(lines)
 
 
