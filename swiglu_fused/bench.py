@@ -10,9 +10,9 @@ What ``run`` compares, in one process on the same bf16 input x [M, H], for each 
                      SiLU·up·quant (the faster of a compiled and a one-pass Triton kernel at that M)
                      → cuBLAS block-scaled GEMM (down). cuBLAS rejects some M (1 on the H100): the
                      table says so instead of a number
-  ours_<format>      ``FusedSwiGLUMLP`` in each asked weight format (bf16, fp8_block128; nvfp4 has
-                     no sm90 kernels yet and times the pure-torch reference: only with
-                     ``allow_reference=True``, and marked "(reference)")
+  ours_<format>      ``FusedSwiGLUMLP`` in each asked weight format (bf16, fp8_block128, nvfp4: all
+                     three have sm90 kernels; a format without them would time the pure-torch
+                     reference: only with ``allow_reference=True``, and marked "(reference)")
 
 How it is timed: each pipeline is captured once as a CUDA graph of ``REPS`` calls (so Python's launch
 cost is not timed; ``cuda_graphs=False`` times ``REPS`` plain eager calls instead, host overhead
@@ -53,7 +53,7 @@ REPS = 10  # calls per CUDA graph (or per eager timing)
 L2_BYTES = 50 * 2**20  # H100 / H200; ``l2_bytes()`` asks the device where torch can
 DEFAULT_SHAPES = ((4096, 14336), (8192, 3584))  # LLaMA-3-8B; LLaMA-3-70B's MLP on 8-way tensor parallelism
 DEFAULT_M = (1, 16, 64, 256, 1024, 4096)
-DEFAULT_FORMATS = ("bf16", "fp8_block128")
+DEFAULT_FORMATS = ("bf16", "fp8_block128", "nvfp4")
 HF = "hf_bf16"
 UNFUSED = "fp8_unfused"
 UNFUSED_FORMAT = "fp8_block128"  # the packed weights the unfused pipeline reads: ours in it is its peer
@@ -99,7 +99,7 @@ def parse_ms(text: str) -> tuple[int, ...]:
 
 def check_formats(weight_formats: Iterable[str], allow_reference: bool = False) -> tuple[str, ...]:
     """The asked weight formats, in order, without repeats. A format the sm90 kernels do not
-    implement (nvfp4) would time the pure-torch reference: refused unless ``allow_reference``."""
+    implement would time the pure-torch reference: refused unless ``allow_reference``."""
     out = []
     for name in weight_formats:
         if name not in formats.WEIGHT_FORMATS:

@@ -283,6 +283,7 @@ class NVFP4(WeightFormat):
     values_per_byte = NVFP4_VALUES_PER_BYTE
     scale_name = "weight_scale"
     global_scale_name = "weight_global_scale"
+    sm90_kernels = True  # W4A16: kernels/sm90/nvfp4.py decodes the weight to bf16 in shared memory
     sources = (
         SourceLayout("compressed-tensors", "weight_packed", {"weight_packed": "weight_packed",
                      "weight_scale": "weight_scale", "weight_global_scale": "weight_global_scale"},

@@ -115,7 +115,7 @@ def _e2m1_codes(x: torch.Tensor) -> torch.Tensor:
     The sign bit comes from ``signbit``, so a small negative value that rounds to zero becomes −0
     (code 0b1000), as compressed-tensors and ModelOpt write it.
     """
-    table = torch.tensor(E2M1_VALUES, dtype=torch.float32, device=x.device)
+    table = _e2m1_magnitudes(torch.arange(8, device=x.device))
     dist = (x.abs().clamp(max=E2M1_MAX)[..., None] - table).abs()
     nearest = dist == dist.min(dim=-1, keepdim=True).values
     # A tie has two neighbours, exactly one with an even index (mantissa bit 0): take that one.
@@ -155,11 +155,20 @@ def quantize_nvfp4(
     return packed.contiguous(), block_scale, global_scale.reshape(1).float()
 
 
+def _e2m1_magnitudes(idx: torch.Tensor) -> torch.Tensor:
+    """3-bit e2m1 magnitude indices (exponent e = idx >> 1, mantissa m = idx & 1) → fp32
+    E2M1_VALUES[idx]: m / 2 for e = 0, else 2^(e-1) · (1 + m/2). Computed on idx's device, not
+    looked up in a table built from Python values: that table would be a host → device copy, which
+    a CUDA graph cannot capture (the reference path must be capturable, issue 22)."""
+    e, m = (idx >> 1).float(), (idx & 1).float()
+    return torch.where(e == 0, m * 0.5, torch.exp2(e - 1) * (1 + m * 0.5))
+
+
 def unpack_e2m1(packed: torch.Tensor) -> torch.Tensor:
     """uint8 [N, K/2] → fp32 [N, K] e2m1 values (low nibble = even element)."""
-    table = torch.tensor(E2M1_VALUES + tuple(-v for v in E2M1_VALUES), device=packed.device)
     codes = torch.stack([packed & 0xF, packed >> 4], dim=-1).view(packed.shape[0], -1)
-    return table[codes.long()]
+    values = _e2m1_magnitudes(codes & 7)
+    return torch.where((codes & 8) != 0, -values, values)
 
 
 def dequantize_nvfp4(
@@ -167,9 +176,10 @@ def dequantize_nvfp4(
     group: int = NVFP4_GROUP,
 ) -> torch.Tensor:
     """→ fp32 [N, K]. ``divisor`` says whether ``global_scale`` divides (compressed-tensors) or
-    multiplies (ModelOpt's weight_scale_2)."""
+    multiplies (ModelOpt's weight_scale_2); one per tensor, or one per row ([N] or [N, 1])."""
     values = unpack_e2m1(packed)
     n, k = values.shape
-    gs = global_scale.float().reshape(())
+    gs = global_scale.float()
+    gs = gs.reshape(()) if gs.numel() == 1 else gs.reshape(n, 1)
     per_elem = _expand_grid(scale.float(), 1, group, n, k)
     return values * per_elem / gs if divisor else values * per_elem * gs

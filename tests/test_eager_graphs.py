@@ -19,10 +19,10 @@ def _mlp(fmt):
     return FusedSwiGLUMLP.from_linear(*w, weight_format=fmt)
 
 
-@pytest.mark.parametrize("fmt,rows", [("fp8_block128", 64), ("bf16", 64), ("nvfp4", 0)])
-def test_cpu_modules_run_directly_and_copy(fmt, rows):
+@pytest.mark.parametrize("fmt", ["fp8_block128", "bf16", "nvfp4"])
+def test_cpu_modules_run_directly_and_copy(fmt):
     mlp = _mlp(fmt)
-    assert mlp.eager_graph_rows == rows  # nvfp4 has no sm90 kernel: nothing to capture
+    assert mlp.eager_graph_rows == 64  # every format has sm90 kernels: graphs on CUDA, not here
     before = dict(eager_graphs.stats)
     x = torch.randn(2, 128).to(torch.bfloat16)
     y = mlp(x)
@@ -30,4 +30,4 @@ def test_cpu_modules_run_directly_and_copy(fmt, rows):
     assert eager_graphs.run(mlp, x, mlp._ops_forward) is None  # a CPU tensor is never captured
     assert "eager_graph_rows" not in repr(mlp)  # shown only where it applies (sm90 backend)
     twin = copy.deepcopy(mlp)  # the graph cache lives outside the module
-    assert twin.eager_graph_rows == rows and torch.equal(twin(x), y)
+    assert twin.eager_graph_rows == 64 and torch.equal(twin(x), y)

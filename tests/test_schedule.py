@@ -255,7 +255,7 @@ def test_cluster_k_where_few_swap_tiles_leave_hbm_idle():
         gate_up.GateUpConfig(tile_m=64, stages=4, cluster_k=2)  # the 64 KB accumulator leaves room for 3
 
 
-@pytest.mark.parametrize("mainloop", tile_config.MAINLOOPS)
+@pytest.mark.parametrize("mainloop", [tile_config.FP8_MAINLOOP, tile_config.BF16_MAINLOOP])  # (nvfp4: one tile)
 @pytest.mark.parametrize("m,hidden,inter,ck,stages", [
     (32, 8192, 3584, 1, 6), (64, 8192, 3584, 1, 6),  # a CTA streams all 8192 of K: six stages
     (16, 8192, 3584, 2, 5),  # K pairs (4096 a CTA, and measured only so): five
@@ -316,7 +316,7 @@ def test_gate_up_cluster_pairs_from_m_4096(m, tile_m, tile_n, expect):
     from swiglu_fused.kernels.sm90 import gate_up
 
     assert dispatch.cluster_m_for(m, tile_m, tile_n) == expect
-    for mainloop in tile_config.MAINLOOPS:
+    for mainloop in (tile_config.FP8_MAINLOOP, tile_config.BF16_MAINLOOP):  # (nvfp4 has no clusters)
         for h_format in ("fp8_group128", "bf16"):
             cfg = gate_up.GateUpConfig(tile_m=128, stages=4, cluster_m=2, mainloop=mainloop, h_format=h_format,
                                        smem_scales=dispatch.smem_scales_apply(128, False, mainloop, h_format))

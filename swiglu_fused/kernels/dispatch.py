@@ -31,7 +31,7 @@ from . import cublas
 
 SM90, CUBLAS, REFERENCE = "sm90", "cublas", "reference"
 GROUP = formats.FP8_BLOCK  # fp8 scale group = weight block = half a gate_up tile (tile_config.W_BLOCK, HALF_N, H_GROUP)
-FP8_MAINLOOP, BF16_MAINLOOP = formats.FP8Block128.name, formats.BF16.name  # = tile_config's
+FP8_MAINLOOP, BF16_MAINLOOP, NVFP4_MAINLOOP = formats.FP8Block128.name, formats.BF16.name, formats.NVFP4.name  # = tile_config's
 
 # Set SWIGLU_FUSED_DISABLE_KERNELS=1 to force the reference path everywhere (debugging).
 DISABLED = os.environ.get("SWIGLU_FUSED_DISABLE_KERNELS", "") not in ("", "0")
@@ -97,9 +97,10 @@ def quant_x_backend(x: torch.Tensor) -> str:
 
 
 def gate_up_backend(x, weight, weight_scale, x_scale, global_scale, interleave, act, h_format):
-    """(SM90, GateUpConfig) where the kernel implements these arguments (g = 128, no global scale,
-    16-byte rows, gate_up_config not None), else (REFERENCE, None)."""
-    if not sm90_kernels_usable(x.device) or global_scale is not None or interleave != GROUP:
+    """(SM90, GateUpConfig) where the kernel implements these arguments (g = 128, a global scale
+    only with an nvfp4 weight, 16-byte rows, gate_up_config not None), else (REFERENCE, None)."""
+    nvfp4 = weight.dtype == torch.uint8
+    if not sm90_kernels_usable(x.device) or (global_scale is not None) != nvfp4 or interleave != GROUP:
         return REFERENCE, None
     try:
         cfg = gate_up_config(x, weight, weight_scale, x_scale, act=act, h_format=h_format)
@@ -115,7 +116,7 @@ def down_backend(h, weight, weight_scale, h_scale, global_scale, residual, out_d
     (beats_cublas), else (CUBLAS, None) where cuBLAS takes them (CUDA, fp8_block128 / bf16), else
     (REFERENCE, None)."""
     takes = cublas.supports_down(h, weight, weight_scale, h_scale, global_scale) and not DISABLED
-    if sm90_kernels_usable(h.device) and global_scale is None:
+    if sm90_kernels_usable(h.device) and (global_scale is not None) == (weight.dtype == torch.uint8):
         try:
             from .sm90 import schedule
 
@@ -265,6 +266,8 @@ def gate_up_config(x, weight, weight_scale, x_scale, *, act: str, h_format: str)
 
     if act not in activations_and_h.ACTIVATIONS or h_format not in activations_and_h.H_FORMATS:
         return None
+    if weight.dtype == torch.uint8:
+        return _nvfp4_gate_up_config(x, weight, weight_scale, act, h_format)
     if weight.dtype == torch.float8_e4m3fn and x.dtype == torch.float8_e4m3fn:
         if weight_scale is None or x_scale is None or weight_scale.dtype != torch.float32:
             return None
@@ -292,14 +295,82 @@ def gate_up_config(x, weight, weight_scale, x_scale, *, act: str, h_format: str)
                         split_n=split, l2_hint=gate_up_l2_hint(tile_m, swap), **pipe)
 
 
+# ---------------------------------------------------------------- nvfp4 (W4A16)
+# First version (issue 22): the swap-AB tiles of 16 and 64 tokens up to 64 rows (each M tile decodes
+# the whole weight again, so the fewest M tiles), else the 128-row tile; whole tiles or stream-K, no
+# clusters. Not tuned yet: these are tiles that fit the decode buffers beside the stages.
+NVFP4_SWAP_TILES = ((16, 6), (64, 6))  # (tokens, stages)
+NVFP4_ROW_TILE = (128, 4)
+
+
+def nvfp4_tile_for(m: int) -> tuple[int, int, bool]:
+    """(tile_m, stages, swap_ab) of the nvfp4 mainloop for M rows (gate_up and down)."""
+    for tokens, stages in NVFP4_SWAP_TILES:
+        if m <= tokens:
+            return tokens, stages, True
+    return (*NVFP4_ROW_TILE, False)
+
+
+def _nvfp4_k_ok(op: str, name: str, k: int) -> bool:
+    """Whether the nvfp4 kernels take K (tile_config.NVFP4_K_ALIGN); else the reference runs, and
+    says so once per op and width."""
+    from .sm90.tile_config import NVFP4_K_ALIGN
+
+    if k % NVFP4_K_ALIGN:
+        _warn_nvfp4_k_once(op, name, k, NVFP4_K_ALIGN)
+        return False
+    return True
+
+
+@functools.lru_cache(maxsize=None)
+def _warn_nvfp4_k_once(op: str, name: str, k: int, multiple: int) -> None:
+    warnings.warn(f"{op}: {name} has {k} columns, not a multiple of {multiple}, so the nvfp4 sm90 kernel cannot "
+                  f"run it (a row's e4m3 scales of a {multiple}-column k tile are one 32-bit word) and the "
+                  "plain-torch reference does, much more slowly", stacklevel=6)
+
+
+def _nvfp4_gate_up_config(x, weight, weight_scale, act: str, h_format: str):
+    """gate_up_config's nvfp4 case: bf16 x, e4m3 weight scales, bf16 h, 2I a multiple of 256, K of
+    NVFP4_K_ALIGN."""
+    from .sm90.tile_config import GateUpConfig
+
+    if (x.dtype != torch.bfloat16 or weight_scale is None or weight_scale.dtype != torch.float8_e4m3fn
+            or h_format != formats.NVFP4.h_format or weight.shape[0] % (2 * GROUP)
+            or not _nvfp4_k_ok("gate_up", "x", x.shape[1])):
+        return None
+    tile_m, stages, swap = nvfp4_tile_for(x.shape[0])
+    return GateUpConfig(tile_m=tile_m, stages=stages, swap_ab=swap, act=act, h_format=h_format,
+                        mainloop=NVFP4_MAINLOOP)
+
+
+def _nvfp4_down_config(h, weight, weight_scale, residual):
+    """down_config's nvfp4 case: bf16 h, e4m3 weight scales, H a multiple of 8, I of NVFP4_K_ALIGN."""
+    from .sm90.tile_config import N_ALIGN, DownConfig
+
+    if (h.dtype != torch.bfloat16 or weight_scale is None or weight_scale.dtype != torch.float8_e4m3fn
+            or weight.shape[0] % N_ALIGN or not _nvfp4_k_ok("down", "h", h.shape[1])):
+        return None
+    tile_m, stages, swap = nvfp4_tile_for(h.shape[0])
+    return DownConfig(tile_m=tile_m, stages=stages, swap_ab=swap, mainloop=NVFP4_MAINLOOP,
+                      residual=residual is not None)
+
+
+def nvfp4_shipped(config_cls, variants) -> list:
+    """The nvfp4 configs of config_cls for each of ``variants`` (keyword dicts), both tiles."""
+    tiles = [(t, s, True) for t, s in NVFP4_SWAP_TILES] + [(*NVFP4_ROW_TILE, False)]
+    return [config_cls(tile_m=t, stages=s, swap_ab=swap, mainloop=NVFP4_MAINLOOP, **v)
+            for v in variants for t, s, swap in tiles]
+
+
 def gate_up_shipped() -> list:
     """Every GateUpConfig gate_up_config can return (what CI compile-checks)."""
     from .sm90 import activations_and_h
-    from .sm90.tile_config import MAINLOOPS, TILE_N_GRANULES, GateUpConfig
+    from .sm90.tile_config import TILE_N_GRANULES, GateUpConfig
 
     swap_tm, swap_stages = GATE_UP_SWAP_TILES[0]
-    out = []
-    for mainloop in MAINLOOPS:
+    out = nvfp4_shipped(GateUpConfig, [dict(act=act, h_format=formats.NVFP4.h_format)
+                                       for act in activations_and_h.ACTIVATIONS])
+    for mainloop in (FP8_MAINLOOP, BF16_MAINLOOP):
         for act in activations_and_h.ACTIVATIONS:
             for h_format in activations_and_h.H_FORMATS:
                 tiles = [(128, 4, False, 1), (128, 4, False, 2), (64, 5, False, 1)]  # (cluster_m_for)
@@ -367,6 +438,10 @@ def down_config(h, weight, weight_scale, h_scale, residual, out_dtype):
     fp8 = torch.float8_e4m3fn
     if out_dtype != torch.bfloat16:
         return None
+    if residual is not None and residual.dtype != torch.bfloat16:
+        return None
+    if weight.dtype == torch.uint8:
+        return _nvfp4_down_config(h, weight, weight_scale, residual)
     if weight.dtype == fp8 and h.dtype == fp8:
         if (weight_scale is None or h_scale is None or weight_scale.dtype != torch.float32
                 or h_scale.dtype != torch.float32):
@@ -393,12 +468,12 @@ def down_config(h, weight, weight_scale, h_scale, residual, out_dtype):
 
 def down_shipped() -> list:
     """Every DownConfig down_config can return (what CI compile-checks)."""
-    from .sm90.tile_config import MAINLOOPS, DownConfig
+    from .sm90.tile_config import DownConfig
 
-    return [
+    return nvfp4_shipped(DownConfig, [dict(residual=r) for r in (False, True)]) + [
         DownConfig(tile_m=tile_m, stages=stages, mainloop=mainloop, residual=residual, swap_ab=swap,
                    l2_hint=down_l2_hint(tile_m, swap, mainloop))
-        for mainloop in MAINLOOPS
+        for mainloop in (FP8_MAINLOOP, BF16_MAINLOOP)
         for residual in (False, True)
         for tile_m, stages, swap in [(128, 4, False), (64, 5, False)]
         + ([(t, s, True) for t, s in DOWN_SWAP_TILES] if mainloop == FP8_MAINLOOP else [])

@@ -176,11 +176,12 @@ def _gate_up_impl(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     backend, cfg = dispatch.gate_up_backend(x, weight, weight_scale, x_scale, global_scale, interleave, act, h_format)
     if backend == dispatch.SM90:
-        _kernel_operands_ok(dict(x=x, weight=weight), dict(weight_scale=weight_scale, x_scale=x_scale))
+        _kernel_operands_ok(dict(x=x, weight=weight), dict(weight_scale=weight_scale, x_scale=x_scale,
+                                                           global_scale=global_scale))
         from .sm90 import gate_up as sm90_gate_up
 
         with torch.cuda.device(x.device):
-            h, h_scale = sm90_gate_up.gate_up(cfg, x, weight, weight_scale, x_scale)
+            h, h_scale = sm90_gate_up.gate_up(cfg, x, weight, weight_scale, x_scale, global_scale)
     else:
         h, h_scale = reference.gate_up(
             x, weight, weight_scale, x_scale, global_scale, interleave=interleave, act=act, h_format=h_format
@@ -263,11 +264,12 @@ def _down_impl(
 ) -> torch.Tensor:
     backend, cfg = dispatch.down_backend(h, weight, weight_scale, h_scale, global_scale, residual, out_dtype)
     if backend == dispatch.SM90:  # (sm90_down.down takes h_scale in any layout; gate_up's, M-major, without a copy)
-        _kernel_operands_ok(dict(h=h, weight=weight, residual=residual), dict(weight_scale=weight_scale))
+        _kernel_operands_ok(dict(h=h, weight=weight, residual=residual), dict(weight_scale=weight_scale,
+                                                                              global_scale=global_scale))
         from .sm90 import down as sm90_down
 
         with torch.cuda.device(h.device):
-            return sm90_down.down(cfg, h, weight, weight_scale, h_scale, residual)
+            return sm90_down.down(cfg, h, weight, weight_scale, h_scale, residual, global_scale)
     if backend == dispatch.CUBLAS:
         return cublas.down(h, weight, weight_scale, h_scale, residual, out_dtype)
     return reference.down(h, weight, weight_scale, h_scale, global_scale, residual=residual, out_dtype=out_dtype)

@@ -71,8 +71,7 @@ def dequant_weight(weight: torch.Tensor, weight_scale: torch.Tensor | None = Non
     if weight.dtype == torch.uint8:
         if weight_scale is None or global_scale is None:
             raise ValueError("weight_scale, global_scale: an nvfp4 weight needs both")
-        w = quant.dequantize_nvfp4(weight, weight_scale, torch.ones(1), divisor=False)
-        return w * global_scale.float().reshape(-1, 1)
+        return quant.dequantize_nvfp4(weight, weight_scale, global_scale.float().reshape(-1, 1), divisor=False)
     return weight.float()
 
 

@@ -1,6 +1,6 @@
 """The transformers integration on the GPU path: the CPU suite's checks (tests/
 test_transformers_integration.py) run again with the model on CUDA, where FusedSwiGLUMLP runs
-the sm90 kernels (nvfp4 has none: it runs the reference there too)."""
+the sm90 kernels (nvfp4 included: W4A16)."""
 
 import pytest
 import torch
@@ -17,7 +17,7 @@ from test_transformers_integration import (FAMILIES, FROM_PRETRAINED_CASES,
 
 def _on_kernels(model, fmt):
     mlps = [layer.mlp for layer in model.model.layers]
-    return all(m.backend == ("reference" if fmt == "nvfp4" else "sm90") for m in mlps)
+    return all(m.weight_format == fmt and m.backend == "sm90" for m in mlps)
 
 
 @pytest.mark.parametrize("family", FAMILIES)

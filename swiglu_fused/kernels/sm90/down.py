@@ -6,6 +6,8 @@ Operands (ground truth: reference.down):
                                                                      strides (1, M); other layouts copied)
                             weight e4m3 [H, I] + weight_scale fp32 [ceil(H/128), I/128]
     mainloop bf16           h bf16 [M, I], weight bf16 [H, I]
+    mainloop nvfp4          h bf16 [M, I], weight uint8 [H, I/2] + weight_scale e4m3 [H, I/16]
+                            + global_scale fp32 multiplier [1]
     residual                bf16 [M, H] or none (compile-time: DownConfig.residual)
     y                       bf16 [M, H]
 
@@ -22,7 +24,7 @@ from __future__ import annotations
 import cutlass
 
 from .. import dispatch
-from .gemm import launch
+from .gemm import launch, nvfp4_global_scales
 from .kernel_host import compile_kernel
 from .tile_config import DownConfig  # noqa: F401 (this kernel's config, defined beside TileConfig)
 
@@ -39,7 +41,8 @@ shipped_configs = dispatch.down_shipped
 beats_cublas = dispatch.beats_cublas
 
 
-def down(config: DownConfig, h, weight, weight_scale=None, h_scale=None, residual=None, *, out=None):
+def down(config: DownConfig, h, weight, weight_scale=None, h_scale=None, residual=None, global_scale=None, *,
+         out=None):
     """Run the kernel (operands validated by ops.py). Returns y bf16 [M, H]; ``out`` = y writes
     into a given tensor (the tests poison it first)."""
     import torch
@@ -58,7 +61,12 @@ def down(config: DownConfig, h, weight, weight_scale=None, h_scale=None, residua
         from ...quant import m_major
 
         h_scale = m_major(h_scale)
-    scales = (h_scale, weight_scale) if config.fp8 else (None, None)
+    if config.fp8:
+        scales = (h_scale, weight_scale)
+    elif config.nvfp4:  # (the kernel reads the multiplier, twice, in a_scale's place)
+        scales = (nvfp4_global_scales(global_scale), weight_scale)
+    else:
+        scales = (None, None)
     launch(fn, config, h, weight, *scales, y, cutlass.BFloat16, residual if config.residual else None,
            cutlass.BFloat16, 16)
     return y

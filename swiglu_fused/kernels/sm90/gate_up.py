@@ -5,6 +5,8 @@ Operands (ground truth: reference.gate_up):
     mainloop fp8_block128   x e4m3 [M, K] + x_scale fp32 [M, ceil(K/128)]
                             weight e4m3 [2I, K] (interleave g = 128) + weight_scale fp32 [2I/128, ceil(K/128)]
     mainloop bf16           x bf16 [M, K], weight bf16 [2I, K]
+    mainloop nvfp4          x bf16 [M, K], weight uint8 [2I, K/2] (two e2m1 codes a byte) + weight_scale
+                            e4m3 [2I, K/16] + global_scale fp32 multipliers [2] (gate, up) or [1]; h bf16
     h_format fp8_group128   h e4m3 [M, I] + h_scale fp32 [M, I/128]  (s = amax/448 per row per 128 cols),
                             h_scale stored M-major (strides (1, M)): the layout both downs read,
                             ours (down.py) and cuBLAS's block-scaled GEMM (no transpose copy)
@@ -22,7 +24,7 @@ from __future__ import annotations
 from cutlass import Float32
 
 from .. import dispatch
-from .gemm import launch
+from .gemm import launch, nvfp4_global_scales
 from .kernel_host import compile_kernel
 from .tile_config import H_GROUP, GateUpConfig  # noqa: F401 (GateUpConfig: this kernel's config, defined beside TileConfig)
 
@@ -45,7 +47,7 @@ shipped_configs = dispatch.gate_up_shipped
 CLUSTER_PAIR = GateUpConfig(tile_m=128, stages=4, cluster_m=2, smem_scales=True)
 
 
-def gate_up(config: GateUpConfig, x, weight, weight_scale=None, x_scale=None, *, out=None):
+def gate_up(config: GateUpConfig, x, weight, weight_scale=None, x_scale=None, global_scale=None, *, out=None):
     """Run the kernel (operands validated by ops.py). Returns (h, h_scale M-major or None);
     ``out`` = (h, h_scale) writes into given tensors (the tests poison them first; h_scale M-major)."""
     import torch
@@ -67,6 +69,11 @@ def gate_up(config: GateUpConfig, x, weight, weight_scale=None, x_scale=None, *,
     if m == 0:
         return h, hs
     fn = compile_cache.get("gate_up", config, lambda: compile_gate_up(config))
-    scales = (x_scale, weight_scale) if config.fp8 else (None, None)
+    if config.fp8:
+        scales = (x_scale, weight_scale)
+    elif config.nvfp4:  # (the kernel reads the multipliers in a_scale's place)
+        scales = (nvfp4_global_scales(global_scale), weight_scale)
+    else:
+        scales = (None, None)
     launch(fn, config, x, weight, *scales, h, fmt.dtype, hs if fmt.scaled else None, Float32, 4)
     return h, hs

@@ -102,10 +102,11 @@ from cutlass.pipeline import pipeline_init_arrive, pipeline_init_wait
 from . import activations_and_h
 from .epilogue_stores import EpilogueMixin
 from .mainloop import MainloopMixin, RowOperands, TileWork
+from .nvfp4 import Nvfp4Mixin
 from .schedule import band_rows, launch_plan, sk_iter_begin
 from .stream_k import Schedule, StreamKMixin
-from .tile_config import (ACC_VALUES, EVICT_FIRST, EVICT_LAST, GRANULE, HALF_N, INTERLEAVE, N_ALIGN, W_BLOCK,
-                          TileConfig)
+from .tile_config import (ACC_VALUES, DECODE_BUFFERS, EVICT_FIRST, EVICT_LAST, GRANULE, HALF_N, INTERLEAVE,
+                          N_ALIGN, NVFP4_GROUP, W_BLOCK, TileConfig)
 
 
 class Gmem(NamedTuple):
@@ -135,10 +136,12 @@ class TmaLoads(NamedTuple):
     b_mask: Any  # cluster_m > 1: the CTAs the weight k tile is multicast to
 
 
-class GemmKernel(MainloopMixin, StreamKMixin, EpilogueMixin):
+class GemmKernel(MainloopMixin, Nvfp4Mixin, StreamKMixin, EpilogueMixin):
     def __init__(self, config: TileConfig):
         self.cfg = config
+        # the wgmma's operand type; the weight as TMA loads it (nvfp4: packed bytes, decoded to bf16)
         self.ab_dtype = cutlass.Float8E4M3FN if config.fp8 else cutlass.BFloat16
+        self.w_dtype = cutlass.Uint8 if config.nvfp4 else self.ab_dtype
         self.acc_dtype = Float32
         self.num_mma_wg = config.consumer_threads // 128
         self.threads = 128 * (1 + self.num_mma_wg)
@@ -182,12 +185,21 @@ class GemmKernel(MainloopMixin, StreamKMixin, EpilogueMixin):
         n_tiles = (n + cfg.tile_n - 1) // cfg.tile_n
         kb = (k + W_BLOCK - 1) // W_BLOCK
         mA = cute.make_tensor(a_ptr, cute.make_layout((m, k), stride=(k, 1)))
-        mB = cute.make_tensor(w_ptr, cute.make_layout((n, k), stride=(k, 1)))
-        # a_scale: gate_up's x_scale as quant_x writes it (row-major); down's h_scale as gate_up
-        # writes it, M-major (strides (1, M), the layout cuBLAS's block-scaled GEMM reads)
-        as_stride = (1, m) if cfg.epilogue == "linear" else (kb, 1)
-        mAS = cute.make_tensor(as_ptr, cute.make_layout((m, kb), stride=as_stride))
-        mWS = cute.make_tensor(ws_ptr, cute.make_layout(((n + W_BLOCK - 1) // W_BLOCK, kb), stride=(kb, 1)))
+        if cutlass.const_expr(cfg.nvfp4):
+            # the packed weight [N, K/2] (bytes), its e4m3 scales [N, K/16] as 32-bit words (a k
+            # tile's four of a row: one word) and, in a_scale's place, the global scale
+            # multipliers [2] (gate, up; down: one value twice)
+            mB = cute.make_tensor(w_ptr, cute.make_layout((n, k // 2), stride=(k // 2, 1)))
+            mAS = cute.make_tensor(as_ptr, cute.make_layout(2))
+            kw = k // (NVFP4_GROUP * 4)
+            mWS = cute.make_tensor(cute.recast_ptr(ws_ptr, dtype=Int32), cute.make_layout((n, kw), stride=(kw, 1)))
+        else:
+            mB = cute.make_tensor(w_ptr, cute.make_layout((n, k), stride=(k, 1)))
+            # a_scale: gate_up's x_scale as quant_x writes it (row-major); down's h_scale as gate_up
+            # writes it, M-major (strides (1, M), the layout cuBLAS's block-scaled GEMM reads)
+            as_stride = (1, m) if cfg.epilogue == "linear" else (kb, 1)
+            mAS = cute.make_tensor(as_ptr, cute.make_layout((m, kb), stride=as_stride))
+            mWS = cute.make_tensor(ws_ptr, cute.make_layout(((n + W_BLOCK - 1) // W_BLOCK, kb), stride=(kb, 1)))
         # outputs as 32-bit words (4 e4m3 or 2 bf16 each), written 16 bytes at a time
         if cutlass.const_expr(cfg.epilogue == "gated"):
             out_words = cute.assume(n_tiles * (cfg.out_chunks * 4), divby=cfg.out_chunks * 4)
@@ -206,7 +218,7 @@ class GemmKernel(MainloopMixin, StreamKMixin, EpilogueMixin):
         # the granule tile: one wgmma of N = tile_n per k step; B arrives in boxes of 16 weight rows
         tiled_mma = self._tiled_mma(cfg.tile_n) if cfg.granules else self._tiled_mma()
         a_layout = self._smem_layout(cfg.tile_m)
-        b_layout = self._smem_layout(cfg.tile_n)
+        b_layout = self._w_smem_layout(cfg.tile_n)
         b_box = cfg.b_box_rows
         tma_a, tma_tA = cute.nvgpu.cpasync.make_tiled_tma_atom(
             cute.nvgpu.cpasync.CopyBulkTensorTileG2SOp(), mA,
@@ -215,7 +227,7 @@ class GemmKernel(MainloopMixin, StreamKMixin, EpilogueMixin):
         b_op = (cute.nvgpu.cpasync.CopyBulkTensorTileG2SMulticastOp() if cfg.cluster_m > 1
                 else cute.nvgpu.cpasync.CopyBulkTensorTileG2SOp())
         tma_b, tma_tB = cute.nvgpu.cpasync.make_tiled_tma_atom(
-            b_op, mB, cute.slice_(self._smem_layout(b_box), (None, None, 0)), (b_box, cfg.tile_k),
+            b_op, mB, cute.slice_(self._w_smem_layout(b_box), (None, None, 0)), (b_box, self._w_tile_cols()),
             num_multicast=cfg.cluster_m,
         )
         tma_o, mO_tma = tma_a, mA  # (placeholders: the kernel reads them only with h_tma_store)
@@ -229,19 +241,7 @@ class GemmKernel(MainloopMixin, StreamKMixin, EpilogueMixin):
                 cute.nvgpu.cpasync.CopyBulkTensorTileS2GOp(), mH, cute.slice_(box, (None, None, 0)), self.h_box,
             )
 
-        @cute.struct
-        class SharedStorage:
-            sA: cute.struct.Align[cute.struct.MemRange[self.ab_dtype, cute.cosize(a_layout)], 1024]
-            sB: cute.struct.Align[cute.struct.MemRange[self.ab_dtype, cute.cosize(b_layout)], 1024]
-            sO: cute.struct.Align[cute.struct.MemRange[Int32, cfg.tile_m * cfg.out_row_words], 1024]
-            mbar: cute.struct.MemRange[cutlass.Int64, cfg.stages * 2]
-            flag: cute.struct.MemRange[Int32, 4]  # stream-K: the arrival count seen by this CTA
-            red: cute.struct.MemRange[Float32, cfg.red_words]  # swap-AB: cross-warp amax
-            xacc: cute.struct.Align[cute.struct.MemRange[Float32, cfg.xacc_words], 16]  # cluster_k: peer's acc
-            xbar: cute.struct.MemRange[cutlass.Int64, 1]  # cluster_k: its arrival (st.async bytes)
-            scl: cute.struct.Align[cute.struct.MemRange[Float32, cfg.scale_words], 16]  # smem_scales
-
-        self.shared_storage = SharedStorage
+        self.shared_storage = self._shared_storage(a_layout, b_layout)
 
         consumers = 128 * self.num_mma_wg
         mPart = cute.make_tensor(
@@ -253,6 +253,27 @@ class GemmKernel(MainloopMixin, StreamKMixin, EpilogueMixin):
             tma_a, tma_tA, tma_b, tma_tB, tma_o, mO_tma, mAS, mWS, mOut, mAux, mPart, mCtr, tiled_mma, a_layout,
             b_layout, m, n, n_tiles, sk_tiles,
         ).launch(grid=[ctas, 1, 1], block=[self.threads, 1, 1], stream=stream, use_pdl=cfg.pdl, **cluster)
+
+    def _shared_storage(self, a_layout, b_layout):
+        """The kernel's shared storage, a cute.struct. Built from a dict (this module's annotations
+        are strings) so that nvfp4's decode buffers are declared for it alone: the other mainloops'
+        storage stays as it was, to the byte."""
+        cfg = self.cfg
+        Align, MemRange = cute.struct.Align, cute.struct.MemRange
+        fields = {
+            "sA": Align[MemRange[self.ab_dtype, cute.cosize(a_layout)], 1024],
+            "sB": Align[MemRange[self.w_dtype, cute.cosize(b_layout)], 1024],
+            "sO": Align[MemRange[Int32, cfg.tile_m * cfg.out_row_words], 1024],
+            "mbar": MemRange[cutlass.Int64, cfg.stages * 2],
+            "flag": MemRange[Int32, 4],  # stream-K: the arrival count seen by this CTA
+            "red": MemRange[Float32, cfg.red_words],  # swap-AB: cross-warp amax
+            "xacc": Align[MemRange[Float32, cfg.xacc_words], 16],  # cluster_k: peer's acc
+            "xbar": MemRange[cutlass.Int64, 1],  # cluster_k: its arrival (st.async bytes)
+            "scl": Align[MemRange[Float32, cfg.scale_words], 16],  # smem_scales
+        }
+        if cfg.nvfp4:  # the bf16 k tiles the weight is decoded into (nvfp4.py)
+            fields["sD"] = Align[MemRange[cutlass.BFloat16, cfg.decode_elems], 1024]
+        return cute.struct(type("SharedStorage", (), {"__annotations__": fields}))
 
     def _h_store_layout(self):
         """gate_up's h slab (h_tma_store) as TMA boxes of 64 rows × 128 bytes (fp8: 128 h columns,
@@ -277,13 +298,33 @@ class GemmKernel(MainloopMixin, StreamKMixin, EpilogueMixin):
         cfg = self.cfg
         return cute.make_layout((cfg.stages, cfg.tile_m + 2), stride=(cfg.tile_m + 2, 1))
 
-    def _smem_layout(self, rows: int):
+    def _smem_layout(self, rows: int, stages: int | None = None):
+        """A wgmma operand's k tiles in smem: (rows, tile_k, stages), 128-byte swizzled."""
         cfg = self.cfg
         atom = cute.nvgpu.warpgroup.make_smem_layout_atom(
             sm90_utils.get_smem_layout_atom(utils.LayoutEnum.ROW_MAJOR, self.ab_dtype, cfg.tile_k),
             self.ab_dtype,
         )
-        return cute.tile_to_shape(atom, (rows, cfg.tile_k, cfg.stages), order=(0, 1, 2))
+        return cute.tile_to_shape(atom, (rows, cfg.tile_k, stages or cfg.stages), order=(0, 1, 2))
+
+    def _w_tile_cols(self) -> int:
+        """Columns of a weight k tile as TMA loads it (nvfp4: bytes, two codes each)."""
+        return self.cfg.tile_k // 2 if self.cfg.nvfp4 else self.cfg.tile_k
+
+    def _w_smem_layout(self, rows: int):
+        """The weight stages: as the wgmma reads them, or (nvfp4) packed bytes, row-major and
+        unswizzled (the decode's 8-byte reads of a warp cover 256 contiguous bytes); an identity
+        swizzle keeps the type the kernel's signature names."""
+        cfg = self.cfg
+        if not cfg.nvfp4:
+            return self._smem_layout(rows)
+        cols = self._w_tile_cols()
+        return cute.make_composed_layout(cute.make_swizzle(0, 4, 3), 0, cute.make_layout(
+            (rows, cols, cfg.stages), stride=(cols, 1, rows * cols)))
+
+    def _decode_layout(self):
+        """nvfp4: the bf16 decode buffers, as the wgmma reads them (the bf16 mainloop's stages)."""
+        return self._smem_layout(self.cfg.tile_n, DECODE_BUFFERS)
 
     # ------------------------------------------------------------------ device
     @cute.kernel
@@ -402,7 +443,14 @@ class GemmKernel(MainloopMixin, StreamKMixin, EpilogueMixin):
         thr_mma = tiled_mma.get_slice(t_mma)
         tCsA = thr_mma.partition_A(sA)
         tCrA = tiled_mma.make_fragment_A(tCsA)  # (MMA, 1, MMA_K, STAGES)
-        tCrB = tiled_mma.make_fragment_B(thr_mma.partition_B(sB))
+        dec = None
+        if cfg.nvfp4:  # the wgmma reads the weight from the decode buffers (its k tiles: 2, not STAGES)
+            d_layout = self._decode_layout()
+            tCrB = tiled_mma.make_fragment_B(thr_mma.partition_B(storage.sD.get_tensor(d_layout.outer,
+                                                                                       swizzle=d_layout.inner)))
+            dec = self._decode_operands(storage, gmem, tidx - 128)
+        else:
+            tCrB = tiled_mma.make_fragment_B(thr_mma.partition_B(sB))
         tCrB_half = [
             tiled_mma.make_fragment_B(
                 thr_mma.partition_B(cute.local_tile(sB, (HALF_N, cfg.tile_k, cfg.stages), (h, 0, 0)))
@@ -444,7 +492,7 @@ class GemmKernel(MainloopMixin, StreamKMixin, EpilogueMixin):
             tq = (cute.make_rmem_tensor(temp_q, self.acc_dtype), cute.make_rmem_tensor(temp_q, self.acc_dtype))
             quarters = (mma_q, tCrA_q, tCrB_q, tq, num_k_blocks)
         ops = RowOperands(tiled_mma, thr_mma, sB, tCrA, tCrB, tCrB_half, num_k_blocks, temp, temp2, quarters,
-                          mmas_per_promotion, storage, gmem.mAS, gmem.mWS, gmem.m, ws_last, r0, wg_idx)
+                          mmas_per_promotion, storage, gmem.mAS, gmem.mWS, gmem.m, ws_last, r0, wg_idx, dec)
         return ops, acc, n_vals, col0
 
     @cute.jit
@@ -495,7 +543,7 @@ class GemmKernel(MainloopMixin, StreamKMixin, EpilogueMixin):
         smem = cutlass.utils.SmemAllocator()
         storage = smem.allocate(self.shared_storage)
         stage_bytes = cute.size_in_bytes(self.ab_dtype, cute.slice_(a_layout, (None, None, 0))) + cute.size_in_bytes(
-            self.ab_dtype, cute.slice_(b_layout, (None, None, 0))
+            self.w_dtype, cute.slice_(b_layout, (None, None, 0))
         )
         cl = cfg.cluster_m
         # a stage is free once every consumer warp of every CTA its weight tile was multicast to
@@ -520,7 +568,7 @@ class GemmKernel(MainloopMixin, StreamKMixin, EpilogueMixin):
 
         # (bM, bK, RestM, RestK) and (bN, bK, RestN, RestK)
         gA = cute.local_tile(mA, (cfg.tile_m, cfg.tile_k), (None, None))
-        gB = cute.local_tile(mB, (cfg.b_box_rows, cfg.tile_k), (None, None))
+        gB = cute.local_tile(mB, (cfg.b_box_rows, self._w_tile_cols()), (None, None))
         k_tiles = cute.size(gA, mode=[3])
         tAsA, tAgA = cute.nvgpu.cpasync.tma_partition(
             tma_a, 0, cute.make_layout(1), cute.group_modes(sA, 0, 2), cute.group_modes(gA, 0, 2)
@@ -601,6 +649,8 @@ class GemmKernel(MainloopMixin, StreamKMixin, EpilogueMixin):
                     staged = self._load_tile_scales(mAS, mWS, m, ws_last, tm, tn, kt, lane)
                 mainloop.producer_acquire(state)
                 bar = mainloop.producer_get_barrier(state)
+                if cutlass.const_expr(self.cfg.nvfp4):  # the decode's e4m3 scales (nvfp4.py), before the TMA loads
+                    self._copy_nvfp4_scales(storage, mWS, n, tn, kt, lane, state.index, bar)
                 cute.copy(tma_a, tAgA[(None, tm, kt)], tAsA[(None, state.index)], tma_bar_ptr=bar, **hint_a)
                 if cutlass.const_expr(self.cfg.granules):
                     # h-tile tn is granules u = per_tile·tn + j; with c = INTERLEAVE / 16 = 8 granules a
@@ -657,6 +707,25 @@ class GemmKernel(MainloopMixin, StreamKMixin, EpilogueMixin):
 
 
 # ---------------------------------------------------------------- host: launch
+def operand_dtypes(config: TileConfig) -> tuple:
+    """The pointer types of (A, W, a_scale, w_scale) that GemmKernel.__call__ takes for this config:
+    fp8 e4m3 operands with fp32 scales; bf16 operands; nvfp4 bf16 A, the packed weight and its e4m3
+    scales as bytes, and in a_scale's place the fp32 global scale multipliers."""
+    if config.fp8:
+        return cutlass.Float8E4M3FN, cutlass.Float8E4M3FN, Float32, Float32
+    if config.nvfp4:
+        return cutlass.BFloat16, cutlass.Uint8, Float32, cutlass.Uint8
+    return cutlass.BFloat16, cutlass.BFloat16, Float32, Float32
+
+
+def nvfp4_global_scales(global_scale):
+    """An nvfp4 weight's global scale multipliers ([1], or [2]: gate, up) as the kernel reads them:
+    two fp32 values (one repeated). Device ops only (CUDA-graph capturable)."""
+    import torch
+
+    return global_scale.to(torch.float32).reshape(-1).expand(2).contiguous()
+
+
 def launch(fn, config: TileConfig, a, w, a_scale, w_scale, out, out_dtype, aux, aux_dtype, aux_align: int) -> None:
     """Run the compiled ``fn`` (compile_kernel's arguments) for A [M, K] and W [N, K] into ``out``
     on the current stream, with launch_plan's schedule. Absent operands (None: the bf16 mainloop's
@@ -668,7 +737,7 @@ def launch(fn, config: TileConfig, a, w, a_scale, w_scale, out, out_dtype, aux, 
 
     m, k = a.shape
     n = w.shape[0]
-    ab = cutlass.Float8E4M3FN if config.fp8 else cutlass.BFloat16
+    a_t, w_t, as_t, ws_t = operand_dtypes(config)
     stream = cuda.CUstream(torch.cuda.current_stream(a.device).cuda_stream)
     ctas, sk_tiles, parts, ctr = launch_plan(config, m, n, k, a.device)
 
@@ -676,8 +745,8 @@ def launch(fn, config: TileConfig, a, w, a_scale, w_scale, out, out_dtype, aux, 
         return compile_cache.ptr(dtype, out if t is None else t, align)
 
     fn(
-        ptr(ab, a, 16), ptr(ab, w, 16),
-        ptr(Float32, a_scale, 4), ptr(Float32, w_scale, 4),
+        ptr(a_t, a, 16), ptr(w_t, w, 16),
+        ptr(as_t, a_scale, 4), ptr(ws_t, w_scale, 4),
         ptr(out_dtype, out, 16), ptr(aux_dtype, aux, aux_align),
         ptr(Float32, parts, 4), ptr(Int32, ctr, 4),
         Int32(m), Int32(k // config.k_align), Int32(n // N_ALIGN), Int32(ctas), Int32(sk_tiles),

@@ -10,7 +10,7 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Int32
 
-from .gemm import GemmKernel
+from .gemm import GemmKernel, operand_dtypes
 from .swap_ab import SwapABKernel
 from .tile_config import TileConfig
 
@@ -26,11 +26,11 @@ def compile_kernel(config: TileConfig, out_dtype, aux_dtype, aux_align: int):
     are GemmKernel.__call__'s, in the order gemm.launch passes the real ones."""
     from .compile_cache import COMPILE_OPTIONS, fake_ptr, null_stream
 
-    ab = cutlass.Float8E4M3FN if config.fp8 else cutlass.BFloat16
+    a_t, w_t, as_t, ws_t = operand_dtypes(config)
     return cute.compile(
         kernel_class(config)(config),
-        fake_ptr(ab, 16), fake_ptr(ab, 16),
-        fake_ptr(Float32, 4), fake_ptr(Float32, 4),
+        fake_ptr(a_t, 16), fake_ptr(w_t, 16),
+        fake_ptr(as_t, 4), fake_ptr(ws_t, 4),
         fake_ptr(out_dtype, 16), fake_ptr(aux_dtype, aux_align),
         fake_ptr(Float32, 4), fake_ptr(Int32, 4),
         Int32(1), Int32(1), Int32(1), Int32(1), Int32(0),

@@ -26,11 +26,12 @@ advanced), ``ops`` the CTA's RowOperands (made once, GemmKernel._row_operands), 
 zeroed fp32 accumulator, ``work`` the tile's TileWork. _row_mainloop picks it at trace time from
 the config.
 
-A new mainloop (W4A16, nvfp4 weights and bf16 activations, is next) is one more method of that
-interface here, its name in tile_config.MAINLOOPS, its entry in _row_mainloop (and, for its
-operands, fields of RowOperands filled by _row_operands: e.g. the weight scale tensors and the
-registers it dequantizes into), plus what it needs of the producer; none of the others change.
-The decode tiles (swap_ab.SwapABKernel._consume) pick theirs the same way.
+A new mainloop is one more method of that interface, its name in tile_config.MAINLOOPS, its entry
+in _row_mainloop (and, for its operands, fields of RowOperands filled by _row_operands), plus what
+it needs of the producer; none of the others change. The decode tiles (swap_ab.SwapABKernel._consume)
+pick theirs the same way. The nvfp4 (W4A16) mainloop is the example: nvfp4.py (a mixin of its own,
+for its decode), RowOperands.dec, one branch here and one in swap_ab._swap_mainloop, and the
+producer's cp.async of its scales.
 
 MainloopMixin is a base class of GemmKernel: its methods are traced into the kernel. The
 methods without @cute.jit are plain Python, inlined where called (their Python loops unroll).
@@ -68,6 +69,7 @@ class RowOperands(NamedTuple):
     ws_last: Any  # the last weight-scale row (a partial last tile reads no further)
     r0: Any  # this thread's first row in the tile (its other row is r0 + 8)
     wg_idx: Any  # this warpgroup (1, 2: consumers)
+    dec: Any = None  # nvfp4: the decode's operands (nvfp4.DecodeOperands)
 
 
 class TileWork(NamedTuple):
@@ -87,7 +89,11 @@ class MainloopMixin:
         """Run the 64/128-row tile's mainloop for cfg.mainloop (chosen at trace time) over one
         segment; returns the advanced (state, release)."""
         cfg = self.cfg
-        # (a W4A16 mainloop: one more name here, and its method below)
+        if cfg.nvfp4:  # W4A16 (nvfp4.py): the weight is the wgmma's B, decoded; global scales per half
+            state, release = self._mainloop_nvfp4(mainloop, state, release, ops.tiled_mma, acc, ops.tCrB, ops.tCrA,
+                                                  ops.dec, work.kb0, work.kb1, ops.num_k_blocks)
+            self._scale_halves(acc, ops.dec.mGS, lambda b, half: half)
+            return state, release
         if cfg.mainloop == BF16_MAINLOOP:
             return self._mainloop_bf16(mainloop, state, release, ops.tiled_mma, acc, ops.tCrA, ops.tCrB, work.kb0,
                                        work.kb1, ops.num_k_blocks)

@@ -5,6 +5,8 @@
 * ``cvt_e4m3x4``: four fp32 → four e4m3 bytes packed little-endian in one 32-bit word
   (``cvt.rn.satfinite.e4m3x2.f32``: round to nearest even, saturate to ±448, NaN stays NaN).
 * ``bf16_lo_to_f32`` / ``bf16_hi_to_f32``: one half of a word of two bf16 (a residual pair) as fp32.
+* nvfp4 decode (nvfp4.py): shared loads / stores at computed (swizzled) addresses, cp.async of the
+  scale words with its mbarrier arrive, e4m3 scales → bf16, e2m1 code pairs × scale → bf16 pairs.
 """
 
 from __future__ import annotations
@@ -103,5 +105,120 @@ def bf16_hi_to_f32(w: Int32, *, loc=None, ip=None) -> Float32:
             [Int32(w).ir_value(loc=loc, ip=ip)],
             "{\n\t.reg .b32 t;\n\tand.b32 t, $1, 0xffff0000;\n\tmov.b32 $0, t;\n\t}",
             "=f,r",
+        )
+    )
+
+
+# ---------------------------------------------------------------- nvfp4 (W4A16) decode
+DECODE_SHIFT = 64  # the decoded weight is code · scale · 2^(DECODE_SHIFT - 126): one fma a pair
+# Shared-memory accesses the decode makes at addresses it computes (the swizzled bf16 tile): marked
+# as having side effects, so that the compiler keeps them between the pipeline's waits and barriers.
+def _asm_volatile(result_type, operands, asm: str, constraints: str):
+    return llvm.inline_asm(result_type, operands, asm, constraints, has_side_effects=True,
+                           is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT)
+
+
+@dsl_user_op
+def ld_shared_b32(addr: Int32, *, loc=None, ip=None) -> Int32:
+    """One 32-bit word of shared memory at byte address ``addr``."""
+    return Int32(_asm_volatile(T.i32(), [Int32(addr).ir_value(loc=loc, ip=ip)], "ld.shared.b32 $0, [$1];", "=r,r"))
+
+
+@dsl_user_op
+def cp_async_4(dst: Int32, src, *, loc=None, ip=None) -> None:
+    """cp.async of 4 bytes from global address ``src`` (Int64) to shared address ``dst``: an
+    asynchronous copy the issuing thread does not wait for (cp_async_arrive tracks it)."""
+    _asm_volatile(None, [Int32(dst).ir_value(loc=loc, ip=ip), cutlass.Int64(src).ir_value(loc=loc, ip=ip)],
+                  "cp.async.ca.shared.global [$0], [$1], 4;", "r,l")
+
+
+@dsl_user_op
+def cp_async_arrive(mbar: Int32, *, loc=None, ip=None) -> None:
+    """Hold the mbarrier's current phase open until this thread's cp.async copies so far have
+    landed (the pending count goes up now and down then: no arrival of the barrier's count)."""
+    _asm_volatile(None, [Int32(mbar).ir_value(loc=loc, ip=ip)], "cp.async.mbarrier.arrive.shared.b64 [$0];", "r")
+
+
+@dsl_user_op
+def ld_shared_v4(addr: Int32, *, loc=None, ip=None) -> tuple:
+    """16 bytes of shared memory at 16-byte aligned ``addr``, as four words (the lowest first)."""
+    words = llvm.StructType.get_literal([T.i32()] * 4)
+    res = _asm_volatile(words, [Int32(addr).ir_value(loc=loc, ip=ip)],
+                        "ld.shared.v4.b32 {$0, $1, $2, $3}, [$4];", "=r,=r,=r,=r,r")
+    return tuple(Int32(llvm.extractvalue(T.i32(), res, [i], loc=loc, ip=ip)) for i in range(4))
+
+
+@dsl_user_op
+def st_shared_v4(addr: Int32, a: Int32, b: Int32, c: Int32, d: Int32, *, loc=None, ip=None) -> None:
+    """16 bytes (four words, a at the lowest address) into shared memory at 16-byte aligned ``addr``."""
+    _asm_volatile(None, [Int32(x).ir_value(loc=loc, ip=ip) for x in (addr, a, b, c, d)],
+                  "st.shared.v4.b32 [$0], {$1, $2, $3, $4};", "r,r,r,r,r")
+
+
+@dsl_user_op
+def e4m3x4_to_bf16x2(word: Int32, *, loc=None, ip=None) -> tuple:
+    """Four e4m3 codes (the bytes of ``word``, byte 0 first) → four words, each the code's value
+    times 2^DECODE_SHIFT as bf16 in both halves (exact: every e4m3 value is a bf16 value, and so
+    is it times 2^64). Through f16 and f32: sm_90 converts e4m3 to f16x2 only."""
+    words = llvm.StructType.get_literal([T.i32()] * 4)
+    res = _asm(
+        words,
+        [Int32(word).ir_value(loc=loc, ip=ip)],
+        "{\n\t.reg .b16 a, b, f0, f1, f2, f3;\n\t.reg .b32 h01, h23, p01, p23;\n\t"
+        ".reg .f32 x0, x1, x2, x3;\n\t"
+        "mov.b32 {a, b}, $4;\n\t"
+        "cvt.rn.f16x2.e4m3x2 h01, a;\n\t"
+        "cvt.rn.f16x2.e4m3x2 h23, b;\n\t"
+        "mov.b32 {f0, f1}, h01;\n\t"
+        "mov.b32 {f2, f3}, h23;\n\t"
+        "cvt.f32.f16 x0, f0;\n\t"
+        "cvt.f32.f16 x1, f1;\n\t"
+        "cvt.f32.f16 x2, f2;\n\t"
+        "cvt.f32.f16 x3, f3;\n\t"
+        "mul.f32 x0, x0, 0f5F800000;\n\t"  # 2^64 (DECODE_SHIFT)
+        "mul.f32 x1, x1, 0f5F800000;\n\t"
+        "mul.f32 x2, x2, 0f5F800000;\n\t"
+        "mul.f32 x3, x3, 0f5F800000;\n\t"
+        "cvt.rn.bf16x2.f32 p01, x1, x0;\n\t"  # x0 in the low half
+        "cvt.rn.bf16x2.f32 p23, x3, x2;\n\t"
+        "prmt.b32 $0, p01, p01, 0x1010;\n\t"  # the low half in both
+        "prmt.b32 $1, p01, p01, 0x3232;\n\t"  # the high half in both
+        "prmt.b32 $2, p23, p23, 0x1010;\n\t"
+        "prmt.b32 $3, p23, p23, 0x3232;\n\t}",
+        "=r,=r,=r,=r,r",
+    )
+    return tuple(Int32(llvm.extractvalue(T.i32(), res, [i], loc=loc, ip=ip)) for i in range(4))
+
+
+@dsl_user_op
+def e2m1x2_to_bf16x2(word: Int32, shifted: Int32, byte: int, scale2: Int32, *, loc=None, ip=None) -> Int32:
+    """Byte ``byte`` (0..3, a constant) of ``word``, two e2m1 codes (low nibble = the even column),
+    times the group's scale · 2^DECODE_SHIFT (bf16, both halves of ``scale2``: e4m3x4_to_bf16x2)
+    → two bf16, code · scale · 2^(DECODE_SHIFT - 126) (the even column in the low half);
+    ``shifted`` = word >> 4 (shared by the word's four calls).
+
+    A code s e1 e0 m placed at bf16 bits 15 and 8..6 is the bf16 value code · 2^-126 (a subnormal
+    where e = 0, which bf16 fma keeps), so one fma applies the scale; adding -0 keeps the sign of a
+    zero. Exact: code · scale has at most 5 significant bits, and with DECODE_SHIFT = 64 every
+    product is a normal bf16 (2^-72 … 2^-50): no underflow, no overflow. The power of two comes
+    back with the global scale (nvfp4.py). One prmt puts the byte in byte 0 (the
+    even code in its low nibble) and the same byte of ``shifted`` in byte 2 (the odd code), a mask
+    keeps the two codes, and code · 64 + (code & 8) · 4032 = (code & 7) << 6 | (code & 8) << 12
+    places them (sign bit 3 · 64 + 8 · 4032 = 2^15) without a carry between the halves."""
+    sel = ((4 + byte) << 12) | ((4 + byte) << 8) | (byte << 4) | byte
+    return Int32(
+        _asm(
+            T.i32(),
+            [Int32(word).ir_value(loc=loc, ip=ip), Int32(shifted).ir_value(loc=loc, ip=ip),
+             Int32(scale2).ir_value(loc=loc, ip=ip)],
+            "{\n\t.reg .b32 t, u, v, z;\n\t"
+            f"prmt.b32 t, $1, $2, {sel:#x};\n\t"
+            "and.b32 u, t, 0x000F000F;\n\t"  # the two codes, alone in their halves
+            "and.b32 v, t, 0x00080008;\n\t"  # their signs
+            "mul.lo.u32 v, v, 4032;\n\t"
+            "mad.lo.u32 t, u, 64, v;\n\t"  # code · 64 + sign · 4032: e1 e0 m → bits 8..6, s → bit 15
+            "mov.b32 z, 0x80008000;\n\t"  # -0, -0
+            "fma.rn.bf16x2 $0, t, $3, z;\n\t}",
+            "=r,r,r,r",
         )
     )

@@ -26,7 +26,10 @@ BAND_A_BYTES = 32 << 20
 # One CTA's time per 32 KB weight k tile when few CTAs run (whole tiles; DISPATCH D19): the 64-row
 # tile, the 128-row tile (two consumer warpgroups, more MMA per byte), and the 16/32/64-token
 # swap-AB tiles (only the 16-token one is shipped)
-ITER_US = {64: 0.52, 128: 0.84, "swap16": 0.40, "swap32": 0.48, "swap64": 1.07}
+ITER_US = {64: 0.52, 128: 0.84, "swap16": 0.40, "swap32": 0.48, "swap64": 1.07,
+           # nvfp4, per 8 KB packed k tile (its decode, not the bytes, sets the pace): first version,
+           # H100 2026-11-24, from whole-MLP times; every tile shape alike until measured apart
+           "nvfp4": 2.0}
 HBM_BYTES_PER_US = 2.6e6  # what many CTAs together reach (2.96e6 for a plain copy)
 FIXUP_US = (4.0, 2.5)  # fix-up cost: base + per CTA sharing a tile
 SK_MIN_GAIN = 1.15  # stream-K only when predicted this much faster
@@ -85,8 +88,11 @@ def schedule(config: TileConfig, m: int, n: int, k: int, sms: int) -> tuple[int,
         if ck * tiles > sms:
             raise ValueError(f"{config}: cluster_k = {ck} needs {ck} · tiles ≤ {sms} SMs, got {tiles} tiles (M = {m})")
         return ck * tiles, tiles
-    iter_bytes = config.tile_n * config.tile_k * config.elem_bytes
-    iter_us = ITER_US[f"swap{config.tile_m}" if config.swap_ab else config.tile_m] * iter_bytes / 32768
+    iter_bytes = config.w_stage_bytes
+    if config.nvfp4:
+        iter_us = ITER_US["nvfp4"]
+    else:
+        iter_us = ITER_US[f"swap{config.tile_m}" if config.swap_ab else config.tile_m] * iter_bytes / 32768
     return plan(tiles, cdiv(k, config.tile_k), sms, grid_m, iter_bytes, iter_us,
                 max_sk_grid_m=64 // config.tile_m if config.swap_ab else 2)
 

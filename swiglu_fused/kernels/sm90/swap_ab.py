@@ -75,6 +75,7 @@ class SwapOperands(NamedTuple):
     mWS: Any
     m: Any
     ws_last: Any  # the last weight-scale row
+    dec: Any = None  # nvfp4: the decode's operands (nvfp4.DecodeOperands)
 
 
 def _pair(inv, j: int):
@@ -105,7 +106,12 @@ class SwapABKernel(GemmKernel):
         ws_last = (n + W_BLOCK - 1) // W_BLOCK - 1
         t = tidx - 128
         thr_mma = tiled_mma.get_slice(t)
-        tCrW = tiled_mma.make_fragment_A(thr_mma.partition_A(sB))  # (MMA, blocks, MMA_K, STAGES)
+        dec = None
+        if cutlass.const_expr(cfg.nvfp4):  # the wgmma reads the weight from the decode buffers
+            d_layout = self._decode_layout()
+            sB = storage.sD.get_tensor(d_layout.outer, swizzle=d_layout.inner)
+            dec = self._decode_operands(storage, gmem, t)
+        tCrW = tiled_mma.make_fragment_A(thr_mma.partition_A(sB))  # (MMA, blocks, MMA_K, STAGES or 2 buffers)
         tCrX = tiled_mma.make_fragment_B(thr_mma.partition_B(sA))  # (MMA, 1, MMA_K, STAGES)
         num_k_blocks = cute.size(tCrW, mode=[2])
         tCcC = thr_mma.partition_C(cute.make_identity_tensor((cfg.tile_n, cfg.tile_m)))  # (MMA, blocks, 1)
@@ -124,7 +130,7 @@ class SwapABKernel(GemmKernel):
         sO = storage.sO.get_tensor(cute.make_layout((cfg.tile_m, cfg.out_row_words), stride=(cfg.out_row_words, 1)))
         sRed = storage.red.get_tensor(cute.make_layout((4 * self.num_mma_wg, cfg.tile_m), stride=(cfg.tile_m, 1)))
         ops = SwapOperands(tiled_mma, tCrW, tCrX, num_k_blocks, temp, temp2, xrow, xs_a, xs_b, sc, n_vals, n_tok,
-                           tok0, gmem.mAS, gmem.mWS, m, ws_last)
+                           tok0, gmem.mAS, gmem.mWS, m, ws_last, dec)
 
         state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, cfg.stages)
         release = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, cfg.stages)
@@ -146,6 +152,11 @@ class SwapABKernel(GemmKernel):
     def _swap_mainloop(self, mainloop, state, release, ops: SwapOperands, acc, work: TileWork):
         """The swap-AB tile's mainloop for cfg.mainloop (chosen at trace time; the interface of
         mainloop.py's): the bf16 one is the row tiles' with the weights as the wgmma's A operand."""
+        if self.cfg.nvfp4:  # W4A16 (nvfp4.py): global scale of the block's half (gate blocks first)
+            state, release = self._mainloop_nvfp4(mainloop, state, release, ops.tiled_mma, acc, ops.tCrW, ops.tCrX,
+                                                  ops.dec, work.kb0, work.kb1, ops.num_k_blocks)
+            self._scale_halves(acc, ops.dec.mGS, lambda b, h: b // (self.blocks // 2))
+            return state, release
         if self.cfg.mainloop == BF16_MAINLOOP:
             return self._mainloop_bf16(mainloop, state, release, ops.tiled_mma, acc, ops.tCrW, ops.tCrX, work.kb0,
                                        work.kb1, ops.num_k_blocks)

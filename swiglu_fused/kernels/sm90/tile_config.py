@@ -24,8 +24,11 @@ H_GROUP = formats.FP8_BLOCK  # h columns that share one h_scale (fp8 h)
 ACC_VALUES = 64 * 2 * HALF_N // 128  # fp32 accumulator values per consumer thread (64 rows × 256 / 128)
 SMEM_BYTES = 227 * 1024
 # the mainloops, named by the weight format they implement (formats.WeightFormat.sm90_kernels)
-FP8_MAINLOOP, BF16_MAINLOOP = formats.FP8Block128.name, formats.BF16.name
-MAINLOOPS = (FP8_MAINLOOP, BF16_MAINLOOP)
+FP8_MAINLOOP, BF16_MAINLOOP, NVFP4_MAINLOOP = formats.FP8Block128.name, formats.BF16.name, formats.NVFP4.name
+MAINLOOPS = (FP8_MAINLOOP, BF16_MAINLOOP, NVFP4_MAINLOOP)
+NVFP4_GROUP = formats.NVFP4_GROUP  # K columns per e4m3 weight scale of an nvfp4 weight
+NVFP4_K_ALIGN = 64  # nvfp4's K: a multiple of its k tile (a row's scales of a k tile: one 32-bit word)
+DECODE_BUFFERS = 2  # nvfp4: bf16 weight k tiles in smem (the wgmma reads one while the next is decoded)
 N_ALIGN = 8  # weight rows (N) must be a multiple of this: 16-byte rows of a bf16 output
 # TMA cache_policy operands (CUTLASS's CacheHintSm90 encodings) and TileConfig.l2_hint's values
 EVICT_FIRST = 0x12F0000000000000
@@ -125,6 +128,10 @@ class TileConfig:
                              f"bf16 h (no swap_ab, clusters or tma_store); got {self}")
         if self.mainloop not in MAINLOOPS:
             raise ValueError(f"{name}.mainloop: expected one of {MAINLOOPS}, got {self.mainloop!r}")
+        if self.nvfp4 and (self.cluster_size > 1 or self.tile_n != 2 * HALF_N or self.tma_store
+                           or (self.epilogue == "gated" and self.out_bytes != 2)):
+            raise ValueError(f"{name}: the nvfp4 mainloop runs 256-row tiles without clusters or tma_store, "
+                             f"and gate_up writes bf16 h; got {self}")
         if self.split_n and (self.tile_m != 64 or not self.fp8 or self.swap_ab or self.cluster_size > 1
                              or self.tma_store or self.epilogue != "gated" or self.tile_n != 2 * HALF_N):
             raise ValueError(f"{name}.split_n: the fp8 mainloop's 64-row gate_up tile only (no swap_ab, clusters "
@@ -142,11 +149,11 @@ class TileConfig:
             raise ValueError(f"{name}.promote_k: expected 32, 64 or 128, got {self.promote_k}")
         if self.epilogue not in activations_and_h.EPILOGUES:
             raise ValueError(f"{name}.epilogue: expected one of {activations_and_h.EPILOGUES}, got {self.epilogue!r}")
-        stage_bytes = (self.tile_m + self.tile_n) * self.tile_k * self.elem_bytes
-        # output staging + the swap-AB amax exchange + the cluster_k accumulator + mbarriers (16 B a
-        # stage; 64 reserved)
+        stage_bytes = self.tile_m * self.tile_k * self.elem_bytes + self.w_stage_bytes
+        # output staging + the swap-AB amax exchange + the cluster_k accumulator + nvfp4's decoded
+        # weight buffers + mbarriers (16 B a stage; 64 reserved)
         fixed = (self.out_stage_bytes + 4 * self.red_words + 4 * self.xacc_words + 4 * self.scale_words
-                 + 64 * self.stages)
+                 + 2 * self.decode_elems + 64 * self.stages)
         if self.stages < 2 or self.stages * stage_bytes + fixed > SMEM_BYTES:
             raise ValueError(
                 f"{name}.stages: {self.stages} stages of {stage_bytes} B plus {self.out_stage_bytes} B of "
@@ -156,7 +163,10 @@ class TileConfig:
 
     @property
     def scale_words(self) -> int:
-        """fp32 words of smem for staged promotion scales (smem_scales: per stage, tile_m + 2)."""
+        """32-bit words of smem for scales the producer stages beside each stage: smem_scales, the
+        tile_m + 2 promotion scales; nvfp4, the k tile's four e4m3 scales of each weight row."""
+        if self.nvfp4:
+            return self.stages * self.tile_n
         return self.stages * (self.tile_m + 2) if self.smem_scales else 4
 
     @property
@@ -194,8 +204,9 @@ class TileConfig:
     @property
     def consumer_threads(self) -> int:
         """Two consumer warpgroups for the 128-row tile, the 64-token swap-AB tile (whose
-        accumulator, 256 × 64 fp32, is too large for one) and the split_n 64-row tile, else one."""
-        return 256 if self.tile_m >= (64 if self.swap_ab else 128) or self.split_n else 128
+        accumulator, 256 × 64 fp32, is too large for one), the split_n 64-row tile and every nvfp4
+        tile (one weight row each to decode per k tile), else one."""
+        return 256 if self.tile_m >= (64 if self.swap_ab else 128) or self.split_n or self.nvfp4 else 128
 
     @property
     def red_words(self) -> int:
@@ -219,8 +230,25 @@ class TileConfig:
         return self.mainloop == FP8_MAINLOOP
 
     @property
+    def nvfp4(self) -> bool:
+        """W4A16: bf16 A, the weight e2m1 codes + e4m3 scales per 16 columns, decoded to bf16 in smem."""
+        return self.mainloop == NVFP4_MAINLOOP
+
+    @property
     def elem_bytes(self) -> int:
+        """Bytes per element of A (and of the weight, but for nvfp4's packed one: w_stage_bytes)."""
         return 1 if self.fp8 else 2
+
+    @property
+    def w_stage_bytes(self) -> int:
+        """Bytes of one weight k tile in smem as TMA loads it (nvfp4: two codes a byte)."""
+        return self.tile_n * self.tile_k // 2 if self.nvfp4 else self.tile_n * self.tile_k * self.elem_bytes
+
+    @property
+    def decode_elems(self) -> int:
+        """bf16 elements of smem nvfp4 decodes its weight k tiles into (DECODE_BUFFERS of them; the
+        other mainloops have no such buffer)."""
+        return DECODE_BUFFERS * self.tile_n * self.tile_k if self.nvfp4 else 0
 
     @property
     def tile_k(self) -> int:
@@ -228,7 +256,9 @@ class TileConfig:
 
     @property
     def k_align(self) -> int:
-        return 16 // self.elem_bytes  # TMA: 16-byte row stride
+        """K must be a multiple of this: TMA's 16-byte row stride (nvfp4: a k tile's four scales
+        of a row are one aligned 32-bit word)."""
+        return NVFP4_K_ALIGN if self.nvfp4 else 16 // self.elem_bytes
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,96 @@
+"""nvfp4 (W4A16) gate_up and down alone, against our fp8 kernels on the same shapes and the nvfp4
+weight-bandwidth floor (packed bytes + e4m3 scales at the measured copy rate, 2.96 TB/s): µs per
+call, medians of CUDA-graph replays, weights rotated past the 50 MB L2 (GPU).
+
+    python -m benchmarks.bench_nvfp4 [--shapes 4096x14336,8192x3584] [--m 1,16,64,1024]
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import torch
+
+from swiglu_fused import quant
+from swiglu_fused.bench import graph_time_us, parse_ms, parse_shapes
+from swiglu_fused.kernels import ops
+from swiglu_fused.interleave import interleave_rows
+
+COPY_TB_S = 2.96
+L2_BYTES = 50 << 20
+
+
+def _layers(make, nbytes: int) -> list:
+    """Enough independent copies that one pass moves more than twice the L2."""
+    return [make(i) for i in range(max(2, -(-2 * L2_BYTES // nbytes) + 1))]
+
+
+def _nvfp4_gate_up(hidden, inter, seed):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    (gp, gs, gd), (up, us, ud) = (quant.quantize_nvfp4(torch.randn(inter, hidden, device="cuda", generator=g) * 0.05)
+                                  for _ in range(2))
+    return interleave_rows(gp, up, 128).contiguous(), interleave_rows(gs, us, 128).contiguous(), torch.cat(
+        [1 / gd, 1 / ud]).float()
+
+
+def _nvfp4_down(hidden, inter, seed):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    p, s, d = quant.quantize_nvfp4(torch.randn(hidden, inter, device="cuda", generator=g) * 0.03)
+    return p, s, (1 / d).float()
+
+
+def _fp8(rows, cols, seed):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    return quant.quantize_fp8_block(torch.randn(rows, cols, device="cuda", generator=g) * 0.05)
+
+
+def _nbytes(*ts) -> int:
+    return sum(t.numel() * t.element_size() for t in ts)
+
+
+def run(shapes, ms, iters=50):
+    rows = []
+    for hidden, inter in shapes:
+        nv_gu = _layers(lambda i: _nvfp4_gate_up(hidden, inter, i), _nbytes(*_nvfp4_gate_up(hidden, inter, 99)))
+        nv_dn = _layers(lambda i: _nvfp4_down(hidden, inter, i), _nbytes(*_nvfp4_down(hidden, inter, 99)))
+        f8_gu = _layers(lambda i: _fp8(2 * inter, hidden, i), 2 * inter * hidden)
+        f8_dn = _layers(lambda i: _fp8(hidden, inter, i), hidden * inter)
+        floor_gu = _nbytes(*nv_gu[0]) / COPY_TB_S / 1e6
+        floor_dn = _nbytes(*nv_dn[0]) / COPY_TB_S / 1e6
+        for m in ms:
+            x = torch.randn(m, hidden, device="cuda").to(torch.bfloat16)
+            h = torch.randn(m, inter, device="cuda").to(torch.bfloat16)
+            xq, xs = ops.quant_x(x)
+            hq, hs = ops.quant_x(h)
+            it = {"i": 0}
+
+            def step(layers, fn):
+                def call():
+                    it["i"] = (it["i"] + 1) % len(layers)
+                    return fn(layers[it["i"]])
+                return call
+
+            t = {
+                "nvfp4 gate_up": graph_time_us(step(nv_gu, lambda w: ops.gate_up(
+                    x, w[0], w[1], None, w[2], interleave=128, h_format="bf16")), iters),
+                "fp8 gate_up": graph_time_us(step(f8_gu, lambda w: ops.gate_up(
+                    xq, w[0], w[1], xs, interleave=128, h_format="fp8_group128")), iters),
+                "nvfp4 down": graph_time_us(step(nv_dn, lambda w: ops.down(h, w[0], w[1], None, w[2])), iters),
+                "fp8 down": graph_time_us(step(f8_dn, lambda w: ops.down(hq, w[0], w[1], hs)), iters),
+            }
+            rows.append((hidden, inter, m, t, floor_gu, floor_dn))
+            print(f"{hidden}×{inter} M = {m}: " + ", ".join(f"{k} {v:.1f} µs" for k, v in t.items())
+                  + f"; floors: gate_up {floor_gu:.1f} µs, down {floor_dn:.1f} µs", flush=True)
+    return rows
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--shapes", default="4096x14336,8192x3584")
+    ap.add_argument("--m", default="1,16,64,1024")
+    args = ap.parse_args()
+    run(parse_shapes(args.shapes), parse_ms(args.m))
+
+
+if __name__ == "__main__":
+    main()

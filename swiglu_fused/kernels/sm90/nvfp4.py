@@ -1,0 +1,175 @@
+"""The nvfp4 (W4A16) mainloop of the sm_90a GEMM: Hopper has no FP4 tensor cores, so the weight
+streams from HBM as e2m1 codes (two a byte) with an e4m3 scale per 16 columns, 0.5625 byte an
+element, and is decoded to bf16 in shared memory for bf16 wgmma against bf16 activations.
+
+Per k tile (64 columns), besides the producer's TMA loads as for the other mainloops (A: x or h
+bf16; W: the packed tile, 256 rows × 32 bytes, unswizzled):
+
+    scales      the producer warp copies the tile's e4m3 scales, one 32-bit word a weight row (the
+                row's four 16-column groups; K % 64 == 0), beside the stage (TileConfig.scale_words)
+                with cp.async, which holds the stage's full barrier open until they land.
+    decode      consumer thread t (two consumer warpgroups, 256 threads: one row each): row t's
+                32 packed bytes (two 16-byte shared loads; a warp reads 1 KB contiguous) and its
+                scale word → 64 bf16 = code · scale · 2^-62 (exact, one fma a pair of values:
+                ptx.e2m1x2_to_bf16x2; the power of two comes back with the global scale), eight 16-byte
+                stores into the decode buffer, a bf16 k tile in the layout the bf16 mainloop's
+                wgmma reads (128-byte swizzle: chunk c of row r at byte 128·r + 16·(c ^ r % 8); a
+                quarter warp's 8 rows hit 8 distinct bank groups).
+    wgmma       ss, bf16 × bf16 → fp32 acc (the row tiles: x × W; swap-AB: W × x), as the bf16
+                mainloop.
+
+Two decode buffers: k tile kt is decoded while tile kt - 1's wgmma runs; then the warpgroup waits
+for that wgmma (it has read buffer (kt - 1) % 2 and the stage's x), releases the stage, fences the
+decode's generic-proxy stores for the async proxy and meets the other consumer threads at a named
+barrier (every thread's part of buffer kt % 2 is written, and every warpgroup's wgmma kt - 1 is
+done, so the next decode may overwrite its buffer) before issuing wgmma kt.
+
+The per-tensor global scales (fp32 multipliers: gate and up for gate_up, one for down; the host
+turns compressed-tensors' divisor into one) multiply the accumulator once per segment, after the
+loop: a linear map, so stream-K partials scaled apart add up to the scaled sum.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import cutlass
+import cutlass.cute as cute
+import cutlass.pipeline as pipeline
+from cutlass import Int32
+
+from .ptx import (DECODE_SHIFT, cp_async_4, cp_async_arrive, e2m1x2_to_bf16x2, e4m3x4_to_bf16x2, ld_shared_b32,
+                  ld_shared_v4, st_shared_v4)
+
+# the decoded weight is the true one times 2^-UNSHIFT (ptx.e2m1x2_to_bf16x2): the accumulator is
+# multiplied back with the global scale, a power of two, so exactly
+UNSHIFT = 126 - DECODE_SHIFT
+
+DECODE_BARRIER = 6  # named barrier id (1, 2: epilogue; 3: stream-K; 4, 5: split_n)
+
+
+class DecodeOperands(NamedTuple):
+    """What the nvfp4 decode reads and writes, per CTA (trace values)."""
+
+    w_addr: Any  # shared address of the packed weight stages
+    d_addr: Any  # shared address of the decode buffers
+    s_addr: Any  # shared address of the staged scale words (stage, row)
+    mGS: Any  # global scale multipliers [2]: gate, up (down: the same value twice)
+    t: Any  # this thread among the consumers
+    threads: int  # consumer threads (= tile_n: one weight row each)
+
+
+class Nvfp4Mixin:
+    """The nvfp4 mainloop; a base class of GemmKernel (its methods are traced into the kernel)."""
+
+    def _decode_operands(self, storage, gmem, t) -> DecodeOperands:
+        """Plain Python (inlined): the decode's addresses and tensors."""
+        return DecodeOperands(storage.sB.data_ptr().toint(), storage.sD.data_ptr().toint(),
+                              storage.scl.data_ptr().toint(), gmem.mAS, t, 128 * self.num_mma_wg)
+
+    # ------------------------------------------------------------------ producer
+    @cute.jit
+    def _copy_nvfp4_scales(self, storage, mWS, n, tn, kt, lane, stage, bar):
+        """The producer warp, once the stage's slot is free and before its TMA loads: k tile kt's
+        scale words of the tile's rows lane + 32i into the stage's scale slot by cp.async, each
+        lane then holding the stage's full barrier open until its copies land. Nothing waits
+        here: the copies of several stages are in flight at once (staging them through registers
+        took one global-load latency a stage)."""
+        cfg = self.cfg
+        base = storage.scl.data_ptr().toint() + stage * (cfg.tile_n * 4)
+        for i in cutlass.range_constexpr(cfg.tile_n // 32):
+            row = cutlass.min(tn * cfg.tile_n + lane + 32 * i, n - 1)  # rows ≥ N: zero-fill codes
+            cp_async_4(base + (lane + 32 * i) * 4, (mWS.iterator + cute.crd2idx((row, kt), mWS.layout)).toint())
+        cp_async_arrive(bar.toint())
+
+    # ------------------------------------------------------------------ consumers
+    @cute.jit
+    def _mainloop_nvfp4(self, mainloop, state, release, tiled_mma, acc, tW, tX, dec: DecodeOperands, kb0, kb1,
+                        num_k_blocks: cutlass.Constexpr):
+        """acc += the k tiles [kb0, kb1) (see the module docstring). tW: the wgmma fragments of the
+        decode buffers, tX: of the activation stages; the swap-AB tiles have the weight as the
+        wgmma's A operand, the row tiles as its B. A thread's packed words and scales of tile
+        kt + 1 are loaded into registers right after it decodes tile kt (once that stage is full),
+        so their shared-memory latency passes under tile kt's synchronization and wgmma issue
+        instead of stalling the next decode (the largest stall, Nsight Compute)."""
+        bar = pipeline.NamedBarrier(barrier_id=DECODE_BARRIER, num_threads=dec.threads)
+        tiled_mma.set(cute.nvgpu.warpgroup.Field.ACCUMULATE, True)
+        mma = (tiled_mma, acc, tW, tX, num_k_blocks)
+        regs = cute.make_rmem_tensor(cute.make_layout(9), Int32)  # 8 packed words, the scale word
+        mainloop.consumer_wait(state)
+        self._load_packed(dec, state.index, regs)
+        buf = Int32(0)
+        for kt in cutlass.range(kb0, kb1 - 1, unroll=1):
+            self._decode_regs(dec, regs, buf)
+            stage = state.index
+            state.advance()
+            mainloop.consumer_wait(state)
+            self._load_packed(dec, state.index, regs)
+            cute.nvgpu.warpgroup.wait_group(0)  # wgmma kt - 1: done with its decode buffer and stage
+            if kt > kb0:
+                mainloop.consumer_release(release)
+                release.advance()
+            self._issue_decoded(mma, bar, stage, buf)
+            buf = 1 - buf
+        self._decode_regs(dec, regs, buf)  # the last tile: nothing to load after it
+        cute.nvgpu.warpgroup.wait_group(0)
+        if kb1 - 1 > kb0:
+            mainloop.consumer_release(release)
+            release.advance()
+        self._issue_decoded(mma, bar, state.index, buf)
+        state.advance()
+        cute.nvgpu.warpgroup.wait_group(0)
+        mainloop.consumer_release(release)
+        release.advance()
+        return state, release
+
+    def _issue_decoded(self, mma, bar, stage, buf):
+        """Fence the decode's generic-proxy stores for the async proxy, meet the other consumers
+        (every part of ``buf`` written; every warpgroup done with the other buffer), issue the
+        tile's wgmma chain (plain Python, inlined)."""
+        tiled_mma, acc, tW, tX, num_k_blocks = mma
+        cute.arch.fence_proxy("async.shared", space="cta")
+        bar.arrive_and_wait()
+        cute.nvgpu.warpgroup.fence()
+        for kk in range(num_k_blocks):
+            if self.cfg.swap_ab:
+                cute.gemm(tiled_mma, acc, tW[(None, None, kk, buf)], tX[(None, None, kk, stage)], acc)
+            else:
+                cute.gemm(tiled_mma, acc, tX[(None, None, kk, stage)], tW[(None, None, kk, buf)], acc)
+        cute.nvgpu.warpgroup.commit_group()
+
+    def _load_packed(self, dec: DecodeOperands, stage, regs):
+        """Row t of packed stage ``stage`` into regs: its 32 bytes (two 16-byte shared loads; a
+        warp reads 1 KB contiguous) and its scale word (plain Python, inlined)."""
+        cfg = self.cfg
+        src = dec.w_addr + stage * cfg.w_stage_bytes + dec.t * (cfg.tile_k // 2)
+        for h in range(2):
+            for i, w in enumerate(ld_shared_v4(src + 16 * h)):
+                regs[4 * h + i] = w
+        regs[8] = ld_shared_b32(dec.s_addr + (stage * cfg.tile_n + dec.t) * 4)
+
+    @cute.jit
+    def _decode_regs(self, dec: DecodeOperands, regs, buf):
+        """Row t's packed words and scales (regs) → 64 bf16 in decode buffer ``buf``: eight
+        16-byte stores (chunk c of row r at 16·(c ^ r % 8): a quarter warp's 8 rows hit 8 distinct
+        bank groups)."""
+        cfg = self.cfg
+        r = dec.t
+        scales = e4m3x4_to_bf16x2(regs[8])  # 16-column group q: words 2q, 2q + 1
+        dst = dec.d_addr + buf * (cfg.tile_n * cfg.tile_k * 2) + r * (cfg.tile_k * 2)
+        sw = r % 8
+        for c in cutlass.range_constexpr(8):
+            w = regs[c]
+            w4 = w >> 4
+            st_shared_v4(dst + ((c ^ sw) << 4), *(e2m1x2_to_bf16x2(w, w4, j, scales[c // 2]) for j in range(4)))
+
+    def _scale_halves(self, acc, mGS, half_of):
+        """acc value i ·= global scale of its weight half · 2^UNSHIFT (plain Python, inlined):
+        half_of(mode-1 index, mode-2 index) → 0 (gate / first 128 rows) or 1."""
+        g0 = mGS[0] * float(2 ** UNSHIFT)
+        g1 = mGS[1] * float(2 ** UNSHIFT)
+        for b in range(cute.size(acc, mode=[1])):
+            for h in range(cute.size(acc, mode=[2])):
+                g = g0 if half_of(b, h) == 0 else g1
+                for v in range(cute.size(acc, mode=[0])):
+                    acc[(v, b, h)] = acc[(v, b, h)] * g
