@@ -87,9 +87,20 @@ def test_compressed_tensors_nvfp4_source_runs_the_whole_model(tmp_path):
     """(b) compressed-tensors NVFP4 (its own compressor quantizes attention too): the CLI's default
     format follows the source (nvfp4, bytes moved), and the model matches transformers loading the
     source through compressed-tensors' own loader (it decompresses on the CPU)."""
-    src, dst = tmp_path / "ct", tmp_path / "dst"
+    src = tmp_path / "ct"
     torch.manual_seed(0)
     make_ct_nvfp4(src, _causal_lm("llama", 128, 384))
+    _convert_ct_nvfp4_and_compare(src, tmp_path / "dst")
+
+
+def test_committed_nvfp4_checkpoint_is_compressed_tensors_own(tmp_path):
+    """tests/data/tiny-llama-nvfp4 (made by compressed-tensors' compressor, make_nvfp4_checkpoint.py;
+    the GPU machine, which has no compressed-tensors, runs it on the kernels) converts and runs
+    like a freshly made one."""
+    _convert_ct_nvfp4_and_compare(DATA / "tiny-llama-nvfp4", tmp_path / "dst")
+
+
+def _convert_ct_nvfp4_and_compare(src, dst):
     assert main(["convert", str(src), str(dst), "--no-progress"]) == 0
     qcfg = json.loads((dst / "config.json").read_text())["quantization_config"]
     assert qcfg["weight_format"] == "nvfp4" and sorted(qcfg["linears"]) == ATTENTION
