@@ -297,8 +297,8 @@ def gate_up_config(x, weight, weight_scale, x_scale, *, act: str, h_format: str)
 
 # ---------------------------------------------------------------- nvfp4 (W4A16)
 # First version (issue 22): the swap-AB tiles of 16 and 64 tokens up to 64 rows (each M tile decodes
-# the whole weight again, so the fewest M tiles), else the 128-row tile; whole tiles or stream-K, no
-# clusters. Not tuned yet: these are tiles that fit the decode buffers beside the stages.
+# the whole weight again, so the fewest M tiles: DISPATCH D24), else the 128-row tile; whole tiles or
+# stream-K, no clusters. Not tuned further: these are tiles that fit the decode buffers beside the stages.
 NVFP4_SWAP_TILES = ((16, 6), (64, 6))  # (tokens, stages)
 NVFP4_ROW_TILE = (128, 4)
 
