@@ -66,17 +66,20 @@ def rows_16_bytes(op: str, **tensors: torch.Tensor) -> bool:
     but correctly, and says so once per op and width."""
     for name, t in tensors.items():
         if t.shape[-1] * t.element_size() % 16:
-            _warn_reference_once(op, name, t.shape[-1], 16 // t.element_size())
+            multiple = 16 // t.element_size()
+            _warn_reference_once(op, name, t.shape[-1], multiple, "16-byte rows",
+                                 f"; pad {name}'s last dimension with zeros to "
+                                 f"{cdiv(t.shape[-1], multiple) * multiple} for the kernel")
             return False
     return True
 
 
 @functools.lru_cache(maxsize=None)
-def _warn_reference_once(op: str, name: str, cols: int, multiple: int) -> None:
-    warnings.warn(f"{op}: {name} has {cols} columns, not a multiple of {multiple} (16-byte rows), so the "
-                  f"sm90 kernel cannot run it and the plain-torch reference does, much more slowly; pad "
-                  f"{name}'s last dimension with zeros to {cdiv(cols, multiple) * multiple} for the kernel",
-                  stacklevel=5)
+def _warn_reference_once(op: str, name: str, cols: int, multiple: int, why: str, fix: str = "",
+                         stacklevel: int = 5) -> None:
+    """Say once per op and width that the reference runs a call the kernel cannot take, and why."""
+    warnings.warn(f"{op}: {name} has {cols} columns, not a multiple of {multiple} ({why}), so the sm90 kernel "
+                  f"cannot run it and the plain-torch reference does, much more slowly{fix}", stacklevel=stacklevel)
 
 
 def format_has_kernels(weight_format: str, interleave: int) -> bool:
@@ -317,16 +320,10 @@ def _nvfp4_k_ok(op: str, name: str, k: int) -> bool:
     from .sm90.tile_config import NVFP4_K_ALIGN
 
     if k % NVFP4_K_ALIGN:
-        _warn_nvfp4_k_once(op, name, k, NVFP4_K_ALIGN)
+        _warn_reference_once(op, name, k, NVFP4_K_ALIGN, f"nvfp4: a row's e4m3 scales of a {NVFP4_K_ALIGN}-column "
+                             "k tile are one 32-bit word", stacklevel=7)
         return False
     return True
-
-
-@functools.lru_cache(maxsize=None)
-def _warn_nvfp4_k_once(op: str, name: str, k: int, multiple: int) -> None:
-    warnings.warn(f"{op}: {name} has {k} columns, not a multiple of {multiple}, so the nvfp4 sm90 kernel cannot "
-                  f"run it (a row's e4m3 scales of a {multiple}-column k tile are one 32-bit word) and the "
-                  "plain-torch reference does, much more slowly", stacklevel=6)
 
 
 def _nvfp4_gate_up_config(x, weight, weight_scale, act: str, h_format: str):
