@@ -23,6 +23,11 @@ from .integrations.transformers import register_when_imported  # noqa: E402
 
 register_when_imported()
 
+# diffusers likewise (Flux2Transformer2DModel.from_pretrained(packed_dir)), once it loads its registry.
+from .integrations.diffusers import register_when_imported as _register_diffusers_when_imported  # noqa: E402
+
+_register_diffusers_when_imported()
+
 __all__ = [
     "FORMAT_VERSION", "WEIGHT_FORMATS", "FormatError", "PackedConfig", "validate",
     "FusedSwiGLUMLP", "patch_model", "PatchReport", "ConvertReport", "convert", "inspect", "verify", "__version__",

@@ -35,6 +35,20 @@ unquantized (lm_head, its ignore list) are stored as they were. Quantized tensor
 (a scale, or a weight of e4m3 / uint8 codes outside the packed MLPs and ``linears``) are a violation:
 a plain Linear would compute with the raw codes.
 
+Split projections ("plain prefix + pairs", Flux.2's single-stream ``to_qkv_mlp_proj``: one Linear
+whose rows are [Q; K; V; gate; up]) are listed in ``quantization_config.split_projections``, a map
+projection ``S`` → prefix rows P. ``S.prefix_gate_up_interleaved`` holds P plain rows followed by
+the gate/up pairs of intermediate size I, interleaved exactly as gate_up (N = P + 2I rows):
+
+    rows [0, P)                       the prefix rows as the source had them (Q; K; V)
+    rows [P + 2jg, P + 2jg + g)       gate rows [jg, (j+1)g)
+    rows [P + 2jg + g, P + 2(j+1)g)   up   rows [jg, (j+1)g)
+
+with the tensors of the weight format for N × K (scales follow their rows: fp8's 128-row blocks
+need P % 128 == 0, so no block straddles the boundary; nvfp4's per-16 scales are per row) and, for
+nvfp4, ``weight_global_scale`` [3]: (prefix, gate, up), as the split GEMM applies them per column
+segment. The split GEMM writes y [M, P] (bf16) for the prefix columns and h = act(gate)·up [M, I].
+
 Why ``gate_up_interleaved`` (version 2) and not ``gate_up_proj`` (version 1): interleaved rows are
 not a Linear's [gate; up] weight, so they must not carry a Linear's name. Under version 1 a packed
 Phi-3 bf16 checkpoint loaded without ``import swiglu_fused`` filled Phi3MLP.gate_up_proj with
@@ -66,6 +80,8 @@ DEFAULT_INTERLEAVE = 128
 
 GATE_UP = "gate_up_interleaved"  # not a Linear's name: see the module docstring
 DOWN = "down_proj"
+SPLIT = "prefix_gate_up_interleaved"  # a split projection's packed rows (module docstring); not a Linear's name
+SPLIT_SEGMENTS = ("prefix", "gate", "up")  # its nvfp4 weight_global_scale entries, in order
 
 # nvfp4's per-tensor scale: compressed-tensors stores a divisor, ModelOpt a multiplier
 DIVISOR, MULTIPLIER = "divisor", "multiplier"
@@ -81,6 +97,7 @@ K_H_FORMAT = "h_format"
 K_GLOBAL_SCALE_KIND = "global_scale_kind"
 K_MODULES = "modules"
 K_LINEARS = "linears"
+K_SPLIT = "split_projections"
 K_SOURCE = "source"
 
 CONFIG_FILE = "config.json"
@@ -413,6 +430,7 @@ class PackedConfig:
     source: Mapping = field(default_factory=dict)
     format_version: int = FORMAT_VERSION
     linears: tuple[str, ...] = ()  # non-MLP linears stored in weight_format (see the module docstring)
+    split_projections: Mapping[str, int] = field(default_factory=dict)  # projection → prefix rows (docstring)
 
     @property
     def h_format(self) -> str:
@@ -431,13 +449,15 @@ class PackedConfig:
         }
         if self.linears:
             d[K_LINEARS] = list(self.linears)
+        if self.split_projections:
+            d[K_SPLIT] = dict(self.split_projections)
         if self.global_scale_kind is not None:
             d[K_GLOBAL_SCALE_KIND] = self.global_scale_kind
         return d
 
     def file_metadata(self) -> dict[str, str]:
         """The safetensors ``__metadata__`` (string values only): the same facts minus the module list."""
-        blob = {k: v for k, v in self.to_dict().items() if k not in (K_MODULES, K_SOURCE, K_LINEARS)}
+        blob = {k: v for k, v in self.to_dict().items() if k not in (K_MODULES, K_SOURCE, K_LINEARS, K_SPLIT)}
         return {"format": "pt", METADATA_KEY: json.dumps(blob, sort_keys=True)}
 
     @classmethod
@@ -454,6 +474,7 @@ class PackedConfig:
             source=d.get(K_SOURCE, {}),
             format_version=int(d[K_VERSION]),
             linears=tuple(d.get(K_LINEARS, ())),
+            split_projections=dict(d.get(K_SPLIT, {})),
         )
 
 
@@ -506,6 +527,14 @@ def header_problems(d: Mapping, where: str) -> list["Violation"]:
                            f"stored as {GATE_UP} and {DOWN}, not as linears")
         if len(set(linears)) != len(linears):
             bad(K_LINEARS, "lists a module twice")
+    splits = d.get(K_SPLIT, {})
+    if not isinstance(splits, Mapping) or not all(isinstance(k, str) and k and _is_positive_int(v)
+                                                  for k, v in splits.items()):
+        bad(K_SPLIT, f"must map projection names to their prefix rows (e.g. "
+                     f"{{\"single_transformer_blocks.0.attn.to_qkv_mlp_proj\": 9216}}), found {splits!r:.200}")
+    elif isinstance(linears, list) and set(linears) & set(splits):
+        bad(K_SPLIT, f"{sorted(set(linears) & set(splits))[0]!r} is listed in {K_LINEARS} too; a split projection "
+                     f"is stored as {SPLIT}, not as a linear")
     return out
 
 
@@ -598,6 +627,39 @@ def linear_problems(
     return out
 
 
+def split_problems(
+    tensors: Mapping[str, torch.Tensor], module: str, prefix_rows: int, cfg: PackedConfig,
+    file_of: Mapping[str, str] = {},
+) -> list[Violation]:
+    """Check one split projection (``cfg.split_projections``): its format's tensors for
+    (P + 2I) × K with three per-tensor scales (prefix, gate, up), and the P / I / g relations."""
+    fmt = weight_format(cfg.weight_format)
+    out, shape = projection_problems(tensors, f"{module}.{SPLIT}", fmt, len(SPLIT_SEGMENTS), file_of)
+    if shape:
+        name = f"{module}.{SPLIT}.{fmt.weight_name}"
+        problem = split_shape_problem(shape[0], prefix_rows, cfg.interleave, fmt)
+        if problem:
+            out.append(Violation(file_of.get(name), name, K_SPLIT, problem))
+    return out
+
+
+def split_shape_problem(rows: int, prefix_rows: int, g: int, fmt: WeightFormat) -> str | None:
+    """Why ``rows`` packed rows cannot be P = ``prefix_rows`` plain rows + interleaved gate/up pairs
+    in format ``fmt`` at granularity ``g``, or None."""
+    pairs = rows - prefix_rows
+    if pairs <= 0 or pairs % 2:
+        return (f"{rows} rows cannot hold a prefix of {prefix_rows} rows and gate/up pairs (the rest, {pairs}, "
+                "must be positive and even)")
+    if prefix_rows % fmt.scale_rows:
+        return (f"the prefix of {prefix_rows} rows is not a multiple of {fmt.scale_rows}, so a {fmt.name} scale "
+                "block would straddle the prefix and the gate/up pairs; choose --format bf16 or nvfp4")
+    try:
+        check_interleave(pairs // 2, g, fmt)
+    except FormatError as e:
+        return str(e)
+    return None
+
+
 def file_metadata_problems(metadata: Mapping[str, str] | None, cfg: PackedConfig, file: str) -> list[Violation]:
     """The facts in a safetensors __metadata__ must be present and agree with config.json."""
     if not metadata or METADATA_KEY not in metadata:
@@ -630,6 +692,8 @@ def validate_state_dict(tensors: Mapping[str, torch.Tensor], cfg: PackedConfig |
         out += module_problems(tensors, module, cfg, file_of)
     for module in cfg.linears:
         out += linear_problems(tensors, module, cfg, file_of)
+    for module, prefix_rows in cfg.split_projections.items():
+        out += split_problems(tensors, module, prefix_rows, cfg, file_of)
     out += unlisted_module_problems(tensors, cfg, file_of)
     out += unlisted_linear_problems(tensors, cfg, file_of)
     return out
@@ -643,6 +707,14 @@ def unlisted_module_problems(tensors, cfg: PackedConfig, file_of: Mapping[str, s
     listed, seen, out = set(cfg.modules), set(), []
     for name in tensors:
         prefix, _, suffix = name.rpartition(".")
+        if suffix in suffixes and prefix.endswith(f".{SPLIT}") and prefix[: -len(SPLIT) - 1] not in cfg.split_projections:
+            module = prefix[: -len(SPLIT) - 1]
+            if module not in seen:
+                seen.add(module)
+                out.append(Violation(file_of.get(name), name, K_SPLIT,
+                                     f"packed split projection {module!r} is not listed in quantization_config."
+                                     f"{K_SPLIT}, so a loader would leave it randomly initialised; convert again"))
+            continue
         if suffix not in suffixes or not prefix.endswith(f".{GATE_UP}"):
             continue
         module = prefix[: -len(GATE_UP) - 1]
@@ -667,7 +739,7 @@ def unlisted_linear_problems(tensors, cfg: PackedConfig, file_of: Mapping[str, s
     compute with the raw codes (the failure of converters that copied a quantized source's
     attention unchanged)."""
     listed = set(cfg.linears)
-    mlps = tuple(f"{m}." for m in cfg.modules)
+    mlps = tuple(f"{m}." for m in (*cfg.modules, *cfg.split_projections))
     out, seen = [], set()
     for name, t in tensors.items():
         prefix, _, suffix = name.rpartition(".")

@@ -72,8 +72,12 @@ def test_flux2_transformer(tmp_path, fmt):
     with torch.no_grad():
         expected = model.transformer_blocks[1].ff_context(x)
     assert _rel(fused(x), expected) < MLP_BOUND[fmt]
-    # the single-stream blocks' fused QKV+MLP projection is left untouched
-    assert "single_transformer_blocks.0.attn.to_qkv_mlp_proj.weight" in _all_tensors(dst)
+    # the single-stream blocks' fused QKV+MLP projection is packed as a split projection (QKV rows as
+    # they are, then gate/up interleaved: tests/test_flux2.py checks its values)
+    tensors = _all_tensors(dst)
+    name = formats.weight_format(fmt).weight_name
+    assert f"single_transformer_blocks.0.attn.to_qkv_mlp_proj.{formats.SPLIT}.{name}" in tensors
+    assert "single_transformer_blocks.0.attn.to_qkv_mlp_proj.weight" not in tensors
 
 
 def test_hidden_not_multiple_of_128_and_several_shards(tmp_path):

@@ -27,6 +27,10 @@ ALLOWED = {
         "swiglu_fused.weight_packing.adapters", "swiglu_fused.weight_packing.packed_checkpoint",
         "swiglu_fused.weight_packing.safetensors_io",
     },
+    # the same header checks before diffusers' from_pretrained reads a byte
+    "swiglu_fused.integrations.diffusers": {
+        "swiglu_fused.weight_packing.packed_checkpoint", "swiglu_fused.weight_packing.safetensors_io",
+    },
 }
 # the converter proper: nothing outside weight_packing, cli and the package's public API may reach it
 OFFLINE = ("swiglu_fused.weight_packing.convert", "swiglu_fused.weight_packing.pack",

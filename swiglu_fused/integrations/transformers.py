@@ -121,6 +121,9 @@ def patch_model(model: nn.Module, weight_format: str | None = None,
     re-quantizes them (the report counts them). Modules whose bytes cannot move stay as the
     source's quantizer built them (``report.left``, with the reason); such a model runs, but
     save_pretrained refuses it (one quantization_config cannot describe it)."""
+    from . import diffusers  # a diffusers model (Flux.2): its own module names and quantizer registry
+    if diffusers.is_diffusers_model(model):
+        return diffusers.patch_model(model, weight_format, interleave)
     quantized = hf_quantized.scan(model)
     if weight_format is None:
         weight_format = hf_quantized.default_format(quantized)

@@ -6,6 +6,9 @@ the *quantized* operands, so a kernel differs from it only by accumulation order
     quant_x(x)                       → xq e4m3 [M, K], x_scale fp32 [M, ceil(K/128)]
     gate_up(x, weight, ...)          → h [M, I] (bf16, or e4m3 + h_scale fp32 [M, ceil(I/128)])
     gate_up_epilogue(acc, ...)       → the same h from a given fp32 GEMM result [M, 2I]
+    gate_up_split(x, weight, ..., prefix=P)
+                                     → y [M, P] bf16 and h from a split projection's packed weight
+                                       [P + 2I, K] (formats.SPLIT: plain prefix rows, then pairs)
     down(h, weight, ...)             → y [M, H] (+ residual)
     mlp(x, gate_up, down, ...)       → the three in a row, any leading batch dims (pipeline.mlp
                                        composed of the reference ops: the twin of ops.mlp)
@@ -114,6 +117,42 @@ def gate_up_epilogue(acc: torch.Tensor, *, interleave: int = formats.DEFAULT_INT
     gate, up = deinterleave_rows(acc.float().t(), interleave)
     h = (activation(act)(gate) * up).t().contiguous()
     return _store_h(h, h_format)
+
+
+def _split_row_global_scale(global_scale: torch.Tensor, prefix: int, rows: int, g: int) -> torch.Tensor:
+    """[3] (prefix, gate, up) multipliers → one per packed row of a split projection."""
+    gs = global_scale.float().reshape(-1)
+    return torch.cat([gs[0:1].expand(prefix), _row_global_scale(gs[1:3], rows - prefix, g)])
+
+
+def gate_up_split(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    weight_scale: torch.Tensor | None = None,
+    x_scale: torch.Tensor | None = None,
+    global_scale: torch.Tensor | None = None,
+    *,
+    prefix: int,
+    interleave: int = formats.DEFAULT_INTERLEAVE,
+    act: str = "silu",
+    h_format: str = "bf16",
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """The split projection's GEMM and epilogue: one GEMM over the packed weight [P + 2I, K]
+    (``prefix`` = P plain rows, then gate/up interleaved as for ``gate_up``), whose first P output
+    columns are stored as they are (y, bf16) and whose pairs become h = act(x @ gate^T) · (x @ up^T)
+    in ``h_format``. Arguments as ``gate_up``; nvfp4's ``global_scale`` is [3] multipliers (prefix,
+    gate, up). Returns (y [M, P], h, h_scale)."""
+    rows = weight.shape[0]
+    if not 0 < prefix < rows or (rows - prefix) % (2 * interleave):
+        raise ValueError(f"prefix: {prefix} rows leave {rows - prefix} of the weight's {rows} for gate/up pairs, "
+                         f"which must be a positive multiple of 2·interleave = {2 * interleave}")
+    if weight.dtype == quant.FP8_DTYPE and prefix % formats.FP8_BLOCK:
+        raise ValueError(f"prefix: {prefix} is not a multiple of {formats.FP8_BLOCK}, so an fp8 scale block "
+                         "straddles the prefix and the pairs")
+    gs = None if global_scale is None else _split_row_global_scale(global_scale, prefix, rows, interleave)
+    acc = _dequant_operand(x, x_scale, "x") @ dequant_weight(weight, weight_scale, gs).t()
+    h, h_scale = gate_up_epilogue(acc[:, prefix:], interleave=interleave, act=act, h_format=h_format)
+    return acc[:, :prefix].to(torch.bfloat16), h, h_scale
 
 
 def down(

@@ -69,13 +69,16 @@ class ConvertReport:
     linears: list[str] = field(default_factory=list)  # the source's quantized non-MLP linears, converted
     linears_repacked: int = 0  # of those, moved unchanged
     widened: dict[str, int] = field(default_factory=dict)  # repacked with scales widened exactly: source dtype → count
+    splits: list[str] = field(default_factory=list)  # split projections packed (formats.SPLIT; their 3 parts counted above)
 
     def __str__(self) -> str:  # print(report) reads like the CLI
         return self.summary()
 
     def summary(self) -> str:
         return (f"wrote {self.dst} ({self.weight_format}, g={self.interleave}, act={self.activation}, "
-                f"adapter={self.adapter}): {len(self.modules)} MLPs, {self.repacked} projections repacked "
+                f"adapter={self.adapter}): {len(self.modules)} MLPs"
+                + (f", {len(self.splits)} split projections (prefix + gate/up pairs)" if self.splits else "")
+                + f", {self.repacked} projections repacked "
                 f"bit-exactly, {self.quantized} {formats.weight_format(self.weight_format).requantized}; "
                 f"{self.src_bytes / 2**20:.1f} MiB → "
                 f"{self.dst_bytes / 2**20:.1f} MiB" + self._linears_line()
@@ -114,6 +117,7 @@ class _Plan:
     owner: dict[str, adapters.MLPSource]  # source projection prefix → its MLP
     members: dict[str, set[str]]  # source projection prefix → all its tensor names, over all shards
     linears: dict[str, set[str]] = field(default_factory=dict)  # quantized non-MLP linear → its tensor names
+    splits: dict[str, int] = field(default_factory=dict)  # split projection → its prefix rows
 
 
 def _plan(src: Path, weight_format: str, g: int, source_format: str) -> _Plan:
@@ -137,14 +141,27 @@ def _plan(src: Path, weight_format: str, g: int, source_format: str) -> _Plan:
     meta = {n: e for h in headers for n, e in h.entries.items()}
     for mlp in mlps:
         _check_mlp_shapes(mlp, meta, fmt, g)
+    find_splits = getattr(adapter, "find_splits", None)  # families with split projections (adapters/flux2.py)
+    splits = find_splits(names, config) if find_splits else {}
+    for proj, prefix_rows in splits.items():
+        _check_split_shape(proj, prefix_rows, meta, fmt, g)
     owner = {p: mlp for mlp in mlps for p in mlp.projections}
     members: dict[str, set[str]] = {}
     for n in names:
         proj = n.rsplit(".", 1)[0]
-        if proj in owner:
+        if proj in owner or proj in splits:
             members.setdefault(proj, set()).add(n)
     return _Plan(config, adapter, adapter.activation(config), declared, files, headers, mlps, owner, members,
-                 _quantized_linears(headers, owner))
+                 _quantized_linears(headers, {**owner, **splits}), splits)
+
+
+def _check_split_shape(proj: str, prefix_rows: int, meta, fmt: formats.WeightFormat, g: int) -> None:
+    rows, cols = _rows_cols(meta, proj) or (None, None)
+    if rows is None:
+        raise FormatError(f"{proj}.weight: missing from the checkpoint")
+    problem = formats.split_shape_problem(rows, prefix_rows, g, fmt) or fmt.size_problem("hidden size", cols)
+    if problem:
+        raise FormatError(f"{proj} ([Q; K; V] of {prefix_rows} rows, then [gate; up]): {problem}")
 
 
 def _quantized_linears(headers: list[sio.Header], mlp_projections: Mapping) -> dict[str, set[str]]:
@@ -241,6 +258,7 @@ class _Packer:
         self.waiting: dict[str, dict[str, torch.Tensor]] = {}  # MLP module → source tensors not yet packed
         self.done: dict[str, set[str]] = {}  # MLP module → packed projections ("gate_up_interleaved", "down_proj")
         self.linear_waiting: dict[str, dict[str, torch.Tensor]] = {}  # quantized linear → source tensors so far
+        self.split_waiting: dict[str, dict[str, torch.Tensor]] = {}  # split projection → source tensors so far
 
     def shard(self, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         out: dict[str, torch.Tensor] = {}
@@ -252,6 +270,12 @@ class _Packer:
                 have[name] = t
                 if self.plan.linears[prefix] <= have.keys():
                     out.update(self._linear(prefix, self.linear_waiting.pop(prefix)))
+                continue
+            if prefix in self.plan.splits:
+                have = self.split_waiting.setdefault(prefix, {})
+                have[name] = t
+                if self.plan.members[prefix] <= have.keys():
+                    out.update(self._split(prefix, self.split_waiting.pop(prefix)))
                 continue
             mlp = self.plan.owner.get(prefix)
             if mlp is None:
@@ -291,6 +315,15 @@ class _Packer:
             del self.waiting[mlp.module]
             self.report.modules.append(mlp.module)
         return out
+
+    def _split(self, prefix: str, have: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """A split projection: [prefix; gate; up] rows cut apart (bytes kept), each brought to the
+        target format (moved when it is the source's), then packed (formats.SPLIT)."""
+        parts = pack.split_prefix_pairs(pack.read_projection(have.get, prefix), self.plan.splits[prefix])
+        converted = [pack.to_format(part, self.fmt, self.kind) for part in parts]
+        self._count(all(kept for _, kept in converted), *parts)
+        self.report.splits.append(prefix)
+        return self._named(prefix, formats.SPLIT, pack.pack_split(*(proj for proj, _ in converted), self.g))
 
     def _linear(self, prefix: str, have: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """A quantized non-MLP linear in the target format (bytes moved when it is the source's; a
@@ -373,7 +406,8 @@ def convert(
         source={"format": plan.source_format, "adapter": plan.adapter.name,
                 **({"quantization_config": plan.config["quantization_config"]}
                    if "quantization_config" in plan.config else {})},
-        linears=tuple(plan.linears) if formats.weight_format(weight_format).packs_linears else ())
+        linears=tuple(plan.linears) if formats.weight_format(weight_format).packs_linears else (),
+        split_projections=plan.splits)
     report = ConvertReport(dst, weight_format, interleave, plan.activation, plan.adapter.name, plan.source_format,
                            src_bytes=sum(h.data_bytes for h in plan.headers))
     _write_atomically(src, dst, force, plan, cfg, kind, report, progress)
@@ -455,6 +489,9 @@ def _write(src: Path, tmp: Path, plan: _Plan, cfg: formats.PackedConfig, kind, r
                 sio.write_file(out, tmp / path.name, metadata)
                 weight_map.update({n: path.name for n in out})
             bar.update(header.data_bytes)
+    if packer.split_waiting:
+        raise FormatError(f"{src}: incomplete split projections (a weight or its scales never appeared): "
+                          f"{', '.join(sorted(packer.split_waiting))}")
     if packer.linear_waiting:
         raise FormatError(f"{src}: incomplete quantized linears (a weight or its scales never appeared): "
                           f"{', '.join(sorted(packer.linear_waiting))}")

@@ -18,7 +18,7 @@ from typing import Callable
 
 import torch
 
-from .. import formats, interleave as il, quant
+from .. import formats, interleave as il, quant, split_interleave
 from ..formats import FormatError
 
 DENSE = "dense"
@@ -233,6 +233,48 @@ def split_fused(p: Projection) -> tuple[Projection, Projection]:
         halves[0][suffix], halves[1][suffix] = t[:cut], t[cut:]
     return (Projection(p.format, halves[0], f"{p.name}[gate]", p.kind, p.dropped, p.widened),
             Projection(p.format, halves[1], f"{p.name}[up]", p.kind, widened=p.widened))
+
+
+def split_prefix_pairs(p: Projection, prefix_rows: int) -> tuple[Projection, Projection, Projection]:
+    """A split projection's source rows [prefix; gate; up] → three projections, each keeping the
+    source's format and bytes (a per-tensor scale is shared by all three, as the source had one)."""
+    rows = p.shape[0]
+    inter = (rows - prefix_rows) // 2
+    if inter <= 0 or rows != prefix_rows + 2 * inter:
+        raise FormatError(f"{p.name}: {rows} rows cannot be a prefix of {prefix_rows} rows (Q, K, V) and "
+                          "two equal halves [gate; up]; config.json and the weights disagree")
+    fmt = p.spec
+    block = fmt.scale_rows if fmt else 1
+    if prefix_rows % block or inter % block:
+        raise FormatError(f"{p.name}: the prefix ({prefix_rows} rows) and the gate/up halves ({inter} rows each) "
+                          f"must be whole {block}-row scale blocks of the source's {fmt.name}")
+    cuts = (0, prefix_rows, prefix_rows + inter, rows)
+    parts = ({}, {}, {})
+    for suffix, t in p.tensors.items():
+        for i in range(3):
+            if fmt and suffix == fmt.global_scale_name:
+                parts[i][suffix] = t
+            else:
+                step = block if fmt and suffix == fmt.scale_name else 1
+                parts[i][suffix] = t[cuts[i] // step:cuts[i + 1] // step]
+    return tuple(Projection(p.format, part, f"{p.name}[{what}]", p.kind, p.dropped if i == 0 else [], p.widened)
+                 for i, (part, what) in enumerate(zip(parts, formats.SPLIT_SEGMENTS)))
+
+
+def pack_split(prefix: Projection, gate: Projection, up: Projection, g: int) -> dict[str, torch.Tensor]:
+    """Three projections in the same target format → the packed split-projection tensors (by suffix)."""
+    if len({prefix.format, gate.format, up.format}) != 1 or gate.shape != up.shape or prefix.shape[1] != gate.shape[1]:
+        raise FormatError(f"{prefix.name}, {gate.name} and {up.name} differ: {prefix.format} {list(prefix.shape)}, "
+                          f"{gate.format} {list(gate.shape)}, {up.format} {list(up.shape)}")
+    return split_interleave.pack_split(prefix.tensors, gate.tensors, up.tensors, g,
+                                       formats.weight_format(gate.format))
+
+
+def unpack_split(tensors: dict[str, torch.Tensor], prefix_rows: int, fmt: str, g: int, kind: str | None = None,
+                 ) -> tuple[Projection, Projection, Projection]:
+    """The inverse of ``pack_split``: packed tensors → prefix, gate and up projections."""
+    parts = split_interleave.unpack_split(tensors, prefix_rows, g, formats.weight_format(fmt))
+    return tuple(Projection(fmt, t, what, kind) for t, what in zip(parts, formats.SPLIT_SEGMENTS))
 
 
 def widened_note(counts: dict[str, int]) -> str:

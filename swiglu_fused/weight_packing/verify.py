@@ -155,7 +155,24 @@ def verify(dst: str | Path, against: str | Path | None = None) -> VerifyReport:
         p_down = pack.Projection(cfg.weight_format, dn, "down", cfg.global_scale_kind)
         for name, p, s in (("gate", p_gate, s_gate), ("up", p_up, s_up), ("down", p_down, s_down)):
             report.checks.append(_compare(module, name, p, s, cfg.weight_format))
-    _check_rest(report, ckpt, file_of, {p for m in mlps.values() for p in m.projections})
+    find_splits = getattr(adapter, "find_splits", None)
+    splits = find_splits(list(file_of), src_config) if find_splits else {}
+    if splits != dict(cfg.split_projections):
+        report.violations.append(formats.Violation(str(dst), None, formats.K_SPLIT,
+                                                   f"split projections differ from the source's: packed "
+                                                   f"{dict(cfg.split_projections)!r:.200}, source {splits!r:.200}"))
+        return report
+    for proj, prefix_rows in splits.items():
+        names = [n for n in file_of if n.rsplit(".", 1)[0] == proj]
+        src_t = {}
+        for f in sorted({file_of[n] for n in names}):
+            src_t.update(sio.load_file(f, [n for n in names if file_of[n] == f]))
+        source = pack.split_prefix_pairs(pack.read_projection(src_t.get, proj), prefix_rows)
+        packed = pack.unpack_split(ckpt.projection(proj, formats.SPLIT), prefix_rows, cfg.weight_format,
+                                   cfg.interleave, cfg.global_scale_kind)
+        for name, p, s in zip(formats.SPLIT_SEGMENTS, packed, source):
+            report.checks.append(_compare(proj, name, p, s, cfg.weight_format))
+    _check_rest(report, ckpt, file_of, {p for m in mlps.values() for p in m.projections} | set(splits))
     return report
 
 
@@ -232,7 +249,8 @@ def _value_problems(ckpt: PackedCheckpoint) -> list[formats.Violation]:
     time, so memory holds one tensor however large the checkpoint."""
     cfg = ckpt.config
     suffixes = set(formats.weight_format(cfg.weight_format).tensors(2, 2, 1))
-    projections = {f"{m}.{p}" for m in cfg.modules for p in (formats.GATE_UP, formats.DOWN)} | set(cfg.linears)
+    projections = ({f"{m}.{p}" for m in cfg.modules for p in (formats.GATE_UP, formats.DOWN)} | set(cfg.linears)
+                   | {f"{s}.{formats.SPLIT}" for s in cfg.split_projections})
     out = []
     for f, header in ckpt.headers.items():
         names = [n for n in header.entries if n.rsplit(".", 1)[0] in projections and n.rsplit(".", 1)[1] in suffixes]

@@ -1,0 +1,257 @@
+"""Flux.2 end to end (issue 24) on a tiny real diffusers Flux2Transformer2DModel (2 double-stream
+blocks, 1 single-stream block; dim 128, mlp_hidden 384, so to_qkv_mlp_proj is [384 QKV; 384 gate;
+384 up] x 128): conversion of both block kinds, the split projection's reference, patch_model,
+from_pretrained / save_pretrained, and bit-exact repacking of compressed-tensors FP8 / NVFP4."""
+
+import copy
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import swiglu_fused
+from swiglu_fused import formats, split_interleave
+from swiglu_fused.integrations.diffusers import AppliedInProjection
+from swiglu_fused.kernels import reference
+from swiglu_fused.layer import FusedSwiGLUMLP
+from swiglu_fused.linear import PackedLinear
+from swiglu_fused.split_projection import FusedSplitProjection
+from swiglu_fused.weight_packing import safetensors_io as sio
+from swiglu_fused.weight_packing.convert import convert
+from swiglu_fused.weight_packing.verify import verify
+
+from conftest import make_ct_fp8_block, make_ct_nvfp4, make_flux2
+
+FORMATS = ["bf16", "fp8_block128", "nvfp4"]
+# relative Frobenius error against the unpatched bf16 model: one block's attention module (QKV,
+# attention, h, to_out: the split projection's whole consumer) and the whole transformer's output
+BLOCK_BOUND = {"bf16": 0.01, "fp8_block128": 0.08, "nvfp4": 0.2}
+MODEL_BOUND = {"bf16": 0.01, "fp8_block128": 0.03, "nvfp4": 0.05}
+SPLIT = "single_transformer_blocks.0.attn.to_qkv_mlp_proj"
+FFS = ["transformer_blocks.0.ff", "transformer_blocks.0.ff_context", "transformer_blocks.1.ff",
+       "transformer_blocks.1.ff_context"]
+
+
+def _rel(a, b):
+    return ((a.float() - b.float()).norm() / b.float().norm()).item()
+
+
+def _inputs(seed=0):
+    g = torch.Generator().manual_seed(seed)
+    img_ids = torch.stack(torch.meshgrid(torch.zeros(1), torch.arange(4.0), torch.arange(4.0), torch.zeros(1),
+                                         indexing="ij"), -1).reshape(-1, 4)
+    txt_ids = torch.zeros(8, 4)
+    txt_ids[:, 3] = torch.arange(8.0)
+    return dict(hidden_states=torch.randn(1, 16, 16, generator=g).bfloat16(),
+                encoder_hidden_states=torch.randn(1, 8, 32, generator=g).bfloat16(),
+                timestep=torch.tensor([0.5]), img_ids=img_ids, txt_ids=txt_ids, guidance=torch.tensor([3.5]))
+
+
+def _run(model, x):
+    with torch.no_grad():
+        return model(**x).sample
+
+
+def _attn(model, h):
+    with torch.no_grad():
+        return model.single_transformer_blocks[0].attn(h)
+
+
+@pytest.fixture(scope="module")
+def flux2(tmp_path_factory):
+    src = tmp_path_factory.mktemp("flux2") / "src"
+    return src, make_flux2(src)
+
+
+def _loaded(path):
+    from diffusers import Flux2Transformer2DModel
+
+    return Flux2Transformer2DModel.from_pretrained(path, torch_dtype=torch.bfloat16).eval()
+
+
+# ---------------------------------------------------------------- the reference of the split projection
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("g", [128, 64])
+def test_reference_split_is_prefix_then_act_times_up(fmt, g):
+    if formats.interleave_problem(g, formats.weight_format(fmt)):
+        pytest.skip(f"g={g} is not a {fmt} interleave")
+    torch.manual_seed(0)
+    prefix, inter, k = 256, 384, 192  # K not a multiple of 128: partial fp8 column blocks
+    w = torch.randn(prefix + 2 * inter, k) / k ** 0.5
+    f = formats.weight_format(fmt)
+    kind = formats.DIVISOR if f.global_scale_name else None
+    t = split_interleave.quantize_split(w, prefix, g, f, "w", kind)
+    wq = torch.cat([f.dequantize(part, kind) for part in split_interleave.unpack_split(t, prefix, g, f)])
+    x = torch.randn(7, k).bfloat16()
+    acc = x.float() @ wq.t()  # the quantized operands in the source's row order
+    xq, x_scale = (reference.quant_x(x) if f.quantizes_x else (x, None))
+    if f.quantizes_x:
+        acc = reference._dequant_operand(xq, x_scale, "x") @ wq.t()
+    gs = 1.0 / t["weight_global_scale"] if f.global_scale_name else None
+    y, h, h_scale = reference.gate_up_split(xq, t[f.weight_name], t.get(f.scale_name), x_scale, gs,
+                                            prefix=prefix, interleave=g, act="silu", h_format=f.h_format)
+    assert y.dtype == torch.bfloat16 and y.shape == (7, prefix)
+    torch.testing.assert_close(y, acc[:, :prefix].bfloat16(), rtol=0, atol=0)
+    expected_h = torch.nn.functional.silu(acc[:, prefix:prefix + inter]) * acc[:, prefix + inter:]
+    got_h = h.float() if h_scale is None else reference._dequant_operand(h, h_scale, "h")
+    assert _rel(got_h, expected_h) < (0.08 if h_scale is not None else 0.01)
+    assert (h_scale is not None) == (f.h_format == "fp8_group128")
+
+
+def test_reference_split_refuses_a_prefix_that_breaks_the_pairs_or_a_block():
+    w = torch.zeros(128 + 2 * 256, 128).bfloat16()
+    with pytest.raises(ValueError, match="prefix: 200 rows"):
+        reference.gate_up_split(torch.zeros(1, 128).bfloat16(), w, prefix=200, interleave=128)
+    q = torch.zeros(64 + 2 * 256, 128, dtype=formats.FP8_DTYPE)
+    with pytest.raises(ValueError, match="not a multiple of 128"):
+        reference.gate_up_split(torch.zeros(1, 128, dtype=formats.FP8_DTYPE), q, torch.ones(5, 1),
+                                torch.ones(1, 1), prefix=64, interleave=128)
+
+
+def test_split_packing_round_trips_every_format():
+    torch.manual_seed(1)
+    w = torch.randn(384 + 2 * 256, 128)
+    for fmt in FORMATS:
+        f = formats.weight_format(fmt)
+        t = split_interleave.quantize_split(w, 384, 128, f, "w", formats.DIVISOR if f.global_scale_name else None)
+        again = split_interleave.pack_split(*split_interleave.unpack_split(t, 384, 128, f), 128, f)
+        assert t.keys() == again.keys() and all(torch.equal(t[k], again[k]) for k in t), fmt
+        if f.global_scale_name:
+            assert t[f.global_scale_name].shape == (3,)  # prefix, gate, up: each segment its own
+
+
+# ---------------------------------------------------------------- conversion
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_convert_packs_every_block(tmp_path, flux2, fmt):
+    src, _ = flux2
+    dst = tmp_path / "dst"
+    report = convert(src, dst, weight_format=fmt, progress=False)
+    assert report.modules == FFS and report.splits == [SPLIT]
+    cfg = json.loads((dst / "config.json").read_text())["quantization_config"]
+    assert cfg[formats.K_SPLIT] == {SPLIT: 384}  # 3 · inner: Q, K, V rows
+    checked = verify(dst, against=src)
+    assert checked.ok, checked.summary()
+    assert {c.projection for c in checked.checks if c.module == SPLIT} == {"prefix", "gate", "up"}
+    names = {n for f in sio.checkpoint_files(dst) for n in sio.read_header(f).entries}
+    assert f"{SPLIT}.{formats.SPLIT}.{formats.weight_format(fmt).weight_name}" in names
+    assert f"{SPLIT}.weight" not in names  # not a Linear's name: an unpatched model never runs the packed rows
+    assert "single_transformer_blocks.0.attn.to_out.weight" in names  # over cat([attention, h]): unchanged
+
+
+def test_convert_refuses_an_fp8_prefix_off_the_128_row_blocks(tmp_path):
+    from diffusers import Flux2Transformer2DModel
+
+    src = tmp_path / "src"  # heads 1 x 64: Q, K, V = 192 rows, 1.5 fp8 blocks
+    Flux2Transformer2DModel(patch_size=1, in_channels=16, num_layers=1, num_single_layers=1, attention_head_dim=64,
+                            num_attention_heads=1, joint_attention_dim=32, timestep_guidance_channels=32,
+                            mlp_ratio=2.0, axes_dims_rope=(16, 16, 16, 16)).save_pretrained(src)
+    with pytest.raises(formats.FormatError, match=r"to_qkv_mlp_proj .*prefix of 192 rows is not a multiple of 128"):
+        convert(src, tmp_path / "dst", weight_format="fp8_block128", progress=False)
+    assert not (tmp_path / "dst").exists()
+    assert verify(convert(src, tmp_path / "bf16", weight_format="bf16", progress=False).dst, against=src).ok
+
+
+@pytest.mark.parametrize("make", [make_ct_fp8_block, make_ct_nvfp4], ids=["ct-fp8-block", "ct-nvfp4"])
+def test_compressed_tensors_sources_repack_bit_exactly_and_run(tmp_path, make):
+    """compressed-tensors' own compressor applied to the diffusers model: every Linear quantized
+    (the single-stream to_qkv_mlp_proj with one global scale for [Q; K; V; gate; up])."""
+    reference_model = make_flux2(tmp_path / "bf16")
+    src = tmp_path / "src"
+    make(src, make_flux2(tmp_path / "bf16-again"))
+    report = convert(src, tmp_path / "dst", progress=False)
+    assert report.splits == [SPLIT] and report.quantized == 0 and report.repacked == 15
+    checked = verify(tmp_path / "dst", against=src)
+    assert checked.ok and all(c.mode == "bit-exact" for c in checked.checks), checked.summary()
+    model = _loaded(tmp_path / "dst")
+    assert isinstance(model.single_transformer_blocks[0].attn.to_out, PackedLinear)
+    fmt = report.weight_format
+    x = _inputs()
+    # every Linear of the model is quantized here (embedders, modulation, proj_out too): the format's bound
+    assert _rel(_run(model, x), _run(reference_model, x)) < BLOCK_BOUND[fmt]
+
+
+# ---------------------------------------------------------------- diffusers runtime
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_patch_save_load_and_convert_agree(tmp_path, flux2, fmt):
+    src, model = flux2
+    x = _inputs()
+    h = torch.randn(2, 24, 128).bfloat16()
+    expected, expected_attn = _run(model, x), _attn(model, h)
+    patched = copy.deepcopy(model)
+    report = swiglu_fused.patch_model(patched, weight_format=fmt)
+    assert report.swapped == FFS and report.split_projections == [SPLIT] and not report.skipped
+    attn = patched.single_transformer_blocks[0].attn
+    assert isinstance(attn.to_qkv_mlp_proj, FusedSplitProjection) and isinstance(attn.mlp_act_fn, AppliedInProjection)
+    assert isinstance(patched.transformer_blocks[1].ff_context, FusedSwiGLUMLP)
+    got, got_attn = _run(patched, x), _attn(patched, h)
+    assert _rel(got_attn, expected_attn) < BLOCK_BOUND[fmt]
+    assert _rel(got, expected) < MODEL_BOUND[fmt]
+
+    patched.save_pretrained(tmp_path / "saved")
+    assert verify(tmp_path / "saved").ok
+    assert torch.equal(_run(_loaded(tmp_path / "saved"), x), got)
+    convert(src, tmp_path / "converted", weight_format=fmt, progress=False)
+    loaded = _loaded(tmp_path / "converted")
+    assert torch.equal(_run(loaded, x), got)  # convert and patch_model quantize alike
+    # loaded again and saved again: the same checkpoint
+    loaded.save_pretrained(tmp_path / "resaved")
+    assert torch.equal(_run(_loaded(tmp_path / "resaved"), x), got)
+
+
+def test_the_split_projection_is_what_the_block_computes(flux2):
+    """The test can fail: packed rows read as diffusers' [gate; up] halves (no interleave) or with
+    gate and up swapped change the block's output far beyond the bound."""
+    _, model = flux2
+    h = torch.randn(2, 24, 128).bfloat16()
+    expected = _attn(model, h)
+    patched = copy.deepcopy(model)
+    swiglu_fused.patch_model(patched, weight_format="bf16", interleave=64)
+    assert _rel(_attn(patched, h), expected) < BLOCK_BOUND["bf16"]
+    proj = patched.single_transformer_blocks[0].attn.to_qkv_mlp_proj
+    proj.interleave = 128  # rows packed at g = 64 read as g = 128
+    assert _rel(_attn(patched, h), expected) > 0.1
+
+
+def test_patch_reports_what_it_leaves(flux2):
+    _, model = flux2
+    patched = copy.deepcopy(model)
+    with pytest.raises(formats.FormatError, match="interleave"):
+        swiglu_fused.patch_model(patched, weight_format="fp8_block128", interleave=64)
+    report = swiglu_fused.patch_model(patched, weight_format="bf16", interleave=384)
+    assert report.swapped == FFS and report.split_projections == [SPLIT]
+    again = swiglu_fused.patch_model(patched, weight_format="bf16")
+    assert not again.swapped and not again.split_projections
+    assert f"{SPLIT}" in again.skipped and "already packed" in again.skipped[SPLIT]
+
+
+def test_from_pretrained_without_the_import_fails_loudly(tmp_path, flux2):
+    src, _ = flux2
+    convert(src, tmp_path / "dst", weight_format="bf16", progress=False)
+    code = ("import sys, torch\nfrom diffusers import Flux2Transformer2DModel\n"
+            "Flux2Transformer2DModel.from_pretrained(sys.argv[1])\n")
+    proc = subprocess.run([sys.executable, "-c", code, str(tmp_path / "dst")], capture_output=True, text=True,
+                          env={"HF_HUB_OFFLINE": "1", "PATH": ""})
+    assert proc.returncode != 0 and "swiglu_fused" in proc.stderr, proc.stderr[-2000:]
+
+
+def test_a_denoising_step_with_the_packed_transformer(tmp_path, flux2):
+    """One flow-matching Euler step of the scheduler diffusers' Flux.2 pipeline uses, with the
+    transformer the pipeline would load from a converted folder (fp8)."""
+    from diffusers import FlowMatchEulerDiscreteScheduler
+
+    src, model = flux2
+    convert(src, tmp_path / "dst", weight_format="fp8_block128", progress=False)
+    packed = _loaded(tmp_path / "dst")
+    latents = []
+    for transformer in (model, packed):
+        scheduler = FlowMatchEulerDiscreteScheduler(shift=3.0)
+        scheduler.set_timesteps(4)
+        x = _inputs()
+        t = scheduler.timesteps[0]
+        x["timestep"] = (t / 1000).expand(1)
+        noise_pred = _run(transformer, x)
+        latents.append(scheduler.step(noise_pred, t, x["hidden_states"]).prev_sample)
+    assert latents[1].shape == latents[0].shape and torch.isfinite(latents[1].float()).all()
+    assert _rel(latents[1], latents[0]) < MODEL_BOUND["fp8_block128"]
