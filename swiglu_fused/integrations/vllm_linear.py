@@ -5,7 +5,9 @@
   ``swiglu_fused.linear.PackedLinear`` does under transformers: quant_x then the down GEMM for
   fp8, the down GEMM on bf16 x for nvfp4. vLLM fuses q/k/v into one layer; each of its shards keeps
   its own tensors (an fp8 block grid per shard: k and v may be 64 rows, less than one 128-row block),
-  so one x quantization feeds one GEMM per shard.
+  so one x quantization feeds one GEMM per shard. A checkpoint that stores the fused layer as one
+  matrix (Phi-3's qkv_proj) is that layer's one shard at T = 1, as under transformers; at T > 1 it
+  is split into vLLM's logical shards as it loads (each rank's rows lie in q, k and v).
 * ``ReplacedMLPProjection``: what vLLM's own gate_up_proj / down_proj of a packed MLP get. They
   create no weights: the model subclass (vllm_models.py) replaces the whole MLP right after vLLM
   builds it.
@@ -55,6 +57,14 @@ def load_slice(fmt: formats.WeightFormat, suffix: str, loaded: torch.Tensor, axi
     return loaded.narrow(axis, r[0], r[1])
 
 
+def _stored_rows(layer) -> list[int]:
+    """Rows of each of a fused layer's logical shards in the checkpoint (before any split)."""
+    if isinstance(layer, QKVParallelLinear):
+        kv = layer.total_num_kv_heads
+        return [layer.total_num_heads * layer.head_size, kv * layer.head_size, kv * layer.v_head_size]
+    return list(layer.output_sizes)
+
+
 class PackedLinearMethod(LinearMethodBase):
     """A vLLM linear layer on packed tensors (one or several logical shards, tensor-parallel)."""
 
@@ -65,13 +75,16 @@ class PackedLinearMethod(LinearMethodBase):
     def create_weights(self, layer, input_size_per_partition, output_partition_sizes, input_size, output_size,
                        params_dtype, **extra):
         fmt, k = self.fmt, input_size_per_partition
-        layer.swiglu_rows = list(output_partition_sizes)
+        sizes = list(output_partition_sizes)
+        stored_fused = self.shard_names is None and len(sizes) > 1
+        layer.swiglu_split_on_load = stored_fused and getattr(layer, "tp_size", 1) > 1
+        layer.swiglu_rows = [sum(sizes)] if stored_fused and not layer.swiglu_split_on_load else sizes
         for suffix, (dtype, shape) in fmt.tensors(1, k, 1).items():
             if len(shape) == 2:
-                rows = sum(fmt.tensors(n, k, 1)[suffix][1][0] for n in output_partition_sizes)
+                rows = sum(fmt.tensors(n, k, 1)[suffix][1][0] for n in layer.swiglu_rows)
                 shape = (rows, shape[1])
             else:  # a per-tensor scale: one per shard
-                shape = (len(output_partition_sizes),)
+                shape = (len(layer.swiglu_rows),)
             p = Parameter(torch.empty(shape, dtype=dtype), requires_grad=False)
             p.weight_loader = self._loader(layer, suffix)
             layer.register_parameter(suffix, p)
@@ -93,14 +106,15 @@ class PackedLinearMethod(LinearMethodBase):
         if isinstance(layer, RowParallelLinear) or tp == 1:
             return 0, n, n
         if isinstance(layer, QKVParallelLinear):
-            heads = layer.total_num_heads if shard_id == "q" else layer.total_num_kv_heads
-            size = layer.v_head_size if shard_id == "v" else layer.head_size
-            full = heads * size
+            full = _stored_rows(layer)[s]
             r = rank if shard_id == "q" else rank // layer.num_kv_head_replicas
-            return (0 if full == n else r * n), n, full
+            return (0 if full == n else r * n), n, full  # k/v replicated when T > kv heads
         return rank * n, n, n * tp
 
     def _load(self, layer, suffix, param, loaded, shard_id) -> None:
+        if shard_id is None and layer.swiglu_split_on_load:
+            self._load_split(layer, suffix, param, loaded)
+            return
         fmt, s = self.fmt, self._shard_index(layer, shard_id)
         what = f"{self.prefix}[{shard_id}]" if shard_id is not None else self.prefix
         if param.dim() == 1:  # per-tensor scale: replicated, one per shard
@@ -118,6 +132,17 @@ class PackedLinearMethod(LinearMethodBase):
                               f"needs {param.dtype} {list(dst.shape)} of it; config.json and the packed tensors "
                               "are not from the same model")
         dst.copy_(part)
+
+    def _load_split(self, layer, suffix, param, loaded) -> None:
+        """One stored matrix of a fused layer (Phi-3's qkv_proj) at T > 1: load it as vLLM's
+        logical shards (the rows of q, k, v; of each merged part), a per-tensor scale into each."""
+        ids = list(_QKV) if isinstance(layer, QKVParallelLinear) else list(range(len(layer.swiglu_rows)))
+        full, start = _stored_rows(layer), 0
+        for shard_id, rows in zip(ids, full):
+            part = loaded if param.dim() == 1 else load_slice(self.fmt, suffix, loaded, 0, start, rows, sum(full),
+                                                              f"{self.prefix}[{shard_id}]")
+            self._load(layer, suffix, param, part, shard_id)
+            start += rows
 
     def _shards(self, layer):
         """Per logical shard: (weight, scale, global scale as multiplier) views."""
