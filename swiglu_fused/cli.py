@@ -186,10 +186,10 @@ def _run(args) -> int:
         print(report.summary())
         return 0 if report.ok else 1
     if args.command == "inspect":
-        from .weight_packing.verify import format_table, inspect, inspect_linears
+        from .weight_packing.verify import format_table, inspect, inspect_linears, inspect_splits
 
         cfg, rows = inspect(args.dst)  # validates first
-        print(format_table(cfg, rows, inspect_linears(args.dst)))
+        print(format_table(cfg, rows, inspect_linears(args.dst), inspect_splits(args.dst)))
         return 0
     if args.command == "bench":
         from . import bench

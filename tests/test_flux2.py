@@ -140,6 +140,18 @@ def test_convert_packs_every_block(tmp_path, flux2, fmt):
     assert "single_transformer_blocks.0.attn.to_out.weight" in names  # over cat([attention, h]): unchanged
 
 
+def test_inspect_lists_the_split_projections(tmp_path, flux2, capsys):
+    from swiglu_fused.cli import main
+
+    dst = tmp_path / "dst"
+    convert(flux2[0], dst, weight_format="fp8_block128", progress=False)
+    assert main(["inspect", str(dst)]) == 0
+    out = capsys.readouterr().out
+    line = next(li for li in out.splitlines() if li.startswith(SPLIT))
+    assert line.split()[1:5] == ["fp8_block128", "384", "384", "128"]  # format, prefix rows, I, in
+    assert "1 split projections" in out and "4 MLPs" in out
+
+
 def test_convert_refuses_an_fp8_prefix_off_the_128_row_blocks(tmp_path):
     from diffusers import Flux2Transformer2DModel
 

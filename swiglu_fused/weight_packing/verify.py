@@ -325,25 +325,55 @@ def inspect_linears(dst: str | Path) -> list[LinearRow]:
     return rows
 
 
+@dataclass
+class SplitRow:
+    module: str
+    weight_format: str
+    prefix: int  # rows kept as they are (Q; K; V)
+    intermediate: int  # h columns of the gate/up pairs
+    in_features: int
+    nbytes: int
+
+
+def inspect_splits(dst: str | Path) -> list[SplitRow]:
+    """Per-projection description of the split projections (``quantization_config.split_projections``:
+    Flux.2's single-stream [Q; K; V | gate, up]), read from headers only; ``inspect`` checks."""
+    ckpt = PackedCheckpoint(dst)
+    fmt = formats.weight_format(ckpt.config.weight_format)
+    entries = {n: e for h in ckpt.headers.values() for n, e in h.entries.items()}
+    rows = []
+    for module, prefix in ckpt.config.split_projections.items():
+        base = f"{module}.{formats.SPLIT}"
+        e = entries[f"{base}.{fmt.weight_name}"]
+        nbytes = sum(x.nbytes for n, x in entries.items() if n.startswith(base + "."))
+        rows.append(SplitRow(module, fmt.name, prefix, (e.shape[0] - prefix) // 2, e.shape[1] * fmt.values_per_byte,
+                             nbytes))
+    return rows
+
+
 def _columns(head: tuple[str, ...], body: list[tuple[str, ...]]) -> list[str]:
     widths = [max(len(x) for x in col) for col in zip(head, *body)]
     fmt_row = lambda cells: "  ".join(c.ljust(w) for c, w in zip(cells, widths)).rstrip()  # noqa: E731
     return [fmt_row(head), fmt_row(["-" * w for w in widths])] + [fmt_row(b) for b in body]
 
 
-def format_table(cfg: formats.PackedConfig, rows: list[InspectRow], linears: list[LinearRow] = ()) -> str:
+def format_table(cfg: formats.PackedConfig, rows: list[InspectRow], linears: list[LinearRow] = (),
+                 splits: list[SplitRow] = ()) -> str:
     head = ("module", "format", "g", "gate_up [2I, H]", "down [H, I]", "bytes")
     body = [(r.module, r.weight_format, str(r.interleave), "x".join(map(str, r.gate_up_shape)),
              "x".join(map(str, r.down_shape)), f"{r.nbytes:,}") for r in rows]
-    widths = [max(len(x) for x in col) for col in zip(head, *body)]
-    fmt_row = lambda cells: "  ".join(c.ljust(w) for c, w in zip(cells, widths))  # noqa: E731
     total = sum(r.nbytes for r in rows)
     lines = [f"format v{cfg.format_version}: weight_format={cfg.weight_format} interleave={cfg.interleave} "
              f"activation={cfg.activation} h_format={cfg.h_format}"
-             + (f" global_scale_kind={cfg.global_scale_kind}" if cfg.global_scale_kind else ""),
-             fmt_row(head), fmt_row(["-" * w for w in widths])]
-    lines += [fmt_row(b) for b in body]
+             + (f" global_scale_kind={cfg.global_scale_kind}" if cfg.global_scale_kind else "")]
+    lines += _columns(head, body)
     lines.append(f"{len(rows)} MLPs, {total:,} bytes of MLP weights")
+    if splits:
+        body = [(r.module, r.weight_format, str(r.prefix), str(r.intermediate), str(r.in_features), f"{r.nbytes:,}")
+                for r in splits]
+        lines += [""] + _columns(("split projection", "format", "prefix rows", "I", "in", "bytes"), body)
+        lines.append(f"{len(splits)} split projections (quantization_config.split_projections: prefix rows as "
+                     f"they are, then gate/up interleaved), {sum(r.nbytes for r in splits):,} bytes")
     if linears:
         body = [(r.module, r.weight_format, "x".join(map(str, r.shape)), "yes" if r.bias else "-", f"{r.nbytes:,}")
                 for r in linears]
