@@ -13,7 +13,7 @@ import torch
 
 from . import formats
 from .kernels import ops
-from .kernels.pipeline import runtime_global_scale
+from .kernels.pipeline import check_features, operands
 from .layer import _PackedProjection
 
 
@@ -64,23 +64,19 @@ class PackedLinear(_PackedProjection):
         return {k: v for k, v in self.named_buffers() if k != "bias"}
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if not isinstance(x, torch.Tensor) or x.dim() == 0 or x.shape[-1] != self.in_features:
-            raise ValueError(f"x: expected a tensor [..., {self.in_features}], got "
-                             f"{list(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__}")
+        check_features(x, self.in_features)
         if x.dtype not in ops.OUT_DTYPES:
             raise TypeError(f"x: PackedLinear takes {', '.join(map(str, ops.OUT_DTYPES))} activations, got {x.dtype}")
         lead = x.shape[:-1]
         if x.numel() == 0:
             return x.new_empty((*lead, self.out_features))
         fmt = formats.weight_format(self.weight_format)
-        t = self.tensors()
-        scale = t[fmt.scale_name] if fmt.scale_name else None
-        gs = runtime_global_scale(t[fmt.global_scale_name], self.global_scale_kind) if fmt.global_scale_name else None
+        weight, scale, gs = operands(fmt, self.tensors(), self.global_scale_kind)
         x2 = x.reshape(-1, self.in_features).to(torch.bfloat16)
         x_scale = None
         if fmt.quantizes_x:
             x2, x_scale = ops.quant_x(x2)
-        y = ops.down(x2, t[fmt.weight_name], scale, x_scale, gs, out_dtype=x.dtype)
+        y = ops.down(x2, weight, scale, x_scale, gs, out_dtype=x.dtype)
         bias = self._buffers.get("bias")
         if bias is not None:
             y = y + bias.to(y.dtype)

@@ -19,7 +19,7 @@ from torch import nn
 
 from . import formats, split_interleave
 from .kernels import reference
-from .kernels.pipeline import runtime_global_scale
+from .kernels.pipeline import check_features, operands
 from .layer import _PackedProjection
 
 
@@ -80,21 +80,17 @@ class FusedSplitProjection(nn.Module):
         return self.prefix_gate_up_interleaved.tensors()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if not isinstance(x, torch.Tensor) or x.dim() == 0 or x.shape[-1] != self.in_features:
-            raise ValueError(f"x: expected a tensor [..., {self.in_features}], got "
-                             f"{list(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__}")
+        check_features(x, self.in_features)
         lead = x.shape[:-1]
         if x.numel() == 0:
             return x.new_empty((*lead, self.out_features))
         fmt = formats.weight_format(self.weight_format)
-        t = self.tensors()
-        scale = t[fmt.scale_name] if fmt.scale_name else None
-        gs = runtime_global_scale(t[fmt.global_scale_name], self.global_scale_kind) if fmt.global_scale_name else None
+        weight, scale, gs = operands(fmt, self.tensors(), self.global_scale_kind)
         x2 = x.reshape(-1, self.in_features).to(torch.bfloat16)
         x_scale = None
         if fmt.quantizes_x:
             x2, x_scale = reference.quant_x(x2)
-        y, h, _ = reference.gate_up_split(x2, t[fmt.weight_name], scale, x_scale, gs, prefix=self.prefix_rows,
+        y, h, _ = reference.gate_up_split(x2, weight, scale, x_scale, gs, prefix=self.prefix_rows,
                                           interleave=self.interleave, act=self.activation, h_format="bf16")
         return torch.cat([y, h], dim=-1).to(x.dtype).reshape(*lead, self.out_features)
 

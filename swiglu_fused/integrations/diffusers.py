@@ -27,8 +27,6 @@ activation expect without writing the 2·mlp_hidden-wide intermediate we exist t
 from __future__ import annotations
 
 import functools
-import importlib.abc
-import importlib.util
 import json
 import sys
 from dataclasses import dataclass, field
@@ -37,6 +35,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from . import import_hook
 from .. import formats
 from ..formats import FormatError
 from ..layer import FusedSwiGLUMLP
@@ -216,34 +215,9 @@ _REGISTERED = False
 _QUANTIZER_REGISTRY = "diffusers.quantizers.auto"
 
 
-class _RegisterAfterImport(importlib.abc.MetaPathFinder):
-    """Runs ``register()`` right after diffusers imports its quantizer registry, so that
-    ``import swiglu_fused`` registers the method without importing diffusers itself."""
-
-    def find_spec(self, fullname, path, target=None):
-        if fullname != _QUANTIZER_REGISTRY:
-            return None
-        sys.meta_path.remove(self)  # one shot; and lets the real finders answer below
-        spec = importlib.util.find_spec(fullname)
-        if spec is None or spec.loader is None:
-            return spec
-        exec_module = spec.loader.exec_module
-
-        def exec_then_register(module):
-            exec_module(module)
-            sys.modules[fullname] = module
-            register()
-        spec.loader.exec_module = exec_then_register
-        return spec
-
-
 def register_when_imported() -> None:
     """Register now if diffusers' quantizer registry is loaded, else as soon as it is."""
-    if _QUANTIZER_REGISTRY in sys.modules:
-        register()
-    elif importlib.util.find_spec("diffusers") is not None and not any(
-            isinstance(f, _RegisterAfterImport) for f in sys.meta_path):
-        sys.meta_path.insert(0, _RegisterAfterImport())
+    import_hook.run_when_imported(_QUANTIZER_REGISTRY, "diffusers", register)
 
 
 def register() -> None:

@@ -12,15 +12,13 @@
 from __future__ import annotations
 
 import functools
-import importlib.abc
-import importlib.util
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 from torch import nn
 
+from . import import_hook
 from .. import formats, interleave as il
 from ..formats import FormatError
 from ..layer import FusedSwiGLUMLP
@@ -345,34 +343,9 @@ _REGISTERED = False
 _QUANTIZER_REGISTRY = "transformers.quantizers.auto"
 
 
-class _RegisterAfterImport(importlib.abc.MetaPathFinder):
-    """Runs ``register()`` right after transformers imports its quantizer registry, so that
-    ``import swiglu_fused`` registers the method without importing transformers itself (≈ 3 s)."""
-
-    def find_spec(self, fullname, path, target=None):
-        if fullname != _QUANTIZER_REGISTRY:
-            return None
-        sys.meta_path.remove(self)  # one shot; and lets the real finders answer below
-        spec = importlib.util.find_spec(fullname)
-        if spec is None or spec.loader is None:
-            return spec
-        exec_module = spec.loader.exec_module
-
-        def exec_then_register(module):
-            exec_module(module)
-            sys.modules[fullname] = module  # register() imports it: make the import see it done
-            register()
-        spec.loader.exec_module = exec_then_register
-        return spec
-
-
 def register_when_imported() -> None:
     """Register now if transformers' quantizer registry is loaded, else as soon as it is."""
-    if _QUANTIZER_REGISTRY in sys.modules:
-        register()
-    elif importlib.util.find_spec("transformers") is not None and not any(
-            isinstance(f, _RegisterAfterImport) for f in sys.meta_path):
-        sys.meta_path.insert(0, _RegisterAfterImport())
+    import_hook.run_when_imported(_QUANTIZER_REGISTRY, "transformers", register)
 
 
 def register() -> None:

@@ -23,6 +23,21 @@ def runtime_global_scale(t: torch.Tensor | None, kind: str | None) -> torch.Tens
     return 1.0 / t.float() if kind == formats.DIVISOR else t.float()
 
 
+def operands(fmt, tensors: Mapping[str, torch.Tensor], global_scale_kind: str | None) -> tuple:
+    """One projection's packed tensors → (weight, its scales or None, its per-tensor multipliers or
+    None): the arguments the ops take after x (``fmt``: the formats.WeightFormat)."""
+    scale = tensors.get(fmt.scale_name) if fmt.scale_name else None
+    gs = tensors.get(fmt.global_scale_name) if fmt.global_scale_name else None
+    return tensors[fmt.weight_name], scale, runtime_global_scale(gs, global_scale_kind)
+
+
+def check_features(x, in_features: int) -> None:
+    """x must be a tensor [..., in_features] (the packed modules' forward)."""
+    if not isinstance(x, torch.Tensor) or x.dim() == 0 or x.shape[-1] != in_features:
+        raise ValueError(f"x: expected a tensor [..., {in_features}], got "
+                         f"{list(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__}")
+
+
 def mlp(
     impl,
     x: torch.Tensor,
@@ -40,19 +55,14 @@ def mlp(
     lead, hidden = x.shape[:-1], x.shape[-1]
     x2 = x.reshape(-1, hidden)
 
-    def args(t: Mapping[str, torch.Tensor]) -> tuple:
-        scale = t.get(fmt.scale_name) if fmt.scale_name else None
-        gs = t.get(fmt.global_scale_name) if fmt.global_scale_name else None
-        return t[fmt.weight_name], scale, runtime_global_scale(gs, global_scale_kind)
-
-    gw, gscale, ggs = args(gate_up_tensors)
+    gw, gscale, ggs = operands(fmt, gate_up_tensors, global_scale_kind)
     x_scale = None
     if fmt.quantizes_x:
         x2, x_scale = impl.quant_x(x2.to(torch.bfloat16))
     else:
         x2 = x2.to(torch.bfloat16)
     h, h_scale = impl.gate_up(x2, gw, gscale, x_scale, ggs, interleave=interleave, act=act, h_format=fmt.h_format)
-    dw, dscale, dgs = args(down_tensors)
+    dw, dscale, dgs = operands(fmt, down_tensors, global_scale_kind)
     res = None if residual is None else residual.reshape(-1, hidden)
     y = impl.down(h, dw, dscale, h_scale, dgs, residual=res, out_dtype=x.dtype)
     return y.reshape(*lead, y.shape[-1])
