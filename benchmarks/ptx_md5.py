@@ -2,7 +2,8 @@
 kernel code (kernels/sm90/) is a pure refactor.
 
 Compiles on the CPU (no GPU needed) every configuration the dispatch can pick (quant_x, gate_up
-and down ``shipped_configs()``), plus the ones measured but not dispatched that
+and down ``shipped_configs()``, the split projection's ``dispatch.split_shipped()`` and its
+variant with the pair tiles off the 256-row grid), plus the ones measured but not dispatched that
 tests/test_kernels_cpu.py also compiles (pdl, TMA stores of h, the 64-row tile's K pairs, the
 swap-AB tile's K in four parts), plus a few compiled variants that reach the code paths no shipped
 configuration does (the one-warpgroup 64-row fp8 swiglu tile with and without the overlapped
@@ -66,12 +67,14 @@ os.environ["CUTE_DSL_DUMP_DIR"] = _DUMP
 
 def configurations():
     """(family, config) for every configuration to check, in a fixed order."""
-    from swiglu_fused.kernels.sm90 import down, gate_up, quant_x
+    from swiglu_fused.kernels import dispatch
+    from swiglu_fused.kernels.sm90 import down, gate_up, quant_x, split
 
     G, D = gate_up.GateUpConfig, down.DownConfig
     out = [("quant_x", c) for c in quant_x.shipped_configs()]
     out += [("gate_up", c) for c in gate_up.shipped_configs()]
     out += [("down", c) for c in down.shipped_configs()]
+    out += [("gate_up_split", c) for c in dispatch.split_shipped()]
     # measured, not dispatched (the same list as tests/test_kernels_cpu.py's _shipped)
     out += [("gate_up", G(tile_m=16, stages=6, swap_ab=True, cluster_k=2, pdl=True)),
             ("quant_x", quant_x.QuantXConfig(pdl=True))]
@@ -88,6 +91,8 @@ def configurations():
     out += [("gate_up", G(tile_m=128, stages=4, promote_k=64, h_format="bf16"))]
     out += [("gate_up", G(tile_m=64, stages=4, split_n=True, split_unroll=3, l2_hint="w_first_x_last"))]
     out += [("down", D(tile_m=128, stages=4, l2_hint="w_first"))]
+    out += [("gate_up_split", split.SplitConfig(tile_m=tm, mainloop=ml, h_format="bf16", prefix=384))
+            for tm in (64, 128) for ml in ("fp8_block128", "bf16")]  # the pair tiles 128 rows off the grid
     seen = set()
     unique = []
     for fam, cfg in out:
@@ -114,10 +119,10 @@ def normalize(ptx: str, names) -> str:
 
 
 def _compile(family, cfg, names=()):
-    from swiglu_fused.kernels.sm90 import down, gate_up, quant_x
+    from swiglu_fused.kernels.sm90 import down, gate_up, quant_x, split
 
     fn = {"quant_x": quant_x.compile_quant_x, "gate_up": gate_up.compile_gate_up,
-          "down": down.compile_down}[family](cfg)
+          "gate_up_split": split.compile_split, "down": down.compile_down}[family](cfg)
     ptx = fn.__ptx__
     if ptx is None:
         raise RuntimeError(f"{family} {cfg!r}: no PTX kept (is CUTE_DSL_KEEP=ptx honoured?)")

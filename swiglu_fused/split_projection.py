@@ -5,9 +5,10 @@
 
 The output is one tensor whose first P columns are the prefix outputs (Q, K, V) and whose last I
 columns are h = act(x·gate^T)·(x·up^T): the layout the split epilogue writes (prefix columns stored,
-pairs reduced), and what diffusers' single-stream processor reads once its split point and its
-activation are set for it (integrations/diffusers.py). Forward runs ``reference.gate_up_split``
-(the sm90 split epilogue is not written yet): device-side only, so CUDA graphs capture it.
+pairs reduced, no concatenation), and what diffusers' single-stream processor reads once its split
+point and its activation are set for it (integrations/diffusers.py). Forward runs ``ops.gate_up_split``
+(after ``ops.quant_x`` for fp8): the sm90 split kernel (kernels/sm90/split.py) on Hopper, the
+reference elsewhere (kernels/dispatch.py: split_backend).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import torch
 from torch import nn
 
 from . import formats, split_interleave
-from .kernels import reference
+from .kernels import dispatch, ops, reference
 from .kernels.pipeline import check_features, operands
 from .layer import _PackedProjection
 
@@ -89,11 +90,20 @@ class FusedSplitProjection(nn.Module):
         x2 = x.reshape(-1, self.in_features).to(torch.bfloat16)
         x_scale = None
         if fmt.quantizes_x:
-            x2, x_scale = reference.quant_x(x2)
-        y, h, _ = reference.gate_up_split(x2, weight, scale, x_scale, gs, prefix=self.prefix_rows,
-                                          interleave=self.interleave, act=self.activation, h_format="bf16")
-        return torch.cat([y, h], dim=-1).to(x.dtype).reshape(*lead, self.out_features)
+            x2, x_scale = ops.quant_x(x2)
+        out = ops.gate_up_split(x2, weight, scale, x_scale, gs, prefix=self.prefix_rows, interleave=self.interleave,
+                                act=self.activation)
+        return out.to(x.dtype).reshape(*lead, self.out_features)
 
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, prefix={self.prefix_rows}, intermediate={self.intermediate_size}, "
-                f"format={self.weight_format}, g={self.interleave}, activation={self.activation}, backend=reference")
+                f"format={self.weight_format}, g={self.interleave}, activation={self.activation}, "
+                f"backend={self.backend}")
+
+    @property
+    def backend(self) -> str:
+        """Where forward runs on this module's device: "sm90" (the split kernel) or "reference"."""
+        device = self.tensors()[formats.weight_format(self.weight_format).weight_name].device
+        whole = 2 * formats.FP8_BLOCK if self.weight_format == formats.NVFP4.name else formats.FP8_BLOCK
+        kernel = self.prefix_rows % whole == 0  # (dispatch.split_backend; nvfp4 also needs K % 64)
+        return dispatch.module_backend(self.weight_format, self.interleave, device) if kernel else dispatch.REFERENCE

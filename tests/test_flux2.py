@@ -267,3 +267,22 @@ def test_a_denoising_step_with_the_packed_transformer(tmp_path, flux2):
         latents.append(scheduler.step(noise_pred, t, x["hidden_states"]).prev_sample)
     assert latents[1].shape == latents[0].shape and torch.isfinite(latents[1].float()).all()
     assert _rel(latents[1], latents[0]) < MODEL_BOUND["fp8_block128"]
+
+
+def test_the_benchmark_baseline_is_diffusers_computation(flux2):
+    """benchmarks/bench_flux2.py times diffusers' bf16 work written with the same torch calls (the
+    GPU machine has no diffusers): its single-stream part equals the block's own to_qkv_mlp_proj,
+    split and mlp_act_fn, and its feed-forward equals Flux2FeedForward, bit for bit."""
+    from benchmarks import bench_flux2
+
+    _, model = flux2
+    attn = model.single_transformer_blocks[0].attn
+    x, attention = torch.randn(6, 128).bfloat16(), torch.randn(6, attn.inner_dim).bfloat16()
+    p = 3 * attn.inner_dim
+    with torch.no_grad():
+        qkv, to_out_input = bench_flux2.diffusers_single(x, attn.to_qkv_mlp_proj.weight, attention, prefix=p)
+        y = attn.to_qkv_mlp_proj(x)
+        assert torch.equal(qkv, y[:, :p])
+        assert torch.equal(to_out_input, torch.cat([attention, attn.mlp_act_fn(y[:, p:])], dim=-1))
+        ff = model.transformer_blocks[0].ff
+        assert torch.equal(bench_flux2.diffusers_ff(x, ff.linear_in.weight, ff.linear_out.weight), ff(x))

@@ -52,6 +52,86 @@ def test_down_cpu_is_reference():
     assert torch.equal(ops.down(h, w, residual=r), reference.down(h, w, residual=r))
 
 
+def _split_operands(fp8: bool, m=5, k=200, p=384, inter=256, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(m, k, generator=g).to(torch.bfloat16)
+    w = torch.randn(p + 2 * inter, k, generator=g) * 0.05
+    if not fp8:
+        return dict(x=x, weight=w.to(torch.bfloat16))
+    xq, xs = reference.quant_x(x)
+    wq, ws = quant.quantize_fp8_block(w)
+    return dict(x=xq, weight=wq, weight_scale=ws, x_scale=xs)
+
+
+@pytest.mark.parametrize("fp8", [False, True])
+def test_gate_up_split_cpu_is_reference(fp8):
+    """[y | h] in one bf16 tensor: the reference's y and h, concatenated."""
+    args = _split_operands(fp8)
+    out = ops.gate_up_split(**args, prefix=384, act="gelu_tanh")
+    y, h, _ = reference.gate_up_split(**args, prefix=384, act="gelu_tanh")
+    assert out.dtype == torch.bfloat16 and torch.equal(out, torch.cat([y, h], dim=-1))
+
+
+def test_gate_up_split_errors_name_the_argument():
+    args = _split_operands(True)
+    with pytest.raises(ValueError, match="prefix: 300 rows leave 596 of the weight's 896"):
+        ops.gate_up_split(**args, prefix=300)
+    with pytest.raises(ValueError, match="x_scale"):
+        ops.gate_up_split(args["x"], args["weight"], args["weight_scale"], None, prefix=384)
+    with pytest.raises(ValueError, match="prefix: 0 rows leave"):
+        ops.gate_up_split(**args, prefix=0)
+    wide = _split_operands(True, p=320, inter=128)
+    with pytest.raises(ValueError, match="prefix: 64 is not a multiple of 128"):
+        ops.gate_up_split(**wide, prefix=64)
+    with pytest.raises(ValueError, match="x: has 199 columns"):
+        ops.gate_up_split(torch.randn(2, 199).bfloat16(), _split_operands(False)["weight"], prefix=384)
+
+
+def test_gate_up_split_fake_and_config_checks():
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode():
+        out = torch.ops.swiglu_fused.gate_up_split(torch.empty(7, 64, dtype=torch.bfloat16),
+                                                   torch.empty(384 + 512, 64, dtype=torch.bfloat16),
+                                                   None, None, None, 384, 128, "silu")
+        assert out.shape == (7, 384 + 256) and out.dtype == torch.bfloat16
+    args = _split_operands(False, k=64)
+    torch.library.opcheck(torch.ops.swiglu_fused.gate_up_split.default,
+                          (args["x"], args["weight"], None, None, None, 384, 128, "silu"))
+    pytest.importorskip("cutlass")
+    from swiglu_fused.kernels.sm90.tile_config import SplitConfig
+
+    assert SplitConfig(prefix=384, h_format="bf16").prefix_shift == 128
+    assert SplitConfig(prefix=512, h_format="bf16").prefix_tiles == 2
+    with pytest.raises(ValueError, match="SplitConfig.prefix: expected a positive multiple of 128"):
+        SplitConfig(prefix=200, h_format="bf16")
+    with pytest.raises(ValueError, match="bf16 h"):
+        SplitConfig(prefix=256, h_format="fp8_group128")
+
+
+def test_split_dispatch_picks_a_shipped_config(monkeypatch):
+    """On an sm_90 device (pretended here) Flux.2-dev's projection gets a config CI compile-checks,
+    nvfp4 and a prefix off the 128-row blocks the reference (the latter with a warning)."""
+    pytest.importorskip("cutlass")
+    monkeypatch.setattr(dispatch, "sm90_kernels_usable", lambda device: True)
+    for fp8 in (False, True):
+        for m in (16, 4608):
+            args = _split_operands(fp8, m=m, k=128, p=18432, inter=128)
+            backend, cfg = dispatch.split_backend(args["x"], args["weight"], args.get("weight_scale"),
+                                                  args.get("x_scale"), None, 18432, 128, "silu")
+            assert backend == dispatch.SM90 and cfg in dispatch.split_shipped()
+    x = torch.randn(4, 64).bfloat16()
+    w4, s4 = torch.empty(18432 + 256, 32, dtype=torch.uint8), torch.empty(18432 + 256, 4, dtype=torch.float8_e4m3fn)
+    backend, cfg = dispatch.split_backend(x, w4, s4, None, torch.ones(3), 18432, 128, "silu")
+    assert backend == dispatch.SM90 and cfg.nvfp4 and cfg in dispatch.split_shipped()
+    assert dispatch.split_backend(x, w4, None, None, torch.ones(3), 18432, 128, "silu") == (dispatch.REFERENCE, None)
+    dispatch._warn_reference_once.cache_clear()
+    with pytest.warns(UserWarning, match="gate_up_split: the prefix has 384 columns, not a multiple of 256"):
+        assert dispatch.split_backend(x, w4[128:], s4[128:], None, torch.ones(3), 384, 128, "silu")[0] == "reference"
+    with pytest.warns(UserWarning, match="gate_up_split: the prefix has 64 columns, not a multiple of 128"):
+        dispatch.split_backend(x, torch.empty(64 + 256, 64, dtype=torch.bfloat16), None, None, None, 64, 128, "silu")
+
+
 # ---------------------------------------------------------------- argument validation
 def test_gate_up_errors_name_the_argument():
     args = _fp8_operands()
@@ -180,12 +260,16 @@ def test_fake_shapes():
 # ---------------------------------------------------------------- sm_90a compile check
 def _shipped():
     cutlass = pytest.importorskip("cutlass")  # noqa: F841
-    from swiglu_fused.kernels.sm90 import down, gate_up, quant_x
+    from swiglu_fused.kernels.sm90 import down, gate_up, quant_x, split
 
     return (
         [("quant_x", c, quant_x.compile_quant_x) for c in quant_x.shipped_configs()]
         + [("gate_up", c, gate_up.compile_gate_up) for c in dispatch.gate_up_shipped()]
         + [("down", c, down.compile_down) for c in dispatch.down_shipped()]
+        + [("gate_up_split", c, split.compile_split) for c in dispatch.split_shipped()]
+        # the split GEMM with its pair tiles 128 rows off the 256-row grid (P = 128 mod 256)
+        + [("gate_up_split", split.SplitConfig(tile_m=tm, mainloop=ml, h_format="bf16", prefix=384),
+            split.compile_split) for tm in (64, 128) for ml in ("fp8_block128", "bf16")]
         # programmatic dependent launch (TileConfig.pdl): measured, not dispatched
         + [("gate_up", gate_up.GateUpConfig(tile_m=16, stages=6, swap_ab=True, cluster_k=2, pdl=True),
             gate_up.compile_gate_up),

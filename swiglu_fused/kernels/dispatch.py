@@ -1,11 +1,11 @@
 """Kernel selection: for each call, which backend runs it and with which kernel configuration.
 
-    backend     quant_x_backend, gate_up_backend, down_backend, module_backend:
+    backend     quant_x_backend, gate_up_backend, split_backend, down_backend, module_backend:
                 "sm90" (the CuTe DSL kernels), "cublas" (down only) or "reference" (kernels/reference.py)
     config      quant_x_map, gate_up_config, down_config: the sm90 kernel's compile-time
                 configuration for these operands (None: the kernel does not implement them)
-    shipped     gate_up_shipped, down_shipped: every config the rules can return (CI compile-checks
-                them; benchmarks/ptx_md5.py fingerprints them)
+    shipped     gate_up_shipped, split_shipped, down_shipped: every config the rules can return (CI
+                compile-checks them; benchmarks/ptx_md5.py fingerprints them)
 
 The sm90 kernels run on a CUDA tensor of an sm_90 device where CuTe DSL imports, for the formats
 and operands they implement; everything else runs the reference (down: cuBLAS on CUDA first).
@@ -387,6 +387,74 @@ def gate_up_shipped() -> list:
                     out.extend(GateUpConfig(tile_m=128, tile_n=tile_n, stages=4, act=act, h_format=h_format,
                                             mainloop=mainloop) for tile_n in TILE_N_GRANULES)
     return out
+
+
+# ================================================================ the split projection (Flux.2)
+# The 64/128-row tiles of 256 weight rows, one warpgroup a 64-row slab, bf16 y and h, cluster pairs
+# as for gate_up (D8) where P keeps the pair tiles on the 256-row grid; no granules (split.py). P
+# is compiled in: the shipped configurations are Flux.2-dev's (3 · 48 heads · 128); another P
+# compiles on its first call.
+SPLIT_PREFIXES = (18432,)
+SPLIT_TILES = ((64, 4), (128, 4))  # (tile_m, stages): M ≤ DECODE_M, above; nvfp4: NVFP4_ROW_TILE at every M
+
+
+def split_backend(x, weight, weight_scale, x_scale, global_scale, prefix, interleave, act):
+    """(SM90, SplitConfig) where the split kernel implements these arguments (bf16, fp8_block128 or
+    nvfp4 with g = 128, P a multiple of 128 (nvfp4: 256), 16-byte rows, nvfp4's K a multiple of
+    64), else (REFERENCE, None), with a warning once where only P or K is the reason."""
+    from .sm90 import activations_and_h
+
+    nvfp4 = weight.dtype == torch.uint8
+    if (not sm90_kernels_usable(x.device) or (global_scale is not None) != nvfp4 or interleave != GROUP
+            or act not in activations_and_h.ACTIVATIONS):
+        return REFERENCE, None
+    mainloop = _split_mainloop(x, weight, weight_scale, x_scale)
+    if mainloop is None or not rows_16_bytes("gate_up_split", x=x, weight=weight):
+        return REFERENCE, None
+    whole = 2 * GROUP if nvfp4 else GROUP  # rows P must be a multiple of
+    if prefix % whole:
+        _warn_reference_once("gate_up_split", "the prefix", prefix, whole,
+                             "nvfp4: the pair tiles on the 256-row grid" if nvfp4 else "whole 128-row weight blocks")
+        return REFERENCE, None
+    if nvfp4 and not _nvfp4_k_ok("gate_up_split", "x", x.shape[1]):
+        return REFERENCE, None
+    try:
+        from .sm90.tile_config import SplitConfig
+    except ImportError:
+        return REFERENCE, None
+    m = x.shape[0]
+    tile_m, stages = NVFP4_ROW_TILE if nvfp4 else SPLIT_TILES[m > DECODE_M]
+    cluster = cluster_m_for(m, tile_m, 2 * GROUP) if prefix % (2 * GROUP) == 0 and not nvfp4 else 1
+    return SM90, SplitConfig(tile_m=tile_m, stages=stages, mainloop=mainloop, act=act, h_format="bf16",
+                             prefix=prefix, cluster_m=cluster, l2_hint="" if nvfp4 else gate_up_l2_hint(tile_m, False))
+
+
+def _split_mainloop(x, weight, weight_scale, x_scale) -> str | None:
+    """The mainloop of the split kernel for these operand dtypes, or None (the reference runs)."""
+    if weight.dtype == torch.float8_e4m3fn and x.dtype == torch.float8_e4m3fn:
+        ok = weight_scale is not None and x_scale is not None and weight_scale.dtype == torch.float32
+        return FP8_MAINLOOP if ok else None
+    if weight.dtype == torch.bfloat16 and x.dtype == torch.bfloat16:
+        return BF16_MAINLOOP
+    if weight.dtype == torch.uint8 and x.dtype == torch.bfloat16:
+        ok = weight_scale is not None and weight_scale.dtype == torch.float8_e4m3fn
+        return NVFP4_MAINLOOP if ok else None
+    return None
+
+
+def split_shipped() -> list:
+    """Every SplitConfig split_backend returns for SPLIT_PREFIXES (what CI compile-checks)."""
+    from .sm90 import activations_and_h
+    from .sm90.tile_config import SplitConfig
+
+    tiles = [(tile_m, stages, 1) for tile_m, stages in SPLIT_TILES] + [(*SPLIT_TILES[1], 2)]  # (cluster_m_for)
+    out = [SplitConfig(tile_m=tile_m, stages=stages, mainloop=mainloop, act=act, h_format="bf16", prefix=p,
+                       cluster_m=cl, l2_hint=gate_up_l2_hint(tile_m, False))
+           for p in SPLIT_PREFIXES for mainloop in (FP8_MAINLOOP, BF16_MAINLOOP)
+           for act in activations_and_h.ACTIVATIONS for tile_m, stages, cl in tiles]
+    return out + [SplitConfig(tile_m=NVFP4_ROW_TILE[0], stages=NVFP4_ROW_TILE[1], mainloop=NVFP4_MAINLOOP, act=act,
+                              h_format="bf16", prefix=p)
+                  for p in SPLIT_PREFIXES for act in activations_and_h.ACTIVATIONS]
 
 
 # ================================================================ down: the tile, and sm90 vs cuBLAS

@@ -4,8 +4,10 @@
     swiglu_fused::gate_up(x, weight, weight_scale, x_scale, global_scale, interleave, act, h_format)
                                                                → (h, h_scale)
     swiglu_fused::down(h, weight, weight_scale, h_scale, global_scale, residual, out_dtype) → y
+    swiglu_fused::gate_up_split(x, weight, weight_scale, x_scale, global_scale, prefix, interleave, act)
+                                                               → [y | h] (Flux.2's single-stream projection)
 
-The Python wrappers below (``quant_x``, ``gate_up``, ``down``) take exactly the arguments of
+The Python wrappers below (``quant_x``, ``gate_up``, ``gate_up_split``, ``down``) take exactly the arguments of
 ``reference.py`` (STYLE §1) and validate them with errors that name the argument. Each op has a
 fake (meta) implementation, so torch.compile and CUDA graphs see shapes without running anything.
 gate_up returns h_scale M-major (strides (1, M), on every backend): the layout both down GEMMs
@@ -252,6 +254,91 @@ def gate_up(
     return h, (h_scale if formats.H_FORMATS[h_format].scaled else None)
 
 
+# ---------------------------------------------------------------- gate_up_split (Flux.2's single-stream projection)
+def _gate_up_split_impl(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    weight_scale: torch.Tensor | None,
+    x_scale: torch.Tensor | None,
+    global_scale: torch.Tensor | None,
+    prefix: int,
+    interleave: int,
+    act: str,
+) -> torch.Tensor:
+    backend, cfg = dispatch.split_backend(x, weight, weight_scale, x_scale, global_scale, prefix, interleave, act)
+    if backend == dispatch.SM90:
+        _kernel_operands_ok(dict(x=x, weight=weight), dict(weight_scale=weight_scale, x_scale=x_scale))
+        from .sm90 import split as sm90_split
+
+        with torch.cuda.device(x.device):
+            return sm90_split.gate_up_split(cfg, x, weight, weight_scale, x_scale, global_scale)
+    y, h, _ = reference.gate_up_split(x, weight, weight_scale, x_scale, global_scale, prefix=prefix,
+                                      interleave=interleave, act=act, h_format="bf16")
+    return torch.cat([y, h], dim=-1)
+
+
+_gate_up_split_op = torch.library.custom_op("swiglu_fused::gate_up_split", mutates_args=())(_gate_up_split_impl)
+
+
+@_gate_up_split_op.register_fake
+def _(x, weight, weight_scale, x_scale, global_scale, prefix, interleave, act):
+    return x.new_empty((x.shape[0], prefix + (weight.shape[0] - prefix) // 2), dtype=torch.bfloat16)
+
+
+def _validate_gate_up_split(x, weight, weight_scale, x_scale, global_scale, prefix, interleave, act):
+    _check_2d("x", x)
+    _check_2d("weight", weight)
+    _check_same_device("x", x, weight=weight, weight_scale=weight_scale, x_scale=x_scale, global_scale=global_scale)
+    reference.activation(act)
+    _check_interleave(interleave)
+    n = weight.shape[0]
+    fmt = formats.format_of_weight(weight)
+    k_w = fmt.cols_of(weight) if fmt is not None else weight.shape[1]
+    if x.shape[1] != k_w:
+        raise ValueError(f"x: has {x.shape[1]} columns but weight has K = {k_w}; x must be [M, K] for weight [P + 2I, K]")
+    if not isinstance(prefix, int) or not 0 < prefix < n or (n - prefix) % (2 * interleave):
+        raise ValueError(f"prefix: {prefix!r} rows leave {n - prefix if isinstance(prefix, int) else '?'} of the "
+                         f"weight's {n} for gate/up pairs, which must be a positive multiple of 2·interleave = "
+                         f"{2 * interleave}")
+    if weight.dtype == FP8:
+        if prefix % GROUP:
+            raise ValueError(f"prefix: {prefix} is not a multiple of {GROUP}, so an fp8 scale block straddles the "
+                             "prefix and the pairs")
+        _check_block_scales(weight_scale, n, k_w, "[ceil((P + 2I)/128), ceil(K/128)]")
+        if x.dtype == FP8:
+            _check_group_scales("x", x, x_scale, k_w, "get both from quant_x(x)", "per-token-group-128 scales")
+    else:
+        _check_dtype("weight", weight, (torch.bfloat16, torch.uint8))
+        _check_dtype("x", x, (torch.bfloat16, torch.float16, torch.float32))
+        if weight.dtype == torch.uint8:
+            if weight_scale is None or global_scale is None:
+                raise ValueError("weight_scale, global_scale: an nvfp4 weight needs its e4m3 scales per 16 columns "
+                                 "and its fp32 global scale multipliers [3] (prefix, gate, up)")
+            _check_dtype("weight_scale", weight_scale, (FP8,))
+            _check_shape("weight_scale", weight_scale, (n, cdiv(k_w, formats.NVFP4_GROUP)),
+                         f"one e4m3 scale per row per {formats.NVFP4_GROUP} columns")
+            _check_dtype("global_scale", global_scale, (torch.float32,))
+            _check_shape("global_scale", global_scale.reshape(-1), (3,), "multipliers of the prefix, gate and up")
+
+
+def gate_up_split(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    weight_scale: torch.Tensor | None = None,
+    x_scale: torch.Tensor | None = None,
+    global_scale: torch.Tensor | None = None,
+    *,
+    prefix: int,
+    interleave: int = formats.DEFAULT_INTERLEAVE,
+    act: str = "silu",
+) -> torch.Tensor:
+    """The split projection (see reference.gate_up_split) as one bf16 tensor [M, P + I] = [y | h]:
+    the layout the sm90 split epilogue writes (no concatenation; split it at P with views)."""
+    _validate_gate_up_split(x, weight, weight_scale, x_scale, global_scale, prefix, interleave, act)
+    op = _gate_up_split_impl if runs_directly(x, weight, weight_scale, x_scale, global_scale) else _gate_up_split_op
+    return op(x, weight, weight_scale, x_scale, global_scale, prefix, interleave, act)
+
+
 # ---------------------------------------------------------------- down
 def _down_impl(
     h: torch.Tensor,
@@ -356,5 +443,6 @@ def _no_backward(op_name: str):
 
 
 # A clear error at .backward() instead of the dispatcher's "no autograd formula was registered".
-for _op, _name in ((_quant_x_op, "quant_x"), (_gate_up_op, "gate_up"), (_down_op, "down")):
+for _op, _name in ((_quant_x_op, "quant_x"), (_gate_up_op, "gate_up"), (_gate_up_split_op, "gate_up_split"),
+                   (_down_op, "down")):
     _op.register_autograd(_no_backward(_name), setup_context=lambda ctx, inputs, output: None)

@@ -132,7 +132,7 @@ class TmaLoads(NamedTuple):
     tAsA: Any
     tma_b: Any
     tBgB: Any
-    tBsB: Any  # the granule tile: a tuple, one per 16-row box of a stage
+    tBsB: Any  # several boxes a stage (TileConfig.b_boxes): a tuple, one partition per box
     b_mask: Any  # cluster_m > 1: the CTAs the weight k tile is multicast to
 
 
@@ -188,9 +188,9 @@ class GemmKernel(MainloopMixin, Nvfp4Mixin, StreamKMixin, EpilogueMixin):
         if cutlass.const_expr(cfg.nvfp4):
             # the packed weight [N, K/2] (bytes), its e4m3 scales [N, K/16] as 32-bit words (a k
             # tile's four of a row: one word) and, in a_scale's place, the global scale
-            # multipliers [2] (gate, up; down: one value twice)
+            # multipliers [2] (gate, up; down: one value twice; split.py: [3], prefix, gate, up)
             mB = cute.make_tensor(w_ptr, cute.make_layout((n, k // 2), stride=(k // 2, 1)))
-            mAS = cute.make_tensor(as_ptr, cute.make_layout(2))
+            mAS = cute.make_tensor(as_ptr, cute.make_layout(cfg.global_scales))
             kw = k // (NVFP4_GROUP * 4)
             mWS = cute.make_tensor(cute.recast_ptr(ws_ptr, dtype=Int32), cute.make_layout((n, kw), stride=(kw, 1)))
         else:
@@ -200,20 +200,7 @@ class GemmKernel(MainloopMixin, Nvfp4Mixin, StreamKMixin, EpilogueMixin):
             as_stride = (1, m) if cfg.epilogue == "linear" else (kb, 1)
             mAS = cute.make_tensor(as_ptr, cute.make_layout((m, kb), stride=as_stride))
             mWS = cute.make_tensor(ws_ptr, cute.make_layout(((n + W_BLOCK - 1) // W_BLOCK, kb), stride=(kb, 1)))
-        # outputs as 32-bit words (4 e4m3 or 2 bf16 each), written 16 bytes at a time
-        if cutlass.const_expr(cfg.epilogue == "gated"):
-            out_words = cute.assume(n_tiles * (cfg.out_chunks * 4), divby=cfg.out_chunks * 4)
-        else:
-            out_words = cute.assume(n_units * (N_ALIGN // 2), divby=N_ALIGN // 2)
-        mOut = cute.make_tensor(
-            cute.recast_ptr(out_ptr, dtype=Int32), cute.make_layout((m, out_words), stride=(out_words, 1))
-        )
-        if cutlass.const_expr(cfg.epilogue == "gated"):
-            mAux = cute.make_tensor(aux_ptr, cute.make_layout((m, n_tiles), stride=(1, m)))  # h_scale, M-major
-        else:  # residual, bf16 pairs as words like y
-            mAux = cute.make_tensor(
-                cute.recast_ptr(aux_ptr, dtype=Int32), cute.make_layout((m, out_words), stride=(out_words, 1))
-            )
+        mOut, mAux = self._out_tensors(out_ptr, aux_ptr, m, n_units, n_tiles)
 
         # the granule tile: one wgmma of N = tile_n per k step; B arrives in boxes of 16 weight rows
         tiled_mma = self._tiled_mma(cfg.tile_n) if cfg.granules else self._tiled_mma()
@@ -253,6 +240,26 @@ class GemmKernel(MainloopMixin, Nvfp4Mixin, StreamKMixin, EpilogueMixin):
             tma_a, tma_tA, tma_b, tma_tB, tma_o, mO_tma, mAS, mWS, mOut, mAux, mPart, mCtr, tiled_mma, a_layout,
             b_layout, m, n, n_tiles, sk_tiles,
         ).launch(grid=[ctas, 1, 1], block=[self.threads, 1, 1], stream=stream, use_pdl=cfg.pdl, **cluster)
+
+    def _out_tensors(self, out_ptr, aux_ptr, m, n_units, n_tiles):
+        """The epilogue's global tensors (plain Python, inlined into __call__): the output as 32-bit
+        words (4 e4m3 or 2 bf16 each, written 16 bytes at a time) and its companion: h_scale
+        (M-major) for "gated", the residual for "linear". (split.py: y and h.)"""
+        cfg = self.cfg
+        if cutlass.const_expr(cfg.epilogue == "gated"):
+            out_words = cute.assume(n_tiles * (cfg.out_chunks * 4), divby=cfg.out_chunks * 4)
+        else:
+            out_words = cute.assume(n_units * (N_ALIGN // 2), divby=N_ALIGN // 2)
+        mOut = cute.make_tensor(
+            cute.recast_ptr(out_ptr, dtype=Int32), cute.make_layout((m, out_words), stride=(out_words, 1))
+        )
+        if cutlass.const_expr(cfg.epilogue == "gated"):
+            mAux = cute.make_tensor(aux_ptr, cute.make_layout((m, n_tiles), stride=(1, m)))  # h_scale, M-major
+        else:  # residual, bf16 pairs as words like y
+            mAux = cute.make_tensor(
+                cute.recast_ptr(aux_ptr, dtype=Int32), cute.make_layout((m, out_words), stride=(out_words, 1))
+            )
+        return mOut, mAux
 
     def _shared_storage(self, a_layout, b_layout):
         """The kernel's shared storage, a cute.struct. Built from a dict (this module's annotations
@@ -578,10 +585,10 @@ class GemmKernel(MainloopMixin, Nvfp4Mixin, StreamKMixin, EpilogueMixin):
         if cl > 1:  # trace time: this CTA loads its part of each weight k tile for the whole cluster
             rank = cute.arch.make_warp_uniform(cute.arch.block_idx_in_cluster())
             b_mask = cute.make_layout_image_mask(cute.make_layout((cl, 1, 1)), (rank, 0, 0), mode=0)
-        if cfg.granules:  # trace time: smem rows [16r, 16r + 16) of each stage, one box each (_produce)
+        if cfg.b_boxes > 1:  # trace time: smem rows [b·r, b·(r + 1)) of each stage, one box each (_produce)
             tBsB = []
-            for r in range(cfg.tile_n // GRANULE):
-                sBr = cute.local_tile(sB, (GRANULE, cfg.tile_k, cfg.stages), (r, 0, 0))
+            for r in range(cfg.b_boxes):
+                sBr = cute.local_tile(sB, (cfg.b_box_rows, cfg.tile_k, cfg.stages), (r, 0, 0))
                 tBsBr, tBgB = cute.nvgpu.cpasync.tma_partition(
                     tma_b, 0, cute.make_layout(1), cute.group_modes(sBr, 0, 2), cute.group_modes(gB, 0, 2)
                 )
@@ -628,7 +635,7 @@ class GemmKernel(MainloopMixin, Nvfp4Mixin, StreamKMixin, EpilogueMixin):
     @cute.jit
     def _produce(self, mainloop, loads: TmaLoads, sched: Schedule, gmem: Gmem, storage):
         """The producer warp: TMA loads of A and W k tiles for this CTA's segments, in order."""
-        tma_a, tAgA, tAsA, tma_b, tBgB, tBsB, b_mask = loads
+        tma_a, tAgA, tAsA = loads.tma_a, loads.tAgA, loads.tAsA
         state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.cfg.stages)
         cursor = Int32(0)
         mAS, mWS, m, n = gmem.mAS, gmem.mWS, gmem.m, gmem.n  # (for smem_scales)
@@ -652,34 +659,46 @@ class GemmKernel(MainloopMixin, Nvfp4Mixin, StreamKMixin, EpilogueMixin):
                 if cutlass.const_expr(self.cfg.nvfp4):  # the decode's e4m3 scales (nvfp4.py), before the TMA loads
                     self._copy_nvfp4_scales(storage, mWS, n, tn, kt, lane, state.index, bar)
                 cute.copy(tma_a, tAgA[(None, tm, kt)], tAsA[(None, state.index)], tma_bar_ptr=bar, **hint_a)
-                if cutlass.const_expr(self.cfg.granules):
-                    # h-tile tn is granules u = per_tile·tn + j; with c = INTERLEAVE / 16 = 8 granules a
-                    # 128-row chunk, granule u's gate rows are 16-row box p = 2c·(u // c) + u % c of
-                    # the packed weight, its up rows box p + c
-                    per_tile = self.cfg.tile_n // (2 * GRANULE)
-                    c = INTERLEAVE // GRANULE
-                    for j in cutlass.range_constexpr(per_tile):
-                        u = tn * per_tile + j
-                        p = u + u // c * c
-                        cute.copy(tma_b, tBgB[(None, p, kt)], tBsB[2 * j][(None, state.index)], tma_bar_ptr=bar)
-                        cute.copy(tma_b, tBgB[(None, p + c, kt)], tBsB[2 * j + 1][(None, state.index)],
-                                  tma_bar_ptr=bar)
-                elif cutlass.const_expr(self.cfg.cluster_m > 1):
-                    cute.copy(tma_b, tBgB[(None, tn, kt)], tBsB[(None, state.index)], tma_bar_ptr=bar,
-                              mcast_mask=b_mask, **hint_b)
-                else:
-                    cute.copy(tma_b, tBgB[(None, tn, kt)], tBsB[(None, state.index)], tma_bar_ptr=bar, **hint_b)
+                self._load_b(loads, tn, kt, state.index, bar, hint_b)
                 if cutlass.const_expr(self.cfg.smem_scales):
                     self._store_tile_scales(sScl, state.index, staged, lane, bar)
                 mainloop.producer_commit(state)
                 state.advance()
         mainloop.producer_tail(state)
+    def _load_b(self, loads: TmaLoads, tn, kt, stage, bar, hint_b):
+        """The producer's TMA loads of weight tile tn's k tile kt into ``stage`` (plain Python,
+        inlined into _produce): one box of the whole tile, multicast for cluster pairs, or the
+        granule tile's boxes. (split.py: two 128-row boxes.)"""
+        _, _, _, tma_b, tBgB, tBsB, b_mask = loads
+        if cutlass.const_expr(self.cfg.granules):
+            # h-tile tn is granules u = per_tile·tn + j; with c = INTERLEAVE / 16 = 8 granules a
+            # 128-row chunk, granule u's gate rows are 16-row box p = 2c·(u // c) + u % c of
+            # the packed weight, its up rows box p + c
+            per_tile = self.cfg.tile_n // (2 * GRANULE)
+            c = INTERLEAVE // GRANULE
+            for j in range(per_tile):
+                u = tn * per_tile + j
+                p = u + u // c * c
+                cute.copy(tma_b, tBgB[(None, p, kt)], tBsB[2 * j][(None, stage)], tma_bar_ptr=bar)
+                cute.copy(tma_b, tBgB[(None, p + c, kt)], tBsB[2 * j + 1][(None, stage)],
+                          tma_bar_ptr=bar)
+        elif cutlass.const_expr(self.cfg.cluster_m > 1):
+            cute.copy(tma_b, tBgB[(None, tn, kt)], tBsB[(None, stage)], tma_bar_ptr=bar,
+                      mcast_mask=b_mask, **hint_b)
+        else:
+            cute.copy(tma_b, tBgB[(None, tn, kt)], tBsB[(None, stage)], tma_bar_ptr=bar, **hint_b)
+
+    def _w_block(self, tn):
+        """The first 128-row weight block (weight-scale row) of N tile tn: its two halves are
+        blocks _w_block(tn) and _w_block(tn) + 1 (plain Python, inlined; split.py shifts the pair tiles)."""
+        return 2 * tn
+
     def _load_tile_scales(self, mAS, mWS, m, ws_last, tm, tn, kt, lane):
         """smem_scales, producer lanes (plain Python, inlined): k block kt's scales of the tile's A
         rows lane + 32i (rows ≥ M read the last row's, as the consumers did) and, in lanes 0 and 1,
         of weight block 2·tn + lane (clamped to the last block row)."""
         xs = [mAS[cutlass.min(tm * self.cfg.tile_m + lane + 32 * i, m - 1), kt] for i in range(self.cfg.tile_m // 32)]
-        return xs, mWS[cutlass.min(2 * tn + lane % 2, ws_last), kt]
+        return xs, mWS[cutlass.min(self._w_block(tn) + lane % 2, ws_last), kt]
 
     @cute.jit
     def _store_tile_scales(self, sScl, stage, staged, lane, bar):

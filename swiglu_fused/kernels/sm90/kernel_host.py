@@ -20,15 +20,16 @@ def kernel_class(config: TileConfig) -> type[GemmKernel]:
     return SwapABKernel if config.swap_ab else GemmKernel
 
 
-def compile_kernel(config: TileConfig, out_dtype, aux_dtype, aux_align: int):
+def compile_kernel(config: TileConfig, out_dtype, aux_dtype, aux_align: int, kernel_cls: type | None = None):
     """Compile for sm_90a (no GPU needed: fake pointers, runtime Int32 sizes). ``out`` / ``aux`` are
     the epilogue's pointers: h and h_scale for gate_up, y and the residual for down. The arguments
-    are GemmKernel.__call__'s, in the order gemm.launch passes the real ones."""
+    are GemmKernel.__call__'s, in the order gemm.launch passes the real ones. ``kernel_cls``: a
+    GemmKernel subclass of a module that imports this one (split.SplitKernel), else kernel_class's."""
     from .compile_cache import COMPILE_OPTIONS, fake_ptr, null_stream
 
     a_t, w_t, as_t, ws_t = operand_dtypes(config)
     return cute.compile(
-        kernel_class(config)(config),
+        (kernel_cls or kernel_class(config))(config),
         fake_ptr(a_t, 16), fake_ptr(w_t, 16),
         fake_ptr(as_t, 4), fake_ptr(ws_t, 4),
         fake_ptr(out_dtype, 16), fake_ptr(aux_dtype, aux_align),

@@ -92,7 +92,7 @@ class MainloopMixin:
         if cfg.nvfp4:  # W4A16 (nvfp4.py): the weight is the wgmma's B, decoded; global scales per half
             state, release = self._mainloop_nvfp4(mainloop, state, release, ops.tiled_mma, acc, ops.tCrB, ops.tCrA,
                                                   ops.dec, work.kb0, work.kb1, ops.num_k_blocks)
-            self._scale_halves(acc, ops.dec.mGS, lambda b, half: half)
+            self._nvfp4_scale(acc, ops.dec.mGS, work.tn)
             return state, release
         if cfg.mainloop == BF16_MAINLOOP:
             return self._mainloop_bf16(mainloop, state, release, ops.tiled_mma, acc, ops.tCrA, ops.tCrB, work.kb0,
@@ -147,8 +147,8 @@ class MainloopMixin:
         arow_a = cutlass.min(row_a, m - 1)
         arow_b = cutlass.min(row_b, m - 1)
         # weight rows past N (partial last tile) read the last scale row (their B rows are zero-fill)
-        wrow_0 = cutlass.min(2 * tn, ws_last)
-        wrow_1 = cutlass.min(2 * tn + 1, ws_last)
+        wrow_0 = cutlass.min(self._w_block(tn), ws_last)
+        wrow_1 = cutlass.min(self._w_block(tn) + 1, ws_last)
         # scales of k block kt are loaded one iteration ahead (global-load latency), or
         # (smem_scales) read from the stage once it is full: the producer staged them
         na_a = na_b = nw_0 = nw_1 = Float32(0.0)
@@ -221,8 +221,8 @@ class MainloopMixin:
         tn, kb0, kb1, row_a, row_b = work.tn, work.kb0, work.kb1, work.row_a, work.row_b
         arow_a = cutlass.min(row_a, m - 1)
         arow_b = cutlass.min(row_b, m - 1)
-        wrow_0 = cutlass.min(2 * tn, ws_last)
-        wrow_1 = cutlass.min(2 * tn + 1, ws_last)
+        wrow_0 = cutlass.min(self._w_block(tn), ws_last)
+        wrow_1 = cutlass.min(self._w_block(tn) + 1, ws_last)
         scales = (mAS, mWS, arow_a, arow_b, wrow_0, wrow_1)
         raw0 = self._load_scales(scales, kb0)
         raw1 = self._load_scales(scales, cutlass.min(kb0 + 1, kb1 - 1))
@@ -275,7 +275,7 @@ class MainloopMixin:
         tCrB_w = tiled_mma.make_fragment_B(
             thr_mma.partition_B(cute.local_tile(sB, (HALF_N, cfg.tile_k, cfg.stages), (w, 0, 0)))
         )
-        wrow = cutlass.min(2 * tn + w, ws_last)
+        wrow = cutlass.min(self._w_block(tn) + w, ws_last)
         scales = (mAS, mWS, cutlass.min(row_a, m - 1), cutlass.min(row_b, m - 1), wrow, wrow)
         run = cfg.split_unroll
         temps = (temp, temp2)

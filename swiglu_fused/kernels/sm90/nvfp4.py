@@ -163,11 +163,17 @@ class Nvfp4Mixin:
             w4 = w >> 4
             st_shared_v4(dst + ((c ^ sw) << 4), *(e2m1x2_to_bf16x2(w, w4, j, scales[c // 2]) for j in range(4)))
 
-    def _scale_halves(self, acc, mGS, half_of):
+    def _nvfp4_scale(self, acc, mGS, tn):
+        """The row tiles' global scales: half 0 (gate) by mGS[0], half 1 (up) by mGS[1] (plain
+        Python, inlined; split.py picks the prefix's or the pairs' by tile)."""
+        self._scale_halves(acc, mGS, lambda b, half: half)
+
+    def _scale_halves(self, acc, mGS, half_of, index=(0, 1)):
         """acc value i ·= global scale of its weight half · 2^UNSHIFT (plain Python, inlined):
-        half_of(mode-1 index, mode-2 index) → 0 (gate / first 128 rows) or 1."""
-        g0 = mGS[0] * float(2 ** UNSHIFT)
-        g1 = mGS[1] * float(2 ** UNSHIFT)
+        half_of(mode-1 index, mode-2 index) → 0 (gate / first 128 rows) or 1, whose scales are
+        mGS[index[0]] and mGS[index[1]]."""
+        g0 = mGS[index[0]] * float(2 ** UNSHIFT)
+        g1 = mGS[index[1]] * float(2 ** UNSHIFT)
         for b in range(cute.size(acc, mode=[1])):
             for h in range(cute.size(acc, mode=[2])):
                 g = g0 if half_of(b, h) == 0 else g1

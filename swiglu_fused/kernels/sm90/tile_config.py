@@ -180,6 +180,16 @@ class TileConfig:
         return GRANULE if self.granules else self.tile_n
 
     @property
+    def global_scales(self) -> int:
+        """nvfp4: fp32 global scale multipliers the kernel reads (gate and up; down: one twice)."""
+        return 2
+
+    @property
+    def b_boxes(self) -> int:
+        """TMA boxes of B per stage (each loaded by its own copy)."""
+        return self.tile_n // self.b_box_rows
+
+    @property
     def out_chunks(self) -> int:
         """16-byte chunks per row of a staged output slab: 128 columns, or the granule tile's tile_n / 2."""
         return self.tile_n // 2 * self.out_bytes // 16
@@ -296,3 +306,49 @@ class DownConfig(TileConfig):
 
     epilogue = "linear"
     out_bytes = 2  # bf16 y
+
+
+@dataclass(frozen=True)
+class SplitConfig(GateUpConfig):
+    """Compile-time configuration of the split projection's GEMM (split.py): ``prefix`` plain rows
+    (stored as bf16 y), then gate/up pairs reduced to bf16 h. P is compiled in (one model has one
+    P: each width compiles once, then comes from the disk cache), so the tiles' row offsets are
+    constants: with P a multiple of the 256-row tile, the weight tiles are gate_up's; with P = 128
+    mod 256 the pair tiles start 128 rows earlier than the tile grid, and B arrives in two 128-row boxes."""
+
+    prefix: int = 0
+
+    def __post_init__(self):
+        name = type(self).__name__
+        if self.prefix <= 0 or self.prefix % HALF_N:
+            raise ValueError(f"{name}.prefix: expected a positive multiple of {HALF_N} rows, got {self.prefix}")
+        if self.out_bytes != 2 or self.h_spec.scaled or self.granules or self.swap_ab or self.split_n or self.cluster_k > 1 \
+                or self.tma_store or self.smem_scales:
+            raise ValueError(f"{name}: the split GEMM runs the 64/128-row tiles of 256 weight rows with bf16 h "
+                             f"(no granules, swap_ab, split_n, K pairs, tma_store or smem_scales); got {self}")
+        if self.nvfp4 and (self.prefix % self.tile_n or self.tile_m != 128):
+            raise ValueError(f"{name}: the nvfp4 split GEMM runs the 128-row tile with the pair tiles on the "
+                             f"256-row grid (prefix a multiple of {self.tile_n}); got {self}")
+        if self.cluster_m > 1 and self.prefix % self.tile_n:
+            raise ValueError(f"{name}.cluster_m: cluster pairs need the pair tiles on the 256-row grid (prefix a "
+                             f"multiple of {self.tile_n}), got prefix {self.prefix}")
+        super().__post_init__()
+
+    @property
+    def global_scales(self) -> int:
+        """nvfp4: the prefix's, gate's and up's multipliers."""
+        return 3
+
+    @property
+    def prefix_shift(self) -> int:
+        """Rows the pair tiles start before the 256-row tile grid: 0 or 128."""
+        return -self.prefix % self.tile_n
+
+    @property
+    def prefix_tiles(self) -> int:
+        """N tiles of prefix rows (the last one half pair rows, unstored, when prefix_shift = 128)."""
+        return -(-self.prefix // self.tile_n)
+
+    @property
+    def b_box_rows(self) -> int:
+        return HALF_N if self.prefix_shift else self.tile_n

@@ -1,0 +1,158 @@
+"""The split projection's sm_90a kernel (kernels/sm90/split.py) against reference.gate_up_split:
+y and h within bf16 rounding (DESIGN §4), the output poisoned first; the prefix/pair boundary both on
+the 256-row tile grid and inside a tile (P = 128 mod 256); through ops, the module, CUDA graphs and
+torch.compile."""
+
+import pytest
+import torch
+
+from swiglu_fused import formats, quant
+from swiglu_fused.kernels import dispatch, ops, reference
+from swiglu_fused.kernels.pipeline import operands
+from swiglu_fused.split_projection import FusedSplitProjection
+from .tolerance import assert_bf16_close, rel_frobenius
+
+pytest.importorskip("cutlass")
+
+M_ISSUE = [1, 16, 4096, 4608]  # decode-sized M (64-row tile) and Flux.2's 4096 image + 512 text tokens
+# (K, P, I): P = 384 puts the boundary inside the 256-row tile grid (the last prefix tile is half
+# pair rows), K = 576 ends in half a k block; 3072 × (9216 | 2 · 9216) is Flux.2-klein-sized
+SHAPES = [(1024, 384, 1536), (576, 1536, 768), (3072, 9216, 9216)]
+
+
+def make_operands(m, k, p, i, mainloop, seed):
+    """x with per-row magnitudes over 2^±3 and a packed weight whose 128×128 blocks vary alike
+    (a wrong scale row shows up), the prefix rows another 4x larger than the pairs."""
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    x = torch.randn(m, k, device="cuda", generator=g)
+    x = (x * torch.exp2(torch.randint(-3, 4, (m, 1), device="cuda", generator=g).float())).to(torch.bfloat16)
+    n = p + 2 * i
+    w = torch.randn(n, k, device="cuda", generator=g) * 0.05
+    w[:p] *= 4
+    mag = torch.exp2(torch.randint(-3, 4, (quant.cdiv(n, 128), quant.cdiv(k, 128)), device="cuda", generator=g).float())
+    w = w * mag.repeat_interleave(128, 0).repeat_interleave(128, 1)[:n, :k]
+    if mainloop == "bf16":
+        return dict(x=x, weight=w.to(torch.bfloat16))
+    if mainloop == "nvfp4":  # three global scales of their own (prefix, gate, up), as convert makes them
+        mod = FusedSplitProjection.from_weight(w, p, weight_format="nvfp4")
+        weight, scale, gs = operands(formats.NVFP4, mod.tensors(), mod.global_scale_kind)
+        return dict(x=x, weight=weight, weight_scale=scale, global_scale=gs)
+    xq, xs = reference.quant_x(x)
+    wq, ws = quant.quantize_fp8_block(w)
+    return dict(x=xq, weight=wq, weight_scale=ws, x_scale=xs)
+
+
+def assert_matches_reference(out, args, p, act):
+    """y and h within bf16 rounding (nvfp4: 5e-3, its decode is exact and x is bf16 on both sides)."""
+    y_ref, h_ref, _ = reference.gate_up_split(**args, prefix=p, act=act, h_format="bf16")
+    assert out.shape == (y_ref.shape[0], p + h_ref.shape[1]) and out.dtype == torch.bfloat16
+    tol = 5e-3 if args["weight"].dtype == torch.uint8 else 1e-2
+    assert_bf16_close(out[:, :p], y_ref, tol)
+    assert_bf16_close(out[:, p:], h_ref, tol)
+
+
+def _backend(args, p, act="silu"):
+    return dispatch.split_backend(args["x"], args["weight"], args.get("weight_scale"), args.get("x_scale"),
+                                  args.get("global_scale"), p, 128, act)
+
+
+@pytest.mark.parametrize("mainloop", ["bf16", "fp8_block128", "nvfp4"])
+@pytest.mark.parametrize("m", M_ISSUE)
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
+def test_split_kernel_matches_reference(mainloop, m, shape):
+    from swiglu_fused.kernels.sm90 import split
+
+    k, p, i = shape
+    if mainloop == "nvfp4" and p % 256:
+        pytest.skip("nvfp4's split kernel takes P a multiple of 256 (test_nvfp4_prefix_off_the_grid_runs_the_reference)")
+    args = make_operands(m, k, p, i, mainloop, seed=m * 7 + p)
+    backend, cfg = _backend(args, p)
+    assert backend == dispatch.SM90 and cfg.prefix == p and cfg.mainloop == mainloop
+    out = torch.full((m, p + i), float("nan"), dtype=torch.bfloat16, device="cuda")
+    split.gate_up_split(cfg, args["x"], args["weight"], args.get("weight_scale"), args.get("x_scale"),
+                        args.get("global_scale"), out=out)
+    assert_matches_reference(out, args, p, "silu")
+    # the op runs the same kernel (dispatch picked cfg): bit-equal
+    assert torch.equal(ops.gate_up_split(**args, prefix=p), out)
+
+
+@pytest.mark.parametrize("mainloop", ["bf16", "fp8_block128"])
+@pytest.mark.parametrize("tile_m", [64, 128])
+def test_gelu_tanh_and_both_tiles(mainloop, tile_m):
+    from swiglu_fused.kernels.sm90 import split
+
+    k, p, i = SHAPES[0]
+    args = make_operands(300, k, p, i, mainloop, seed=tile_m)
+    cfg = split.SplitConfig(tile_m=tile_m, mainloop=mainloop, act="gelu_tanh", h_format="bf16", prefix=p)
+    out = torch.full((300, p + i), float("nan"), dtype=torch.bfloat16, device="cuda")
+    split.gate_up_split(cfg, args["x"], args["weight"], args.get("weight_scale"), args.get("x_scale"), out=out)
+    assert_matches_reference(out, args, p, "gelu_tanh")
+
+
+def test_nvfp4_gelu_tanh_and_the_global_scales():
+    """Each of the three global scales multiplies its own columns: made unequal (prefix ×2, gate ×4,
+    up ×0.5), against the reference, with GELU-tanh."""
+    from swiglu_fused.kernels.sm90 import split
+
+    k, p, i = SHAPES[1]
+    args = make_operands(200, k, p, i, "nvfp4", seed=5)
+    args["global_scale"] = args["global_scale"] * torch.tensor([2.0, 4.0, 0.5], device="cuda")
+    backend, cfg = _backend(args, p, "gelu_tanh")
+    assert backend == dispatch.SM90
+    out = torch.full((200, p + i), float("nan"), dtype=torch.bfloat16, device="cuda")
+    split.gate_up_split(cfg, args["x"], args["weight"], args["weight_scale"], None, args["global_scale"], out=out)
+    assert_matches_reference(out, args, p, "gelu_tanh")
+
+
+def test_nvfp4_prefix_off_the_grid_runs_the_reference():
+    k, p, i = SHAPES[0]
+    args = make_operands(16, k, p, i, "nvfp4", seed=1)
+    dispatch._warn_reference_once.cache_clear()
+    with pytest.warns(UserWarning, match="gate_up_split: the prefix has 384 columns, not a multiple of 256"):
+        assert _backend(args, p) == (dispatch.REFERENCE, None)
+    assert_matches_reference(ops.gate_up_split(**args, prefix=p), args, p, "silu")
+
+
+@pytest.mark.parametrize("weight_format", ["bf16", "fp8_block128", "nvfp4"])
+def test_module_graph_and_compile(weight_format):
+    """FusedSplitProjection on the kernel: its output equals the reference path's within bf16
+    rounding, a captured CUDA graph replays it exactly, and torch.compile(fullgraph=True) runs it."""
+    k, p, i = 1024, 512, 1536
+    g = torch.Generator().manual_seed(3)
+    w = torch.randn(p + 2 * i, k, generator=g) * 0.05
+    mod = FusedSplitProjection.from_weight(w, p, weight_format=weight_format).cuda()
+    assert mod.backend == dispatch.SM90
+    x = torch.randn(2, 700, k, device="cuda").to(torch.bfloat16)
+    out = mod(x)
+    ref = mod.cpu()(x.cpu()).cuda()
+    mod.cuda()
+    assert out.shape == (2, 700, p + i)
+    assert_bf16_close(out[..., :p], ref[..., :p])
+    assert_bf16_close(out[..., p:], ref[..., p:])
+
+    static_x = x.clone()
+    graph = torch.cuda.CUDAGraph()
+    mod(static_x)  # compiled and warmed outside the capture
+    torch.cuda.synchronize()
+    with torch.cuda.graph(graph):
+        static_out = mod(static_x)
+    static_x.copy_(x.flip(1))
+    graph.replay()
+    assert torch.equal(static_out, mod(x.flip(1)))
+
+    compiled = torch.compile(mod, fullgraph=True)
+    if weight_format == "nvfp4":  # inductor computes 1 / stored divisor itself (not bit-equal to eager's)
+        assert rel_frobenius(compiled(x), out) < 1e-3
+    else:
+        assert torch.equal(compiled(x), out)
+
+
+def test_flux2_dev_width_uses_a_shipped_config():
+    """Flux.2-dev's single-stream projection (K = 6144, P = 18432, I = 18432) at 4608 tokens runs a
+    configuration CI compile-checks, and matches the reference."""
+    k, p, i, m = 6144, 18432, 18432, 4608
+    args = make_operands(m, k, p, i, "fp8_block128", seed=11)
+    backend, cfg = dispatch.split_backend(args["x"], args["weight"], args["weight_scale"], args["x_scale"], None, p,
+                                          128, "silu")
+    assert backend == dispatch.SM90 and cfg in dispatch.split_shipped()
+    assert_matches_reference(ops.gate_up_split(**args, prefix=p), args, p, "silu")
