@@ -2,18 +2,22 @@
 weight-bandwidth floor (packed bytes + e4m3 scales at the measured copy rate, 2.96 TB/s): µs per
 call, medians of CUDA-graph replays, weights rotated past the 50 MB L2 (GPU).
 
-    python -m benchmarks.bench_nvfp4 [--shapes 4096x14336,8192x3584] [--m 1,16,64,1024]
+    python -m benchmarks.bench_nvfp4 [--shapes 4096x14336,8192x3584] [--m 1,16,64,1024] [--ab stages=3]
+
+``--ab FIELD=VALUE,...`` also times the nvfp4 kernels on the dispatched configs with those fields
+replaced (called directly; their outputs first checked bit-identical to the dispatched ones).
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 
 import torch
 
 from swiglu_fused import quant
 from swiglu_fused.bench import graph_time_us, parse_ms, parse_shapes
-from swiglu_fused.kernels import ops
+from swiglu_fused.kernels import dispatch, ops
 from swiglu_fused.interleave import interleave_rows
 
 COPY_TB_S = 2.96
@@ -48,7 +52,33 @@ def _nbytes(*ts) -> int:
     return sum(t.numel() * t.element_size() for t in ts)
 
 
-def run(shapes, ms, iters=50):
+def _variant(fields: dict, x, h):
+    """(gate_up(w), down(w)) callables running the nvfp4 kernels on the dispatched configs with
+    ``fields`` replaced, or None without --ab."""
+    if not fields:
+        return None
+    from swiglu_fused.kernels.sm90 import down as kd
+    from swiglu_fused.kernels.sm90 import gate_up as kg
+
+    def gate_up(w):
+        cfg = dataclasses.replace(dispatch.gate_up_config(x, w[0], w[1], None, act="silu", h_format="bf16"), **fields)
+        return kg.gate_up(cfg, x, w[0], w[1], None, w[2])[0]
+
+    def down(w):
+        cfg = dataclasses.replace(dispatch.down_config(h, w[0], w[1], None, None, torch.bfloat16), **fields)
+        return kd.down(cfg, h, w[0], w[1], None, None, w[2])
+    return gate_up, down
+
+
+def parse_fields(text: str) -> dict:
+    out = {}
+    for item in filter(None, text.split(",")):
+        k, v = item.split("=")
+        out[k] = {"True": True, "False": False}.get(v, int(v) if v.lstrip("-").isdigit() else v)
+    return out
+
+
+def run(shapes, ms, iters=50, ab: dict | None = None):
     rows = []
     for hidden, inter in shapes:
         nv_gu = _layers(lambda i: _nvfp4_gate_up(hidden, inter, i), _nbytes(*_nvfp4_gate_up(hidden, inter, 99)))
@@ -70,7 +100,16 @@ def run(shapes, ms, iters=50):
                     return fn(layers[it["i"]])
                 return call
 
-            t = {
+            variant = _variant(ab or {}, x, h)
+            t = {}
+            if variant:
+                gu_ref = ops.gate_up(x, *nv_gu[0][:2], None, nv_gu[0][2], interleave=128, h_format="bf16")[0]
+                dn_ref = ops.down(h, *nv_dn[0][:2], None, nv_dn[0][2])
+                same = (torch.equal(variant[0](nv_gu[0]), gu_ref), torch.equal(variant[1](nv_dn[0]), dn_ref))
+                print(f"  variant {ab}: gate_up / down bit-identical to the dispatched: {same}", flush=True)
+                t["variant gate_up"] = graph_time_us(step(nv_gu, variant[0]), iters)
+                t["variant down"] = graph_time_us(step(nv_dn, variant[1]), iters)
+            t |= {
                 "nvfp4 gate_up": graph_time_us(step(nv_gu, lambda w: ops.gate_up(
                     x, w[0], w[1], None, w[2], interleave=128, h_format="bf16")), iters),
                 "fp8 gate_up": graph_time_us(step(f8_gu, lambda w: ops.gate_up(
@@ -88,8 +127,9 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--shapes", default="4096x14336,8192x3584")
     ap.add_argument("--m", default="1,16,64,1024")
+    ap.add_argument("--ab", default="", metavar="FIELD=VALUE,...", help="time this config variant too")
     args = ap.parse_args()
-    run(parse_shapes(args.shapes), parse_ms(args.m))
+    run(parse_shapes(args.shapes), parse_ms(args.m), ab=parse_fields(args.ab))
 
 
 if __name__ == "__main__":
