@@ -68,10 +68,11 @@ os.environ["CUTE_DSL_DUMP_DIR"] = _DUMP
 def configurations():
     """(family, config) for every configuration to check, in a fixed order."""
     from swiglu_fused.kernels import dispatch
-    from swiglu_fused.kernels.sm90 import down, gate_up, quant_x, split
+    from swiglu_fused.kernels.sm90 import down, gate_up, nvfp4_dequant, quant_x, split
 
     G, D = gate_up.GateUpConfig, down.DownConfig
     out = [("quant_x", c) for c in quant_x.shipped_configs()]
+    out += [("nvfp4_dequant", c) for c in nvfp4_dequant.shipped_configs()]
     out += [("gate_up", c) for c in gate_up.shipped_configs()]
     out += [("down", c) for c in down.shipped_configs()]
     out += [("gate_up_split", c) for c in dispatch.split_shipped()]
@@ -119,10 +120,11 @@ def normalize(ptx: str, names) -> str:
 
 
 def _compile(family, cfg, names=()):
-    from swiglu_fused.kernels.sm90 import down, gate_up, quant_x, split
+    from swiglu_fused.kernels.sm90 import down, gate_up, nvfp4_dequant, quant_x, split
 
     fn = {"quant_x": quant_x.compile_quant_x, "gate_up": gate_up.compile_gate_up,
-          "gate_up_split": split.compile_split, "down": down.compile_down}[family](cfg)
+          "gate_up_split": split.compile_split, "down": down.compile_down,
+          "nvfp4_dequant": nvfp4_dequant.compile_dequant}[family](cfg)
     ptx = fn.__ptx__
     if ptx is None:
         raise RuntimeError(f"{family} {cfg!r}: no PTX kept (is CUTE_DSL_KEEP=ptx honoured?)")

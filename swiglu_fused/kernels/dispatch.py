@@ -304,6 +304,21 @@ def gate_up_config(x, weight, weight_scale, x_scale, *, act: str, h_format: str)
 # stream-K, no clusters. Not tuned further: these are tiles that fit the decode buffers beside the stages.
 NVFP4_SWAP_TILES = ((16, 6), (64, 6))  # (tokens, stages)
 NVFP4_ROW_TILE = (128, 4)
+NVFP4_DEQUANT_M = 1024  # from this M the weight is dequantized to bf16 for the call, then the bf16 mainloop (D26)
+
+
+def nvfp4_dequantizes(m: int) -> bool:
+    """Whether an nvfp4 GEMM of M rows runs as dequantize + the bf16 mainloop (TileConfig.dequantized):
+    at prefill the W4A16 mainloop is bound by its decode, repeated for every M tile (D26)."""
+    return m >= NVFP4_DEQUANT_M
+
+
+def _nvfp4_prefill_tile(m: int, clusters: bool = True) -> dict:
+    """The dequantized config's tile fields: the bf16 mainloop's 128-row tile, cluster pairs as D8
+    (gate_up and the split projection; down never runs in cluster pairs)."""
+    tile_m, stages = NVFP4_ROW_TILE
+    return dict(tile_m=tile_m, stages=stages, mainloop=BF16_MAINLOOP, dequantized=True,
+                cluster_m=cluster_m_for(m, tile_m, 2 * GROUP) if clusters else 1)
 
 
 def nvfp4_tile_for(m: int) -> tuple[int, int, bool]:
@@ -335,6 +350,8 @@ def _nvfp4_gate_up_config(x, weight, weight_scale, act: str, h_format: str):
             or h_format != formats.NVFP4.h_format or weight.shape[0] % (2 * GROUP)
             or not _nvfp4_k_ok("gate_up", "x", x.shape[1])):
         return None
+    if nvfp4_dequantizes(x.shape[0]):
+        return GateUpConfig(act=act, h_format=h_format, **_nvfp4_prefill_tile(x.shape[0]))
     tile_m, stages, swap = nvfp4_tile_for(x.shape[0])
     return GateUpConfig(tile_m=tile_m, stages=stages, swap_ab=swap, act=act, h_format=h_format,
                         mainloop=NVFP4_MAINLOOP)
@@ -347,16 +364,22 @@ def _nvfp4_down_config(h, weight, weight_scale, residual):
     if (h.dtype != torch.bfloat16 or weight_scale is None or weight_scale.dtype != torch.float8_e4m3fn
             or weight.shape[0] % N_ALIGN or not _nvfp4_k_ok("down", "h", h.shape[1])):
         return None
+    if nvfp4_dequantizes(h.shape[0]):
+        return DownConfig(residual=residual is not None, **_nvfp4_prefill_tile(h.shape[0], clusters=False))
     tile_m, stages, swap = nvfp4_tile_for(h.shape[0])
     return DownConfig(tile_m=tile_m, stages=stages, swap_ab=swap, mainloop=NVFP4_MAINLOOP,
                       residual=residual is not None)
 
 
 def nvfp4_shipped(config_cls, variants) -> list:
-    """The nvfp4 configs of config_cls for each of ``variants`` (keyword dicts), both tiles."""
+    """The nvfp4 configs of config_cls for each of ``variants`` (keyword dicts): both W4A16 tiles
+    and the dequantized prefill tile with and without cluster pairs."""
     tiles = [(t, s, True) for t, s in NVFP4_SWAP_TILES] + [(*NVFP4_ROW_TILE, False)]
+    clusters = config_cls.epilogue == "gated"  # (_nvfp4_down_config: no cluster pairs)
+    prefill = {tuple(sorted(_nvfp4_prefill_tile(m, clusters).items())) for m in (NVFP4_DEQUANT_M, CLUSTER_M_MIN)}
     return [config_cls(tile_m=t, stages=s, swap_ab=swap, mainloop=NVFP4_MAINLOOP, **v)
-            for v in variants for t, s, swap in tiles]
+            for v in variants for t, s, swap in tiles] + [
+        config_cls(**dict(p), **v) for v in variants for p in sorted(prefill)]
 
 
 def gate_up_shipped() -> list:
@@ -423,6 +446,8 @@ def split_backend(x, weight, weight_scale, x_scale, global_scale, prefix, interl
     except ImportError:
         return REFERENCE, None
     m = x.shape[0]
+    if nvfp4 and nvfp4_dequantizes(m):
+        return SM90, SplitConfig(act=act, h_format="bf16", prefix=prefix, **_nvfp4_prefill_tile(m))
     tile_m, stages = NVFP4_ROW_TILE if nvfp4 else SPLIT_TILES[m > DECODE_M]
     cluster = cluster_m_for(m, tile_m, 2 * GROUP) if prefix % (2 * GROUP) == 0 and not nvfp4 else 1
     return SM90, SplitConfig(tile_m=tile_m, stages=stages, mainloop=mainloop, act=act, h_format="bf16",
@@ -454,7 +479,9 @@ def split_shipped() -> list:
            for act in activations_and_h.ACTIVATIONS for tile_m, stages, cl in tiles]
     return out + [SplitConfig(tile_m=NVFP4_ROW_TILE[0], stages=NVFP4_ROW_TILE[1], mainloop=NVFP4_MAINLOOP, act=act,
                               h_format="bf16", prefix=p)
-                  for p in SPLIT_PREFIXES for act in activations_and_h.ACTIVATIONS]
+                  for p in SPLIT_PREFIXES for act in activations_and_h.ACTIVATIONS] + [
+        SplitConfig(act=act, h_format="bf16", prefix=p, **_nvfp4_prefill_tile(m))
+        for p in SPLIT_PREFIXES for act in activations_and_h.ACTIVATIONS for m in (NVFP4_DEQUANT_M, CLUSTER_M_MIN)]
 
 
 # ================================================================ down: the tile, and sm90 vs cuBLAS

@@ -56,7 +56,7 @@ def _kernel_gate_up(cfg, x, w, ws, gs):
 def test_gate_up_matches_the_reference(hidden, inter, m, act):
     x, w, ws, gs = gate_up_operands(m, hidden, inter, seed=m + hidden)
     cfg = dispatch.gate_up_config(x, w, ws, None, act=act, h_format="bf16")
-    assert cfg is not None and cfg.mainloop == "nvfp4"
+    assert cfg is not None and cfg.nvfp4_weight
     h = _kernel_gate_up(cfg, x, w, ws, gs)
     ref, _ = reference.gate_up(x, w, ws, None, gs, interleave=128, act=act, h_format="bf16")
     assert_bf16_close(h, ref, TOL)
@@ -89,12 +89,45 @@ def test_down_matches_the_reference(hidden, inter, m, residual):
     h, w, ws, gs = down_operands(m, hidden, inter, seed=3 * m + inter)
     res = torch.randn(m, hidden, device="cuda").to(torch.bfloat16) if residual else None
     cfg = dispatch.down_config(h, w, ws, None, res, torch.bfloat16)
-    assert cfg is not None and cfg.mainloop == "nvfp4"
+    assert cfg is not None and cfg.nvfp4_weight
     y = torch.full((m, hidden), float("nan"), dtype=torch.bfloat16, device="cuda")
     k.down(cfg, h, w, ws, None, res, gs, out=y)
     ref = reference.down(h, w, ws, None, gs, residual=res)
     assert_bf16_close(y, ref, TOL)
     assert dispatch.down_backend(h, w, ws, None, gs, res, torch.bfloat16)[0] == dispatch.SM90
+
+
+def test_dequantization_is_the_decode_exactly():
+    """nvfp4_dequant: code · scale · 2^-62 in bf16, bit for bit (every such product is a bf16 value)."""
+    from swiglu_fused.kernels.sm90 import nvfp4_dequant
+
+    g = torch.Generator(device="cuda").manual_seed(2)
+    packed, scale, _ = _nvfp4(torch.randn(384, 1024, device="cuda", generator=g) * 0.1)
+    out = torch.full((384, 1024), float("nan"), dtype=torch.bfloat16, device="cuda")
+    nvfp4_dequant.dequantize(packed, scale, out=out)
+    expected = quant.dequantize_nvfp4(packed, scale, torch.ones(1, device="cuda")) * 2.0 ** -62
+    assert torch.equal(out, expected.to(torch.bfloat16)) and torch.equal(expected.to(torch.bfloat16).float(), expected)
+
+
+@pytest.mark.parametrize("m", [dispatch.NVFP4_DEQUANT_M - 1, dispatch.NVFP4_DEQUANT_M, 4096])
+def test_prefill_dequantizes_and_agrees_with_the_w4a16_mainloop(m):
+    """From NVFP4_DEQUANT_M on, gate_up and down dequantize the weight and run the bf16 mainloop;
+    on the same operands the W4A16 mainloop's h and y agree with it to fp32 summation order."""
+    import dataclasses
+
+    from swiglu_fused.kernels.sm90 import down as k
+
+    x, w, ws, gs = gate_up_operands(m, 2048, 4096, seed=m)
+    cfg = dispatch.gate_up_config(x, w, ws, None, act="silu", h_format="bf16")
+    assert cfg.dequantized == (m >= dispatch.NVFP4_DEQUANT_M) and cfg.nvfp4_weight
+    w4a16 = dataclasses.replace(cfg, mainloop="nvfp4", dequantized=False, cluster_m=1)
+    h = _kernel_gate_up(cfg, x, w, ws, gs)
+    assert rel_frobenius(h, _kernel_gate_up(w4a16, x, w, ws, gs)) < 1e-3
+    hd, wd, wsd, gsd = down_operands(m, 2048, 4096, seed=m)
+    cfg = dispatch.down_config(hd, wd, wsd, None, None, torch.bfloat16)
+    assert cfg.dequantized == (m >= dispatch.NVFP4_DEQUANT_M)
+    w4a16 = dataclasses.replace(cfg, mainloop="nvfp4", dequantized=False)
+    assert rel_frobenius(k.down(cfg, hd, wd, wsd, None, None, gsd), k.down(w4a16, hd, wd, wsd, None, None, gsd)) < 1e-3
 
 
 def test_k_not_a_multiple_of_64_runs_the_reference_with_a_warning():

@@ -24,7 +24,7 @@ from __future__ import annotations
 import cutlass
 
 from .. import dispatch
-from .gemm import launch, nvfp4_global_scales
+from .gemm import launch, weight_operands
 from .kernel_host import compile_kernel
 from .tile_config import DownConfig  # noqa: F401 (this kernel's config, defined beside TileConfig)
 
@@ -61,12 +61,7 @@ def down(config: DownConfig, h, weight, weight_scale=None, h_scale=None, residua
         from ...quant import m_major
 
         h_scale = m_major(h_scale)
-    if config.fp8:
-        scales = (h_scale, weight_scale)
-    elif config.nvfp4:  # (the kernel reads the multiplier, twice, in a_scale's place)
-        scales = (nvfp4_global_scales(global_scale), weight_scale)
-    else:
-        scales = (None, None)
+    weight, scales = weight_operands(config, weight, weight_scale, h_scale, global_scale)
     launch(fn, config, h, weight, *scales, y, cutlass.BFloat16, residual if config.residual else None,
            cutlass.BFloat16, 16)
     return y

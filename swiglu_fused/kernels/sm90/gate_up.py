@@ -7,6 +7,8 @@ Operands (ground truth: reference.gate_up):
     mainloop bf16           x bf16 [M, K], weight bf16 [2I, K]
     mainloop nvfp4          x bf16 [M, K], weight uint8 [2I, K/2] (two e2m1 codes a byte) + weight_scale
                             e4m3 [2I, K/16] + global_scale fp32 multipliers [2] (gate, up) or [1]; h bf16
+                            (prefill: the weight dequantized to bf16 first, then the bf16 mainloop,
+                            TileConfig.dequantized)
     h_format fp8_group128   h e4m3 [M, I] + h_scale fp32 [M, I/128]  (s = amax/448 per row per 128 cols),
                             h_scale stored M-major (strides (1, M)): the layout both downs read,
                             ours (down.py) and cuBLAS's block-scaled GEMM (no transpose copy)
@@ -24,7 +26,7 @@ from __future__ import annotations
 from cutlass import Float32
 
 from .. import dispatch
-from .gemm import launch, nvfp4_global_scales
+from .gemm import launch, weight_operands
 from .kernel_host import compile_kernel
 from .tile_config import H_GROUP, GateUpConfig  # noqa: F401 (GateUpConfig: this kernel's config, defined beside TileConfig)
 
@@ -69,11 +71,6 @@ def gate_up(config: GateUpConfig, x, weight, weight_scale=None, x_scale=None, gl
     if m == 0:
         return h, hs
     fn = compile_cache.get("gate_up", config, lambda: compile_gate_up(config))
-    if config.fp8:
-        scales = (x_scale, weight_scale)
-    elif config.nvfp4:  # (the kernel reads the multipliers in a_scale's place)
-        scales = (nvfp4_global_scales(global_scale), weight_scale)
-    else:
-        scales = (None, None)
+    weight, scales = weight_operands(config, weight, weight_scale, x_scale, global_scale)
     launch(fn, config, x, weight, *scales, h, fmt.dtype, hs if fmt.scaled else None, Float32, 4)
     return h, hs

@@ -199,6 +199,8 @@ class GemmKernel(MainloopMixin, Nvfp4Mixin, StreamKMixin, EpilogueMixin):
             # writes it, M-major (strides (1, M), the layout cuBLAS's block-scaled GEMM reads)
             as_stride = (1, m) if cfg.epilogue == "linear" else (kb, 1)
             mAS = cute.make_tensor(as_ptr, cute.make_layout((m, kb), stride=as_stride))
+            if cutlass.const_expr(cfg.dequantized):  # the global scale multipliers, as for nvfp4
+                mAS = cute.make_tensor(as_ptr, cute.make_layout(cfg.global_scales))
             mWS = cute.make_tensor(ws_ptr, cute.make_layout(((n + W_BLOCK - 1) // W_BLOCK, kb), stride=(kb, 1)))
         mOut, mAux = self._out_tensors(out_ptr, aux_ptr, m, n_units, n_tiles)
 
@@ -737,12 +739,28 @@ def operand_dtypes(config: TileConfig) -> tuple:
     return cutlass.BFloat16, cutlass.BFloat16, Float32, Float32
 
 
-def nvfp4_global_scales(global_scale):
-    """An nvfp4 weight's global scale multipliers ([1], or [2]: gate, up) as the kernel reads them:
-    two fp32 values (one repeated). Device ops only (CUDA-graph capturable)."""
+def nvfp4_global_scales(global_scale, count: int = 2):
+    """An nvfp4 weight's global scale multipliers ([1], or [2]: gate, up; the split projection's
+    [3]) as the kernel reads them: ``count`` fp32 values (one repeated where there is one). Device
+    ops only (CUDA-graph capturable)."""
     import torch
 
-    return global_scale.to(torch.float32).reshape(-1).expand(2).contiguous()
+    return global_scale.to(torch.float32).reshape(-1).expand(count).contiguous()
+
+
+def weight_operands(config: TileConfig, weight, weight_scale, a_scale, global_scale):
+    """(the weight the kernel reads, (a_scale, w_scale) pointers' tensors) for ``config``: fp8's
+    scales; nvfp4's global scale multipliers in a_scale's place (with its e4m3 scales); for
+    ``dequantized`` the nvfp4 weight turned into bf16 for this call, and the multipliers."""
+    if config.fp8:
+        return weight, (a_scale, weight_scale)
+    if config.nvfp4:
+        return weight, (nvfp4_global_scales(global_scale, config.global_scales), weight_scale)
+    if config.dequantized:
+        from .nvfp4_dequant import dequantize
+
+        return dequantize(weight, weight_scale), (nvfp4_global_scales(global_scale, config.global_scales), None)
+    return weight, (None, None)
 
 
 def launch(fn, config: TileConfig, a, w, a_scale, w_scale, out, out_dtype, aux, aux_dtype, aux_align: int) -> None:

@@ -95,8 +95,11 @@ class MainloopMixin:
             self._nvfp4_scale(acc, ops.dec.mGS, work.tn)
             return state, release
         if cfg.mainloop == BF16_MAINLOOP:
-            return self._mainloop_bf16(mainloop, state, release, ops.tiled_mma, acc, ops.tCrA, ops.tCrB, work.kb0,
-                                       work.kb1, ops.num_k_blocks)
+            state, release = self._mainloop_bf16(mainloop, state, release, ops.tiled_mma, acc, ops.tCrA, ops.tCrB,
+                                                 work.kb0, work.kb1, ops.num_k_blocks)
+            if cfg.dequantized:  # an nvfp4 weight dequantized for this call (nvfp4_dequant.py)
+                self._nvfp4_scale(acc, ops.mAS, work.tn)
+            return state, release
         # fp8_block128: the schedule that suits the tile
         if self.overlap:
             return self._mainloop_fp8_quarters(mainloop, state, release, ops, acc, work)

@@ -28,7 +28,7 @@ import cutlass.cute as cute
 import cutlass.pipeline as pipeline
 from cutlass import Float32, Int32
 
-from .gemm import GemmKernel, launch
+from .gemm import GemmKernel, launch, weight_operands
 from .kernel_host import compile_kernel
 from .ptx import cvt_bf16x2
 from .tile_config import HALF_N, SplitConfig  # noqa: F401 (SplitConfig: this kernel's config)
@@ -118,11 +118,6 @@ def gate_up_split(config: SplitConfig, x, weight, weight_scale=None, x_scale=Non
     if m == 0:
         return out
     fn = compile_cache.get("gate_up_split", config, lambda: compile_split(config))
-    if config.fp8:
-        scales = (x_scale, weight_scale)
-    elif config.nvfp4:  # (the kernel reads the multipliers in a_scale's place)
-        scales = (global_scale.to(torch.float32).reshape(-1).contiguous(), weight_scale)
-    else:
-        scales = (None, None)
+    weight, scales = weight_operands(config, weight, weight_scale, x_scale, global_scale)
     launch(fn, config, x, weight, *scales, out, cutlass.BFloat16, None, Float32, 4)
     return out

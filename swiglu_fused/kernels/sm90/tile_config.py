@@ -102,6 +102,10 @@ class TileConfig:
     # never again in this kernel), so the activations and the lines the previous kernels wrote stay;
     # "w_first_x_last" also the activation k tiles (read by every N tile) evict_last
     l2_hint: str = ""
+    # the bf16 mainloop over an nvfp4 weight that nvfp4_dequant.py turned into bf16 (code · scale ·
+    # 2^-62, exact) for this call, then the accumulator times the global scales · 2^62 per half, as
+    # the nvfp4 mainloop ends: prefill of nvfp4 weights (dispatch.nvfp4_dequantizes)
+    dequantized: bool = False
 
     # the epilogue and the bytes per element of the staged output (set by subclasses)
     epilogue = "gated"
@@ -145,6 +149,9 @@ class TileConfig:
             raise ValueError(f"{name}.smem_scales: the fp8 mainloop's 128-row tile only; got {self}")
         if self.l2_hint not in L2_HINTS:
             raise ValueError(f"{name}.l2_hint: expected one of {L2_HINTS}, got {self.l2_hint!r}")
+        if self.dequantized and (self.mainloop != BF16_MAINLOOP or self.swap_ab or self.granules):
+            raise ValueError(f"{name}.dequantized: the bf16 mainloop's 64/128-row tiles of 256 weight rows only; "
+                             f"got {self}")
         if self.promote_k not in (32, 64, 128):
             raise ValueError(f"{name}.promote_k: expected 32, 64 or 128, got {self.promote_k}")
         if self.epilogue not in activations_and_h.EPILOGUES:
@@ -181,8 +188,14 @@ class TileConfig:
 
     @property
     def global_scales(self) -> int:
-        """nvfp4: fp32 global scale multipliers the kernel reads (gate and up; down: one twice)."""
+        """nvfp4 (and dequantized): fp32 global scale multipliers the kernel reads (gate and up;
+        down: one twice)."""
         return 2
+
+    @property
+    def nvfp4_weight(self) -> bool:
+        """Whether the weight is nvfp4's (decoded in the mainloop, or dequantized for the call)."""
+        return self.nvfp4 or self.dequantized
 
     @property
     def b_boxes(self) -> int:
@@ -326,7 +339,7 @@ class SplitConfig(GateUpConfig):
                 or self.tma_store or self.smem_scales:
             raise ValueError(f"{name}: the split GEMM runs the 64/128-row tiles of 256 weight rows with bf16 h "
                              f"(no granules, swap_ab, split_n, K pairs, tma_store or smem_scales); got {self}")
-        if self.nvfp4 and (self.prefix % self.tile_n or self.tile_m != 128):
+        if self.nvfp4_weight and (self.prefix % self.tile_n or self.tile_m != 128):
             raise ValueError(f"{name}: the nvfp4 split GEMM runs the 128-row tile with the pair tiles on the "
                              f"256-row grid (prefix a multiple of {self.tile_n}); got {self}")
         if self.cluster_m > 1 and self.prefix % self.tile_n:
