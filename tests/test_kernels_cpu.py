@@ -85,6 +85,9 @@ def test_gate_up_split_errors_name_the_argument():
         ops.gate_up_split(**wide, prefix=64)
     with pytest.raises(ValueError, match="x: has 199 columns"):
         ops.gate_up_split(torch.randn(2, 199).bfloat16(), _split_operands(False)["weight"], prefix=384)
+    w4, s4 = torch.zeros(384 + 512, 32, dtype=torch.uint8), torch.zeros(384 + 512, 4, dtype=torch.float8_e4m3fn)
+    with pytest.raises(ValueError, match=r"global_scale: expected 3 elements \(\[3\]: prefix, gate and up\)"):
+        ops.gate_up_split(torch.randn(2, 64).bfloat16(), w4, s4, None, torch.ones(2), prefix=384)
 
 
 def test_gate_up_split_fake_and_config_checks():

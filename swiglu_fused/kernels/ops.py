@@ -78,17 +78,19 @@ def _check_group_scales(name: str, a: torch.Tensor, scale, k: int, how: str, wha
                  f"one scale per row per 128 columns of {name}")
 
 
-def _check_nvfp4_scales(weight_scale, global_scale, n: int, k: int) -> None:
-    """An nvfp4 weight [n, k]'s e4m3 scales per 16 columns and its fp32 per-tensor multipliers."""
+def _check_nvfp4_scales(weight_scale, global_scale, n: int, k: int, split: bool = False) -> None:
+    """An nvfp4 weight [n, k]'s e4m3 scales per 16 columns and its fp32 per-tensor multipliers
+    ([1] or [2]; a split projection's [3]: prefix, gate, up)."""
+    counts, which = ((3,), "[3]: prefix, gate and up") if split else ((1, 2), "[1], or [2] for gate and up")
     if weight_scale is None or global_scale is None:
         raise ValueError("weight_scale, global_scale: an nvfp4 weight needs its e4m3 scales per 16 columns "
-                         "and its fp32 global scale ([1], or [2] for gate and up)")
+                         f"and its fp32 global scale ({which})")
     _check_dtype("weight_scale", weight_scale, (FP8,))
     _check_shape("weight_scale", weight_scale, (n, cdiv(k, formats.NVFP4_GROUP)),
                  f"one e4m3 scale per row per {formats.NVFP4_GROUP} columns")
     _check_dtype("global_scale", global_scale, (torch.float32,))
-    if global_scale.numel() not in (1, 2):
-        raise ValueError(f"global_scale: expected 1 or 2 elements (one, or gate and up), got shape "
+    if global_scale.numel() not in counts:
+        raise ValueError(f"global_scale: expected {' or '.join(map(str, counts))} elements ({which}), got shape "
                          f"{tuple(global_scale.shape)}")
 
 
@@ -207,32 +209,41 @@ def _(x, weight, weight_scale, x_scale, global_scale, interleave, act, h_format)
 
 
 def _validate_gate_up(x, weight, weight_scale, x_scale, global_scale, interleave, act, h_format):
-    _check_2d("x", x)
-    _check_2d("weight", weight)
-    _check_same_device("x", x, weight=weight, weight_scale=weight_scale, x_scale=x_scale, global_scale=global_scale)
-    reference.activation(act)  # raises naming act
     formats.implementation(formats.H_FORMATS, h_format, "h_format", "")  # raises naming h_format
-    n, k_w = weight.shape
-    fmt = formats.format_of_weight(weight)
-    if fmt is not None:
-        k_w = fmt.cols_of(weight)
-    if x.shape[1] != k_w:
-        raise ValueError(f"x: has {x.shape[1]} columns but weight has K = {k_w}; x must be [M, K] for weight [2I, K]")
-    _check_interleave(interleave)
+    _validate_packed_operands(x, weight, weight_scale, x_scale, global_scale, act, interleave, "2I")
+    n = weight.shape[0]
     if n % (2 * interleave):
         raise ValueError(
             f"weight: {n} rows is not a multiple of 2 * interleave = {2 * interleave}; a packed gate_up "
             f"weight has 2I rows in chunks of 2g (check --interleave)"
         )
+
+
+def _validate_packed_operands(x, weight, weight_scale, x_scale, global_scale, act, interleave, rows: str,
+                              split: bool = False) -> None:
+    """What gate_up and gate_up_split check alike: x [M, K] against the packed weight [rows, K] of
+    any format, its scales (and x's for fp8), the activation and the interleave."""
+    _check_2d("x", x)
+    _check_2d("weight", weight)
+    _check_same_device("x", x, weight=weight, weight_scale=weight_scale, x_scale=x_scale, global_scale=global_scale)
+    reference.activation(act)  # raises naming act
+    _check_interleave(interleave)
+    n, k_w = weight.shape
+    fmt = formats.format_of_weight(weight)
+    if fmt is not None:
+        k_w = fmt.cols_of(weight)
+    if x.shape[1] != k_w:
+        raise ValueError(f"x: has {x.shape[1]} columns but weight has K = {k_w}; x must be [M, K] for weight "
+                         f"[{rows}, K]")
     if weight.dtype == FP8:
-        _check_block_scales(weight_scale, n, k_w, "[ceil(2I/128), ceil(K/128)]")
+        _check_block_scales(weight_scale, n, k_w, f"[ceil({rows}/128), ceil(K/128)]")
         if x.dtype == FP8:
             _check_group_scales("x", x, x_scale, k_w, "get both from quant_x(x)", "per-token-group-128 scales")
     else:
         _check_dtype("weight", weight, (torch.bfloat16, torch.uint8))
         _check_dtype("x", x, (torch.bfloat16, torch.float16, torch.float32))
         if weight.dtype == torch.uint8:
-            _check_nvfp4_scales(weight_scale, global_scale, n, k_w)
+            _check_nvfp4_scales(weight_scale, global_scale, n, k_w, split)
 
 
 def gate_up(
@@ -286,39 +297,15 @@ def _(x, weight, weight_scale, x_scale, global_scale, prefix, interleave, act):
 
 
 def _validate_gate_up_split(x, weight, weight_scale, x_scale, global_scale, prefix, interleave, act):
-    _check_2d("x", x)
-    _check_2d("weight", weight)
-    _check_same_device("x", x, weight=weight, weight_scale=weight_scale, x_scale=x_scale, global_scale=global_scale)
-    reference.activation(act)
-    _check_interleave(interleave)
+    _validate_packed_operands(x, weight, weight_scale, x_scale, global_scale, act, interleave, "P + 2I", split=True)
     n = weight.shape[0]
-    fmt = formats.format_of_weight(weight)
-    k_w = fmt.cols_of(weight) if fmt is not None else weight.shape[1]
-    if x.shape[1] != k_w:
-        raise ValueError(f"x: has {x.shape[1]} columns but weight has K = {k_w}; x must be [M, K] for weight [P + 2I, K]")
     if not isinstance(prefix, int) or not 0 < prefix < n or (n - prefix) % (2 * interleave):
         raise ValueError(f"prefix: {prefix!r} rows leave {n - prefix if isinstance(prefix, int) else '?'} of the "
                          f"weight's {n} for gate/up pairs, which must be a positive multiple of 2·interleave = "
                          f"{2 * interleave}")
-    if weight.dtype == FP8:
-        if prefix % GROUP:
-            raise ValueError(f"prefix: {prefix} is not a multiple of {GROUP}, so an fp8 scale block straddles the "
-                             "prefix and the pairs")
-        _check_block_scales(weight_scale, n, k_w, "[ceil((P + 2I)/128), ceil(K/128)]")
-        if x.dtype == FP8:
-            _check_group_scales("x", x, x_scale, k_w, "get both from quant_x(x)", "per-token-group-128 scales")
-    else:
-        _check_dtype("weight", weight, (torch.bfloat16, torch.uint8))
-        _check_dtype("x", x, (torch.bfloat16, torch.float16, torch.float32))
-        if weight.dtype == torch.uint8:
-            if weight_scale is None or global_scale is None:
-                raise ValueError("weight_scale, global_scale: an nvfp4 weight needs its e4m3 scales per 16 columns "
-                                 "and its fp32 global scale multipliers [3] (prefix, gate, up)")
-            _check_dtype("weight_scale", weight_scale, (FP8,))
-            _check_shape("weight_scale", weight_scale, (n, cdiv(k_w, formats.NVFP4_GROUP)),
-                         f"one e4m3 scale per row per {formats.NVFP4_GROUP} columns")
-            _check_dtype("global_scale", global_scale, (torch.float32,))
-            _check_shape("global_scale", global_scale.reshape(-1), (3,), "multipliers of the prefix, gate and up")
+    if weight.dtype == FP8 and prefix % GROUP:
+        raise ValueError(f"prefix: {prefix} is not a multiple of {GROUP}, so an fp8 scale block straddles the "
+                         "prefix and the pairs")
 
 
 def gate_up_split(
