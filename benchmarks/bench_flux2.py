@@ -107,7 +107,9 @@ def single_stream(w_single, ms, rounds, iters):
                "cublas_bf16_gemm_alone": lambda: F.linear(x, w_single),
                # the processor's cat alone: of our h (a view, rows P + I apart), and of a contiguous h
                "cat_of_our_h_view": lambda: torch.cat([attention, out[:, PREFIX:]], dim=-1),
-               "cat_of_contiguous_h": lambda: torch.cat([attention, h], dim=-1)}
+               "cat_of_contiguous_h": lambda: torch.cat([attention, h], dim=-1),
+               "contiguous_of_our_h_view": lambda: out[:, PREFIX:].contiguous(),
+               "cat_after_contiguous": lambda: torch.cat([attention, out[:, PREFIX:].contiguous()], dim=-1)}
         for f in FORMATS:
             fns[f"ours_{SHORT[f]}"] = (lambda f: lambda: ours(f)(x, attention))(f)
             fns[f"ours_{SHORT[f]}_proj_alone"] = (lambda f: lambda: mods[f](x))(f)

@@ -104,6 +104,8 @@ class FusedSplitProjection(nn.Module):
     def backend(self) -> str:
         """Where forward runs on this module's device: "sm90" (the split kernel) or "reference"."""
         device = self.tensors()[formats.weight_format(self.weight_format).weight_name].device
-        whole = 2 * formats.FP8_BLOCK if self.weight_format == formats.NVFP4.name else formats.FP8_BLOCK
-        kernel = self.prefix_rows % whole == 0  # (dispatch.split_backend; nvfp4 also needs K % 64)
+        nvfp4 = self.weight_format == formats.NVFP4.name
+        whole = 2 * formats.FP8_BLOCK if nvfp4 else formats.FP8_BLOCK
+        # (dispatch.split_backend's rules: P in whole blocks, nvfp4's K in whole 64-column k tiles)
+        kernel = self.prefix_rows % whole == 0 and not (nvfp4 and self.in_features % 64)
         return dispatch.module_backend(self.weight_format, self.interleave, device) if kernel else dispatch.REFERENCE
