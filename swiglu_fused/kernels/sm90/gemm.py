@@ -80,7 +80,8 @@ slab with one TMA store.
 Where the pieces are: the configuration (TileConfig and the constants) in tile_config.py; the
 tile schedule's plan (plan(), stream-K, band order, launch_plan) in schedule.py and its device side
 (segments, the stream-K and K-pair fix-ups) in stream_k.py; the mainloops in mainloop.py; the
-epilogues' stores in epilogue_stores.py; the swap-AB decode tiles (a subclass) in swap_ab.py;
+epilogues' stores in epilogue_stores.py; the swap-AB decode tiles (a subclass) in swap_ab.py; Flux.2's split projection (a subclass: prefix
+tiles stored as they are, pair tiles gated) in split.py;
 the choice of kernel class and compile_kernel in kernel_host.py. This file holds the kernel (host
 tensors and TMA atoms, shared storage, setup, the producer, the consumers' walk over their tiles)
 and launch. Measurements: benchmarks/STATUS.md, benchmarks/history/, docs/DISPATCH.md.
@@ -667,6 +668,7 @@ class GemmKernel(MainloopMixin, Nvfp4Mixin, StreamKMixin, EpilogueMixin):
                 mainloop.producer_commit(state)
                 state.advance()
         mainloop.producer_tail(state)
+
     def _load_b(self, loads: TmaLoads, tn, kt, stage, bar, hint_b):
         """The producer's TMA loads of weight tile tn's k tile kt into ``stage`` (plain Python,
         inlined into _produce): one box of the whole tile, multicast for cluster pairs, or the
