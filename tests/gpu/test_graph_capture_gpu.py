@@ -54,3 +54,12 @@ def test_module_captures_and_replays(fmt, kind, path, monkeypatch):
         assert module.backend == "reference"
     with torch.no_grad():
         _replay_equals_eager(module)
+
+
+@pytest.mark.parametrize("kind", ["mlp", "linear"])
+def test_nvfp4_prefill_captures_and_replays(kind):
+    """From dispatch.NVFP4_DEQUANT_M rows the nvfp4 ops dequantize the weight into a per-call bf16
+    buffer first (DISPATCH D26): that allocation and kernel capture and replay as well."""
+    module = _module(kind, "nvfp4")
+    with torch.no_grad():
+        _replay_equals_eager(module, rows=dispatch.NVFP4_DEQUANT_M)
