@@ -106,6 +106,8 @@ class FusedSplitProjection(nn.Module):
         device = self.tensors()[formats.weight_format(self.weight_format).weight_name].device
         nvfp4 = self.weight_format == formats.NVFP4.name
         whole = 2 * formats.FP8_BLOCK if nvfp4 else formats.FP8_BLOCK
-        # (dispatch.split_backend's rules: P in whole blocks, nvfp4's K in whole 64-column k tiles)
-        kernel = self.prefix_rows % whole == 0 and not (nvfp4 and self.in_features % 64)
+        # (dispatch.split_backend's rules: P in whole blocks, 16-byte rows of x and the weight, nvfp4's
+        # K in whole 64-column k tiles)
+        k_multiple = 64 if nvfp4 else 16 // self.tensors()[formats.weight_format(self.weight_format).weight_name].element_size()
+        kernel = self.prefix_rows % whole == 0 and self.in_features % k_multiple == 0
         return dispatch.module_backend(self.weight_format, self.interleave, device) if kernel else dispatch.REFERENCE

@@ -78,8 +78,10 @@ def test_gate_up_split_errors_name_the_argument():
         ops.gate_up_split(**args, prefix=300)
     with pytest.raises(ValueError, match="x_scale"):
         ops.gate_up_split(args["x"], args["weight"], args["weight_scale"], None, prefix=384)
-    with pytest.raises(ValueError, match="prefix: 0 rows leave"):
+    with pytest.raises(ValueError, match=r"prefix: expected the number of plain rows, an int with 0 < prefix < 896"):
         ops.gate_up_split(**args, prefix=0)
+    with pytest.raises(ValueError, match=r"weight_scale: expected shape .*\(one multiplier per 128x128"):
+        ops.gate_up_split(args["x"], args["weight"], args["weight_scale"][:-1], args["x_scale"], prefix=384)
     wide = _split_operands(True, p=320, inter=128)
     with pytest.raises(ValueError, match="prefix: 64 is not a multiple of 128"):
         ops.gate_up_split(**wide, prefix=64)
@@ -129,9 +131,9 @@ def test_split_dispatch_picks_a_shipped_config(monkeypatch):
     assert backend == dispatch.SM90 and cfg.nvfp4 and cfg in dispatch.split_shipped()
     assert dispatch.split_backend(x, w4, None, None, torch.ones(3), 18432, 128, "silu") == (dispatch.REFERENCE, None)
     dispatch._warn_reference_once.cache_clear()
-    with pytest.warns(UserWarning, match="gate_up_split: the prefix has 384 columns, not a multiple of 256"):
+    with pytest.warns(UserWarning, match="gate_up_split: the prefix has 384 rows, not a multiple of 256"):
         assert dispatch.split_backend(x, w4[128:], s4[128:], None, torch.ones(3), 384, 128, "silu")[0] == "reference"
-    with pytest.warns(UserWarning, match="gate_up_split: the prefix has 64 columns, not a multiple of 128"):
+    with pytest.warns(UserWarning, match="gate_up_split: the prefix has 64 rows, not a multiple of 128"):
         dispatch.split_backend(x, torch.empty(64 + 256, 64, dtype=torch.bfloat16), None, None, None, 64, 128, "silu")
 
 

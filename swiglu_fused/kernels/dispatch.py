@@ -76,9 +76,9 @@ def rows_16_bytes(op: str, **tensors: torch.Tensor) -> bool:
 
 @functools.lru_cache(maxsize=None)
 def _warn_reference_once(op: str, name: str, cols: int, multiple: int, why: str, fix: str = "",
-                         stacklevel: int = 5) -> None:
+                         stacklevel: int = 5, unit: str = "columns") -> None:
     """Say once per op and width that the reference runs a call the kernel cannot take, and why."""
-    warnings.warn(f"{op}: {name} has {cols} columns, not a multiple of {multiple} ({why}), so the sm90 kernel "
+    warnings.warn(f"{op}: {name} has {cols} {unit}, not a multiple of {multiple} ({why}), so the sm90 kernel "
                   f"cannot run it and the plain-torch reference does, much more slowly{fix}", stacklevel=stacklevel)
 
 
@@ -424,7 +424,7 @@ SPLIT_TILES = ((64, 4), (128, 4))  # (tile_m, stages): M ≤ DECODE_M, above; nv
 def split_backend(x, weight, weight_scale, x_scale, global_scale, prefix, interleave, act):
     """(SM90, SplitConfig) where the split kernel implements these arguments (bf16, fp8_block128 or
     nvfp4 with g = 128, P a multiple of 128 (nvfp4: 256), 16-byte rows, nvfp4's K a multiple of
-    64), else (REFERENCE, None), with a warning once where only P or K is the reason."""
+    64), else (REFERENCE, None), with a warning once where P, K or the rows' bytes are the reason."""
     from .sm90 import activations_and_h
 
     nvfp4 = weight.dtype == torch.uint8
@@ -437,7 +437,8 @@ def split_backend(x, weight, weight_scale, x_scale, global_scale, prefix, interl
     whole = 2 * GROUP if nvfp4 else GROUP  # rows P must be a multiple of
     if prefix % whole:
         _warn_reference_once("gate_up_split", "the prefix", prefix, whole,
-                             "nvfp4: the pair tiles on the 256-row grid" if nvfp4 else "whole 128-row weight blocks")
+                             "nvfp4: the pair tiles on the 256-row grid" if nvfp4 else "whole 128-row weight blocks",
+                             unit="rows")
         return REFERENCE, None
     if nvfp4 and not _nvfp4_k_ok("gate_up_split", "x", x.shape[1]):
         return REFERENCE, None

@@ -236,7 +236,7 @@ def _validate_packed_operands(x, weight, weight_scale, x_scale, global_scale, ac
         raise ValueError(f"x: has {x.shape[1]} columns but weight has K = {k_w}; x must be [M, K] for weight "
                          f"[{rows}, K]")
     if weight.dtype == FP8:
-        _check_block_scales(weight_scale, n, k_w, f"[ceil({rows}/128), ceil(K/128)]")
+        _check_block_scales(weight_scale, n, k_w, f"[ceil({rows if rows.isalnum() else f'({rows})'}/128), ceil(K/128)]")
         if x.dtype == FP8:
             _check_group_scales("x", x, x_scale, k_w, "get both from quant_x(x)", "per-token-group-128 scales")
     else:
@@ -299,10 +299,12 @@ def _(x, weight, weight_scale, x_scale, global_scale, prefix, interleave, act):
 def _validate_gate_up_split(x, weight, weight_scale, x_scale, global_scale, prefix, interleave, act):
     _validate_packed_operands(x, weight, weight_scale, x_scale, global_scale, act, interleave, "P + 2I", split=True)
     n = weight.shape[0]
-    if not isinstance(prefix, int) or not 0 < prefix < n or (n - prefix) % (2 * interleave):
-        raise ValueError(f"prefix: {prefix!r} rows leave {n - prefix if isinstance(prefix, int) else '?'} of the "
-                         f"weight's {n} for gate/up pairs, which must be a positive multiple of 2·interleave = "
-                         f"{2 * interleave}")
+    if not isinstance(prefix, int) or not 0 < prefix < n:
+        raise ValueError(f"prefix: expected the number of plain rows, an int with 0 < prefix < {n} (the weight's "
+                         f"rows), got {prefix!r}")
+    if (n - prefix) % (2 * interleave):
+        raise ValueError(f"prefix: {prefix} rows leave {n - prefix} of the weight's {n} for gate/up pairs, which must "
+                         f"be a multiple of 2·interleave = {2 * interleave}")
     if weight.dtype == FP8 and prefix % GROUP:
         raise ValueError(f"prefix: {prefix} is not a multiple of {GROUP}, so an fp8 scale block straddles the "
                          "prefix and the pairs")

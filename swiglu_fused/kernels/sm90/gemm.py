@@ -700,7 +700,7 @@ class GemmKernel(MainloopMixin, Nvfp4Mixin, StreamKMixin, EpilogueMixin):
     def _load_tile_scales(self, mAS, mWS, m, ws_last, tm, tn, kt, lane):
         """smem_scales, producer lanes (plain Python, inlined): k block kt's scales of the tile's A
         rows lane + 32i (rows ≥ M read the last row's, as the consumers did) and, in lanes 0 and 1,
-        of weight block 2·tn + lane (clamped to the last block row)."""
+        of weight block _w_block(tn) + lane (clamped to the last block row)."""
         xs = [mAS[cutlass.min(tm * self.cfg.tile_m + lane + 32 * i, m - 1), kt] for i in range(self.cfg.tile_m // 32)]
         return xs, mWS[cutlass.min(self._w_block(tn) + lane % 2, ws_last), kt]
 

@@ -1,5 +1,5 @@
-"""nvfp4 weight → bf16 on sm_90a, for prefill: above some M (dispatch.nvfp4_dequantizes) the nvfp4
-GEMMs run as this kernel followed by the bf16 mainloop (TileConfig.global_scales_after), because
+"""nvfp4 weight → bf16 on sm_90a, for prefill: from dispatch.NVFP4_DEQUANT_M rows (nvfp4_dequantizes)
+the nvfp4 GEMMs run as this kernel followed by the bf16 mainloop (TileConfig.dequantized), because
 the W4A16 mainloop decodes every weight k tile once per M tile with the threads that also issue
 the wgmma, and at prefill that decode, not the MMA, bounds the k loop (benchmarks/history/nvfp4.md).
 

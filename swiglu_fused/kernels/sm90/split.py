@@ -16,8 +16,8 @@ bf16 x and the global scales [3]: prefix, gate, up, the prefix's applied to both
 tile; nvfp4 takes P a multiple of 256 only). P is a compile-time constant (SplitConfig): one model
 has one P.
 
-SplitKernel is GemmKernel with four hooks replaced: the output tensors (y and h views of one
-buffer), the weight tile's row offset, nvfp4's global scale per tile, and the epilogue (prefix tiles: the rounded accumulator
+SplitKernel is GemmKernel with five hooks replaced: the output tensors (y and h views of one
+buffer), the weight tile's row offset and its B loads, nvfp4's global scale per tile, and the epilogue (prefix tiles: the rounded accumulator
 staged and copied out per 128-column half; pair tiles: the gated epilogue into h).
 """
 
