@@ -16,6 +16,7 @@ import dataclasses
 
 import torch
 
+from benchmarks.harness import parse_variant
 from swiglu_fused import quant
 from swiglu_fused.bench import graph_time_us, parse_ms, parse_shapes
 from swiglu_fused.kernels import dispatch, ops
@@ -71,14 +72,6 @@ def _variant(fields: dict, x, h):
     return gate_up, down
 
 
-def parse_fields(text: str) -> dict:
-    out = {}
-    for item in filter(None, text.split(",")):
-        k, v = item.split("=")
-        out[k] = {"True": True, "False": False}.get(v, int(v) if v.lstrip("-").isdigit() else v)
-    return out
-
-
 def run(shapes, ms, iters=50, ab: dict | None = None):
     rows = []
     for hidden, inter in shapes:
@@ -130,7 +123,7 @@ def main():
     ap.add_argument("--m", default="1,16,64,1024")
     ap.add_argument("--ab", default="", metavar="FIELD=VALUE,...", help="time this config variant too")
     args = ap.parse_args()
-    run(parse_shapes(args.shapes), parse_ms(args.m), ab=parse_fields(args.ab))
+    run(parse_shapes(args.shapes), parse_ms(args.m), ab=parse_variant(f"ab:{args.ab}")[1])
 
 
 if __name__ == "__main__":

@@ -13,7 +13,7 @@ import torch
 
 from . import formats
 from .kernels import ops
-from .kernels.pipeline import check_features, operands
+from .kernels.pipeline import activation_operand, check_features, operands
 from .layer import _PackedProjection
 
 
@@ -72,10 +72,7 @@ class PackedLinear(_PackedProjection):
             return x.new_empty((*lead, self.out_features))
         fmt = formats.weight_format(self.weight_format)
         weight, scale, gs = operands(fmt, self.tensors(), self.global_scale_kind)
-        x2 = x.reshape(-1, self.in_features).to(torch.bfloat16)
-        x_scale = None
-        if fmt.quantizes_x:
-            x2, x_scale = ops.quant_x(x2)
+        x2, x_scale = activation_operand(ops, fmt, x.reshape(-1, self.in_features))
         y = ops.down(x2, weight, scale, x_scale, gs, out_dtype=x.dtype)
         bias = self._buffers.get("bias")
         if bias is not None:

@@ -20,7 +20,7 @@ from torch import nn
 
 from . import formats, split_interleave
 from .kernels import dispatch, ops, reference
-from .kernels.pipeline import check_features, operands
+from .kernels.pipeline import activation_operand, check_features, operands
 from .layer import _PackedProjection
 
 
@@ -87,10 +87,7 @@ class FusedSplitProjection(nn.Module):
             return x.new_empty((*lead, self.out_features))
         fmt = formats.weight_format(self.weight_format)
         weight, scale, gs = operands(fmt, self.tensors(), self.global_scale_kind)
-        x2 = x.reshape(-1, self.in_features).to(torch.bfloat16)
-        x_scale = None
-        if fmt.quantizes_x:
-            x2, x_scale = ops.quant_x(x2)
+        x2, x_scale = activation_operand(ops, fmt, x.reshape(-1, self.in_features))
         out = ops.gate_up_split(x2, weight, scale, x_scale, gs, prefix=self.prefix_rows, interleave=self.interleave,
                                 act=self.activation)
         return out.to(x.dtype).reshape(*lead, self.out_features)
@@ -103,11 +100,6 @@ class FusedSplitProjection(nn.Module):
     @property
     def backend(self) -> str:
         """Where forward runs on this module's device: "sm90" (the split kernel) or "reference"."""
-        device = self.tensors()[formats.weight_format(self.weight_format).weight_name].device
-        nvfp4 = self.weight_format == formats.NVFP4.name
-        whole = 2 * formats.FP8_BLOCK if nvfp4 else formats.FP8_BLOCK
-        # (dispatch.split_backend's rules: P in whole blocks, 16-byte rows of x and the weight, nvfp4's
-        # K in whole 64-column k tiles)
-        k_multiple = 64 if nvfp4 else 16 // self.tensors()[formats.weight_format(self.weight_format).weight_name].element_size()
-        kernel = self.prefix_rows % whole == 0 and self.in_features % k_multiple == 0
-        return dispatch.module_backend(self.weight_format, self.interleave, device) if kernel else dispatch.REFERENCE
+        weight = self.tensors()[formats.weight_format(self.weight_format).weight_name]
+        return dispatch.split_module_backend(weight, self.prefix_rows, self.in_features, self.weight_format,
+                                             self.interleave)

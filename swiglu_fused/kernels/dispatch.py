@@ -376,10 +376,10 @@ def nvfp4_shipped(config_cls, variants) -> list:
     and the dequantized prefill tile with and without cluster pairs."""
     tiles = [(t, s, True) for t, s in NVFP4_SWAP_TILES] + [(*NVFP4_ROW_TILE, False)]
     clusters = config_cls.epilogue == "gated"  # (_nvfp4_down_config: no cluster pairs)
-    prefill = {tuple(sorted(_nvfp4_prefill_tile(m, clusters).items())) for m in (NVFP4_DEQUANT_M, CLUSTER_M_MIN)}
+    prefill = [config_cls(**_nvfp4_prefill_tile(m, clusters), **v)
+               for v in variants for m in (NVFP4_DEQUANT_M, CLUSTER_M_MIN)]
     return [config_cls(tile_m=t, stages=s, swap_ab=swap, mainloop=NVFP4_MAINLOOP, **v)
-            for v in variants for t, s, swap in tiles] + [
-        config_cls(**dict(p), **v) for v in variants for p in sorted(prefill)]
+            for v in variants for t, s, swap in tiles] + list(dict.fromkeys(prefill))  # (down: one tile, twice)
 
 
 def gate_up_shipped() -> list:
@@ -434,7 +434,7 @@ def split_backend(x, weight, weight_scale, x_scale, global_scale, prefix, interl
     mainloop = _split_mainloop(x, weight, weight_scale, x_scale)
     if mainloop is None or not rows_16_bytes("gate_up_split", x=x, weight=weight):
         return REFERENCE, None
-    whole = 2 * GROUP if nvfp4 else GROUP  # rows P must be a multiple of
+    whole = split_prefix_multiple(nvfp4)
     if prefix % whole:
         _warn_reference_once("gate_up_split", "the prefix", prefix, whole,
                              "nvfp4: the pair tiles on the 256-row grid" if nvfp4 else "whole 128-row weight blocks",
@@ -453,6 +453,26 @@ def split_backend(x, weight, weight_scale, x_scale, global_scale, prefix, interl
     cluster = cluster_m_for(m, tile_m, 2 * GROUP) if prefix % (2 * GROUP) == 0 and not nvfp4 else 1
     return SM90, SplitConfig(tile_m=tile_m, stages=stages, mainloop=mainloop, act=act, h_format="bf16",
                              prefix=prefix, cluster_m=cluster, l2_hint="" if nvfp4 else gate_up_l2_hint(tile_m, False))
+
+
+def split_prefix_multiple(nvfp4: bool) -> int:
+    """Rows the split kernel needs P to be a multiple of: whole 128-row weight blocks; nvfp4, the
+    pair tiles on the 256-row grid."""
+    return 2 * GROUP if nvfp4 else GROUP
+
+
+def split_module_backend(weight: torch.Tensor, prefix: int, k: int, weight_format: str, interleave: int) -> str:
+    """Where a FusedSplitProjection over the packed ``weight`` [P + 2I, K] runs: SM90 where the
+    format has kernels on its device (module_backend) and split_backend's shape rules hold (P in
+    whole blocks, 16-byte rows, nvfp4's K in whole k tiles; said here without its warnings), else
+    REFERENCE."""
+    if module_backend(weight_format, interleave, weight.device) == REFERENCE:
+        return REFERENCE
+    from .sm90.tile_config import NVFP4_K_ALIGN
+
+    nvfp4 = weight.dtype == torch.uint8
+    k_multiple = NVFP4_K_ALIGN if nvfp4 else 16 // weight.element_size()
+    return REFERENCE if prefix % split_prefix_multiple(nvfp4) or k % k_multiple else SM90
 
 
 def _split_mainloop(x, weight, weight_scale, x_scale) -> str | None:

@@ -298,16 +298,7 @@ def _(x, weight, weight_scale, x_scale, global_scale, prefix, interleave, act):
 
 def _validate_gate_up_split(x, weight, weight_scale, x_scale, global_scale, prefix, interleave, act):
     _validate_packed_operands(x, weight, weight_scale, x_scale, global_scale, act, interleave, "P + 2I", split=True)
-    n = weight.shape[0]
-    if not isinstance(prefix, int) or not 0 < prefix < n:
-        raise ValueError(f"prefix: expected the number of plain rows, an int with 0 < prefix < {n} (the weight's "
-                         f"rows), got {prefix!r}")
-    if (n - prefix) % (2 * interleave):
-        raise ValueError(f"prefix: {prefix} rows leave {n - prefix} of the weight's {n} for gate/up pairs, which must "
-                         f"be a multiple of 2·interleave = {2 * interleave}")
-    if weight.dtype == FP8 and prefix % GROUP:
-        raise ValueError(f"prefix: {prefix} is not a multiple of {GROUP}, so an fp8 scale block straddles the "
-                         "prefix and the pairs")
+    reference.check_split_prefix(prefix, weight.shape[0], interleave, weight.dtype == FP8)
 
 
 def gate_up_split(

@@ -31,6 +31,13 @@ def operands(fmt, tensors: Mapping[str, torch.Tensor], global_scale_kind: str | 
     return tensors[fmt.weight_name], scale, runtime_global_scale(gs, global_scale_kind)
 
 
+def activation_operand(impl, fmt, x2: torch.Tensor) -> tuple:
+    """x [rows, K] → (the activation operand the ops take, its scales or None): bf16, then
+    ``impl.quant_x`` where the format quantizes activations (``fmt``: the formats.WeightFormat)."""
+    x2 = x2.to(torch.bfloat16)
+    return impl.quant_x(x2) if fmt.quantizes_x else (x2, None)
+
+
 def check_features(x, in_features: int) -> None:
     """x must be a tensor [..., in_features] (the packed modules' forward)."""
     if not isinstance(x, torch.Tensor) or x.dim() == 0 or x.shape[-1] != in_features:
@@ -56,11 +63,7 @@ def mlp(
     x2 = x.reshape(-1, hidden)
 
     gw, gscale, ggs = operands(fmt, gate_up_tensors, global_scale_kind)
-    x_scale = None
-    if fmt.quantizes_x:
-        x2, x_scale = impl.quant_x(x2.to(torch.bfloat16))
-    else:
-        x2 = x2.to(torch.bfloat16)
+    x2, x_scale = activation_operand(impl, fmt, x2)
     h, h_scale = impl.gate_up(x2, gw, gscale, x_scale, ggs, interleave=interleave, act=act, h_format=fmt.h_format)
     dw, dscale, dgs = operands(fmt, down_tensors, global_scale_kind)
     res = None if residual is None else residual.reshape(-1, hidden)

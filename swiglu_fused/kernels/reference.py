@@ -125,6 +125,21 @@ def _split_row_global_scale(global_scale: torch.Tensor, prefix: int, rows: int, 
     return torch.cat([gs[0:1].expand(prefix), _row_global_scale(gs[1:3], rows - prefix, g)])
 
 
+def check_split_prefix(prefix, rows: int, interleave: int, fp8: bool) -> None:
+    """A split projection's P against its packed weight's rows: 0 < P < rows, the rest whole 2g
+    chunks of gate/up pairs and, for an fp8 weight, P whole 128-row scale blocks (ops validates
+    with this too). Raises ValueError naming ``prefix``."""
+    if not isinstance(prefix, int) or not 0 < prefix < rows:
+        raise ValueError(f"prefix: expected the number of plain rows, an int with 0 < prefix < {rows} (the weight's "
+                         f"rows), got {prefix!r}")
+    if (rows - prefix) % (2 * interleave):
+        raise ValueError(f"prefix: {prefix} rows leave {rows - prefix} of the weight's {rows} for gate/up pairs, "
+                         f"which must be a multiple of 2·interleave = {2 * interleave}")
+    if fp8 and prefix % formats.FP8_BLOCK:
+        raise ValueError(f"prefix: {prefix} is not a multiple of {formats.FP8_BLOCK}, so an fp8 scale block "
+                         "straddles the prefix and the pairs")
+
+
 def gate_up_split(
     x: torch.Tensor,
     weight: torch.Tensor,
@@ -143,12 +158,7 @@ def gate_up_split(
     in ``h_format``. Arguments as ``gate_up``; nvfp4's ``global_scale`` is [3] multipliers (prefix,
     gate, up). Returns (y [M, P], h, h_scale)."""
     rows = weight.shape[0]
-    if not 0 < prefix < rows or (rows - prefix) % (2 * interleave):
-        raise ValueError(f"prefix: {prefix} rows leave {rows - prefix} of the weight's {rows} for gate/up pairs, "
-                         f"which must be a positive multiple of 2·interleave = {2 * interleave}")
-    if weight.dtype == quant.FP8_DTYPE and prefix % formats.FP8_BLOCK:
-        raise ValueError(f"prefix: {prefix} is not a multiple of {formats.FP8_BLOCK}, so an fp8 scale block "
-                         "straddles the prefix and the pairs")
+    check_split_prefix(prefix, rows, interleave, weight.dtype == quant.FP8_DTYPE)
     gs = None if global_scale is None else _split_row_global_scale(global_scale, prefix, rows, interleave)
     acc = _dequant_operand(x, x_scale, "x") @ dequant_weight(weight, weight_scale, gs).t()
     h, h_scale = gate_up_epilogue(acc[:, prefix:], interleave=interleave, act=act, h_format=h_format)

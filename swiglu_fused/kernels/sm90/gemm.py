@@ -198,10 +198,11 @@ class GemmKernel(MainloopMixin, Nvfp4Mixin, StreamKMixin, EpilogueMixin):
             mB = cute.make_tensor(w_ptr, cute.make_layout((n, k), stride=(k, 1)))
             # a_scale: gate_up's x_scale as quant_x writes it (row-major); down's h_scale as gate_up
             # writes it, M-major (strides (1, M), the layout cuBLAS's block-scaled GEMM reads)
-            as_stride = (1, m) if cfg.epilogue == "linear" else (kb, 1)
-            mAS = cute.make_tensor(as_ptr, cute.make_layout((m, kb), stride=as_stride))
             if cutlass.const_expr(cfg.dequantized):  # the global scale multipliers, as for nvfp4
                 mAS = cute.make_tensor(as_ptr, cute.make_layout(cfg.global_scales))
+            else:
+                as_stride = (1, m) if cfg.epilogue == "linear" else (kb, 1)
+                mAS = cute.make_tensor(as_ptr, cute.make_layout((m, kb), stride=as_stride))
             mWS = cute.make_tensor(ws_ptr, cute.make_layout(((n + W_BLOCK - 1) // W_BLOCK, kb), stride=(kb, 1)))
         mOut, mAux = self._out_tensors(out_ptr, aux_ptr, m, n_units, n_tiles)
 

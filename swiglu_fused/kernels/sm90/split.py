@@ -47,12 +47,17 @@ class SplitKernel(GemmKernel):
         mH = cute.make_tensor(out + p_words, cute.make_layout((m, h_words), stride=(row_words, 1)))
         return mY, mH
 
+    def _pair_tile(self, tn):
+        """1 where N tile tn is a pair tile (tn ≥ prefix_tiles), 0 for a prefix tile: an integer,
+        without a branch (plain Python, inlined)."""
+        return cutlass.min(cutlass.max(tn - self.cfg.prefix_tiles + 1, 0), 1)
+
     @cute.jit
     def _w_block(self, tn):
         """Pair tiles start prefix_shift rows early: one 128-row block before 2·tn."""
         b = 2 * tn
         if cutlass.const_expr(self.cfg.prefix_shift):
-            b = b - cutlass.min(cutlass.max(tn - self.cfg.prefix_tiles + 1, 0), 1)
+            b = b - self._pair_tile(tn)
         return b
 
     def _load_b(self, loads, tn, kt, stage, bar, hint_b):
@@ -67,7 +72,7 @@ class SplitKernel(GemmKernel):
     def _nvfp4_scale(self, acc, mGS, tn):
         """nvfp4's global scales (mGS: prefix, gate, up): a prefix tile's by mGS[0] in both halves,
         a pair tile's by mGS[1] (gate) and mGS[2] (up)."""
-        pair = cutlass.min(cutlass.max(tn - self.cfg.prefix_tiles + 1, 0), 1)
+        pair = self._pair_tile(tn)
         self._scale_halves(acc, mGS, lambda b, half: half, index=(pair, 2 * pair))
 
     @cute.jit

@@ -335,8 +335,8 @@ class SplitConfig(GateUpConfig):
         name = type(self).__name__
         if self.prefix <= 0 or self.prefix % HALF_N:
             raise ValueError(f"{name}.prefix: expected a positive multiple of {HALF_N} rows, got {self.prefix}")
-        if self.out_bytes != 2 or self.h_spec.scaled or self.granules or self.swap_ab or self.split_n or self.cluster_k > 1 \
-                or self.tma_store or self.smem_scales:
+        if (self.out_bytes != 2 or self.h_spec.scaled or self.granules or self.swap_ab or self.split_n
+                or self.cluster_k > 1 or self.tma_store or self.smem_scales):
             raise ValueError(f"{name}: the split GEMM runs the 64/128-row tiles of 256 weight rows with bf16 h "
                              f"(no granules, swap_ab, split_n, K pairs, tma_store or smem_scales); got {self}")
         if self.nvfp4_weight and (self.prefix % self.tile_n or self.tile_m != 128):
