@@ -7,7 +7,9 @@ Single-stream (dim 6144, 48 heads × 128, mlp_hidden 18432; M = image + 512 text
                      (SiLU(first half) · second half), cat([attention, h]) as its processor runs them
     unfused_fp8      quant_x, cuBLAS's block-scaled GEMM of the same rows, then diffusers' split,
                      Flux2SwiGLU and cat on its bf16 output
-    ours_bf16/fp8/nvfp4  (quant_x,) the split GEMM writing [QKV | h], then the processor's cat
+    ours_bf16/fp8/nvfp4  (quant_x,) the split GEMM writing [QKV | h], then what our processor
+                     (SplitProjectionProcessor) does instead of the cat: the attention output
+                     copied over V's columns, so that to_out reads [attention | h] in place
   ``attention`` is a stand-in tensor [M, 6144]: the attention itself is the same on every side.
   Also timed: each GEMM alone (cuBLAS's bf16 F.linear, ours with quant_x), ours with the
   dispatched cluster pairs turned off (``*_cluster1``, the A/B of DISPATCH D25), and the
@@ -16,10 +18,17 @@ Double-stream feed-forward (Flux2FeedForward: linear_in [2 · 18432, 6144] halve
 Flux2SwiGLU, linear_out; M = image tokens): diffusers_bf16, the unfused fp8 pipeline of
 swiglu_fused.bench (cuBLAS GEMMs, separate act·quant), ours bf16, fp8 and nvfp4 (FusedSwiGLUMLP).
 
-diffusers is not installed on our GPU machine, so diffusers_bf16 is its forward written with the
-same torch calls (tests/test_flux2.py checks it equal to diffusers' modules on the CPU).
+Whole blocks (where diffusers is importable; ``--blocks``): one Flux2SingleTransformerBlock and one
+Flux2TransformerBlock of a Flux.2-dev-width Flux2Transformer2DModel (random weights), diffusers'
+own modules in bf16 against copies patched by ``swiglu_fused.patch_model`` (bf16, fp8, nvfp4);
+M = image + 512 text tokens, attention on torch's SDPA (diffusers' default backend).
 
-    python -m benchmarks.bench_flux2 [--single-m 1536,4608] [--ff-m 1024,4096] [--rounds 3] [--json OUT.json]
+diffusers is not installed on our GPU machine (a run carries the modules it imports, see
+benchmarks/README.md), so the projection-level diffusers_bf16 is its forward written with the same
+torch calls (tests/test_flux2.py checks it equal to diffusers' modules on the CPU).
+
+    python -m benchmarks.bench_flux2 [--single-m 1536,4608] [--ff-m 1024,4096] [--blocks 4096] [--rounds 3]
+                                     [--json OUT.json]
 """
 
 from __future__ import annotations
@@ -93,7 +102,9 @@ def single_stream(w_single, ms, rounds, iters):
     def ours(fmt):
         def run(x, attention):
             out = mods[fmt](x)
-            return out[:, :PREFIX], torch.cat([attention, out[:, PREFIX:]], dim=-1)
+            to_out_input = out[:, 2 * INNER:]  # SplitProjectionProcessor: [V | h] with V spent
+            to_out_input[:, :INNER].copy_(attention)
+            return out[:, :PREFIX], to_out_input
         return run
 
     rows = []
@@ -158,16 +169,83 @@ def feed_forward(w_in, w_out, ms, rounds, iters):
     return rows
 
 
+# ---------------------------------------------------------------- whole blocks (diffusers' own modules)
+def flux2_blocks(device="cuda", dim: int = DIM, heads: int = 48, head_dim: int = 128, text: int = 15360):
+    """{name: a Flux2Transformer2DModel with one double- and one single-stream block}: diffusers'
+    bf16 model (random weights) and copies patched to each of FORMATS."""
+    import copy
+
+    import swiglu_fused
+    from diffusers import Flux2Transformer2DModel
+
+    torch.manual_seed(0)
+    with torch.device(device):
+        model = Flux2Transformer2DModel(num_layers=1, num_single_layers=1, num_attention_heads=heads,
+                                        attention_head_dim=head_dim, joint_attention_dim=text,
+                                        axes_dims_rope=(head_dim // 4,) * 4)
+    models = {"diffusers_bf16": model.to(torch.bfloat16).eval()}
+    for f in FORMATS:
+        models[f"ours_{SHORT[f]}"] = patched = copy.deepcopy(models["diffusers_bf16"])
+        swiglu_fused.patch_model(patched, weight_format=f)
+    return models
+
+
+def block_inputs(model, image: int, text: int = 512, seed: int = 0):
+    """(single-stream kwargs, double-stream kwargs) for ``image`` + ``text`` tokens of batch 1."""
+    g = torch.Generator(device=model.device).manual_seed(seed)
+    dim = model.inner_dim
+
+    def randn(*shape):
+        return torch.randn(*shape, device=model.device, generator=g).to(torch.bfloat16)
+
+    side = int(image ** 0.5)
+    img_ids = torch.stack(torch.meshgrid(torch.zeros(1), torch.arange(float(side)), torch.arange(float(image // side)),
+                                         torch.zeros(1), indexing="ij"), -1).reshape(-1, 4)
+    txt_ids = torch.zeros(text, 4)
+    txt_ids[:, 3] = torch.arange(float(text))
+    with torch.no_grad():
+        rotary = model.pos_embed(torch.cat([txt_ids, img_ids]).to(model.device))
+        temb = randn(1, dim)
+        single = dict(hidden_states=randn(1, text + image, dim), encoder_hidden_states=None,
+                      temb_mod=model.single_stream_modulation(temb), image_rotary_emb=rotary)
+        double = dict(hidden_states=randn(1, image, dim), encoder_hidden_states=randn(1, text, dim),
+                      temb_mod_img=model.double_stream_modulation_img(temb),
+                      temb_mod_txt=model.double_stream_modulation_txt(temb), image_rotary_emb=rotary)
+    return single, double
+
+
+def whole_blocks(images, rounds, iters):
+    models = flux2_blocks()
+    rows = []
+    for image in images:
+        single, double = block_inputs(models["diffusers_bf16"], image)
+        for block, kwargs, pick in (("single_block", single, lambda m: m.single_transformer_blocks[0]),
+                                    ("double_block", double, lambda m: m.transformer_blocks[0])):
+            fns = {name: (lambda b: lambda: b(**kwargs))(pick(m)) for name, m in models.items()}
+            with torch.no_grad():
+                ref = fns["diffusers_bf16"]()
+                err = {name: max(_rel(a, b) for a, b in zip(_tuple(fn()), _tuple(ref)))
+                       for name, fn in fns.items() if name != "diffusers_bf16"}
+                rows.append(_row(block, image + (512 if block == "single_block" else 0),
+                                 interleaved_us(fns, iters, rounds), err))
+    return rows
+
+
+def _tuple(x):
+    return x if isinstance(x, tuple) else (x,)
+
+
 def _row(block, m, per_round, err) -> dict:
     med = {f"{k}_us": sorted(v)[len(v) // 2] for k, v in per_round.items()}
     base = med["diffusers_bf16_us"]
     row = dict(block=block, m=m, **med, per_round=per_round, rel_err_vs_diffusers_bf16=err,
-               **{f"speedup_{s}": base / med[f"ours_{s}_us"] for s in SHORT.values()},
-               fp8_over_unfused=med["unfused_fp8_us"] / med["ours_fp8_us"])
+               **{f"speedup_{s}": base / med[f"ours_{s}_us"] for s in SHORT.values()})
+    if "unfused_fp8_us" in med:
+        row["fp8_over_unfused"] = med["unfused_fp8_us"] / med["ours_fp8_us"]
     print(f"{block:14s} M = {m:5d}: " + ", ".join(f"{k[:-3]} {v:.0f}" for k, v in med.items())
           + " µs; over diffusers bf16: " + ", ".join(f"ours {s} {row[f'speedup_{s}']:.3f}×" for s in SHORT.values())
-          + f"; ours fp8 over unfused fp8 {row['fp8_over_unfused']:.3f}×; rel err "
-          + ", ".join(f"{k} {v:.2e}" for k, v in err.items()), flush=True)
+          + (f"; ours fp8 over unfused fp8 {row['fp8_over_unfused']:.3f}×" if "fp8_over_unfused" in row else "")
+          + "; rel err " + ", ".join(f"{k} {v:.2e}" for k, v in err.items()), flush=True)
     return row
 
 
@@ -178,9 +256,10 @@ def plot(rows, path):
     import matplotlib.pyplot as plt
 
     names = ["diffusers_bf16", "ours_bf16", "unfused_fp8", "ours_fp8", "ours_nvfp4"]
-    fig, ax = plt.subplots(figsize=(8, 3.6))
+    fig, ax = plt.subplots(figsize=(9, 3.6))
     for j, name in enumerate(names):
-        ax.bar([i + 0.16 * j for i in range(len(rows))], [r[f"{name}_us"] / 1000 for r in rows], 0.16, label=name)
+        ax.bar([i + 0.16 * j for i in range(len(rows))], [r.get(f"{name}_us", 0) / 1000 for r in rows], 0.16,
+               label=name)
     ax.set_xticks([i + 0.32 for i in range(len(rows))], [f"{r['block']}\nM={r['m']}" for r in rows], fontsize=7)
     ax.set(ylabel="ms", title="Flux.2-dev MLP work (H100, CUDA graphs)")
     ax.legend(fontsize=7)
@@ -192,6 +271,8 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--single-m", default="1536,4608", help="tokens of a single-stream block (image + 512 text)")
     ap.add_argument("--ff-m", default="1024,4096", help="image tokens of a double-stream feed-forward")
+    ap.add_argument("--blocks", default="4096",
+                    help="image tokens of the whole-block timings (diffusers' modules; '' to skip)")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--iters", type=int, default=10)
     ap.add_argument("--json", help="write every number here, and the chart beside it (.png)")
@@ -200,6 +281,9 @@ def main():
     rows = single_stream(w_single, parse_ms(args.single_m), args.rounds, args.iters)
     del w_single
     rows += feed_forward(w_in, w_out, parse_ms(args.ff_m), args.rounds, args.iters)
+    del w_in, w_out
+    if args.blocks:
+        rows += whole_blocks(parse_ms(args.blocks), args.rounds, args.iters)
     if args.json:
         save_json(args.json, dict(header(), rows=rows))
         plot(rows, args.json.removesuffix(".json") + ".png")

@@ -13,7 +13,7 @@ import torch
 
 import swiglu_fused
 from swiglu_fused import formats, split_interleave
-from swiglu_fused.integrations.diffusers import AppliedInProjection
+from swiglu_fused.integrations.diffusers import AppliedInProjection, SplitProjectionProcessor
 from swiglu_fused.kernels import reference
 from swiglu_fused.layer import FusedSwiGLUMLP
 from swiglu_fused.linear import PackedLinear
@@ -196,6 +196,7 @@ def test_patch_save_load_and_convert_agree(tmp_path, flux2, fmt):
     assert report.swapped == FFS and report.split_projections == [SPLIT] and not report.skipped
     attn = patched.single_transformer_blocks[0].attn
     assert isinstance(attn.to_qkv_mlp_proj, FusedSplitProjection) and isinstance(attn.mlp_act_fn, AppliedInProjection)
+    assert isinstance(attn.processor, SplitProjectionProcessor)
     assert isinstance(patched.transformer_blocks[1].ff_context, FusedSwiGLUMLP)
     got, got_attn = _run(patched, x), _attn(patched, h)
     assert _rel(got_attn, expected_attn) < BLOCK_BOUND[fmt]
@@ -206,6 +207,7 @@ def test_patch_save_load_and_convert_agree(tmp_path, flux2, fmt):
     assert torch.equal(_run(_loaded(tmp_path / "saved"), x), got)
     convert(src, tmp_path / "converted", weight_format=fmt, progress=False)
     loaded = _loaded(tmp_path / "converted")
+    assert isinstance(loaded.single_transformer_blocks[0].attn.processor, SplitProjectionProcessor)
     assert torch.equal(_run(loaded, x), got)  # convert and patch_model quantize alike
     # loaded again and saved again: the same checkpoint
     loaded.save_pretrained(tmp_path / "resaved")
@@ -224,6 +226,37 @@ def test_the_split_projection_is_what_the_block_computes(flux2):
     proj = patched.single_transformer_blocks[0].attn.to_qkv_mlp_proj
     proj.interleave = 128  # rows packed at g = 64 read as g = 128
     assert _rel(_attn(patched, h), expected) > 0.1
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_the_single_stream_processor_skips_the_concatenation_and_changes_nothing(flux2, fmt):
+    """SplitProjectionProcessor writes the attention output over V's columns and hands to_out that
+    view: bit for bit what diffusers' stock processor (which concatenates) and its KV-cache twin
+    compute on the same patched modules; the backend set_attention_backend names reaches it."""
+    from diffusers.models.transformers import transformer_flux2 as flux2_module
+
+    _, model = flux2
+    patched = copy.deepcopy(model)
+    swiglu_fused.patch_model(patched, weight_format=fmt)
+    attn = patched.single_transformer_blocks[0].attn
+    ours = attn.processor
+    h = torch.randn(2, 24, 128).bfloat16()
+    rotary = patched.pos_embed(torch.zeros(24, 4))
+    results = []
+    for processor in (ours, flux2_module.Flux2ParallelSelfAttnProcessor(), flux2_module.Flux2KVParallelSelfAttnProcessor()):
+        attn.set_processor(processor)
+        with torch.no_grad():
+            results.append(attn(h, image_rotary_emb=rotary))
+    assert torch.equal(results[0], results[1]) and torch.equal(results[0], results[2])
+    attn.set_processor(ours)
+    patched.set_attention_backend("_native_math")
+    assert ours._attention_backend == "_native_math"
+    stock = flux2_module.Flux2ParallelSelfAttnProcessor()
+    stock._attention_backend = ours._attention_backend
+    with torch.no_grad():
+        got = attn(h, image_rotary_emb=rotary)
+        attn.set_processor(stock)
+        assert torch.equal(got, attn(h, image_rotary_emb=rotary))
 
 
 def test_patch_reports_what_it_leaves(flux2):
@@ -286,3 +319,24 @@ def test_the_benchmark_baseline_is_diffusers_computation(flux2):
         assert torch.equal(to_out_input, torch.cat([attention, attn.mlp_act_fn(y[:, p:])], dim=-1))
         ff = model.transformer_blocks[0].ff
         assert torch.equal(bench_flux2.diffusers_ff(x, ff.linear_in.weight, ff.linear_out.weight), ff(x))
+
+
+def test_the_benchmark_blocks_are_diffusers_blocks_patched():
+    """bench_flux2's whole-block timings run diffusers' own blocks and patch_model's copies of them,
+    which compute the same block (within the format's bound) with the fused modules in place."""
+    from benchmarks import bench_flux2
+
+    models = bench_flux2.flux2_blocks(device="cpu", dim=128, heads=2, head_dim=64, text=32)
+    single, double = bench_flux2.block_inputs(models["diffusers_bf16"], image=16, text=8)
+    with torch.no_grad():
+        want = (models["diffusers_bf16"].single_transformer_blocks[0](**single),
+                models["diffusers_bf16"].transformer_blocks[0](**double))
+        for name, model in models.items():
+            if name == "diffusers_bf16":
+                continue
+            fmt = {"ours_bf16": "bf16", "ours_fp8": "fp8_block128", "ours_nvfp4": "nvfp4"}[name]
+            assert isinstance(model.single_transformer_blocks[0].attn.processor, SplitProjectionProcessor)
+            assert isinstance(model.transformer_blocks[0].ff, FusedSwiGLUMLP)
+            assert _rel(model.single_transformer_blocks[0](**single), want[0]) < BLOCK_BOUND[fmt]
+            for got, ref in zip(model.transformer_blocks[0](**double), want[1]):
+                assert _rel(got, ref) < BLOCK_BOUND[fmt]

@@ -15,13 +15,15 @@
 (``Flux2ParallelSelfAttnProcessor`` and its KV-cache twin) compute
 ``attn.to_qkv_mlp_proj(x)``, split it into QKV and the MLP part at
 ``3·inner : mlp_hidden·mlp_mult_factor``, apply ``attn.mlp_act_fn`` to the MLP part, and run
-``attn.to_out(cat([attention, mlp]))``. We keep the processors (attention backends, context
-parallelism, the KV cache) and change three attributes: ``to_qkv_mlp_proj`` returns [QKV | h]
-(width 3·inner + mlp_hidden: the split epilogue's output), ``mlp_mult_factor`` becomes 1 so the
-processor's split lands on the QKV/h boundary, and ``mlp_act_fn`` becomes ``AppliedInProjection``
-(the identity: act·up happened in the projection's epilogue). A replaced processor would copy
-diffusers' attention code; a ``to_qkv_mlp_proj`` alone cannot return what the unchanged split and
-activation expect without writing the 2·mlp_hidden-wide intermediate we exist to avoid.
+``attn.to_out(cat([attention, mlp]))``. We change three attributes, so that any of diffusers'
+processors runs the fused projection: ``to_qkv_mlp_proj`` returns [QKV | h] (width 3·inner +
+mlp_hidden: the split epilogue's output), ``mlp_mult_factor`` becomes 1 so the processor's split
+lands on the QKV/h boundary, and ``mlp_act_fn`` becomes ``AppliedInProjection`` (the identity:
+act·up happened in the projection's epilogue). Where the block has the stock processor, it becomes
+``SplitProjectionProcessor``: the same steps with the same diffusers functions, but instead of the
+concatenation (M × (inner + mlp_hidden) copied, and slowly: torch's cat leaves its fast path for our
+h, a view) the attention output is written over V's columns, and ``to_out`` reads [attention | h]
+in place. The KV-cache processor (which the Klein KV pipeline sets) and a user's own keep the cat.
 """
 
 from __future__ import annotations
@@ -49,6 +51,40 @@ class AppliedInProjection(nn.Module):
 
     def forward(self, h: torch.Tensor) -> torch.Tensor:
         return h
+
+
+class SplitProjectionProcessor:
+    """diffusers' ``Flux2ParallelSelfAttnProcessor`` for a block whose ``to_qkv_mlp_proj`` is a
+    FusedSplitProjection, less its concatenation: the attention output is written over V's columns
+    of the projection's [Q | K | V | h] output (V is spent once the attention has run), so that
+    ``to_out`` reads [attention | h] where they lie (a view whose rows are 3·inner + mlp_hidden
+    apart). The steps and the diffusers functions (QK norms, RoPE, ``dispatch_attention_fn`` with the
+    backend and parallel config diffusers sets on processors) are the stock processor's."""
+
+    _attention_backend = None
+    _parallel_config = None
+
+    def __call__(self, attn: nn.Module, hidden_states: torch.Tensor, attention_mask: torch.Tensor | None = None,
+                 image_rotary_emb: torch.Tensor | None = None) -> torch.Tensor:
+        from diffusers.models.transformers import transformer_flux2 as flux2
+
+        if not isinstance(attn.to_qkv_mlp_proj, FusedSplitProjection):  # swapped back by hand: the stock processor
+            stock = flux2.Flux2ParallelSelfAttnProcessor()
+            stock._attention_backend, stock._parallel_config = self._attention_backend, self._parallel_config
+            return stock(attn, hidden_states, attention_mask, image_rotary_emb)
+        y = attn.to_qkv_mlp_proj(hidden_states)
+        inner = attn.inner_dim
+        query, key, value = (y[..., i * inner:(i + 1) * inner].unflatten(-1, (-1, attn.head_dim)) for i in range(3))
+        query, key = attn.norm_q(query), attn.norm_k(key)
+        if image_rotary_emb is not None:
+            query = flux2.apply_rotary_emb(query, image_rotary_emb, sequence_dim=1)
+            key = flux2.apply_rotary_emb(key, image_rotary_emb, sequence_dim=1)
+        out = flux2.dispatch_attention_fn(query, key, value, attn_mask=attention_mask,
+                                          backend=self._attention_backend, parallel_config=self._parallel_config)
+        out = out.flatten(2, 3).to(query.dtype)
+        to_out_input = y[..., 2 * inner:]  # (no autograd holds V: the split projection has no backward)
+        to_out_input[..., :inner].copy_(out)
+        return attn.to_out(to_out_input)
 
 
 @dataclass
@@ -109,6 +145,13 @@ def install_split(attn: nn.Module, fused: FusedSplitProjection) -> None:
     attn.to_qkv_mlp_proj = fused
     attn.mlp_act_fn = AppliedInProjection()
     attn.mlp_mult_factor = 1  # the processor splits [QKV | h] at 3·inner : mlp_hidden · 1
+    from diffusers.models.transformers import transformer_flux2 as flux2
+
+    stock = getattr(attn, "processor", None)
+    if type(stock) is flux2.Flux2ParallelSelfAttnProcessor:  # not the KV-cache one, nor a user's own
+        ours = SplitProjectionProcessor()
+        ours._attention_backend, ours._parallel_config = stock._attention_backend, stock._parallel_config
+        attn.set_processor(ours)
 
 
 def _swap(model: nn.Module, name: str, new: nn.Module) -> None:

@@ -32,9 +32,10 @@ def operands(fmt, tensors: Mapping[str, torch.Tensor], global_scale_kind: str | 
 
 
 def activation_operand(impl, fmt, x2: torch.Tensor) -> tuple:
-    """x [rows, K] → (the activation operand the ops take, its scales or None): bf16, then
-    ``impl.quant_x`` where the format quantizes activations (``fmt``: the formats.WeightFormat)."""
-    x2 = x2.to(torch.bfloat16)
+    """x [rows, K] → (the activation operand the ops take, its scales or None): bf16 and contiguous
+    (the modules take any x, as nn.Linear does; the kernels read rows K apart), then ``impl.quant_x``
+    where the format quantizes activations (``fmt``: the formats.WeightFormat)."""
+    x2 = x2.to(torch.bfloat16).contiguous()
     return impl.quant_x(x2) if fmt.quantizes_x else (x2, None)
 
 

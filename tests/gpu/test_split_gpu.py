@@ -157,3 +157,47 @@ def test_flux2_dev_width_uses_a_shipped_config():
                                           128, "silu")
     assert backend == dispatch.SM90 and cfg in dispatch.split_shipped()
     assert_matches_reference(ops.gate_up_split(**args, prefix=p), args, p, "silu")
+
+
+@pytest.mark.parametrize("weight_format", ["bf16", "fp8_block128"])
+def test_modules_take_row_strided_inputs(weight_format):
+    """SplitProjectionProcessor hands to_out [attention | h], a view whose rows are P + I apart: a
+    packed module given such a view computes what it computes on the same values made contiguous."""
+    from swiglu_fused.linear import PackedLinear
+
+    k, p, i = 1024, 512, 1536
+    g = torch.Generator().manual_seed(4)
+    proj = FusedSplitProjection.from_weight(torch.randn(p + 2 * i, k, generator=g) * 0.05, p,
+                                            weight_format=weight_format).cuda()
+    out_linear = PackedLinear.from_weight(torch.randn(k, p // 2 + i, generator=g) * 0.05,
+                                          weight_format=weight_format).cuda()
+    x = torch.randn(300, k, device="cuda").to(torch.bfloat16)
+    y = proj(x)
+    view = y[:, p // 2:]  # [half the prefix | h]
+    assert not view.is_contiguous()
+    assert torch.equal(out_linear(view), out_linear(view.contiguous()))
+    wide = torch.randn(300, 2 * k, device="cuda").to(torch.bfloat16)
+    assert torch.equal(proj(wide[:, :k]), proj(wide[:, :k].contiguous()))
+
+
+def test_a_patched_flux2_block_on_the_gpu():
+    """diffusers' single- and double-stream blocks patched by patch_model (fp8), on the kernels: the
+    block's output against the unpatched bf16 block, eager and replayed from a CUDA graph."""
+    pytest.importorskip("diffusers")
+    from benchmarks import bench_flux2
+    from swiglu_fused.integrations.diffusers import SplitProjectionProcessor
+
+    models = bench_flux2.flux2_blocks(device="cuda", dim=1024, heads=8, head_dim=128, text=256)
+    single, _ = bench_flux2.block_inputs(models["diffusers_bf16"], image=256, text=64)
+    block = models["ours_fp8"].single_transformer_blocks[0]
+    assert isinstance(block.attn.processor, SplitProjectionProcessor)
+    assert block.attn.to_qkv_mlp_proj.backend == dispatch.SM90
+    with torch.no_grad():
+        want = models["diffusers_bf16"].single_transformer_blocks[0](**single)
+        got = block(**single)
+        assert rel_frobenius(got, want) < 0.08
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            static = block(**single)
+        graph.replay()
+        assert torch.equal(static, got)
