@@ -10,7 +10,7 @@ in the JSON), so small shapes are not timed from cache.
                                        [--rounds 5]   # ours and the peers timed in turn, 5 times
 
 Prints a table: µs and TFLOP/s (2·M·H·2I) of every GEMM pipeline (ours, cuBLAS GEMM alone, cuBLAS GEMM
-+ separate act·quant), the act·quant kernel's µs and TB/s, ours' speed-up over each cuBLAS peer, and
++ separate act·quant; where DeepGEMM is importable, its GEMM alone and with the act·quant too), the act·quant kernel's µs and TB/s, ours' speed-up over each cuBLAS peer, and
 ours against the roofline floor: the larger of a memory floor (weight + x + h bytes at the 2.96 TB/s
 copy rate) and a compute floor (the flops at cuBLAS's 8192³ rate: 1257 TFLOP/s fp8 block-scaled, 775
 bf16; DESIGN §6). With --json NAME.json it writes the rows (JSON keys: speedup = separate/ours,
@@ -28,14 +28,16 @@ import torch
 
 from benchmarks.harness import (
     COPY_BPS, PEAK_TFLOPS, REPS, act_mul_bf16, act_quant, act_quant_bytes, best_act_quant, bf16_operands,
-    cublas_gemm, cycling, gate_up_config, graph_time_us, interleaved_us, operands, parse_variant, peer_sets,
+    cublas_gemm, cycling, deep_gemm, deep_gemm_block_gemm, gate_up_config, graph_time_us, interleaved_us, operands, parse_variant, peer_sets,
     quant_x_m_major, rotation, write_json,
 )
 from swiglu_fused import quant
+from swiglu_fused.kernels import reference
 from swiglu_fused.kernels.sm90 import gate_up as k
 
 # table/JSON name of each timed pipeline whose time covers the GEMM (act·quant alone has no GEMM flops)
-GEMM_PIPELINES = {"fused": "fused", "gemm": "gemm", "sep": "separate", "tile256": "tile256", "copyout": "copyout"}
+GEMM_PIPELINES = {"fused": "fused", "gemm": "gemm", "sep": "separate", "tile256": "tile256", "copyout": "copyout",
+                  "dg": "deepgemm", "dgsep": "deepgemm_separate"}
 
 QX_SHAPES = ((1, 4096), (16, 4096), (64, 8192), (128, 4096), (128, 8192), (256, 4096), (256, 8192),
              (1024, 4096), (1024, 8192), (4096, 4096), (4096, 8192), (16384, 4096))
@@ -144,6 +146,25 @@ def peers(gemm_fn, psets, fp8, act_quant_c):
                       sep=cycling(lambda *ops: actq_fn(gemm_fn(*ops)), psets))
 
 
+def deep_gemm_peers(psets, act_quant_c):
+    """({dg: DeepGEMM's GEMM alone, dgsep: it + the separate act·quant}, its relative error), where
+    DeepGEMM is importable ({}, NaN elsewhere, or where it refuses the shape: said, not hidden)."""
+    dg = deep_gemm()
+    if dg is None:
+        return {}, float("nan")
+    gemm = deep_gemm_block_gemm(dg)
+    xq, xs, wq, ws = psets[0]
+    try:
+        y = gemm(xq, xs, wq, ws)
+    except Exception as e:
+        print(f"  (no DeepGEMM peer: {str(e).splitlines()[0][:90]})")
+        return {}, float("nan")
+    ref = reference._dequant_operand(xq, xs, "x") @ reference.dequant_weight(wq, ws).t()
+    err = ((y.float() - ref).norm() / ref.norm()).item()
+    _, actq_fn = best_act_quant(y, True, act_quant_c, lambda f: graph_time_us(f, 10))
+    return dict(dg=cycling(gemm, psets), dgsep=cycling(lambda *ops: actq_fn(gemm(*ops)), psets)), err
+
+
 def bench_point(a, m, hidden, inter, act_quant_c):
     """One row at (M, H, I): ours and the peers on the same rotated operand sets, every pipeline captured
     first and then timed in turn (--rounds times), so that the board's drift reaches all alike."""
@@ -157,6 +178,10 @@ def bench_point(a, m, hidden, inter, act_quant_c):
     if gemm_fn is not None:  # cuBLAS reads the x scales M-major (peer_sets)
         actq_name, peer_fns = peers(gemm_fn, peer_sets(sets) if fp8 else sets, fp8, act_quant_c)
         fns.update(peer_fns)
+    dg_err = float("nan")
+    if fp8:
+        dg_fns, dg_err = deep_gemm_peers(peer_sets(sets), act_quant_c)
+        fns.update(dg_fns)
     per_round = interleaved_us(fns, a.iters, a.rounds, max(REPS, len(sets)))
     t = {name: statistics.median(v) for name, v in per_round.items()}
     for name in ("gemm", "actq", "sep"):  # no cuBLAS peer at this M: NaN in the table and JSON
@@ -165,10 +190,10 @@ def bench_point(a, m, hidden, inter, act_quant_c):
     nbytes = wq.nbytes + (ws.nbytes if ws is not None else 0) + xq.nbytes + m * inter * (1 if fp8 else 2)
     r = dict(mainloop=a.mainloop, m=m, hidden=hidden, inter=inter, config=str(cfg), rotated_sets=len(sets),
              fused_us=t["fused"], gemm_us=t["gemm"], act_quant_us=t["actq"], separate_us=t["sep"],
-             cublas_rel_err=gemm_err, act_quant_kernel=actq_name,
+             cublas_rel_err=gemm_err, deepgemm_rel_err=dg_err, act_quant_kernel=actq_name,
              act_quant_tbps=act_quant_bytes(m, inter, fp8) / t["actq"] / 1e6,
              **derived(t, per_round, gemm_flops(m, hidden, inter), nbytes, a.mainloop))
-    for name in ("tile256", "copyout"):
+    for name in ("tile256", "copyout", "dg", "dgsep"):
         if name in t:
             r.update({f"{name}_us": t[name], f"{name}_per_round": per_round[name]})
     if "copyout" in t:
@@ -199,6 +224,9 @@ def derived(t, per_round, flops, nbytes, mainloop):
              compute_floor_us=cmp_us, roofline_us=roof, roofline_bound="memory" if mem_us >= cmp_us else "compute",
              fused_over_roofline=t["fused"] / roof, speedup_per_round=over_fused("sep"),
              speedup_vs_gemm_per_round=over_fused("gemm"))
+    if "dg" in t:
+        r.update(speedup_vs_deepgemm=t["dg"] / t["fused"], speedup_vs_deepgemm_separate=t["dgsep"] / t["fused"],
+                 speedup_vs_deepgemm_per_round=over_fused("dg"))
     return r
 
 
@@ -224,9 +252,12 @@ def print_row(r, cfg, rounds):
     extra = "".join(f"  rounds {label} {min(r[key]):.2f}–{max(r[key]):.2f}"
                     for label, key in (("gemm/ours", "speedup_vs_gemm_per_round"), ("sep/ours", "speedup_per_round"))
                     if rounds > 1 and r[key])
-    for name, label in (("copyout", "copy-out"), ("tile256", "tile_n=256")):
+    for name, label in (("copyout", "copy-out"), ("tile256", "tile_n=256"), ("dg", "DeepGEMM GEMM alone"),
+                        ("dgsep", "DeepGEMM + act·quant")):
         if f"{name}_us" in r:
             extra += f"  {label} {r[f'{name}_us']:.1f} µs {r[f'{name}_tflops']:.0f} TF/s"
+    if "speedup_vs_deepgemm" in r:
+        extra += f"  DeepGEMM alone/ours {r['speedup_vs_deepgemm']:.2f}"
     print(f"{r['m']:>6} {r['hidden']:>6} {r['inter']:>6} {config_tag(cfg):>34} {r['fused_us']:>8.1f} "
           f"{r['fused_tflops']:>5.0f} {r['gemm_us']:>8.1f} {r['gemm_tflops']:>5.0f} {r['act_quant_us']:>8.1f} "
           f"{r['act_quant_tbps']:>5.2f} {r['act_quant_kernel'] or '-':>9} {r['separate_us']:>8.1f} "

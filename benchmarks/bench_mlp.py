@@ -9,6 +9,7 @@ shard, 1 for LLaMA-3-8B) that no call finds its weights in L2, as in a model:
                  of inductor's and a Triton kernel at that M, swiglu_fused/bench.py)
                  → cuBLAS block-scaled GEMM (down); both quantizations write their scales M-major,
                  the layout cuBLAS reads (quant.m_major), so no transpose copy is timed
+  fp8_unfused_deepgemm  (--interleave, where DeepGEMM is importable) the same with DeepGEMM's GEMMs
   ours_fp8       FusedSwiGLUMLP fp8_block128: quant_x + fused gate_up kernels, down as ops.down
                  dispatches it (sm90 kernel at M ≤ 16 and from a full wave of tiles, cuBLAS between)
   ours_bf16      FusedSwiGLUMLP bf16: fused gate_up kernel (bf16 mainloop), down as ops.down
@@ -34,7 +35,7 @@ import time
 import torch
 
 from benchmarks.harness import (
-    ALL_PDL, fused, graph_time_us, hf_mlp, interleaved_us, layer_count, parse_ab, rotating, unfused_fp8,
+    ALL_PDL, DEEPGEMM, UnfusedFP8, deep_gemm, deep_gemm_block_gemm, fused, graph_time_us, hf_mlp, interleaved_us, layer_count, parse_ab, rotating, unfused_fp8,
     with_configs, write_json,
 )
 from swiglu_fused import patch_model
@@ -49,6 +50,8 @@ def bench_interleaved(shapes, ms, iters, rounds, variants=None):
     Every pipeline cycles through ``layer_count`` layers of its own weights. ``variants``: name →
     kernel config changes (parse_ab's form), each one more pipeline of ours, timed in the same rounds."""
     variants = variants or {}
+    dg = deep_gemm()  # where importable, its unfused pipeline is timed beside the cuBLAS one
+    dg_unfused = UnfusedFP8(deep_gemm_block_gemm(dg)) if dg is not None else None
     rows = []
     print(f"{'H':>5} {'I':>6} {'M':>6} {'fp8_unfused':>12} {'ours_fp8':>12} {'hf_bf16':>12}  unfused/ours per round")
     for hidden, inter in shapes:
@@ -57,12 +60,14 @@ def bench_interleaved(shapes, ms, iters, rounds, variants=None):
             mlp = hf_mlp(hidden, inter, seed)
             ours = fused(mlp)
             layer = dict(hf_bf16=mlp, ours_fp8=ours, fp8_unfused=unfused_fp8(ours))
+            if dg_unfused is not None:
+                layer[DEEPGEMM] = dg_unfused.pipeline(ours)
             for name, fields in variants.items():
                 layer[name] = with_configs(fused(mlp), fields)
             layers.append(layer)
         for m in ms:
             x = torch.randn(m, hidden, device="cuda").to(torch.bfloat16)
-            names = [n for n in layers[0] if n != "fp8_unfused" or unfused_runs(layers[0][n], x, m)]
+            names = [n for n in layers[0] if not n.startswith("fp8_unfused") or unfused_runs(layers[0][n], x, m, n)]
             fns = {n: rotating(layers, n, x) for n in names}
             t = interleaved_us(fns, iters, rounds)
             t.setdefault("fp8_unfused", [float("nan")] * rounds)
@@ -74,19 +79,21 @@ def bench_interleaved(shapes, ms, iters, rounds, variants=None):
             print(f"{hidden:>5} {inter:>6} {m:>6} {med['fp8_unfused']:>12.1f} {med['ours_fp8']:>12.1f} "
                   f"{med['hf_bf16']:>12.1f}  " + " ".join(f"{r:.3f}" for r in ratios)
                   + "".join(f"   {n} {med[n]:.1f} (ours/it {statistics.median(o / v for o, v in zip(t['ours_fp8'], t[n])):.3f})"
-                            for n in variants), flush=True)
+                            for n in variants)
+                  + "".join(f"   {n} {med[n]:.1f} (it/ours {statistics.median(v / o for o, v in zip(t['ours_fp8'], t[n])):.3f})"
+                            for n in (DEEPGEMM,) if n in med), flush=True)
         del layers
         torch.cuda.empty_cache()
     return rows
 
 
-def unfused_runs(unfused, x, m):
-    """Whether cuBLAS's block-scaled GEMM takes this M (it rejects M = 1): reported, not hidden."""
+def unfused_runs(unfused, x, m, name="fp8_unfused"):
+    """Whether the GEMM library takes this M (cuBLAS's block-scaled GEMM rejects M = 1): reported, not hidden."""
     try:
         unfused(x)
         return True
     except RuntimeError as e:
-        print(f"  fp8_unfused M={m}: {str(e).splitlines()[0][:90]}")
+        print(f"  {name} M={m}: {str(e).splitlines()[0][:90]}")
         return False
 
 

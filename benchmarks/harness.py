@@ -21,8 +21,9 @@ import torch
 
 from swiglu_fused import quant
 from swiglu_fused.bench import (  # noqa: F401 (re-exported for the scripts)
-    L2_BYTES, REPS, UnfusedFP8, act_mul_bf16, act_quant, act_quant_bytes, act_quant_triton, best_act_quant,
-    capture, check_act_quant_same, compact, cycling, fused, graph_time_us, header, hf_mlp, interleaved_us,
+    DEEPGEMM, L2_BYTES, REPS, UnfusedFP8, act_mul_bf16, act_quant, act_quant_bytes, act_quant_triton, best_act_quant,
+    capture, check_act_quant_same, compact, cycling, deep_gemm, deep_gemm_block_gemm, fused, graph_time_us, header,
+    hf_mlp, interleaved_us,
     layer_count, quant_x_m_major, replay_us, rotating, rotation, save_json,
 )
 from swiglu_fused.kernels import reference

@@ -12,7 +12,7 @@ import json
 import sys
 from pathlib import Path
 
-from swiglu_fused.bench import pipelines, plot_panels
+from swiglu_fused.bench import plot_panels, result_pipelines
 
 
 def series_of(data: dict) -> tuple[dict, str]:
@@ -21,7 +21,7 @@ def series_of(data: dict) -> tuple[dict, str]:
     if not rows:
         raise SystemExit("no 'rows' (quant_x results are a table only)")
     if data.get("benchmark") == "swiglu-fused bench":
-        return ({n: f"{n}_us" for n in pipelines(data["settings"]["weight_formats"])}, "whole gated MLP")
+        return ({n: f"{n}_us" for n in result_pipelines(data)}, "whole gated MLP")
     if "fused_us" in rows[0]:
         series = {"ours (fused)": "fused_us", "cuBLAS GEMM + separate act·quant": "separate_us",
                   "cuBLAS GEMM alone (no activation)": "gemm_us"}

@@ -10,6 +10,9 @@ What ``run`` compares, in one process on the same bf16 input x [M, H], for each 
                      SiLU·up·quant (the faster of a compiled and a one-pass Triton kernel at that M)
                      → cuBLAS block-scaled GEMM (down). cuBLAS rejects some M (1 on the H100): the
                      table says so instead of a number
+  fp8_unfused_deepgemm  the same pipeline with DeepGEMM's GEMMs (``deep_gemm.fp8_gemm_nt``) in place of
+                     cuBLAS's, where DeepGEMM is importable: the strongest fp8 peer, measured, never
+                     a dependency
   ours_<format>      ``FusedSwiGLUMLP`` in each asked weight format (bf16, fp8_block128, nvfp4: all
                      three have sm90 kernels; a format without them would time the pure-torch
                      reference: only with ``allow_reference=True``, and marked "(reference)")
@@ -57,6 +60,8 @@ DEFAULT_FORMATS = ("bf16", "fp8_block128", "nvfp4")
 HF = "hf_bf16"
 UNFUSED = "fp8_unfused"
 UNFUSED_FORMAT = "fp8_block128"  # the packed weights the unfused pipeline reads: ours in it is its peer
+DEEPGEMM = "fp8_unfused_deepgemm"
+UNFUSED_PEERS = (UNFUSED, DEEPGEMM)  # the unfused pipelines, peers of ours in UNFUSED_FORMAT
 
 
 class BenchError(Exception):
@@ -375,13 +380,42 @@ def quant_x_m_major(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return q, quant.m_major(s)
 
 
+def cublas_block_gemm(a, a_scale, b, b_scale):
+    """a [M, K] @ b [N, K]^T in bf16 by cuBLAS's block-scaled GEMM (a_scale [M, K/128] M-major,
+    b_scale [N/128, K/128])."""
+    return torch._scaled_mm(a, b.t(), scale_a=a_scale, scale_b=b_scale.t(), out_dtype=torch.bfloat16)
+
+
+def deep_gemm():
+    """DeepGEMM's module where it is importable (a peer we time, never a dependency), else None."""
+    if importlib.util.find_spec("deep_gemm") is None:
+        return None
+    try:
+        import deep_gemm as dg
+    except Exception:  # installed but broken (no GPU, a missing JIT toolchain): not a peer here
+        return None
+    return dg
+
+
+def deep_gemm_block_gemm(dg):
+    """cublas_block_gemm's twin on DeepGEMM's ``fp8_gemm_nt`` (same operands; a_scale laid out as it
+    asks, M-major with TMA-aligned columns: a no-op for our M-major scales where M % 4 == 0)."""
+    def gemm(a, a_scale, b, b_scale):
+        out = torch.empty(a.shape[0], b.shape[0], dtype=torch.bfloat16, device=a.device)
+        dg.fp8_gemm_nt((a, dg.get_mn_major_tma_aligned_tensor(a_scale)), (b, b_scale), out)
+        return out
+    return gemm
+
+
 class UnfusedFP8:
     """The separate fp8 pipeline, its compiled pieces shared by every layer it runs:
     ``pipeline(module)`` → callable x → out on ``module``'s packed fp8_block128 weights (g = 128).
     The act·quant step is the faster of inductor's and the Triton kernel at each M (picked on the
-    first call at that M; ``picked`` records which)."""
+    first call at that M; ``picked`` records which). ``gemm``: cublas_block_gemm, or its twin on
+    another library (deep_gemm_block_gemm)."""
 
-    def __init__(self):
+    def __init__(self, gemm: Callable = cublas_block_gemm):
+        self.gemm = gemm
         self.quantize = torch.compile(quant_x_m_major, dynamic=False)  # one graph per M: faster than dynamic
         self.compiled_act = torch.compile(act_quant, dynamic=False)
         self.picked: dict[int, tuple[str, Callable]] = {}
@@ -402,9 +436,8 @@ class UnfusedFP8:
 
         def run(x):
             xq, xs = self.quantize(x)
-            y = torch._scaled_mm(xq, gu[w].t(), scale_a=xs, scale_b=gu[s].t(), out_dtype=torch.bfloat16)
-            hq, hs = self.act(y)
-            return torch._scaled_mm(hq, dn[w].t(), scale_a=hs, scale_b=dn[s].t(), out_dtype=torch.bfloat16)
+            hq, hs = self.act(self.gemm(xq, xs, gu[w], gu[s]))
+            return self.gemm(hq, hs, dn[w], dn[s])
         return run
 
 
@@ -464,7 +497,7 @@ def summarize_row(hidden: int, inter: int, m: int, per_round: Mapping[str, Seque
         row[f"{name}_us_per_round"] = list(values)
     for fmt in weight_formats:
         ours = ours_name(fmt)
-        peers = [HF] + ([UNFUSED] if fmt == UNFUSED_FORMAT else [])
+        peers = [HF] + ([p for p in UNFUSED_PEERS if p in per_round] if fmt == UNFUSED_FORMAT else [])
         for peer in peers:
             if ours in per_round and peer in per_round:
                 ratios = [p / o for p, o in zip(per_round[peer], per_round[ours])]
@@ -476,17 +509,23 @@ def summarize_row(hidden: int, inter: int, m: int, per_round: Mapping[str, Seque
     return row
 
 
-def pipelines(weight_formats: Sequence[str]) -> list[str]:
+def pipelines(weight_formats: Sequence[str], peers: Sequence[str] = (HF, UNFUSED)) -> list[str]:
     """The table's pipelines, in column order."""
-    return [HF, UNFUSED] + [ours_name(f) for f in weight_formats]
+    return [*peers] + [ours_name(f) for f in weight_formats]
 
 
-def speedup_columns(weight_formats: Sequence[str]) -> list[tuple[str, str]]:
+def speedup_columns(weight_formats: Sequence[str], peers: Sequence[str] = (HF, UNFUSED)) -> list[tuple[str, str]]:
     """(peer, ours) of each speed-up column."""
     cols = [(HF, ours_name(f)) for f in weight_formats]
     if UNFUSED_FORMAT in weight_formats:
-        cols.append((UNFUSED, ours_name(UNFUSED_FORMAT)))
+        cols += [(p, ours_name(UNFUSED_FORMAT)) for p in peers if p in UNFUSED_PEERS]
     return cols
+
+
+def result_pipelines(result: Mapping) -> list[str]:
+    """``pipelines`` of a result (written before DeepGEMM was a peer: transformers' and the unfused one)."""
+    s = result["settings"]
+    return pipelines(s["weight_formats"], s.get("peers", (HF, UNFUSED)))
 
 
 def _us(v) -> str:
@@ -513,8 +552,8 @@ def format_table(result: Mapping) -> str:
     pure function of ``run``'s result."""
     s = result["settings"]
     fmts, ref = s["weight_formats"], s.get("reference_formats", [])
-    names = pipelines(fmts)
-    ratio_cols = speedup_columns(fmts)
+    names = result_pipelines(result)
+    ratio_cols = speedup_columns(fmts, names)
     how = (f"{s['iters']} CUDA-graph replays of {s['reps']} calls" if s["cuda_graphs"]
            else f"{s['iters']} timings of {s['reps']} eager calls")
     lines = [f"{result['device']}, torch {result['torch']}, swiglu-fused {result['swiglu_fused']}, "
@@ -585,7 +624,7 @@ def write_results(result: Mapping, out: str | Path) -> list[str]:
     if importlib.util.find_spec("matplotlib") is None:
         return said + ["PNG skipped: matplotlib is not installed (pip install matplotlib; the JSON has every number)"]
     s = result["settings"]
-    series = {_label(n, s.get("reference_formats", [])): f"{n}_us" for n in pipelines(s["weight_formats"])}
+    series = {_label(n, s.get("reference_formats", [])): f"{n}_us" for n in result_pipelines(result)}
     title = f"whole gated MLP — {result['device']}, torch {result['torch']}, {result['date'][:10]}"
     return said + [f"wrote {plot_panels(result['rows'], series, title, out / 'bench.png')}"]
 
@@ -630,9 +669,13 @@ def run(shapes: Sequence[tuple[int, int]] = DEFAULT_SHAPES, m: Sequence[int] = D
     for name in ("recompile_limit", "cache_size_limit"):  # one compiled graph per M for the unfused peer
         if hasattr(torch._dynamo.config, name):
             setattr(torch._dynamo.config, name, 1024)
-    unfused = UnfusedFP8()
+    unfused = {UNFUSED: UnfusedFP8()}
+    dg = deep_gemm()
+    if dg is not None:
+        unfused[DEEPGEMM] = UnfusedFP8(deep_gemm_block_gemm(dg))
+    peers = [HF, *unfused]
     rows = []
-    say(f"timing {', '.join(pipelines(fmts))} on {device} ({len(shapes)} shape(s) × {len(ms)} M, "
+    say(f"timing {', '.join(pipelines(fmts, peers))} on {device} ({len(shapes)} shape(s) × {len(ms)} M, "
         f"{rounds} round(s)); the first calls compile kernels, which takes a while")
     for hidden, inter in shapes:
         layers = []
@@ -644,14 +687,16 @@ def run(shapes: Sequence[tuple[int, int]] = DEFAULT_SHAPES, m: Sequence[int] = D
                     raise BenchError(f"ours in {f} would run on the {module.backend} backend here, not the sm90 "
                                      "kernels (is SWIGLU_FUSED_DISABLE_KERNELS set?)")
             fp8 = ours.get(UNFUSED_FORMAT) or fused(mlp, UNFUSED_FORMAT)
-            layers.append({HF: mlp, UNFUSED: unfused.pipeline(fp8), **{ours_name(f): ours[f] for f in fmts}})
+            layers.append({HF: mlp, **{n: u.pipeline(fp8) for n, u in unfused.items()},
+                           **{ours_name(f): ours[f] for f in fmts}})
         for m_ in ms:
             x = torch.randn(m_, hidden, device="cuda").to(torch.bfloat16)
             skipped = {}
             with torch.no_grad():
-                why = _runs(layers[0][UNFUSED], x)
-                if why:
-                    skipped[UNFUSED] = why
+                for n in unfused:
+                    why = _runs(layers[0][n], x)
+                    if why:
+                        skipped[n] = why
                 names = [n for n in layers[0] if n not in skipped]
                 ref = layers[0][HF](x).float()
                 errs = {n: _rel_err(layers[0][n](x), ref) for n in names if n != HF}
@@ -662,11 +707,11 @@ def run(shapes: Sequence[tuple[int, int]] = DEFAULT_SHAPES, m: Sequence[int] = D
             say(f"  {hidden}×{inter} M = {m_}: " + ", ".join(f"{n} {_us(row.get(f'{n}_us'))} µs" for n in names))
         del layers
         torch.cuda.empty_cache()
-    notes = [f"act·quant of fp8_unfused at M = {k}: {v[0]}" for k, v in sorted(unfused.picked.items())]
+    notes = [f"act·quant of fp8_unfused at M = {k}: {v[0]}" for k, v in sorted(unfused[UNFUSED].picked.items())]
     if triton is None:
         notes.append("Triton is not installed: fp8_unfused's act·quant is the compiled one only")
     result = dict(benchmark="swiglu-fused bench", **header(), notes=notes,
-                  settings=dict(shapes=[list(s) for s in shapes], m=list(ms), weight_formats=list(fmts),
+                  settings=dict(shapes=[list(s) for s in shapes], m=list(ms), weight_formats=list(fmts), peers=peers,
                                 reference_formats=reference, rounds=rounds, iters=iters, reps=REPS,
                                 cuda_graphs=cuda_graphs, l2_bytes=l2, interleave=GROUP),
                   rows=rows)

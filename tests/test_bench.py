@@ -205,3 +205,21 @@ def test_write_results_json_and_png_or_a_note(tmp_path):
 def test_compact_keeps_nan():
     assert math.isnan(bench.compact({"a": [float("nan")]})["a"][0])
     assert bench.compact((1.23456, 7)) == [1.235, 7]
+
+
+def test_a_deepgemm_peer_gets_its_column_and_speed_up():
+    """Where DeepGEMM was importable, run() lists its unfused pipeline among the peers: the table has
+    its µs and ours fp8's speed-up over it; results from before it existed read as they did."""
+    result = synthetic_result()
+    for row in result["rows"]:
+        per_round = {k.removesuffix("_us_per_round"): v for k, v in row.items() if k.endswith("_us_per_round")}
+        if row["m"] == 4096:
+            per_round[bench.DEEPGEMM] = [77.0, 70.0, 88.0]
+        row.clear()
+        row.update(bench.summarize_row(4096, 14336, 4096, per_round, ("bf16", "fp8_block128"), 1))
+    result["settings"]["peers"] = [bench.HF, bench.UNFUSED, bench.DEEPGEMM]
+    assert result["rows"][1]["fp8_unfused_deepgemm_over_ours_fp8_block128"] == pytest.approx(1.1)
+    table = bench.format_table(result)
+    header = table.splitlines()[2]
+    assert "fp8_unfused_deepgemm µs" in header and "fp8_unfused_deepgemm / ours_fp8_block128" in header
+    assert bench.result_pipelines(synthetic_result()) == ["hf_bf16", "fp8_unfused", "ours_bf16", "ours_fp8_block128"]
