@@ -255,7 +255,7 @@ def print_row(r, cfg, rounds):
     for name, label in (("copyout", "copy-out"), ("tile256", "tile_n=256"), ("dg", "DeepGEMM GEMM alone"),
                         ("dgsep", "DeepGEMM + act·quant")):
         if f"{name}_us" in r:
-            extra += f"  {label} {r[f'{name}_us']:.1f} µs {r[f'{name}_tflops']:.0f} TF/s"
+            extra += f"  {label} {r[f'{name}_us']:.1f} µs {r[f'{GEMM_PIPELINES[name]}_tflops']:.0f} TF/s"
     if "speedup_vs_deepgemm" in r:
         extra += f"  DeepGEMM alone/ours {r['speedup_vs_deepgemm']:.2f}"
     print(f"{r['m']:>6} {r['hidden']:>6} {r['inter']:>6} {config_tag(cfg):>34} {r['fused_us']:>8.1f} "

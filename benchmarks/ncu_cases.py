@@ -1,7 +1,7 @@
 """Launches chosen kernels once each inside an NVTX range, for Nsight Compute to profile (GPU).
 
-Each case runs ours (the dispatched config, or a named variant) and cuBLAS's peer GEMM on the same
-operands. Warm-up (compilation, cuBLAS heuristics) happens outside the ranges, so
+Each case runs ours (the dispatched config, or a named variant), cuBLAS's peer GEMM and, where it is
+importable, DeepGEMM's on the same operands. Warm-up (compilation, cuBLAS heuristics) happens outside the ranges, so
 
     ncu --clock-control none --nvtx --nvtx-include "regex:^prof/" --section SpeedOfLight ... \\
         python -m benchmarks.ncu_cases
@@ -32,6 +32,8 @@ CASES = {
         ("ours", None), ("tile64 whole tiles", kg.GateUpConfig(tile_m=64, stages=5), 1),
         ("tile64 cl2", kg.GateUpConfig(tile_m=64, stages=5, cluster_m=2))]),
     "fp8_4096": ("fp8_block128", 8192, 3584, 4096, [("ours", None)]),
+    "fp8_8b_1024": ("fp8_block128", 4096, 14336, 1024, [("ours", None)]),  # DeepGEMM 15 % ahead (issue 25)
+    "fp8_8b_4096": ("fp8_block128", 4096, 14336, 4096, [("ours", None)]),
     "bf16_16": ("bf16", 8192, 3584, 16, [("ours", None)]),  # behind cuBLAS's bf16 GEMM (eleventh session)
     "bf16_1024": ("bf16", 8192, 3584, 1024, [("ours", None)]),
     "bf16_4096": ("bf16", 4096, 14336, 4096, [("ours", None)]),
@@ -67,6 +69,10 @@ def run_case(name):
         gemm, _ = b.cublas_gemm(x, xs, w, ws)
         peer = b.peer_sets([(x, xs, w, ws)])[0]
         calls.append(("cuBLAS fp8 block GEMM", lambda: gemm(*peer)))
+        dg = b.deep_gemm()
+        if dg is not None:  # where importable (a peer, issue 25)
+            dg_gemm = b.deep_gemm_block_gemm(dg)
+            calls.append(("DeepGEMM fp8 block GEMM", lambda: dg_gemm(*peer)))
     for _, fn in calls:  # compile, pick cuBLAS's kernel
         fn(), fn()
     torch.cuda.synchronize()
