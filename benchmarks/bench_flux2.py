@@ -12,7 +12,8 @@ Single-stream (dim 6144, 48 heads × 128, mlp_hidden 18432; M = image + 512 text
                      copied over V's columns, so that to_out reads [attention | h] in place
   ``attention`` is a stand-in tensor [M, 6144]: the attention itself is the same on every side.
   Also timed: each GEMM alone (cuBLAS's bf16 F.linear, ours with quant_x), ours with the
-  dispatched cluster pairs turned off (``*_cluster1``, the A/B of DISPATCH D25), and the
+  dispatched cluster pairs turned off (``*_cluster1``, the A/B of DISPATCH D25) and with the
+  config fields of ``--ab`` replaced (``*_ab0``, ``*_ab1``, …), and the
   processor's cat alone, of our h view and of a contiguous h.
 Double-stream feed-forward (Flux2FeedForward: linear_in [2 · 18432, 6144] halves [gate; up],
 Flux2SwiGLU, linear_out; M = image tokens): diffusers_bf16, the unfused fp8 pipeline of
@@ -40,6 +41,7 @@ import torch
 import torch.nn.functional as F
 
 from swiglu_fused import FusedSwiGLUMLP, formats
+from benchmarks.harness import parse_variant
 from swiglu_fused.bench import UnfusedFP8, header, interleaved_us, parse_ms, quant_x_m_major, save_json
 from swiglu_fused.interleave import deinterleave_block_scales, deinterleave_rows
 from swiglu_fused.kernels import dispatch, ops
@@ -83,7 +85,7 @@ def _rel(a, b) -> float:
     return ((a.float() - b.float()).norm() / b.float().norm()).item()
 
 
-def single_stream(w_single, ms, rounds, iters):
+def single_stream(w_single, ms, rounds, iters, ab=()):
     mods = {f: FusedSplitProjection.from_weight(w_single.float(), PREFIX, weight_format=f).cuda() for f in FORMATS}
     fp8 = mods["fp8_block128"].tensors()
     quantize = torch.compile(quant_x_m_major, dynamic=False)
@@ -124,9 +126,14 @@ def single_stream(w_single, ms, rounds, iters):
         for f in FORMATS:
             fns[f"ours_{SHORT[f]}"] = (lambda f: lambda: ours(f)(x, attention))(f)
             fns[f"ours_{SHORT[f]}_proj_alone"] = (lambda f: lambda: mods[f](x))(f)
-            unclustered = _without_cluster(mods[f], x)
-            if unclustered:
-                fns[f"ours_{SHORT[f]}_proj_alone_cluster1"] = unclustered
+            for suffix, fields in (("cluster1", dict(cluster_m=1)), *((f"ab{i}", v) for i, v in enumerate(ab))):
+                try:
+                    variant = _variant(mods[f], x, fields)
+                except Exception as e:  # a field this format's kernel does not take
+                    print(f"  {f} {fields}: not timed ({type(e).__name__}: {str(e).splitlines()[0][:100]})")
+                    continue
+                if variant:
+                    fns[f"ours_{SHORT[f]}_proj_alone_{suffix}"] = variant
         ref = diffusers_single(x, w_single, attention)
         err = {name: _single_err(fns[name](), ref) for name in ("unfused_fp8", *(f"ours_{SHORT[f]}" for f in FORMATS))}
         per_round = interleaved_us(fns, iters, rounds)
@@ -140,18 +147,22 @@ def _single_err(got, ref) -> float:
     return max(_rel(qkv[:, :2 * INNER], ref_qkv[:, :2 * INNER]), _rel(to_out_input, ref_to_out_input))
 
 
-def _without_cluster(mod, x):
-    """The module's projection on its dispatched config with cluster_m = 1 (None where the dispatch
-    picks no cluster pair): quant_x, then the split kernel called directly."""
+def _variant(mod, x, fields):
+    """The module's projection on its dispatched config with ``fields`` replaced (None where that
+    changes nothing, e.g. cluster_m = 1 where the dispatch picks no cluster pair): quant_x, then the
+    split kernel called directly. Its output is checked against the dispatched config's first."""
     from swiglu_fused.kernels.sm90 import split
 
     fmt = mod.weight_format
     weight, scale, gs = operands(formats.weight_format(fmt), mod.tensors(), mod.global_scale_kind)
     xq, xs = ops.quant_x(x) if fmt == "fp8_block128" else (x, None)
     _, cfg = dispatch.split_backend(xq, weight, scale, xs, gs, PREFIX, 128, "silu")
-    if cfg is None or cfg.cluster_m == 1:
+    if cfg is None or dataclasses.replace(cfg, **fields) == cfg:
         return None
-    cfg = dataclasses.replace(cfg, cluster_m=1)
+    dispatched, cfg = cfg, dataclasses.replace(cfg, **fields)
+    diff = (split.gate_up_split(cfg, xq, weight, scale, xs, gs).float()
+            - split.gate_up_split(dispatched, xq, weight, scale, xs, gs).float()).abs().max().item()
+    print(f"  {fmt} {fields}: max |difference| to the dispatched config {diff:.3g}", flush=True)
 
     def run():
         q, s = ops.quant_x(x) if fmt == "fp8_block128" else (x, None)
@@ -275,17 +286,22 @@ def plot(rows, path):
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--single-m", default="1536,4608", help="tokens of a single-stream block (image + 512 text)")
-    ap.add_argument("--ff-m", default="1024,4096", help="image tokens of a double-stream feed-forward")
+    ap.add_argument("--ff-m", default="1024,4096", help="image tokens of a double-stream feed-forward ('' to skip)")
     ap.add_argument("--blocks", default="4096",
                     help="image tokens of the whole-block timings (diffusers' modules; '' to skip)")
+    ap.add_argument("--ab", action="append", default=[], metavar="FIELD=VALUE,...",
+                    help="also time each format's split projection alone on its dispatched config with these "
+                         "SplitConfig fields replaced (ours_*_proj_alone_ab0, ab1, ... in the order given)")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--iters", type=int, default=10)
     ap.add_argument("--json", help="write every number here, and the chart beside it (.png)")
     args = ap.parse_args()
     w_single, w_in, w_out = _weights(0)
-    rows = single_stream(w_single, parse_ms(args.single_m), args.rounds, args.iters)
+    rows = single_stream(w_single, parse_ms(args.single_m), args.rounds, args.iters,
+                         [parse_variant(f"ab:{v}")[1] for v in args.ab])
     del w_single
-    rows += feed_forward(w_in, w_out, parse_ms(args.ff_m), args.rounds, args.iters)
+    if args.ff_m:
+        rows += feed_forward(w_in, w_out, parse_ms(args.ff_m), args.rounds, args.iters)
     del w_in, w_out
     if args.blocks:
         rows += whole_blocks(parse_ms(args.blocks), args.rounds, args.iters)
