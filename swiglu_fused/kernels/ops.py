@@ -111,10 +111,15 @@ def _kernel_operands_ok(operands: dict, scales: dict) -> None:
             raise ValueError(f"{name}: the sm90 kernel needs a contiguous tensor; call .contiguous()")
 
 
-def _kernel_layout_ok(name: str, t: torch.Tensor, k_multiple: int) -> None:
-    """Constraints of the sm90 kernels' 16-byte accesses, raised only on the kernel path."""
-    if not t.is_contiguous():
-        raise ValueError(f"{name}: the sm90 kernel needs a contiguous tensor (row stride = cols); call .contiguous()")
+def _kernel_layout_ok(name: str, t: torch.Tensor, k_multiple: int, row_stride: bool = False) -> None:
+    """Constraints of the sm90 kernels' 16-byte accesses, raised only on the kernel path;
+    ``row_stride``: rows may lie further apart than their length (quant_x), in whole 16 bytes."""
+    rows_ok = (t.dim() == 2 and (t.shape[1] <= 1 or t.stride(1) == 1) and (t.shape[0] <= 1 or (
+        t.stride(0) >= t.shape[1] and t.stride(0) % k_multiple == 0)))
+    if not (t.is_contiguous() or (row_stride and rows_ok)):
+        raise ValueError(f"{name}: the sm90 kernel needs a contiguous tensor (row stride = cols"
+                         + (f", or a multiple of {k_multiple} with unit column stride" if row_stride else "")
+                         + "); call .contiguous()")
     if t.data_ptr() % 16:
         raise ValueError(f"{name}: the sm90 kernel needs a 16-byte aligned data pointer, got address % 16 = {t.data_ptr() % 16}")
     if t.shape[-1] % k_multiple:
@@ -143,7 +148,7 @@ def runs_directly(*tensors: torch.Tensor | None) -> bool:
 # ---------------------------------------------------------------- quant_x
 def _quant_x_impl(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     if dispatch.quant_x_backend(x) == dispatch.SM90:
-        _kernel_layout_ok("x", x, 8)
+        _kernel_layout_ok("x", x, 8, row_stride=True)
         from .sm90 import quant_x as sm90_quant_x
 
         with torch.cuda.device(x.device):

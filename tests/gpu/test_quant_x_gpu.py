@@ -85,3 +85,27 @@ def test_quant_x_vec16_needs_k_multiple_of_16():
 
     with pytest.raises(ValueError, match="multiple of 16"):
         kq.quant_x(torch.randn(2, 136, device="cuda").to(torch.bfloat16), kq.QuantXConfig(vec=16))
+
+
+@pytest.mark.parametrize("vec", [8, 16])
+@pytest.mark.parametrize("m", [1, 3, 100])
+def test_quant_x_reads_rows_where_they_lie(vec, m):
+    """x a view whose rows lie further apart than K (SplitProjectionProcessor's [attention | h]):
+    the kernel reads it in place, through ops too, and the columns between the rows (NaN here)
+    reach nothing."""
+    from swiglu_fused.kernels.sm90 import quant_x as kq
+
+    k, ld = 576, 576 + 136
+    torch.manual_seed(m + vec)
+    buf = torch.full((m, ld), float("nan"), device="cuda", dtype=torch.bfloat16)
+    x = buf[:, 8:8 + k]
+    x.copy_((torch.randn(m, k, device="cuda") * 3).to(torch.bfloat16))
+    assert not x.is_contiguous() or m == 1
+    q, s = _poisoned(m, k)
+    kq.quant_x(x, kq.QuantXConfig(rounds=1, vec=vec), out=(q, s))
+    q_ref, s_ref = reference.quant_x(x.contiguous())
+    assert_fp8_group_close(q, s, q_ref, s_ref, scale_rtol=1e-6)
+    q2, s2 = ops.quant_x(x)
+    assert torch.equal(q2.view(torch.uint8), kq.quant_x(x.contiguous())[0].view(torch.uint8))
+    with pytest.raises(ValueError, match="x: .*contiguous"):  # rows not 16 bytes apart
+        ops.quant_x(torch.randn(4, 580, device="cuda").to(torch.bfloat16)[:, :576])

@@ -1,5 +1,9 @@
 """quant_x on sm_90a: bf16 x [M, K] → e4m3 q [M, K] + fp32 x_scale [M, ceil(K/128)].
 
+x's rows may lie further apart than K (a row stride that is a multiple of 8 elements): the Flux.2
+single-stream processor hands ``to_out`` [attention | h], a view of the split projection's output,
+and a quantized ``to_out`` quantizes it where it lies instead of copying it first.
+
 Same numerics as ``quant.quantize_fp8_groups`` (the reference): per row and per 128 consecutive
 columns s = amax/448 (s = 1 where amax = 0, NaN propagates), q = e4m3(satfinite(x / s)), with
 IEEE division so the bytes match torch's.
@@ -84,12 +88,14 @@ class QuantXKernel:
         s_ptr: cute.Pointer,
         m: Int32,
         kv: Int32,
+        ldv: Int32,
         stream: cuda.CUstream,
     ):
         cfg = self.config
         k = cute.assume(kv * cfg.vec, divby=cfg.vec)  # lets the row accesses be proven aligned
+        ld = cute.assume(ldv * VEC, divby=VEC)  # x's row stride: whole 16-byte chunks
         kb = (k + GROUP - 1) // GROUP
-        mX = cute.make_tensor(x_ptr, cute.make_layout((m, k), stride=(k, 1)))
+        mX = cute.make_tensor(x_ptr, cute.make_layout((m, k), stride=(ld, 1)))
         # e4m3 output viewed as 32-bit words: vec/4 words per thread
         kw = cute.assume(kv * (cfg.vec // 4), divby=cfg.vec // 4)
         mQ = cute.make_tensor(
@@ -183,6 +189,7 @@ def compile_quant_x(config: QuantXConfig = QuantXConfig()):
         fake_ptr(cutlass.Float32, 4),
         Int32(1),
         Int32(1),
+        Int32(1),
         null_stream(),
         options=COMPILE_OPTIONS,
     )
@@ -199,7 +206,8 @@ def shipped_configs() -> list[QuantXConfig]:
 
 
 def quant_x(x, config: QuantXConfig | None = None, *, out=None):
-    """Run the kernel on a CUDA bf16 x [M, K] (contiguous, K % 8 == 0, 16-byte aligned);
+    """Run the kernel on a CUDA bf16 x [M, K] (unit column stride, a row stride that is a multiple of
+    8, K % 8 == 0, 16-byte aligned);
     the caller (ops.py) validates. Returns (q e4m3 [M, K], x_scale fp32 [M, ceil(K/128)]);
     ``out`` = (q, x_scale) writes into given tensors (the tests poison them first)."""
     import torch
@@ -227,6 +235,7 @@ def quant_x(x, config: QuantXConfig | None = None, *, out=None):
         compile_cache.ptr(cutlass.Float32, s, 4),
         Int32(m),
         Int32(k // config.vec),
+        Int32(x.stride(0) // VEC if m > 1 else k // VEC),
         stream,
     )
     return q, s
