@@ -259,6 +259,28 @@ def test_the_single_stream_processor_skips_the_concatenation_and_changes_nothing
         assert torch.equal(got, attn(h, image_rotary_emb=rotary))
 
 
+def test_the_single_stream_processor_concatenates_where_autograd_keeps_v(flux2):
+    """With grad enabled the QK norms' trainable weights make the attention keep V for its backward:
+    the processor then concatenates as the stock one does, and the backward runs to the same
+    gradients (the in-place write would fail it: "modified by an inplace operation")."""
+    from diffusers.models.transformers import transformer_flux2 as flux2_module
+
+    _, model = flux2
+    patched = copy.deepcopy(model)
+    swiglu_fused.patch_model(patched, weight_format="bf16")
+    attn = patched.single_transformer_blocks[0].attn
+    ours = attn.processor
+    h = torch.randn(2, 24, 128).bfloat16()
+    grads = []
+    for processor in (ours, flux2_module.Flux2ParallelSelfAttnProcessor()):
+        attn.set_processor(processor)
+        attn.norm_q.weight.grad = None
+        out = attn(h)
+        out.float().square().sum().backward()
+        grads.append((out.detach(), attn.norm_q.weight.grad.clone()))
+    assert torch.equal(grads[0][0], grads[1][0]) and torch.equal(grads[0][1], grads[1][1])
+
+
 def test_patch_reports_what_it_leaves(flux2):
     _, model = flux2
     patched = copy.deepcopy(model)

@@ -82,7 +82,10 @@ class SplitProjectionProcessor:
         out = flux2.dispatch_attention_fn(query, key, value, attn_mask=attention_mask,
                                           backend=self._attention_backend, parallel_config=self._parallel_config)
         out = out.flatten(2, 3).to(query.dtype)
-        to_out_input = y[..., 2 * inner:]  # (no autograd holds V: the split projection has no backward)
+        if torch.is_grad_enabled() and (query.requires_grad or key.requires_grad or value.requires_grad):
+            # the attention kept V for its backward (the QK norms' weights are trainable): V stays
+            return attn.to_out(torch.cat([out, y[..., 3 * inner:]], dim=-1))
+        to_out_input = y[..., 2 * inner:]
         to_out_input[..., :inner].copy_(out)
         return attn.to_out(to_out_input)
 

@@ -93,8 +93,10 @@ def module_backend(weight_format: str, interleave: int, device: torch.device) ->
 
 
 def quant_x_backend(x: torch.Tensor) -> str:
-    """SM90 for a bf16 x with 16-byte rows on an sm_90 device, else REFERENCE."""
-    if x.dtype == torch.bfloat16 and sm90_kernels_usable(x.device) and rows_16_bytes("quant_x", x=x):
+    """SM90 for a bf16 x with 16-byte rows on an sm_90 device whose element offsets fit the
+    kernel's 32-bit indexing (M · row stride < 2^31), else REFERENCE."""
+    if (x.dtype == torch.bfloat16 and sm90_kernels_usable(x.device) and rows_16_bytes("quant_x", x=x)
+            and x.shape[0] * x.stride(0) < 2 ** 31):
         return SM90
     return REFERENCE
 

@@ -40,6 +40,8 @@ def activation_operand(impl, fmt, x2: torch.Tensor) -> tuple:
     x2 = x2.to(torch.bfloat16)
     if not (fmt.quantizes_x and _quant_x_reads(x2)):
         x2 = x2.contiguous()
+    if not torch.compiler.is_compiling() and x2.is_cuda and x2.data_ptr() % 16:
+        x2 = x2.clone()  # a view starting off 16 bytes (the kernels' accesses): an aligned copy
     return impl.quant_x(x2) if fmt.quantizes_x else (x2, None)
 
 
