@@ -79,6 +79,12 @@ def run(shapes, ms, iters=50, ab: dict | None = None):
         nv_dn = _layers(lambda i: _nvfp4_down(hidden, inter, i), _nbytes(*_nvfp4_down(hidden, inter, 99)))
         f8_gu = _layers(lambda i: _fp8(2 * inter, hidden, i), 2 * inter * hidden)
         f8_dn = _layers(lambda i: _fp8(hidden, inter, i), hidden * inter)
+        v_gu, v_dn = nv_gu, nv_dn  # the variant's weights: reordered where it reads them tile-major
+        if (ab or {}).get("tile_major"):
+            from swiglu_fused.kernels.sm90.nvfp4 import tile_major
+
+            v_gu = [(*tile_major(w[0], w[1]), w[2]) for w in nv_gu]
+            v_dn = [(*tile_major(w[0], w[1]), w[2]) for w in nv_dn]
         floor_gu = _nbytes(*nv_gu[0]) / COPY_TB_S / 1e6
         floor_dn = _nbytes(*nv_dn[0]) / COPY_TB_S / 1e6
         for m in ms:
@@ -99,10 +105,10 @@ def run(shapes, ms, iters=50, ab: dict | None = None):
             if variant:
                 gu_ref = ops.gate_up(x, *nv_gu[0][:2], None, nv_gu[0][2], interleave=128, h_format="bf16")[0]
                 dn_ref = ops.down(h, *nv_dn[0][:2], None, nv_dn[0][2])
-                same = (torch.equal(variant[0](nv_gu[0]), gu_ref), torch.equal(variant[1](nv_dn[0]), dn_ref))
+                same = (torch.equal(variant[0](v_gu[0]), gu_ref), torch.equal(variant[1](v_dn[0]), dn_ref))
                 print(f"  variant {ab}: gate_up / down bit-identical to the dispatched: {same}", flush=True)
-                t["variant gate_up"] = graph_time_us(step(nv_gu, variant[0]), iters)
-                t["variant down"] = graph_time_us(step(nv_dn, variant[1]), iters)
+                t["variant gate_up"] = graph_time_us(step(v_gu, variant[0]), iters)
+                t["variant down"] = graph_time_us(step(v_dn, variant[1]), iters)
             t |= {
                 "nvfp4 gate_up": graph_time_us(step(nv_gu, lambda w: ops.gate_up(
                     x, w[0], w[1], None, w[2], interleave=128, h_format="bf16")), iters),

@@ -190,10 +190,18 @@ class GemmKernel(MainloopMixin, Nvfp4Mixin, StreamKMixin, EpilogueMixin):
             # the packed weight [N, K/2] (bytes), its e4m3 scales [N, K/16] as 32-bit words (a k
             # tile's four of a row: one word) and, in a_scale's place, the global scale
             # multipliers [2] (gate, up; down: one value twice; split.py: [3], prefix, gate, up)
-            mB = cute.make_tensor(w_ptr, cute.make_layout((n, k // 2), stride=(k // 2, 1)))
             mAS = cute.make_tensor(as_ptr, cute.make_layout(cfg.global_scales))
             kw = k // (NVFP4_GROUP * 4)
-            mWS = cute.make_tensor(cute.recast_ptr(ws_ptr, dtype=Int32), cute.make_layout((n, kw), stride=(kw, 1)))
+            if cutlass.const_expr(cfg.tile_major):  # [N/256][K/64][256 rows][32 bytes | 1 word]
+                rows, cols = cfg.tile_n, cfg.tile_k // 2
+                mB = cute.make_tensor(w_ptr, cute.make_layout(
+                    ((rows, n_tiles), (cols, kw)), stride=((cols, kw * rows * cols), (1, rows * cols))))
+                mWS = cute.make_tensor(cute.recast_ptr(ws_ptr, dtype=Int32), cute.make_layout(
+                    ((rows, n_tiles), kw), stride=((1, kw * rows), rows)))
+            else:
+                mB = cute.make_tensor(w_ptr, cute.make_layout((n, k // 2), stride=(k // 2, 1)))
+                mWS = cute.make_tensor(cute.recast_ptr(ws_ptr, dtype=Int32),
+                                       cute.make_layout((n, kw), stride=(kw, 1)))
         else:
             mB = cute.make_tensor(w_ptr, cute.make_layout((n, k), stride=(k, 1)))
             # a_scale: gate_up's x_scale as quant_x writes it (row-major); down's h_scale as gate_up

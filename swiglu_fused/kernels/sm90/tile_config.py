@@ -106,6 +106,11 @@ class TileConfig:
     # 2^-62, exact) for this call, then the accumulator times the global scales · 2^62 per half, as
     # the nvfp4 mainloop ends: prefill of nvfp4 weights (dispatch.nvfp4_dequantizes)
     dequantized: bool = False
+    # nvfp4: the packed weight and its scale words in tile-major order (nvfp4.tile_major: each
+    # 256-row × 64-column k tile's 8 KB of codes and 1 KB of scale words contiguous), so that a k
+    # tile is one contiguous TMA box and its scales one contiguous run, instead of 32-byte row
+    # pieces and 4-byte words 2 KB apart (history/nvfp4.md). Measured, not dispatched.
+    tile_major: bool = False
 
     # the epilogue and the bytes per element of the staged output (set by subclasses)
     epilogue = "gated"
@@ -147,6 +152,8 @@ class TileConfig:
             raise ValueError(f"{name}.split_unroll: expected 1, 2, 3, 4, 6 or 8 k tiles, got {self.split_unroll}")
         if self.smem_scales and (not self.fp8 or self.tile_m != 128 or self.swap_ab):
             raise ValueError(f"{name}.smem_scales: the fp8 mainloop's 128-row tile only; got {self}")
+        if self.tile_major and not self.nvfp4:
+            raise ValueError(f"{name}.tile_major: the nvfp4 mainloop's weight layout only; got {self}")
         if self.l2_hint not in L2_HINTS:
             raise ValueError(f"{name}.l2_hint: expected one of {L2_HINTS}, got {self.l2_hint!r}")
         if self.dequantized and (self.mainloop != BF16_MAINLOOP or self.swap_ab or self.granules):
