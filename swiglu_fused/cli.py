@@ -82,6 +82,8 @@ process on the same random bf16 input x [M, H] and the same random weights:
                       -> cuBLAS block-scaled GEMM (torch._scaled_mm) -> SiLU·up·quant (the faster of a
                       compiled and a Triton kernel) -> cuBLAS block-scaled GEMM; "–" where cuBLAS
                       rejects M (M = 1 on the H100)
+  fp8_unfused_deepgemm  the same pipeline on DeepGEMM's GEMMs (deep_gemm.fp8_gemm_nt), only where
+                      DeepGEMM is installed: timed as a peer, never needed
   ours_FORMAT         FusedSwiGLUMLP in each --format (default: bf16, fp8_block128 and nvfp4, all on
                       sm90 kernels; nvfp4 is W4A16: its 4-bit weight decoded to bf16 in the kernel,
                       or from 1024 tokens dequantized to bf16 for the call, then the bf16 kernels)
