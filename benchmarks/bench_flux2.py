@@ -53,6 +53,7 @@ FORMATS = ("bf16", "fp8_block128", "nvfp4")
 SHORT = {"bf16": "bf16", "fp8_block128": "fp8", "nvfp4": "nvfp4"}
 
 DIM, INNER, MLP_HIDDEN = 6144, 48 * 128, 18432
+TEXT = 512  # text tokens beside the image's in a single-stream block
 PREFIX = 3 * INNER
 
 
@@ -208,7 +209,7 @@ def flux2_blocks(device="cuda", dim: int = DIM, heads: int = 48, head_dim: int =
     return models
 
 
-def block_inputs(model, image: int, text: int = 512, seed: int = 0):
+def block_inputs(model, image: int, text: int = TEXT, seed: int = 0):
     """(single-stream kwargs, double-stream kwargs) for ``image`` + ``text`` tokens of batch 1."""
     g = torch.Generator(device=model.device).manual_seed(seed)
     dim = model.inner_dim
@@ -244,7 +245,7 @@ def whole_blocks(images, rounds, iters):
                 ref = fns["diffusers_bf16"]()
                 err = {name: max(_rel(a, b) for a, b in zip(_tuple(fn()), _tuple(ref)))
                        for name, fn in fns.items() if name != "diffusers_bf16"}
-                rows.append(_row(block, image + (512 if block == "single_block" else 0),
+                rows.append(_row(block, image + (TEXT if block == "single_block" else 0),
                                  interleaved_us(fns, iters, rounds), err))
     return rows
 

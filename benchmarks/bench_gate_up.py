@@ -28,11 +28,10 @@ import torch
 
 from benchmarks.harness import (
     COPY_BPS, PEAK_TFLOPS, REPS, act_mul_bf16, act_quant, act_quant_bytes, best_act_quant, bf16_operands,
-    cublas_gemm, cycling, deep_gemm, deep_gemm_block_gemm, gate_up_config, graph_time_us, interleaved_us, operands, parse_variant, peer_sets,
+    block_gemm_reference, cublas_gemm, cycling, deep_gemm, deep_gemm_block_gemm, gate_up_config, graph_time_us, interleaved_us, operands, parse_variant, peer_sets,
     quant_x_m_major, rotation, write_json,
 )
 from swiglu_fused import quant
-from swiglu_fused.kernels import reference
 from swiglu_fused.kernels.sm90 import gate_up as k
 
 # table/JSON name of each timed pipeline whose time covers the GEMM (act·quant alone has no GEMM flops)
@@ -159,7 +158,7 @@ def deep_gemm_peers(psets, act_quant_c):
     except Exception as e:
         print(f"  (no DeepGEMM peer: {str(e).splitlines()[0][:90]})")
         return {}, float("nan")
-    ref = reference._dequant_operand(xq, xs, "x") @ reference.dequant_weight(wq, ws).t()
+    ref = block_gemm_reference(xq, xs, wq, ws)
     err = ((y.float() - ref).norm() / ref.norm()).item()
     _, actq_fn = best_act_quant(y, True, act_quant_c, lambda f: graph_time_us(f, 10))
     return dict(dg=cycling(gemm, psets), dgsep=cycling(lambda *ops: actq_fn(gemm(*ops)), psets)), err

@@ -207,13 +207,17 @@ def _scaled_mm_candidates(xq, xs, wq, ws, out_dtype):
     yield lambda: torch._scaled_mm(xq, wq.t(), scale_a=xs, scale_b=ws, out_dtype=out_dtype)
 
 
+def block_gemm_reference(xq, xs, wq, ws):
+    """fp32 x @ w^T of the block-scaled operands, dequantized: what a peer's GEMM is checked against."""
+    return reference._dequant_operand(xq, xs, "x") @ reference.dequant_weight(wq, ws).t()
+
+
 def cublas_gemm(xq, xs, wq, ws, out_dtype=torch.bfloat16):
     """A callable (xq, xs, wq, ws) → the packed [M, 2I] GEMM with cuBLAS block scales, where xs is
     M-major (``peer_sets``), with the weight-scale layout this torch accepts (checked once, on these
     operands), and its relative error."""
     xs = quant.m_major(xs)
-    ref = reference.dequant_weight(wq, ws)
-    ref = reference._dequant_operand(xq, xs, "x") @ ref.t()
+    ref = block_gemm_reference(xq, xs, wq, ws)
     errors = []
     for i, fn in enumerate(_scaled_mm_candidates(xq, xs, wq, ws, out_dtype)):
         try:

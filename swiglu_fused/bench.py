@@ -709,7 +709,7 @@ def run(shapes: Sequence[tuple[int, int]] = DEFAULT_SHAPES, m: Sequence[int] = D
             say(f"  {hidden}×{inter} M = {m_}: " + ", ".join(f"{n} {_us(row.get(f'{n}_us'))} µs" for n in names))
         del layers
         torch.cuda.empty_cache()
-    notes = [f"act·quant of fp8_unfused at M = {k}: {v[0]}" for k, v in sorted(unfused[UNFUSED].picked.items())]
+    notes = [f"act·quant of {n} at M = {k}: {v[0]}" for n, u in unfused.items() for k, v in sorted(u.picked.items())]
     if triton is None:
         notes.append("Triton is not installed: fp8_unfused's act·quant is the compiled one only")
     result = dict(benchmark="swiglu-fused bench", **header(), notes=notes,

@@ -38,6 +38,14 @@ DISABLED = os.environ.get("SWIGLU_FUSED_DISABLE_KERNELS", "") not in ("", "0")
 
 
 # ================================================================ backends
+def rows_in_place(t: torch.Tensor, k_multiple: int) -> bool:
+    """Whether a kernel that takes a row stride (quant_x) reads the 2-D t's rows where they lie:
+    unit column stride, rows at least their length and whole ``k_multiple`` elements apart (16
+    bytes). Alignment of the first row is the caller's check (data_ptr)."""
+    return (t.dim() == 2 and (t.shape[1] <= 1 or t.stride(1) == 1)
+            and (t.shape[0] <= 1 or (t.stride(0) >= t.shape[1] and t.stride(0) % k_multiple == 0)))
+
+
 @functools.lru_cache(maxsize=None)
 def _cutlass_available() -> bool:
     try:

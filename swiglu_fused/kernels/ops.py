@@ -114,9 +114,7 @@ def _kernel_operands_ok(operands: dict, scales: dict) -> None:
 def _kernel_layout_ok(name: str, t: torch.Tensor, k_multiple: int, row_stride: bool = False) -> None:
     """Constraints of the sm90 kernels' 16-byte accesses, raised only on the kernel path;
     ``row_stride``: rows may lie further apart than their length (quant_x), in whole 16 bytes."""
-    rows_ok = (t.dim() == 2 and (t.shape[1] <= 1 or t.stride(1) == 1) and (t.shape[0] <= 1 or (
-        t.stride(0) >= t.shape[1] and t.stride(0) % k_multiple == 0)))
-    if not (t.is_contiguous() or (row_stride and rows_ok)):
+    if not (t.is_contiguous() or (row_stride and dispatch.rows_in_place(t, k_multiple))):
         raise ValueError(f"{name}: the sm90 kernel needs a contiguous tensor (row stride = cols"
                          + (f", or a multiple of {k_multiple} with unit column stride" if row_stride else "")
                          + "); call .contiguous()")

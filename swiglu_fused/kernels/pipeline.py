@@ -14,6 +14,7 @@ from typing import Mapping
 import torch
 
 from .. import formats
+from . import dispatch
 
 
 def runtime_global_scale(t: torch.Tensor | None, kind: str | None) -> torch.Tensor | None:
@@ -35,24 +36,16 @@ def activation_operand(impl, fmt, x2: torch.Tensor) -> tuple:
     """x [rows, K] → (the activation operand the ops take, its scales or None): bf16, then
     ``impl.quant_x`` where the format quantizes activations (``fmt``: the formats.WeightFormat). The
     modules take any x, as nn.Linear does: quant_x reads rows that lie in whole 16 bytes further
-    apart than K (as SplitProjectionProcessor's [attention | h] does); anything else is made
-    contiguous first, as the bf16 mainloops read rows K apart."""
+    apart than K (dispatch.rows_in_place; SplitProjectionProcessor's [attention | h]); anything
+    else is made contiguous first, as the bf16 mainloops read rows K apart, and so is every x under
+    torch.compile (dynamo traces no data_ptr; contiguous is free where x is)."""
     x2 = x2.to(torch.bfloat16)
-    if not (fmt.quantizes_x and _quant_x_reads(x2)):
+    eager = not torch.compiler.is_compiling()
+    if not (eager and fmt.quantizes_x and dispatch.rows_in_place(x2, 8)):
         x2 = x2.contiguous()
-    if not torch.compiler.is_compiling() and x2.is_cuda and x2.data_ptr() % 16:
-        x2 = x2.clone()  # a view starting off 16 bytes (the kernels' accesses): an aligned copy
+    if eager and x2.is_cuda and x2.data_ptr() % 16:
+        x2 = x2.clone()  # a view starting off 16 bytes (the kernels' accesses): an aligned, contiguous copy
     return impl.quant_x(x2) if fmt.quantizes_x else (x2, None)
-
-
-def _quant_x_reads(x2: torch.Tensor) -> bool:
-    """Whether the quant_x kernel reads x2's rows where they lie: unit column stride, rows whole 16
-    bytes apart and 16-byte aligned. Eager only (dynamo does not trace storage_offset; under
-    torch.compile x is made contiguous, which is free where it is)."""
-    if torch.compiler.is_compiling():
-        return False
-    return (x2.stride(-1) == 1 and x2.stride(0) >= x2.shape[-1] and x2.stride(0) % 8 == 0
-            and x2.storage_offset() % 8 == 0)
 
 
 def check_features(x, in_features: int) -> None:
