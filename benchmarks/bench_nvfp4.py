@@ -1,12 +1,15 @@
 """nvfp4 gate_up and down alone (W4A16; from dispatch.NVFP4_DEQUANT_M rows dequantized per call, then
 the bf16 mainloop: DISPATCH D26), against our fp8 kernels on the same shapes and the nvfp4
 weight-bandwidth floor (packed bytes + e4m3 scales at the measured copy rate, 2.96 TB/s): µs per
-call, medians of CUDA-graph replays, weights rotated past the 50 MB L2 (GPU).
+call, medians of CUDA-graph replays, weights rotated past the 50 MB L2 (GPU). "nvfp4" is the
+weight in the tile-major order the modules hold on the GPU (kernels/nvfp4_layout.py, D27),
+"nvfp4 packed" the packed format's order (what the ops read from a checkpoint's tensors).
 
     python -m benchmarks.bench_nvfp4 [--shapes 4096x14336,8192x3584] [--m 1,16,64,1024] [--ab stages=3]
 
-``--ab FIELD=VALUE,...`` also times the nvfp4 kernels on the dispatched configs with those fields
-replaced (called directly; their outputs first checked bit-identical to the dispatched ones).
+``--ab FIELD=VALUE,...`` also times the nvfp4 kernels on the dispatched tile-major configs with
+those fields replaced (called directly; their outputs first checked bit-identical to the
+dispatched ones; ``tile_major=False`` reads the packed order).
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ import torch
 from benchmarks.harness import parse_variant
 from swiglu_fused import quant
 from swiglu_fused.bench import graph_time_us, parse_ms, parse_shapes
-from swiglu_fused.kernels import dispatch, ops
+from swiglu_fused.kernels import dispatch, nvfp4_layout, ops
 from swiglu_fused.interleave import interleave_rows
 
 COPY_TB_S = 2.96
@@ -62,13 +65,16 @@ def _variant(fields: dict, x, h):
     from swiglu_fused.kernels.sm90 import down as kd
     from swiglu_fused.kernels.sm90 import gate_up as kg
 
+    major = fields.get("tile_major", True)
+
     def gate_up(w):
-        cfg = dataclasses.replace(dispatch.gate_up_config(x, w[0], w[1], None, act="silu", h_format="bf16"), **fields)
-        return kg.gate_up(cfg, x, w[0], w[1], None, w[2])[0]
+        cfg = dataclasses.replace(dispatch.gate_up_config(x, w[0], w[1], None, act="silu", h_format="bf16",
+                                                          tile_major=True), **fields)
+        return kg.gate_up(cfg, x, w[0], w[1], None, w[2], tile_major=major)[0]
 
     def down(w):
-        cfg = dataclasses.replace(dispatch.down_config(h, w[0], w[1], None, None, torch.bfloat16), **fields)
-        return kd.down(cfg, h, w[0], w[1], None, None, w[2])
+        cfg = dataclasses.replace(dispatch.down_config(h, w[0], w[1], None, None, torch.bfloat16, True), **fields)
+        return kd.down(cfg, h, w[0], w[1], None, None, w[2], tile_major=major)
     return gate_up, down
 
 
@@ -79,12 +85,9 @@ def run(shapes, ms, iters=50, ab: dict | None = None):
         nv_dn = _layers(lambda i: _nvfp4_down(hidden, inter, i), _nbytes(*_nvfp4_down(hidden, inter, 99)))
         f8_gu = _layers(lambda i: _fp8(2 * inter, hidden, i), 2 * inter * hidden)
         f8_dn = _layers(lambda i: _fp8(hidden, inter, i), hidden * inter)
-        v_gu, v_dn = nv_gu, nv_dn  # the variant's weights: reordered where it reads them tile-major
-        if (ab or {}).get("tile_major"):
-            from swiglu_fused.kernels.sm90.nvfp4 import tile_major
-
-            v_gu = [(*tile_major(w[0], w[1]), w[2]) for w in nv_gu]
-            v_dn = [(*tile_major(w[0], w[1]), w[2]) for w in nv_dn]
+        tm_gu = [(*nvfp4_layout.to_tile_major(w[0], w[1]), w[2]) for w in nv_gu]  # the modules' order
+        tm_dn = [(*nvfp4_layout.to_tile_major(w[0], w[1]), w[2]) for w in nv_dn]
+        v_gu, v_dn = (nv_gu, nv_dn) if (ab or {}).get("tile_major") is False else (tm_gu, tm_dn)
         floor_gu = _nbytes(*nv_gu[0]) / COPY_TB_S / 1e6
         floor_dn = _nbytes(*nv_dn[0]) / COPY_TB_S / 1e6
         for m in ms:
@@ -103,18 +106,22 @@ def run(shapes, ms, iters=50, ab: dict | None = None):
             variant = _variant(ab or {}, x, h)
             t = {}
             if variant:
-                gu_ref = ops.gate_up(x, *nv_gu[0][:2], None, nv_gu[0][2], interleave=128, h_format="bf16")[0]
+                gu_ref = ops.gate_up(x, *nv_gu[0][:2], None, nv_gu[0][2], interleave=128, h_format="bf16")[0]  # (packed)
                 dn_ref = ops.down(h, *nv_dn[0][:2], None, nv_dn[0][2])
                 same = (torch.equal(variant[0](v_gu[0]), gu_ref), torch.equal(variant[1](v_dn[0]), dn_ref))
                 print(f"  variant {ab}: gate_up / down bit-identical to the dispatched: {same}", flush=True)
                 t["variant gate_up"] = graph_time_us(step(v_gu, variant[0]), iters)
                 t["variant down"] = graph_time_us(step(v_dn, variant[1]), iters)
             t |= {
-                "nvfp4 gate_up": graph_time_us(step(nv_gu, lambda w: ops.gate_up(
+                "nvfp4 gate_up": graph_time_us(step(tm_gu, lambda w: ops.gate_up(
+                    x, w[0], w[1], None, w[2], interleave=128, h_format="bf16", tile_major=True)), iters),
+                "nvfp4 packed gate_up": graph_time_us(step(nv_gu, lambda w: ops.gate_up(
                     x, w[0], w[1], None, w[2], interleave=128, h_format="bf16")), iters),
                 "fp8 gate_up": graph_time_us(step(f8_gu, lambda w: ops.gate_up(
                     xq, w[0], w[1], xs, interleave=128, h_format="fp8_group128")), iters),
-                "nvfp4 down": graph_time_us(step(nv_dn, lambda w: ops.down(h, w[0], w[1], None, w[2])), iters),
+                "nvfp4 down": graph_time_us(step(tm_dn, lambda w: ops.down(h, w[0], w[1], None, w[2], tile_major=True)),
+                                            iters),
+                "nvfp4 packed down": graph_time_us(step(nv_dn, lambda w: ops.down(h, w[0], w[1], None, w[2])), iters),
                 "fp8 down": graph_time_us(step(f8_dn, lambda w: ops.down(hq, w[0], w[1], hs)), iters),
             }
             rows.append((hidden, inter, m, t, floor_gu, floor_dn))

@@ -190,6 +190,9 @@ class WeightFormat:
     global_scale_name: str | None = None  # per-tensor scales (ops take them as global_scale)
     quantizes_x: bool = False  # x is quantized (quant_x) before gate_up
     sm90_kernels: bool = False  # the sm90 kernels implement it (at g = 128; else the reference runs)
+    # the modules may hold the weight and its scales in kernels/nvfp4_layout.py's tile-major order
+    # on a GPU (never in a checkpoint: DESIGN §3.3)
+    tile_major_order: bool = False
     sources: tuple[SourceLayout, ...] = ()
     requantized: str = "quantized"  # what convert's summary says of projections it did not repack
     packs_linears: bool = True  # a quantized source's non-MLP linears are stored in it (else plain dense weights)
@@ -301,6 +304,7 @@ class NVFP4(WeightFormat):
     scale_name = "weight_scale"
     global_scale_name = "weight_global_scale"
     sm90_kernels = True  # W4A16: kernels/sm90/nvfp4.py decodes the weight to bf16 in shared memory
+    tile_major_order = True  # each kernel k tile's codes and scales in one run (kernels/nvfp4_layout.py)
     sources = (
         SourceLayout("compressed-tensors", "weight_packed", {"weight_packed": "weight_packed",
                      "weight_scale": "weight_scale", "weight_global_scale": "weight_global_scale"},

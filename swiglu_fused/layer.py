@@ -8,20 +8,71 @@ import torch
 from torch import nn
 
 from . import eager_graphs, formats, interleave as il
-from .kernels import dispatch, ops, reference
+from .kernels import dispatch, nvfp4_layout, ops, reference
 
 
 class _PackedProjection(nn.Module):
     """Holds one projection's packed tensors as buffers named by their format suffix, so the
-    module's state_dict keys are the checkpoint's (``gate_up_interleaved.weight_scale_inv``, ...)."""
+    module's state_dict keys are the checkpoint's (``gate_up_interleaved.weight_scale_inv``, ...).
 
-    def __init__(self, tensors: Mapping[str, torch.Tensor]):
+    An nvfp4 weight and its scales are kept in nvfp4_layout's tile-major order wherever the sm90
+    kernels read them (dispatch.nvfp4_tile_major; ``kernel_ready`` False opts a projection out,
+    as a gate_up with another interleave than the kernels'); ``tile_major`` says which order the
+    buffers hold. The order is settled whenever the tensors move (``_apply``: .to(), .cuda(),
+    .cpu()) or load (``load_state_dict``; loaders that assign buffers directly call
+    ``settle_layout`` after), and state_dict always gives the packed format's order. A reorder
+    replaces the two buffers with new tensors: a tensor the caller passed in is never changed.
+    """
+
+    def __init__(self, tensors: Mapping[str, torch.Tensor], weight_format: str | None = None,
+                 kernel_ready: bool = True):
         super().__init__()
         for suffix, t in tensors.items():
             self.register_buffer(suffix, t)
+        fmt = formats.weight_format(weight_format) if weight_format else None
+        # (weight, scale) buffer names of a weight that has a tile-major order, else None
+        self._reorderable = ((fmt.weight_name, fmt.scale_name) if fmt and fmt.tile_major_order and kernel_ready
+                             else None)
+        self.tile_major = False
+        self.settle_layout()
+
+    def kernel_tensors(self) -> dict[str, torch.Tensor]:
+        """The tensors as held: what the ops read, an nvfp4 weight in the order ``tile_major`` says."""
+        return dict(self.named_buffers())
 
     def tensors(self) -> dict[str, torch.Tensor]:
-        return dict(self.named_buffers())
+        """The packed format's tensors (a tile-major nvfp4 weight and scales: copies in the packed order)."""
+        out = self.kernel_tensors()
+        if self.tile_major:
+            w, s = self._reorderable
+            out[w], out[s] = nvfp4_layout.to_packed(out[w], out[s])
+        return out
+
+    def settle_layout(self) -> None:
+        """Put an nvfp4 weight in the order its device's kernels read (tile-major where
+        dispatch.nvfp4_tile_major says so, else the packed order)."""
+        if self._reorderable is not None:
+            self._set_tile_major(dispatch.nvfp4_tile_major(self._buffers[self._reorderable[0]]))
+
+    def _set_tile_major(self, want: bool) -> None:
+        if want == self.tile_major:
+            return
+        w, s = self._reorderable
+        reorder = nvfp4_layout.to_tile_major if want else nvfp4_layout.to_packed
+        self._buffers[w], self._buffers[s] = reorder(self._buffers[w], self._buffers[s])
+        self.tile_major = want
+
+    def _save_to_state_dict(self, destination, prefix, keep_vars):
+        super()._save_to_state_dict(destination, prefix, keep_vars)
+        if self.tile_major:  # the packed format's order, in new tensors on the buffers' device
+            w, s = self._reorderable
+            destination[prefix + w], destination[prefix + s] = nvfp4_layout.to_packed(self._buffers[w],
+                                                                                     self._buffers[s])
+
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
+        self._set_tile_major(False)  # the incoming tensors are in the packed order
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
+        self.settle_layout()
 
     def _apply(self, fn, recurse=True):
         # model.to(torch.bfloat16), .half(), .float() cast every floating tensor, e4m3 weights and
@@ -32,6 +83,7 @@ class _PackedProjection(nn.Module):
             if t is not None:
                 out = fn(t)
                 self._buffers[name] = out if out.dtype == t.dtype else t.to(out.device)
+        self.settle_layout()
         return self
 
 
@@ -58,8 +110,10 @@ class FusedSwiGLUMLP(nn.Module):
             raise formats.FormatError("FusedSwiGLUMLP: " + "; ".join(str(p).replace("m.", "", 1) for p in problems))
         self.weight_format, self.interleave, self.activation = fmt.name, interleave, activation
         self.global_scale_kind = global_scale_kind if fmt.global_scale_name else None
-        self.gate_up_interleaved = _PackedProjection(gate_up)  # = formats.GATE_UP: state_dict keys are the checkpoint's
-        self.down_proj = _PackedProjection(down)
+        # = formats.GATE_UP: state_dict keys are the checkpoint's; an nvfp4 gate_up is tile-major
+        # only with the kernels' interleave
+        self.gate_up_interleaved = _PackedProjection(gate_up, fmt.name, kernel_ready=dispatch.format_has_kernels(fmt.name, interleave))
+        self.down_proj = _PackedProjection(down, fmt.name)
         w = gate_up[fmt.weight_name]
         self.hidden_size, self.intermediate_size = fmt.cols_of(w), w.shape[0] // 2  # (load_state_dict keeps shapes)
         self.eager_graph_rows = eager_graphs.MAX_ROWS if dispatch.format_has_kernels(fmt.name, interleave) else 0
@@ -113,7 +167,7 @@ class FusedSwiGLUMLP(nn.Module):
     def backend(self) -> str:
         """Where forward runs: "sm90" (the CuTe DSL kernels; down partly on cuBLAS) or "reference"
         (dispatch.module_backend)."""
-        w = self.gate_up_interleaved.tensors()[formats.weight_format(self.weight_format).weight_name]
+        w = self.gate_up_interleaved.kernel_tensors()[formats.weight_format(self.weight_format).weight_name]
         return dispatch.module_backend(self.weight_format, self.interleave, w.device)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -141,9 +195,10 @@ class FusedSwiGLUMLP(nn.Module):
             raise ValueError(f"x: last dimension is {x.shape[-1]}, but this MLP's hidden size is {self.hidden_size}")
 
     def _ops_forward(self, x: torch.Tensor) -> torch.Tensor:
-        return ops.mlp(x, self.gate_up_interleaved.tensors(), self.down_proj.tensors(),
+        return ops.mlp(x, self.gate_up_interleaved.kernel_tensors(), self.down_proj.kernel_tensors(),
                        weight_format=self.weight_format, interleave=self.interleave, act=self.activation,
-                       global_scale_kind=self.global_scale_kind)
+                       global_scale_kind=self.global_scale_kind,
+                       tile_major=(self.gate_up_interleaved.tile_major, self.down_proj.tile_major))
 
     def extra_repr(self) -> str:
         graphs = ""

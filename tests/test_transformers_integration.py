@@ -104,8 +104,9 @@ def check_from_pretrained_and_save_pretrained(tmp_path, fmt, family, device="cpu
     mlp = loaded.model.layers[1].mlp
     assert isinstance(mlp, FusedSwiGLUMLP) and mlp.weight_format == fmt
     packed = swiglu_fused.weight_packing.packed_checkpoint.PackedCheckpoint(dst)
+    held = mlp.gate_up_interleaved.tensors()  # (the packed format's order, whatever order the module holds)
     for name, t in packed.module("model.layers.1.mlp")[0].items():  # loaded as stored, no bf16 detour
-        got = getattr(mlp.gate_up_interleaved, name)
+        got = held[name]
         assert got.device.type == device and got.dtype == t.dtype
         assert torch.equal(got.cpu().view(torch.uint8), t.view(torch.uint8))
     tokens = _tokens(1).to(device)

@@ -21,7 +21,7 @@ from torch import nn
 from . import import_hook
 from .. import formats, interleave as il
 from ..formats import FormatError
-from ..layer import FusedSwiGLUMLP
+from ..layer import FusedSwiGLUMLP, _PackedProjection
 from ..linear import PackedLinear
 from ..weight_packing import adapters
 from . import hf_quantized
@@ -419,6 +419,14 @@ def _classes():
                 _swap(model, name, fused)
             for name in cfg.linears:
                 _swap(model, name, _packed_linear(model, name, cfg, stored))
+            return model
+
+        def _process_model_after_weight_loading(self, model, **kwargs):
+            # the loader assigned the packed tensors to the buffers directly: each nvfp4 weight
+            # now takes the order its device's kernels read (layer._PackedProjection)
+            for module in model.modules():
+                if isinstance(module, _PackedProjection):
+                    module.settle_layout()
             return model
 
         def _check_checkpoint(self, checkpoint_files, name_or_path) -> dict:

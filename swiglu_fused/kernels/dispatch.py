@@ -100,6 +100,16 @@ def module_backend(weight_format: str, interleave: int, device: torch.device) ->
     return SM90 if format_has_kernels(weight_format, interleave) and sm90_kernels_usable(device) else REFERENCE
 
 
+def nvfp4_tile_major(weight: torch.Tensor) -> bool:
+    """Whether a module keeps this nvfp4 weight [N, K/2] in nvfp4_layout's tile-major order: on a
+    device whose sm90 kernels read it, with whole tiles (N % 256, K % 64; D27). Other weights keep
+    the packed order, which every backend reads."""
+    from . import nvfp4_layout
+
+    return (weight.dtype == torch.uint8 and weight.dim() == 2 and not weight.is_meta
+            and nvfp4_layout.fits(weight.shape[0], 2 * weight.shape[1]) and sm90_kernels_usable(weight.device))
+
+
 def quant_x_backend(x: torch.Tensor) -> str:
     """SM90 for a bf16 x with 16-byte rows on an sm_90 device whose element offsets fit the
     kernel's 32-bit indexing (M · row stride < 2^31), else REFERENCE."""
@@ -109,14 +119,15 @@ def quant_x_backend(x: torch.Tensor) -> str:
     return REFERENCE
 
 
-def gate_up_backend(x, weight, weight_scale, x_scale, global_scale, interleave, act, h_format):
+def gate_up_backend(x, weight, weight_scale, x_scale, global_scale, interleave, act, h_format, tile_major=False):
     """(SM90, GateUpConfig) where the kernel implements these arguments (g = 128, a global scale
-    only with an nvfp4 weight, 16-byte rows, gate_up_config not None), else (REFERENCE, None)."""
+    only with an nvfp4 weight, 16-byte rows, gate_up_config not None), else (REFERENCE, None).
+    ``tile_major``: the nvfp4 weight's order (nvfp4_layout), which its W4A16 configs compile in."""
     nvfp4 = weight.dtype == torch.uint8
     if not sm90_kernels_usable(x.device) or (global_scale is not None) != nvfp4 or interleave != GROUP:
         return REFERENCE, None
     try:
-        cfg = gate_up_config(x, weight, weight_scale, x_scale, act=act, h_format=h_format)
+        cfg = gate_up_config(x, weight, weight_scale, x_scale, act=act, h_format=h_format, tile_major=tile_major)
     except ImportError:
         return REFERENCE, None
     if cfg is None or not rows_16_bytes("gate_up", x=x, weight=weight):
@@ -124,7 +135,7 @@ def gate_up_backend(x, weight, weight_scale, x_scale, global_scale, interleave, 
     return SM90, cfg
 
 
-def down_backend(h, weight, weight_scale, h_scale, global_scale, residual, out_dtype):
+def down_backend(h, weight, weight_scale, h_scale, global_scale, residual, out_dtype, tile_major=False):
     """(SM90, DownConfig) where the kernel implements these arguments and is the faster one
     (beats_cublas), else (CUBLAS, None) where cuBLAS takes them (CUDA, fp8_block128 / bf16), else
     (REFERENCE, None)."""
@@ -133,7 +144,7 @@ def down_backend(h, weight, weight_scale, h_scale, global_scale, residual, out_d
         try:
             from .sm90 import schedule
 
-            cfg = down_config(h, weight, weight_scale, h_scale, residual, out_dtype)
+            cfg = down_config(h, weight, weight_scale, h_scale, residual, out_dtype, tile_major)
         except ImportError:
             cfg = None
         if cfg is not None and not (takes and not beats_cublas(cfg, h.shape[0], weight.shape[0], h.shape[1],
@@ -270,9 +281,9 @@ def smem_scales_apply(tile_m: int, swap_ab: bool, mainloop: str, h_format: str) 
     return mainloop == FP8_MAINLOOP and tile_m == 128 and not swap_ab and activations_and_h.h_spec(h_format).scaled
 
 
-def gate_up_config(x, weight, weight_scale, x_scale, *, act: str, h_format: str):
+def gate_up_config(x, weight, weight_scale, x_scale, *, act: str, h_format: str, tile_major: bool = False):
     """The GateUpConfig for these operands (on any device), or None when the sm90 kernel does not
-    implement them."""
+    implement them (``tile_major``: gate_up_backend's)."""
     from .sm90 import activations_and_h
     from .sm90.schedule import sm_count
     from .sm90.tile_config import GateUpConfig
@@ -280,7 +291,7 @@ def gate_up_config(x, weight, weight_scale, x_scale, *, act: str, h_format: str)
     if act not in activations_and_h.ACTIVATIONS or h_format not in activations_and_h.H_FORMATS:
         return None
     if weight.dtype == torch.uint8:
-        return _nvfp4_gate_up_config(x, weight, weight_scale, act, h_format)
+        return _nvfp4_gate_up_config(x, weight, weight_scale, act, h_format, tile_major)
     if weight.dtype == torch.float8_e4m3fn and x.dtype == torch.float8_e4m3fn:
         if weight_scale is None or x_scale is None or weight_scale.dtype != torch.float32:
             return None
@@ -351,9 +362,10 @@ def _nvfp4_k_ok(op: str, name: str, k: int) -> bool:
     return True
 
 
-def _nvfp4_gate_up_config(x, weight, weight_scale, act: str, h_format: str):
+def _nvfp4_gate_up_config(x, weight, weight_scale, act: str, h_format: str, tile_major: bool):
     """gate_up_config's nvfp4 case: bf16 x, e4m3 weight scales, bf16 h, 2I a multiple of 256, K of
-    NVFP4_K_ALIGN."""
+    NVFP4_K_ALIGN. The W4A16 tiles compile the weight's order in (tile_major); the dequantized
+    prefill's GEMM reads bf16, and its dequantization is told the order at the call."""
     from .sm90.tile_config import GateUpConfig
 
     if (x.dtype != torch.bfloat16 or weight_scale is None or weight_scale.dtype != torch.float8_e4m3fn
@@ -364,11 +376,12 @@ def _nvfp4_gate_up_config(x, weight, weight_scale, act: str, h_format: str):
         return GateUpConfig(act=act, h_format=h_format, **_nvfp4_prefill_tile(x.shape[0]))
     tile_m, stages, swap = nvfp4_tile_for(x.shape[0])
     return GateUpConfig(tile_m=tile_m, stages=stages, swap_ab=swap, act=act, h_format=h_format,
-                        mainloop=NVFP4_MAINLOOP)
+                        mainloop=NVFP4_MAINLOOP, tile_major=tile_major)
 
 
-def _nvfp4_down_config(h, weight, weight_scale, residual):
-    """down_config's nvfp4 case: bf16 h, e4m3 weight scales, H a multiple of 8, I of NVFP4_K_ALIGN."""
+def _nvfp4_down_config(h, weight, weight_scale, residual, tile_major: bool):
+    """down_config's nvfp4 case: bf16 h, e4m3 weight scales, H a multiple of 8, I of NVFP4_K_ALIGN
+    (tile_major as for gate_up)."""
     from .sm90.tile_config import N_ALIGN, DownConfig
 
     if (h.dtype != torch.bfloat16 or weight_scale is None or weight_scale.dtype != torch.float8_e4m3fn
@@ -378,18 +391,18 @@ def _nvfp4_down_config(h, weight, weight_scale, residual):
         return DownConfig(residual=residual is not None, **_nvfp4_prefill_tile(h.shape[0], clusters=False))
     tile_m, stages, swap = nvfp4_tile_for(h.shape[0])
     return DownConfig(tile_m=tile_m, stages=stages, swap_ab=swap, mainloop=NVFP4_MAINLOOP,
-                      residual=residual is not None)
+                      residual=residual is not None, tile_major=tile_major)
 
 
 def nvfp4_shipped(config_cls, variants) -> list:
-    """The nvfp4 configs of config_cls for each of ``variants`` (keyword dicts): both W4A16 tiles
-    and the dequantized prefill tile with and without cluster pairs."""
+    """The nvfp4 configs of config_cls for each of ``variants`` (keyword dicts): the W4A16 tiles in
+    both weight orders (nvfp4_layout) and the dequantized prefill tile with and without cluster pairs."""
     tiles = [(t, s, True) for t, s in NVFP4_SWAP_TILES] + [(*NVFP4_ROW_TILE, False)]
     clusters = config_cls.epilogue == "gated"  # (_nvfp4_down_config: no cluster pairs)
     prefill = [config_cls(**_nvfp4_prefill_tile(m, clusters), **v)
                for v in variants for m in (NVFP4_DEQUANT_M, CLUSTER_M_MIN)]
-    return [config_cls(tile_m=t, stages=s, swap_ab=swap, mainloop=NVFP4_MAINLOOP, **v)
-            for v in variants for t, s, swap in tiles] + list(dict.fromkeys(prefill))  # (down: one tile, twice)
+    return [config_cls(tile_m=t, stages=s, swap_ab=swap, mainloop=NVFP4_MAINLOOP, tile_major=major, **v)
+            for v in variants for t, s, swap in tiles for major in (False, True)] + list(dict.fromkeys(prefill))  # (down: one tile, twice)
 
 
 def gate_up_shipped() -> list:
@@ -553,7 +566,7 @@ def down_l2_hint(tile_m: int, swap_ab: bool, mainloop: str) -> str:
     return "w_first" if tile_m == 64 and not swap_ab and mainloop == FP8_MAINLOOP else ""
 
 
-def down_config(h, weight, weight_scale, h_scale, residual, out_dtype):
+def down_config(h, weight, weight_scale, h_scale, residual, out_dtype, tile_major: bool = False):
     """The DownConfig for these operands, or None when the sm90 kernel does not implement them
     (then down_backend picks cuBLAS or the reference)."""
     from .sm90.tile_config import N_ALIGN, DownConfig
@@ -564,7 +577,7 @@ def down_config(h, weight, weight_scale, h_scale, residual, out_dtype):
     if residual is not None and residual.dtype != torch.bfloat16:
         return None
     if weight.dtype == torch.uint8:
-        return _nvfp4_down_config(h, weight, weight_scale, residual)
+        return _nvfp4_down_config(h, weight, weight_scale, residual, tile_major)
     if weight.dtype == fp8 and h.dtype == fp8:
         if (weight_scale is None or h_scale is None or weight_scale.dtype != torch.float32
                 or h_scale.dtype != torch.float32):

@@ -1,9 +1,9 @@
 """torch.library custom ops and dispatch: the sm_90a kernel where it applies, else the reference.
 
     swiglu_fused::quant_x(x)                                   → (xq, x_scale)
-    swiglu_fused::gate_up(x, weight, weight_scale, x_scale, global_scale, interleave, act, h_format)
+    swiglu_fused::gate_up(x, weight, weight_scale, x_scale, global_scale, interleave, act, h_format, tile_major)
                                                                → (h, h_scale)
-    swiglu_fused::down(h, weight, weight_scale, h_scale, global_scale, residual, out_dtype) → y
+    swiglu_fused::down(h, weight, weight_scale, h_scale, global_scale, residual, out_dtype, tile_major) → y
     swiglu_fused::gate_up_split(x, weight, weight_scale, x_scale, global_scale, prefix, interleave, act)
                                                                → [y | h] (Flux.2's single-stream projection)
 
@@ -29,7 +29,7 @@ import sys
 import torch
 
 from .. import formats, quant
-from . import cublas, dispatch, pipeline, reference
+from . import cublas, dispatch, nvfp4_layout, pipeline, reference
 
 FP8 = torch.float8_e4m3fn
 GROUP = formats.FP8_BLOCK
@@ -92,6 +92,16 @@ def _check_nvfp4_scales(weight_scale, global_scale, n: int, k: int, split: bool 
     if global_scale.numel() not in counts:
         raise ValueError(f"global_scale: expected {' or '.join(map(str, counts))} elements ({which}), got shape "
                          f"{tuple(global_scale.shape)}")
+
+
+def _check_tile_major(tile_major, weight: torch.Tensor, k: int) -> None:
+    """``tile_major`` (nvfp4_layout): a bool, True only for an nvfp4 weight of whole tiles."""
+    if not isinstance(tile_major, bool):
+        raise TypeError(f"tile_major: expected a bool, got {tile_major!r}")
+    if tile_major and (weight.dtype != torch.uint8 or not nvfp4_layout.fits(weight.shape[0], k)):
+        raise ValueError(f"tile_major: only an nvfp4 weight with N a multiple of {nvfp4_layout.ROWS} and K of "
+                         f"{nvfp4_layout.K_TILE} has a tile-major layout; got a {weight.dtype} weight "
+                         f"{list(weight.shape)} (K = {k}); pass tile_major=False for the packed order")
 
 
 def _check_interleave(interleave) -> None:
@@ -180,19 +190,21 @@ def _gate_up_impl(
     interleave: int,
     act: str,
     h_format: str,
+    tile_major: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    backend, cfg = dispatch.gate_up_backend(x, weight, weight_scale, x_scale, global_scale, interleave, act, h_format)
+    backend, cfg = dispatch.gate_up_backend(x, weight, weight_scale, x_scale, global_scale, interleave, act, h_format,
+                                            tile_major)
     if backend == dispatch.SM90:
         _kernel_operands_ok(dict(x=x, weight=weight), dict(weight_scale=weight_scale, x_scale=x_scale,
                                                            global_scale=global_scale))
         from .sm90 import gate_up as sm90_gate_up
 
         with torch.cuda.device(x.device):
-            h, h_scale = sm90_gate_up.gate_up(cfg, x, weight, weight_scale, x_scale, global_scale)
+            h, h_scale = sm90_gate_up.gate_up(cfg, x, weight, weight_scale, x_scale, global_scale,
+                                              tile_major=tile_major)
     else:
-        h, h_scale = reference.gate_up(
-            x, weight, weight_scale, x_scale, global_scale, interleave=interleave, act=act, h_format=h_format
-        )
+        h, h_scale = reference.gate_up(x, weight, weight_scale, x_scale, global_scale, interleave=interleave, act=act,
+                                       h_format=h_format, tile_major=tile_major)
     if h_scale is None:
         h_scale = h.new_empty((h.shape[0], 0), dtype=torch.float32)
     # M-major on every backend: what both down GEMMs read (the sm90 kernel and cuBLAS) without a copy
@@ -203,7 +215,7 @@ _gate_up_op = torch.library.custom_op("swiglu_fused::gate_up", mutates_args=())(
 
 
 @_gate_up_op.register_fake
-def _(x, weight, weight_scale, x_scale, global_scale, interleave, act, h_format):
+def _(x, weight, weight_scale, x_scale, global_scale, interleave, act, h_format, tile_major=False):
     m, i = x.shape[0], weight.shape[0] // 2
     hf = formats.H_FORMATS[h_format]
     if hf.scaled:
@@ -211,9 +223,10 @@ def _(x, weight, weight_scale, x_scale, global_scale, interleave, act, h_format)
     return x.new_empty((m, i), dtype=hf.dtype), x.new_empty((m, 0), dtype=torch.float32)
 
 
-def _validate_gate_up(x, weight, weight_scale, x_scale, global_scale, interleave, act, h_format):
+def _validate_gate_up(x, weight, weight_scale, x_scale, global_scale, interleave, act, h_format, tile_major):
     formats.implementation(formats.H_FORMATS, h_format, "h_format", "")  # raises naming h_format
     _validate_packed_operands(x, weight, weight_scale, x_scale, global_scale, act, interleave, "2I")
+    _check_tile_major(tile_major, weight, x.shape[1])
     n = weight.shape[0]
     if n % (2 * interleave):
         raise ValueError(
@@ -259,12 +272,14 @@ def gate_up(
     interleave: int = formats.DEFAULT_INTERLEAVE,
     act: str = "silu",
     h_format: str = "bf16",
+    tile_major: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """h = act(x @ gate^T) · (x @ up^T) from the interleaved packed weight [2I, K] (see reference.gate_up);
-    an fp8 h's scales come M-major (strides (1, M), module docstring)."""
-    _validate_gate_up(x, weight, weight_scale, x_scale, global_scale, interleave, act, h_format)
+    an fp8 h's scales come M-major (strides (1, M), module docstring). ``tile_major``: an nvfp4
+    weight and its scales in nvfp4_layout's tile-major order."""
+    _validate_gate_up(x, weight, weight_scale, x_scale, global_scale, interleave, act, h_format, tile_major)
     op = _gate_up_impl if runs_directly(x, weight, weight_scale, x_scale, global_scale) else _gate_up_op
-    h, h_scale = op(x, weight, weight_scale, x_scale, global_scale, interleave, act, h_format)
+    h, h_scale = op(x, weight, weight_scale, x_scale, global_scale, interleave, act, h_format, tile_major)
     return h, (h_scale if formats.H_FORMATS[h_format].scaled else None)
 
 
@@ -331,32 +346,35 @@ def _down_impl(
     global_scale: torch.Tensor | None,
     residual: torch.Tensor | None,
     out_dtype: torch.dtype,
+    tile_major: bool = False,
 ) -> torch.Tensor:
-    backend, cfg = dispatch.down_backend(h, weight, weight_scale, h_scale, global_scale, residual, out_dtype)
+    backend, cfg = dispatch.down_backend(h, weight, weight_scale, h_scale, global_scale, residual, out_dtype,
+                                         tile_major)
     if backend == dispatch.SM90:  # (sm90_down.down takes h_scale in any layout; gate_up's, M-major, without a copy)
         _kernel_operands_ok(dict(h=h, weight=weight, residual=residual), dict(weight_scale=weight_scale,
                                                                               global_scale=global_scale))
         from .sm90 import down as sm90_down
 
         with torch.cuda.device(h.device):
-            return sm90_down.down(cfg, h, weight, weight_scale, h_scale, residual, global_scale)
+            return sm90_down.down(cfg, h, weight, weight_scale, h_scale, residual, global_scale, tile_major=tile_major)
     if backend == dispatch.CUBLAS:
         return cublas.down(h, weight, weight_scale, h_scale, residual, out_dtype)
-    return reference.down(h, weight, weight_scale, h_scale, global_scale, residual=residual, out_dtype=out_dtype)
+    return reference.down(h, weight, weight_scale, h_scale, global_scale, residual=residual, out_dtype=out_dtype,
+                          tile_major=tile_major)
 
 
 _down_op = torch.library.custom_op("swiglu_fused::down", mutates_args=())(_down_impl)
 
 
 @_down_op.register_fake
-def _(h, weight, weight_scale, h_scale, global_scale, residual, out_dtype):
+def _(h, weight, weight_scale, h_scale, global_scale, residual, out_dtype, tile_major=False):
     return h.new_empty((h.shape[0], weight.shape[0]), dtype=out_dtype)
 
 
 OUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)  # down's y (and residual)
 
 
-def _validate_down(h, weight, weight_scale, h_scale, global_scale, residual, out_dtype):
+def _validate_down(h, weight, weight_scale, h_scale, global_scale, residual, out_dtype, tile_major):
     _check_2d("h", h)
     _check_2d("weight", weight)
     _check_same_device("h", h, weight=weight, weight_scale=weight_scale, h_scale=h_scale,
@@ -378,6 +396,7 @@ def _validate_down(h, weight, weight_scale, h_scale, global_scale, residual, out
         _check_dtype("residual", residual, OUT_DTYPES)
     if out_dtype not in OUT_DTYPES:
         raise TypeError(f"out_dtype: expected one of {[str(d) for d in OUT_DTYPES]} (a torch.dtype), got {out_dtype!r}")
+    _check_tile_major(tile_major, weight, k_w)
 
 
 
@@ -390,12 +409,13 @@ def down(
     *,
     residual: torch.Tensor | None = None,
     out_dtype: torch.dtype = torch.bfloat16,
+    tile_major: bool = False,
 ) -> torch.Tensor:
     """y = h @ down^T (+ residual) (see reference.down): the sm90 kernel, cuBLAS or the reference,
-    as dispatch.down_backend picks."""
-    _validate_down(h, weight, weight_scale, h_scale, global_scale, residual, out_dtype)
+    as dispatch.down_backend picks. ``tile_major``: as for gate_up."""
+    _validate_down(h, weight, weight_scale, h_scale, global_scale, residual, out_dtype, tile_major)
     op = _down_impl if runs_directly(h, weight, weight_scale, h_scale, global_scale, residual) else _down_op
-    return op(h, weight, weight_scale, h_scale, global_scale, residual, out_dtype)
+    return op(h, weight, weight_scale, h_scale, global_scale, residual, out_dtype, tile_major)
 
 
 # ---------------------------------------------------------------- the MLP
@@ -409,11 +429,13 @@ def mlp(
     act: str = "silu",
     global_scale_kind: str | None = formats.DIVISOR,
     residual: torch.Tensor | None = None,
+    tile_major: tuple[bool, bool] = (False, False),
 ) -> torch.Tensor:
     """The whole gated MLP on packed tensors, x [..., H] → y [..., H], through these ops (the
     forward of FusedSwiGLUMLP; reference.mlp is its twin on the reference ops)."""
     return pipeline.mlp(sys.modules[__name__], x, gate_up_tensors, down_tensors, weight_format=weight_format,
-                        interleave=interleave, act=act, global_scale_kind=global_scale_kind, residual=residual)
+                        interleave=interleave, act=act, global_scale_kind=global_scale_kind, residual=residual,
+                        tile_major=tile_major)
 
 
 # ---------------------------------------------------------------- autograd

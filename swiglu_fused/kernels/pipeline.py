@@ -66,16 +66,19 @@ def mlp(
     act: str = "silu",
     global_scale_kind: str | None = formats.DIVISOR,
     residual: torch.Tensor | None = None,
+    tile_major: tuple[bool, bool] = (False, False),
 ) -> torch.Tensor:
-    """x [..., H] → y [..., H] (x's dtype) through ``impl``'s quant_x, gate_up and down."""
+    """x [..., H] → y [..., H] (x's dtype) through ``impl``'s quant_x, gate_up and down;
+    ``tile_major``: whether gate_up's and down's nvfp4 weights are in nvfp4_layout's tile-major order."""
     fmt = formats.weight_format(weight_format)
     lead, hidden = x.shape[:-1], x.shape[-1]
     x2 = x.reshape(-1, hidden)
 
     gw, gscale, ggs = operands(fmt, gate_up_tensors, global_scale_kind)
     x2, x_scale = activation_operand(impl, fmt, x2)
-    h, h_scale = impl.gate_up(x2, gw, gscale, x_scale, ggs, interleave=interleave, act=act, h_format=fmt.h_format)
+    h, h_scale = impl.gate_up(x2, gw, gscale, x_scale, ggs, interleave=interleave, act=act, h_format=fmt.h_format,
+                               tile_major=tile_major[0])
     dw, dscale, dgs = operands(fmt, down_tensors, global_scale_kind)
     res = None if residual is None else residual.reshape(-1, hidden)
-    y = impl.down(h, dw, dscale, h_scale, dgs, residual=res, out_dtype=x.dtype)
+    y = impl.down(h, dw, dscale, h_scale, dgs, residual=res, out_dtype=x.dtype, tile_major=tile_major[1])
     return y.reshape(*lead, y.shape[-1])

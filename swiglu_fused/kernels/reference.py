@@ -17,7 +17,9 @@ The operand format follows from the weight's dtype:
     bfloat16       bf16 mainloop: x bf16 (or fp16 / fp32), weight bf16
     float8_e4m3fn  fp8_block128: x e4m3 + x_scale, weight e4m3 + weight_scale [ceil(N/128), ceil(K/128)]
     uint8          nvfp4 (weight-only): x bf16, weight packed e2m1 + weight_scale e4m3 [N, ceil(K/16)]
-                   + global_scale fp32 [2] (gate, up) or [1], as a *multiplier* (1/divisor)
+                   + global_scale fp32 [2] (gate, up) or [1], as a *multiplier* (1/divisor); gate_up
+                   and down take ``tile_major=True`` for a weight and scales in nvfp4_layout's
+                   tile-major order (the modules' order on an sm90 GPU)
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ import torch
 
 from .. import formats, quant
 from ..interleave import deinterleave_rows
-from . import pipeline
+from . import nvfp4_layout, pipeline
 
 # ---------------------------------------------------------------- epilogue pieces
 # implementations of the names registered in formats.ACTIVATIONS and formats.H_FORMATS
@@ -78,6 +80,16 @@ def dequant_weight(weight: torch.Tensor, weight_scale: torch.Tensor | None = Non
     return weight.float()
 
 
+def _packed_order(weight: torch.Tensor, weight_scale: torch.Tensor | None, tile_major: bool) -> tuple:
+    """An nvfp4 weight and its scales in the packed format's order (``tile_major``: given tile-major)."""
+    if not tile_major:
+        return weight, weight_scale
+    if weight.dtype != torch.uint8 or weight_scale is None:
+        raise ValueError(f"tile_major: only an nvfp4 weight (uint8, with its e4m3 weight_scale) has a tile-major "
+                         f"layout, got a {weight.dtype} weight")
+    return nvfp4_layout.to_packed(weight, weight_scale)
+
+
 def _row_global_scale(global_scale: torch.Tensor, rows: int, g: int) -> torch.Tensor:
     """[2] (gate, up) multipliers → one per packed row, following the interleave."""
     gs = global_scale.float().reshape(-1)
@@ -102,8 +114,10 @@ def gate_up(
     interleave: int = formats.DEFAULT_INTERLEAVE,
     act: str = "silu",
     h_format: str = "bf16",
+    tile_major: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """h = act(x @ gate^T) · (x @ up^T) from the interleaved packed weight [2I, K]."""
+    weight, weight_scale = _packed_order(weight, weight_scale, tile_major)
     gs = None if global_scale is None else _row_global_scale(global_scale, weight.shape[0], interleave)
     w = dequant_weight(weight, weight_scale, gs)
     acc = _dequant_operand(x, x_scale, "x") @ w.t()
@@ -174,8 +188,10 @@ def down(
     *,
     residual: torch.Tensor | None = None,
     out_dtype: torch.dtype = torch.bfloat16,
+    tile_major: bool = False,
 ) -> torch.Tensor:
     """y = h @ down^T (+ residual), computed in fp32, rounded once to ``out_dtype``."""
+    weight, weight_scale = _packed_order(weight, weight_scale, tile_major)
     y = _dequant_operand(h, h_scale, "h") @ dequant_weight(weight, weight_scale, global_scale).t()
     if residual is not None:
         y = y + residual.float()
@@ -195,8 +211,10 @@ def mlp(
     act: str = "silu",
     global_scale_kind: str | None = formats.DIVISOR,
     residual: torch.Tensor | None = None,
+    tile_major: tuple[bool, bool] = (False, False),
 ) -> torch.Tensor:
     """The whole gated MLP on packed tensors (keys as in formats.py), x [..., H] → y [..., H], with
     the reference ops: the ground truth of ops.mlp (both are pipeline.mlp)."""
     return pipeline.mlp(sys.modules[__name__], x, gate_up_tensors, down_tensors, weight_format=weight_format,
-                        interleave=interleave, act=act, global_scale_kind=global_scale_kind, residual=residual)
+                        interleave=interleave, act=act, global_scale_kind=global_scale_kind, residual=residual,
+                        tile_major=tile_major)

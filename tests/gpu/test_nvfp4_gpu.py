@@ -179,25 +179,57 @@ def test_packed_linear_runs_the_down_kernel():
     assert_bf16_close(lin(x), ref.cuda(), 1e-2)
 
 
-@pytest.mark.parametrize("m", [1, 16, 100])
-def test_tile_major_weights_give_the_same_bits(m):
-    """TileConfig.tile_major (measured, not dispatched): the kernels reading the weight and its
-    scale words reordered by nvfp4.tile_major compute bit for bit what they compute on the packed
-    layout, gate_up (both global scales) and down, the decode and the 128-row tiles."""
-    import dataclasses
+@pytest.mark.parametrize("hidden,inter", [(1024, 1536), (4096, 14336), (8192, 3584)])
+@pytest.mark.parametrize("m", [1, 16, 100, dispatch.NVFP4_DEQUANT_M])
+def test_tile_major_weights_give_the_same_bits(hidden, inter, m):
+    """The weight and scales in nvfp4_layout's tile-major order (TileConfig.tile_major for the W4A16
+    tiles; the dequantization's output map at prefill) compute bit for bit what the packed order
+    does, gate_up (both global scales) and down: the decode, 128-row and dequantized tiles."""
+    from swiglu_fused.kernels import nvfp4_layout
 
-    from swiglu_fused.kernels.sm90 import down as kd
-    from swiglu_fused.kernels.sm90.nvfp4 import tile_major
-
-    x, w, ws, gs = gate_up_operands(m, 1024, 1536, seed=m)
-    cfg = dispatch.gate_up_config(x, w, ws, None, act="silu", h_format="bf16")
-    want = _kernel_gate_up(cfg, x, w, ws, gs)
-    got = _kernel_gate_up(dataclasses.replace(cfg, tile_major=True), x, *tile_major(w, ws), gs)
+    x, w, ws, gs = gate_up_operands(m, hidden, inter, seed=m)
+    want = ops.gate_up(x, w, ws, None, gs)[0]
+    cfg = dispatch.gate_up_config(x, w, ws, None, act="silu", h_format="bf16", tile_major=True)
+    assert cfg.tile_major == (not cfg.dequantized)
+    got = ops.gate_up(x, *nvfp4_layout.to_tile_major(w, ws), None, gs, tile_major=True)[0]
     assert torch.equal(got, want) and not want.isnan().any()
-    h = torch.randn(m, 1536, device="cuda").to(torch.bfloat16)
-    p, s, d = _nvfp4(torch.randn(1024, 1536, device="cuda") * 0.05)
+    h = torch.randn(m, inter, device="cuda").to(torch.bfloat16)
+    p, s, d = _nvfp4(torch.randn(hidden, inter, device="cuda") * 0.05)
     gs1 = (1 / d).float()
-    dcfg = dispatch.down_config(h, p, s, None, None, torch.bfloat16)
-    want = kd.down(dcfg, h, p, s, None, None, gs1)
-    got = kd.down(dataclasses.replace(dcfg, tile_major=True), h, *tile_major(p, s), None, None, gs1)
-    assert torch.equal(got, want)
+    want = ops.down(h, p, s, None, gs1)
+    assert torch.equal(ops.down(h, *nvfp4_layout.to_tile_major(p, s), None, gs1, tile_major=True), want)
+
+
+def test_dequantization_of_a_tile_major_weight_is_the_packed_ones():
+    from swiglu_fused.kernels import nvfp4_layout
+    from swiglu_fused.kernels.sm90 import nvfp4_dequant
+
+    g = torch.Generator(device="cuda").manual_seed(3)
+    packed, scale, _ = _nvfp4(torch.randn(768, 1152, device="cuda", generator=g) * 0.1)
+    out = torch.full((768, 1152), float("nan"), dtype=torch.bfloat16, device="cuda")
+    nvfp4_dequant.dequantize(*nvfp4_layout.to_tile_major(packed, scale), out=out, tile_major=True)
+    assert torch.equal(out, nvfp4_dequant.dequantize(packed, scale))
+
+
+@pytest.mark.parametrize("m", [1, 16, 100, dispatch.NVFP4_DEQUANT_M])
+def test_module_holds_the_tile_major_order_and_computes_what_the_packed_one_does(m):
+    """On the GPU the module keeps both projections tile-major (2048 × 4096: whole tiles), computes
+    bit for bit what it computes in the packed order, gives the packed order back in state_dict,
+    tensors() and .cpu(), and a CUDA graph of it replays the same (eager graphs, M ≤ 64)."""
+    import copy
+
+    mlp = _mlp()
+    assert mlp.gate_up_interleaved.tile_major and mlp.down_proj.tile_major
+    packed = copy.deepcopy(mlp)
+    packed.gate_up_interleaved._set_tile_major(False)
+    packed.down_proj._set_tile_major(False)
+    x = torch.randn(m, 2048, device="cuda").to(torch.bfloat16)
+    got = mlp(x)
+    assert torch.equal(got, packed(x)) and torch.equal(mlp(x), got)
+    cpu = _mlp().cpu()
+    assert not cpu.gate_up_interleaved.tile_major
+    for (k, a), (_, b) in zip(mlp.state_dict().items(), cpu.state_dict().items()):
+        assert torch.equal(a.cpu().view(torch.uint8), b.view(torch.uint8)), k
+    moved = copy.deepcopy(mlp).cpu()
+    assert not moved.down_proj.tile_major and torch.equal(moved.down_proj.weight_packed, cpu.down_proj.weight_packed)
+    assert mlp.down_proj.weight_packed.device.type == "cuda"

@@ -42,9 +42,9 @@ beats_cublas = dispatch.beats_cublas
 
 
 def down(config: DownConfig, h, weight, weight_scale=None, h_scale=None, residual=None, global_scale=None, *,
-         out=None):
+         out=None, tile_major: bool = False):
     """Run the kernel (operands validated by ops.py). Returns y bf16 [M, H]; ``out`` = y writes
-    into a given tensor (the tests poison it first)."""
+    into a given tensor (the tests poison it first); ``tile_major``: the nvfp4 weight's order."""
     import torch
 
     from . import compile_cache
@@ -61,7 +61,7 @@ def down(config: DownConfig, h, weight, weight_scale=None, h_scale=None, residua
         from ...quant import m_major
 
         h_scale = m_major(h_scale)
-    weight, scales = weight_operands(config, weight, weight_scale, h_scale, global_scale)
+    weight, scales = weight_operands(config, weight, weight_scale, h_scale, global_scale, tile_major)
     launch(fn, config, h, weight, *scales, y, cutlass.BFloat16, residual if config.residual else None,
            cutlass.BFloat16, 16)
     return y

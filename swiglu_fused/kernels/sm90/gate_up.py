@@ -49,9 +49,11 @@ shipped_configs = dispatch.gate_up_shipped
 CLUSTER_PAIR = GateUpConfig(tile_m=128, stages=4, cluster_m=2, smem_scales=True)
 
 
-def gate_up(config: GateUpConfig, x, weight, weight_scale=None, x_scale=None, global_scale=None, *, out=None):
+def gate_up(config: GateUpConfig, x, weight, weight_scale=None, x_scale=None, global_scale=None, *, out=None,
+            tile_major: bool = False):
     """Run the kernel (operands validated by ops.py). Returns (h, h_scale M-major or None);
-    ``out`` = (h, h_scale) writes into given tensors (the tests poison them first; h_scale M-major)."""
+    ``out`` = (h, h_scale) writes into given tensors (the tests poison them first; h_scale M-major);
+    ``tile_major``: the nvfp4 weight's order (nvfp4_layout)."""
     import torch
 
     from . import compile_cache
@@ -71,6 +73,6 @@ def gate_up(config: GateUpConfig, x, weight, weight_scale=None, x_scale=None, gl
     if m == 0:
         return h, hs
     fn = compile_cache.get("gate_up", config, lambda: compile_gate_up(config))
-    weight, scales = weight_operands(config, weight, weight_scale, x_scale, global_scale)
+    weight, scales = weight_operands(config, weight, weight_scale, x_scale, global_scale, tile_major)
     launch(fn, config, x, weight, *scales, h, fmt.dtype, hs if fmt.scaled else None, Float32, 4)
     return h, hs

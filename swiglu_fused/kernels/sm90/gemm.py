@@ -759,18 +759,23 @@ def nvfp4_global_scales(global_scale, count: int = 2):
     return global_scale.to(torch.float32).reshape(-1).expand(count).contiguous()
 
 
-def weight_operands(config: TileConfig, weight, weight_scale, a_scale, global_scale):
+def weight_operands(config: TileConfig, weight, weight_scale, a_scale, global_scale, tile_major: bool = False):
     """(the weight the kernel reads, (a_scale, w_scale) pointers' tensors) for ``config``: fp8's
     scales; nvfp4's global scale multipliers in a_scale's place (with its e4m3 scales); for
-    ``dequantized`` the nvfp4 weight turned into bf16 for this call, and the multipliers."""
+    ``dequantized`` the nvfp4 weight turned into bf16 for this call, and the multipliers.
+    ``tile_major``: the nvfp4 weight's order (nvfp4_layout), which a W4A16 config has compiled in."""
     if config.fp8:
         return weight, (a_scale, weight_scale)
     if config.nvfp4:
+        if config.tile_major != tile_major:
+            raise ValueError(f"tile_major: the weight is {'tile-major' if tile_major else 'in packed order'}, "
+                             f"but {config} reads the other order")
         return weight, (nvfp4_global_scales(global_scale, config.global_scales), weight_scale)
     if config.dequantized:
         from .nvfp4_dequant import dequantize
 
-        return dequantize(weight, weight_scale), (nvfp4_global_scales(global_scale, config.global_scales), None)
+        return (dequantize(weight, weight_scale, tile_major=tile_major),
+                (nvfp4_global_scales(global_scale, config.global_scales), None))
     return weight, (None, None)
 
 

@@ -179,19 +179,3 @@ class Nvfp4Mixin:
                 g = g0 if half_of(b, h) == 0 else g1
                 for v in range(cute.size(acc, mode=[0])):
                     acc[(v, b, h)] = acc[(v, b, h)] * g
-
-
-def tile_major(weight, weight_scale, rows: int = 256, k_tile: int = 64):
-    """The packed weight [N, K/2] and its e4m3 scales [N, K/16] in TileConfig.tile_major's order:
-    [N/rows][K/k_tile][rows][k_tile/2 bytes] and [N/rows][K/k_tile][rows][one 32-bit word], returned
-    viewed in their canonical shapes (the kernel's host checks read shapes; the bytes are reordered).
-    N must be a multiple of ``rows`` and K of ``k_tile`` (plain torch, any device)."""
-    n, kh = weight.shape
-    kt = 2 * kh // k_tile
-    if n % rows or (2 * kh) % k_tile:
-        raise ValueError(f"weight: tile_major needs N % {rows} == 0 and K % {k_tile} == 0, got N = {n}, K = {2 * kh}")
-    w = weight.reshape(n // rows, rows, kt, k_tile // 2).transpose(1, 2).contiguous().view(n, kh)
-    words = weight_scale.contiguous().view(n, -1, 4)  # 4 e4m3 of a k tile: one word
-    s = words.reshape(n // rows, rows, kt, 4).transpose(1, 2).contiguous().view(weight_scale.shape)
-    return w, s
-

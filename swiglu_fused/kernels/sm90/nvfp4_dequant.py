@@ -16,6 +16,10 @@ Thread ↔ data map: the weight, its scales and the output are flat arrays of 8-
 are whole chunks: K % 64 == 0, as for the W4A16 kernels): chunk j is packed word j (8 codes), scale
 byte j // 2 and output 16 bytes j. Thread t of T takes chunks t, t + T, t + 2T, …, so each load and
 store instruction of a warp covers contiguous bytes (a warp's 16-byte stores: 512 bytes in a row).
+A tile-major weight (DequantConfig.tile_major, kernels/nvfp4_layout.py) keeps chunk j ↔ word j ↔
+scale byte j // 2, since codes and scales are reordered alike; only its output place differs:
+chunk c of row r of k tile kt of row tile tn goes to row 256·tn + r, chunk 8·kt + c (a warp's
+stores: four 128-byte rows).
 """
 
 from __future__ import annotations
@@ -28,9 +32,11 @@ import cutlass.cute as cute
 from cutlass import Int32
 
 from .ptx import e2m1x2_to_bf16x2, e4m3x4_to_bf16x2
+from .. import nvfp4_layout
 from .tile_config import NVFP4_K_ALIGN
 
 THREADS = 256
+K_CHUNKS = nvfp4_layout.K_TILE // 8  # 8-column chunks of a row in a k tile
 
 
 @dataclass(frozen=True)
@@ -39,6 +45,7 @@ class DequantConfig:
 
     threads: int = THREADS
     chunks_per_thread: int = 4  # 8-column chunks a thread (loads in flight together)
+    tile_major: bool = False  # the weight and scales in nvfp4_layout's tile-major order
 
 
 class DequantKernel:
@@ -47,17 +54,17 @@ class DequantKernel:
 
     @cute.jit
     def __call__(self, w_ptr: cute.Pointer, s_ptr: cute.Pointer, out_ptr: cute.Pointer, chunks: Int32,
-                 stream: cuda.CUstream):
+                 row_chunks: Int32, stream: cuda.CUstream):
         mW = cute.make_tensor(cute.recast_ptr(w_ptr, dtype=Int32), cute.make_layout(chunks))
         mS = cute.make_tensor(s_ptr, cute.make_layout(chunks // 2))
         mO = cute.make_tensor(cute.recast_ptr(out_ptr, dtype=Int32), cute.make_layout((4, chunks), stride=(1, 4)))
         cfg = self.config
         per_cta = cfg.threads * cfg.chunks_per_thread
         grid = (chunks + per_cta - 1) // per_cta
-        self.kernel(mW, mS, mO, chunks).launch(grid=[grid, 1, 1], block=[cfg.threads, 1, 1], stream=stream)
+        self.kernel(mW, mS, mO, chunks, row_chunks).launch(grid=[grid, 1, 1], block=[cfg.threads, 1, 1], stream=stream)
 
     @cute.kernel
-    def kernel(self, mW: cute.Tensor, mS: cute.Tensor, mO: cute.Tensor, chunks: Int32):
+    def kernel(self, mW: cute.Tensor, mS: cute.Tensor, mO: cute.Tensor, chunks: Int32, row_chunks: Int32):
         cfg = self.config
         tidx, _, _ = cute.arch.thread_idx()
         bidx, _, _ = cute.arch.block_idx()
@@ -78,7 +85,18 @@ class DequantKernel:
             for b in cutlass.range_constexpr(4):
                 out[b] = e2m1x2_to_bf16x2(w, w4, b, scale2)
             if j < chunks:
-                cute.copy(copy16, out, mO[(None, j)])
+                cute.copy(copy16, out, mO[(None, self._out_chunk(j, row_chunks))])
+
+    def _out_chunk(self, j, row_chunks):
+        """The output chunk of weight chunk j (K / 8 = row_chunks chunks a row; module docstring)."""
+        if cutlass.const_expr(not self.config.tile_major):
+            return j
+        per_k = K_CHUNKS  # chunks of a row in a k tile
+        c = j % per_k
+        r = (j // per_k) % nvfp4_layout.ROWS
+        q = j // (per_k * nvfp4_layout.ROWS)  # (row tile, k tile)
+        k_tiles = row_chunks // per_k
+        return ((q // k_tiles) * nvfp4_layout.ROWS + r) * row_chunks + (q % k_tiles) * per_k + c
 
 
 # ---------------------------------------------------------------- host side
@@ -87,16 +105,18 @@ def compile_dequant(config: DequantConfig = DequantConfig()):
     from .compile_cache import COMPILE_OPTIONS, fake_ptr, null_stream
 
     return cute.compile(DequantKernel(config), fake_ptr(cutlass.Uint8, 16), fake_ptr(cutlass.Uint8, 4),
-                        fake_ptr(cutlass.BFloat16, 16), Int32(2), null_stream(), options=COMPILE_OPTIONS)
+                        fake_ptr(cutlass.BFloat16, 16), Int32(2), Int32(K_CHUNKS), null_stream(),
+                        options=COMPILE_OPTIONS)
 
 
 def shipped_configs() -> list[DequantConfig]:
-    return [DequantConfig()]
+    return [DequantConfig(), DequantConfig(tile_major=True)]
 
 
-def dequantize(weight, weight_scale, *, out=None):
+def dequantize(weight, weight_scale, *, out=None, tile_major: bool = False):
     """The nvfp4 weight [N, K/2] and its scales [N, K/16] (CUDA, contiguous, K % 64 == 0; the caller
-    validates) → bf16 [N, K] of code · scale · 2^(DECODE_SHIFT - 126); ``out`` writes into a given tensor."""
+    validates; ``tile_major``: in nvfp4_layout's tile-major order) → bf16 [N, K] of
+    code · scale · 2^(DECODE_SHIFT - 126), row-major; ``out`` writes into a given tensor."""
     import torch
 
     from . import compile_cache
@@ -108,9 +128,11 @@ def dequantize(weight, weight_scale, *, out=None):
         out = torch.empty((n, k), dtype=torch.bfloat16, device=weight.device)
     if n == 0 or k == 0:
         return out
-    config = DequantConfig()
+    if tile_major and not nvfp4_layout.fits(n, k):
+        raise ValueError(f"weight: a tile-major weight has whole {nvfp4_layout.ROWS}-row tiles, got N = {n}")
+    config = DequantConfig(tile_major=tile_major)
     fn = compile_cache.get("nvfp4_dequant", config, lambda: compile_dequant(config))
     stream = cuda.CUstream(torch.cuda.current_stream(weight.device).cuda_stream)
     fn(compile_cache.ptr(cutlass.Uint8, weight, 16), compile_cache.ptr(cutlass.Uint8, weight_scale, 4),
-       compile_cache.ptr(cutlass.BFloat16, out, 16), Int32(n * k // 8), stream)
+       compile_cache.ptr(cutlass.BFloat16, out, 16), Int32(n * k // 8), Int32(k // 8), stream)
     return out
