@@ -16,10 +16,11 @@ Thread ↔ data map: the weight, its scales and the output are flat arrays of 8-
 are whole chunks: K % 64 == 0, as for the W4A16 kernels): chunk j is packed word j (8 codes), scale
 byte j // 2 and output 16 bytes j. Thread t of T takes chunks t, t + T, t + 2T, …, so each load and
 store instruction of a warp covers contiguous bytes (a warp's 16-byte stores: 512 bytes in a row).
-A tile-major weight (DequantConfig.tile_major, kernels/nvfp4_layout.py) keeps chunk j ↔ word j ↔
-scale byte j // 2, since codes and scales are reordered alike; only its output place differs:
-chunk c of row r of k tile kt of row tile tn goes to row 256·tn + r, chunk 8·kt + c (a warp's
-stores: four 128-byte rows).
+A tile-major weight (DequantConfig.tile_major, kernels/nvfp4_layout.py): thread t still takes
+output chunks t, t + T, … (a warp's stores stay one contiguous run) and reads the word and scale
+byte of that chunk where the reorder put them: output chunk 8·kt + c of row 256·tn + r is word
+((tn · K/64 + kt) · 256 + r) · 8 + c, scale byte that // 2 (codes and scales are reordered alike), so
+a warp's loads are 32-byte runs, whole sectors.
 """
 
 from __future__ import annotations
@@ -73,7 +74,7 @@ class DequantKernel:
         # all loads first (more bytes in flight), then decode and store
         words, scales = [], []
         for i in cutlass.range_constexpr(cfg.chunks_per_thread):
-            j = cutlass.min(base + i * cfg.threads, chunks - 1)  # (clamped loads; the stores are masked)
+            j = self._in_chunk(cutlass.min(base + i * cfg.threads, chunks - 1), row_chunks)  # (clamped loads; the stores are masked)
             words.append(mW[j])
             scales.append(Int32(mS[j // 2]))
         out = cute.make_rmem_tensor(cute.make_layout(4), Int32)
@@ -85,18 +86,17 @@ class DequantKernel:
             for b in cutlass.range_constexpr(4):
                 out[b] = e2m1x2_to_bf16x2(w, w4, b, scale2)
             if j < chunks:
-                cute.copy(copy16, out, mO[(None, self._out_chunk(j, row_chunks))])
+                cute.copy(copy16, out, mO[(None, j)])
 
-    def _out_chunk(self, j, row_chunks):
-        """The output chunk of weight chunk j (K / 8 = row_chunks chunks a row; module docstring)."""
+    def _in_chunk(self, j, row_chunks):
+        """The weight chunk (word) that output chunk j decodes (K / 8 = row_chunks chunks a row;
+        module docstring)."""
         if cutlass.const_expr(not self.config.tile_major):
             return j
-        per_k = K_CHUNKS  # chunks of a row in a k tile
-        c = j % per_k
-        r = (j // per_k) % nvfp4_layout.ROWS
-        q = j // (per_k * nvfp4_layout.ROWS)  # (row tile, k tile)
-        k_tiles = row_chunks // per_k
-        return ((q // k_tiles) * nvfp4_layout.ROWS + r) * row_chunks + (q % k_tiles) * per_k + c
+        row, col = j // row_chunks, j % row_chunks
+        tile_k, c = col // K_CHUNKS, col % K_CHUNKS
+        tile_n, r = row // nvfp4_layout.ROWS, row % nvfp4_layout.ROWS
+        return ((tile_n * (row_chunks // K_CHUNKS) + tile_k) * nvfp4_layout.ROWS + r) * K_CHUNKS + c
 
 
 # ---------------------------------------------------------------- host side
