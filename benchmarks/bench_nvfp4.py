@@ -57,9 +57,9 @@ def _nbytes(*ts) -> int:
     return sum(t.numel() * t.element_size() for t in ts)
 
 
-def _variant(fields: dict, x, h):
+def _variant(fields: dict, x, h, gu_w, dn_w):
     """(gate_up(w), down(w)) callables running the nvfp4 kernels on the dispatched configs with
-    ``fields`` replaced, or None without --ab."""
+    ``fields`` replaced (None for a projection whose config does not take them), or None without --ab."""
     if not fields:
         return None
     from swiglu_fused.kernels.sm90 import down as kd
@@ -67,15 +67,22 @@ def _variant(fields: dict, x, h):
 
     major = fields.get("tile_major", True)
 
+    def config(make):
+        try:
+            return dataclasses.replace(make(), **fields)
+        except ValueError as e:
+            print(f"  variant {fields}: {e}", flush=True)
+            return None
+    gcfg = config(lambda: dispatch.gate_up_config(x, gu_w[0], gu_w[1], None, act="silu", h_format="bf16",
+                                                  tile_major=True))
+    dcfg = config(lambda: dispatch.down_config(h, dn_w[0], dn_w[1], None, None, torch.bfloat16, True))
+
     def gate_up(w):
-        cfg = dataclasses.replace(dispatch.gate_up_config(x, w[0], w[1], None, act="silu", h_format="bf16",
-                                                          tile_major=True), **fields)
-        return kg.gate_up(cfg, x, w[0], w[1], None, w[2], tile_major=major)[0]
+        return kg.gate_up(gcfg, x, w[0], w[1], None, w[2], tile_major=major)[0]
 
     def down(w):
-        cfg = dataclasses.replace(dispatch.down_config(h, w[0], w[1], None, None, torch.bfloat16, True), **fields)
-        return kd.down(cfg, h, w[0], w[1], None, None, w[2], tile_major=major)
-    return gate_up, down
+        return kd.down(dcfg, h, w[0], w[1], None, None, w[2], tile_major=major)
+    return gate_up if gcfg else None, down if dcfg else None
 
 
 def run(shapes, ms, iters=50, ab: dict | None = None):
@@ -103,15 +110,16 @@ def run(shapes, ms, iters=50, ab: dict | None = None):
                     return fn(layers[it["i"]])
                 return call
 
-            variant = _variant(ab or {}, x, h)
+            variant = _variant(ab or {}, x, h, v_gu[0], v_dn[0])
             t = {}
             if variant:
                 gu_ref = ops.gate_up(x, *nv_gu[0][:2], None, nv_gu[0][2], interleave=128, h_format="bf16")[0]  # (packed)
                 dn_ref = ops.down(h, *nv_dn[0][:2], None, nv_dn[0][2])
-                same = (torch.equal(variant[0](v_gu[0]), gu_ref), torch.equal(variant[1](v_dn[0]), dn_ref))
-                print(f"  variant {ab}: gate_up / down bit-identical to the dispatched: {same}", flush=True)
-                t["variant gate_up"] = graph_time_us(step(v_gu, variant[0]), iters)
-                t["variant down"] = graph_time_us(step(v_dn, variant[1]), iters)
+                for name, fn, layers, ref in (("gate_up", variant[0], v_gu, gu_ref), ("down", variant[1], v_dn, dn_ref)):
+                    if fn is not None:
+                        print(f"  variant {ab}: {name} bit-identical to the dispatched: {torch.equal(fn(layers[0]), ref)}",
+                              flush=True)
+                        t[f"variant {name}"] = graph_time_us(step(layers, fn), iters)
             t |= {
                 "nvfp4 gate_up": graph_time_us(step(tm_gu, lambda w: ops.gate_up(
                     x, w[0], w[1], None, w[2], interleave=128, h_format="bf16", tile_major=True)), iters),
