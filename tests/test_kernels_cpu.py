@@ -2,7 +2,6 @@
 fake implementations; and every shipped sm_90a kernel configuration compiles (CuTe DSL compiles
 for sm_90a without a GPU; skipped only where nvidia-cutlass-dsl is not installed)."""
 
-import dataclasses
 
 import pytest
 import torch
@@ -286,11 +285,6 @@ def _shipped():
         + [("gate_up", gate_up.GateUpConfig(tile_m=128, stages=4, tma_store=True, h_format=f), gate_up.compile_gate_up)
            for f in ("fp8_group128", "bf16")]
         + [("gate_up", gate_up.GateUpConfig(tile_m=64, stages=3, cluster_k=2), gate_up.compile_gate_up)]
-        # nvfp4's swap-AB tiles decoding into registers (TileConfig.rs_decode): measured, not dispatched
-        + [("gate_up", dataclasses.replace(c, rs_decode=True), gate_up.compile_gate_up)
-           for c in dispatch.gate_up_shipped() if c.nvfp4 and c.swap_ab and c.tile_major and c.act == "silu"]
-        + [("down", dataclasses.replace(c, rs_decode=True), down.compile_down)
-           for c in dispatch.down_shipped() if c.nvfp4 and c.swap_ab and c.tile_major and not c.residual]
         # the swap-AB tile's K in four parts over a cluster of 4: measured level with pairs, not dispatched
         + [("gate_up", gate_up.GateUpConfig(tile_m=16, stages=5, swap_ab=True, cluster_k=4, mainloop=ml),
             gate_up.compile_gate_up) for ml in ("fp8_block128", "bf16")]

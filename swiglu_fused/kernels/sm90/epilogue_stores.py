@@ -170,14 +170,13 @@ class EpilogueMixin:
         sOv = cute.zipped_divide(sO, (1, 4))
         copy16 = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), Int32, num_bits_per_copy=128)
         rO = cute.make_rmem_tensor(cute.make_layout(4), Int32)
-        steps = -(-rows * chunks // 128)  # (a slab of fewer than 128 chunks: four swap-AB warpgroups)
-        for q in cutlass.range_constexpr(steps):
+        for q in cutlass.range_constexpr(rows * chunks // 128):
             c = tid + 128 * q
             rl = wg * rows + c // chunks
             ch = c % chunks
             grow = tm * cfg.tile_m + rl
             gch = slab * chunks + ch
-            if grow < m and (c < rows * chunks if cutlass.const_expr(rows * chunks % 128) else True):
+            if grow < m:
                 if cutlass.const_expr(cfg.epilogue == "linear"):
                     if gch < n_chunks:
                         self._copy16(copy16, sOv[((0, None), (rl, ch))], gO[((0, None), (grow, gch))], rO, into_smem)

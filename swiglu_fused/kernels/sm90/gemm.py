@@ -152,7 +152,7 @@ class GemmKernel(MainloopMixin, Nvfp4Mixin, StreamKMixin, EpilogueMixin):
         # registers per consumer thread after setmaxnreg (the producer keeps 40): the 64K register
         # file holds 40·128 + 232·256 with two consumer warpgroups; with one, the kernel starts with
         # up to 255 (256 threads) and the consumer may keep them all (ptxas reports 237-249)
-        self.consumer_regs = {1: 256, 2: 232, 4: 112}[self.num_mma_wg]  # (4: 40·128 + 112·512)
+        self.consumer_regs = 232 if self.num_mma_wg == 2 else 256
         # warpgroups the tiled MMA spreads over M (split_n: each warpgroup runs its own 64-row MMA)
         self.mma_wgs_m = 1 if config.split_n else self.num_mma_wg
         if config.epilogue == "gated":
@@ -290,7 +290,7 @@ class GemmKernel(MainloopMixin, Nvfp4Mixin, StreamKMixin, EpilogueMixin):
             "xbar": MemRange[cutlass.Int64, 1],  # cluster_k: its arrival (st.async bytes)
             "scl": Align[MemRange[Float32, cfg.scale_words], 16],  # smem_scales
         }
-        if cfg.decode_elems:  # the bf16 k tiles the weight is decoded into (nvfp4.py)
+        if cfg.nvfp4:  # the bf16 k tiles the weight is decoded into (nvfp4.py)
             fields["sD"] = Align[MemRange[cutlass.BFloat16, cfg.decode_elems], 1024]
         return cute.struct(type("SharedStorage", (), {"__annotations__": fields}))
 

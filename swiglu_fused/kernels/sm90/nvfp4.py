@@ -38,8 +38,8 @@ import cutlass.cute as cute
 import cutlass.pipeline as pipeline
 from cutlass import Int32
 
-from .ptx import (DECODE_SHIFT, byte_select, cp_async_4, cp_async_arrive, e2m1x2_to_bf16x2, e2m1x2_to_bf16x2_at,
-                  e4m3x4_to_bf16x2, ld_shared_b32, ld_shared_v4, st_shared_v4)
+from .ptx import (DECODE_SHIFT, cp_async_4, cp_async_arrive, e2m1x2_to_bf16x2, e4m3x4_to_bf16x2, ld_shared_b32,
+                  ld_shared_v4, st_shared_v4)
 
 # the decoded weight is the true one times 2^-UNSHIFT (ptx.e2m1x2_to_bf16x2): the accumulator is
 # multiplied back with the global scale, a power of two, so exactly
@@ -64,8 +64,7 @@ class Nvfp4Mixin:
 
     def _decode_operands(self, storage, gmem, t) -> DecodeOperands:
         """Plain Python (inlined): the decode's addresses and tensors."""
-        d_addr = None if self.cfg.rs_decode else storage.sD.data_ptr().toint()  # (rs_decode: no decode buffers)
-        return DecodeOperands(storage.sB.data_ptr().toint(), d_addr,
+        return DecodeOperands(storage.sB.data_ptr().toint(), storage.sD.data_ptr().toint(),
                               storage.scl.data_ptr().toint(), gmem.mAS, t, 128 * self.num_mma_wg)
 
     # ------------------------------------------------------------------ producer
@@ -123,50 +122,6 @@ class Nvfp4Mixin:
         mainloop.consumer_release(release)
         release.advance()
         return state, release
-
-    @cute.jit
-    def _mainloop_nvfp4_rs(self, mainloop, state, release, tiled_mma, acc, tW, tX, dec: DecodeOperands, kb0, kb1,
-                           num_k_blocks: cutlass.Constexpr):
-        """TileConfig.rs_decode (the swap-AB tiles): per k tile, this thread decodes the weight values
-        of its own wgmma A fragments into registers (tW), and the chain reads A there. Each
-        warpgroup goes alone: no decode buffer, no proxy fence, no barrier with the other one; the
-        stage is released once the chain has read x from it."""
-        tiled_mma.set(cute.nvgpu.warpgroup.Field.ACCUMULATE, True)
-        frag = cute.recast_tensor(tW, Int32)  # ((1, 2, 2), blocks, MMA_K): a bf16 pair a word
-        lane = dec.t % 32
-        # this thread's first weight row: warpgroup w's 64-row block, its warp's 16 rows, lane / 4;
-        # its columns in each 16-column k step: 2q, 2q + 1 and 2q + 8, 2q + 9 (q = lane % 4)
-        row0 = (dec.t // 128) * 64 + (dec.t % 128) // 32 * 16 + lane // 4
-        sel = byte_select(lane % 4)
-        for kt in cutlass.range(kb0, kb1, unroll=1):
-            mainloop.consumer_wait(state)
-            self._decode_fragments(dec, state.index, frag, row0, sel)
-            cute.nvgpu.warpgroup.fence()
-            for kk in cutlass.range_constexpr(num_k_blocks):
-                cute.gemm(tiled_mma, acc, tW[(None, None, kk)], tX[(None, None, kk, state.index)], acc)
-            cute.nvgpu.warpgroup.commit_group()
-            cute.nvgpu.warpgroup.wait_group(0)  # the chain has read x's stage and the fragments
-            mainloop.consumer_release(release)
-            release.advance()
-            state.advance()
-        return state, release
-
-    def _decode_fragments(self, dec: DecodeOperands, stage, frag, row0, sel):
-        """The A fragments of packed stage ``stage`` (plain Python, inlined): for each of this
-        thread's rows (row0 + 8·vb in each 64-row block b), the row's 32 bytes (the quad's four
-        threads load the same ones: a broadcast) and its scale word; byte q + 4i of the row is
-        columns 2q + 8i and 2q + 8i + 1, the fragment word (vb, i % 2) of k step i // 2."""
-        cfg = self.cfg
-        base = dec.w_addr + stage * cfg.w_stage_bytes
-        row_bytes = cfg.tile_k // 2
-        for b in range(cute.size(frag, mode=[1])):
-            for vb in range(2):
-                row = row0 + 64 * self.num_mma_wg * b + 8 * vb
-                words = [*ld_shared_v4(base + row * row_bytes), *ld_shared_v4(base + row * row_bytes + 16)]
-                scales = e4m3x4_to_bf16x2(ld_shared_b32(dec.s_addr + (stage * cfg.tile_n + row) * 4))
-                for i in range(len(words)):
-                    frag[((0, vb, i % 2), b, i // 2)] = e2m1x2_to_bf16x2_at(words[i], words[i] >> 4, sel,
-                                                                           scales[i // 2])
 
     def _issue_decoded(self, mma, bar, stage, buf):
         """Fence the decode's generic-proxy stores for the async proxy, meet the other consumers

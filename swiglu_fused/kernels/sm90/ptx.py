@@ -191,34 +191,6 @@ def e4m3x4_to_bf16x2(word: Int32, *, loc=None, ip=None) -> tuple:
 
 
 @dsl_user_op
-def e2m1x2_to_bf16x2_at(word: Int32, shifted: Int32, sel: Int32, scale2: Int32, *, loc=None, ip=None) -> Int32:
-    """e2m1x2_to_bf16x2 of a byte chosen at run time: ``sel`` = byte_select(b) for byte b of ``word``
-    (the register-sourced decode: each thread of a quad takes its own byte of a shared word)."""
-    return Int32(
-        _asm(
-            T.i32(),
-            [Int32(word).ir_value(loc=loc, ip=ip), Int32(shifted).ir_value(loc=loc, ip=ip),
-             Int32(sel).ir_value(loc=loc, ip=ip), Int32(scale2).ir_value(loc=loc, ip=ip)],
-            "{\n\t.reg .b32 t, u, v, z;\n\t"
-            "prmt.b32 t, $1, $2, $3;\n\t"
-            "and.b32 u, t, 0x000F000F;\n\t"
-            "and.b32 v, t, 0x00080008;\n\t"
-            "mul.lo.u32 v, v, 4032;\n\t"
-            "mad.lo.u32 t, u, 64, v;\n\t"
-            "mov.b32 z, 0x80008000;\n\t"
-            "fma.rn.bf16x2 $0, t, $4, z;\n\t}",
-            "=r,r,r,r,r",
-        )
-    )
-
-
-def byte_select(byte):
-    """The prmt selector e2m1x2_to_bf16x2(_at) uses for byte ``byte`` (an int or an Int32): that byte
-    of the word into byte 0, the same byte of the shifted word into byte 2."""
-    return ((4 + byte) << 12) | ((4 + byte) << 8) | (byte << 4) | byte
-
-
-@dsl_user_op
 def e2m1x2_to_bf16x2(word: Int32, shifted: Int32, byte: int, scale2: Int32, *, loc=None, ip=None) -> Int32:
     """Byte ``byte`` (0..3, a constant) of ``word``, two e2m1 codes (low nibble = the even column),
     times the group's scale · 2^DECODE_SHIFT (bf16, both halves of ``scale2``: e4m3x4_to_bf16x2)
@@ -233,7 +205,7 @@ def e2m1x2_to_bf16x2(word: Int32, shifted: Int32, byte: int, scale2: Int32, *, l
     even code in its low nibble) and the same byte of ``shifted`` in byte 2 (the odd code), a mask
     keeps the two codes, and code · 64 + (code & 8) · 4032 = (code & 7) << 6 | (code & 8) << 12
     places them (sign bit 3 · 64 + 8 · 4032 = 2^15) without a carry between the halves."""
-    sel = byte_select(byte)
+    sel = ((4 + byte) << 12) | ((4 + byte) << 8) | (byte << 4) | byte
     return Int32(
         _asm(
             T.i32(),

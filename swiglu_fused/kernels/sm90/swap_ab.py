@@ -92,10 +92,9 @@ class SwapABKernel(GemmKernel):
 
     def _tiled_mma(self):
         major = cute.nvgpu.warpgroup.OperandMajorMode.K
-        source = cute.nvgpu.warpgroup.OperandSource  # rs_decode: the weight (A) from registers
         return sm90_utils.make_trivial_tiled_mma(
             self.ab_dtype, self.ab_dtype, major, major, self.acc_dtype, (self.num_mma_wg, 1, 1),
-            tiler_mn=(64, self.cfg.tile_m), a_source=source.RMEM if self.cfg.rs_decode else source.SMEM,
+            tiler_mn=(64, self.cfg.tile_m),
         )
 
     @cute.jit
@@ -108,17 +107,13 @@ class SwapABKernel(GemmKernel):
         t = tidx - 128
         thr_mma = tiled_mma.get_slice(t)
         dec = None
-        if cutlass.const_expr(cfg.nvfp4):
+        if cutlass.const_expr(cfg.nvfp4):  # the wgmma reads the weight from the decode buffers
+            d_layout = self._decode_layout()
+            sB = storage.sD.get_tensor(d_layout.outer, swizzle=d_layout.inner)
             dec = self._decode_operands(storage, gmem, t)
-        if cutlass.const_expr(cfg.rs_decode):  # the decoded weight: this thread's A fragments of a k tile
-            tCrW = cute.make_rmem_tensor(thr_mma.partition_shape_A((cfg.tile_n, cfg.tile_k)), self.ab_dtype)
-        else:
-            if cutlass.const_expr(cfg.nvfp4):  # the wgmma reads the weight from the decode buffers
-                d_layout = self._decode_layout()
-                sB = storage.sD.get_tensor(d_layout.outer, swizzle=d_layout.inner)
-            tCrW = tiled_mma.make_fragment_A(thr_mma.partition_A(sB))  # (MMA, blocks, MMA_K, STAGES or 2 buffers)
+        tCrW = tiled_mma.make_fragment_A(thr_mma.partition_A(sB))  # (MMA, blocks, MMA_K, STAGES or 2 buffers)
         tCrX = tiled_mma.make_fragment_B(thr_mma.partition_B(sA))  # (MMA, 1, MMA_K, STAGES)
-        num_k_blocks = cute.size(tCrX, mode=[2])
+        num_k_blocks = cute.size(tCrW, mode=[2])
         tCcC = thr_mma.partition_C(cute.make_identity_tensor((cfg.tile_n, cfg.tile_m)))  # (MMA, blocks, 1)
         acc = cute.make_rmem_tensor(tCcC.shape, self.acc_dtype)
         # fp8: two wgmma temps, so that k tile kt+1's MMAs run while kt is promoted
@@ -158,10 +153,9 @@ class SwapABKernel(GemmKernel):
         """The swap-AB tile's mainloop for cfg.mainloop (chosen at trace time; the interface of
         mainloop.py's): the bf16 one is the row tiles' with the weights as the wgmma's A operand."""
         if self.cfg.nvfp4:  # W4A16 (nvfp4.py): global scale of the block's half (gate blocks first)
-            run = self._mainloop_nvfp4_rs if self.cfg.rs_decode else self._mainloop_nvfp4
-            state, release = run(mainloop, state, release, ops.tiled_mma, acc, ops.tCrW, ops.tCrX, ops.dec, work.kb0,
-                                 work.kb1, ops.num_k_blocks)
-            self._scale_halves(acc, ops.dec.mGS, lambda b, h: b // (self.blocks // 2) if self.blocks > 1 else 0)
+            state, release = self._mainloop_nvfp4(mainloop, state, release, ops.tiled_mma, acc, ops.tCrW, ops.tCrX,
+                                                  ops.dec, work.kb0, work.kb1, ops.num_k_blocks)
+            self._scale_halves(acc, ops.dec.mGS, lambda b, h: b // (self.blocks // 2))
             return state, release
         if self.cfg.mainloop == BF16_MAINLOOP:
             return self._mainloop_bf16(mainloop, state, release, ops.tiled_mma, acc, ops.tCrW, ops.tCrX, work.kb0,
@@ -339,7 +333,7 @@ class SwapABKernel(GemmKernel):
         """y = acc (+ residual) rounded once to bf16, one 128-column half (2 blocks) at a time."""
         cfg = self.cfg
         n_chunks = n // N_ALIGN
-        gates = max(self.blocks // 2, 1)  # blocks a half (four warpgroups: one block, half w // 2)
+        gates = self.blocks // 2
         rows = cfg.tile_m // self.num_mma_wg  # each warpgroup copies its share of the tokens
         bar = pipeline.NamedBarrier(barrier_id=1, num_threads=128 * self.num_mma_wg)
         sY16 = cute.make_tensor(
@@ -351,25 +345,18 @@ class SwapABKernel(GemmKernel):
             if cutlass.const_expr(cfg.residual):
                 self._copy_slab(sY, mR, tm, 2 * tn + half, m, n_chunks, t // 128, t % 128, True, rows)
                 bar.arrive_and_wait()  # the residual slab is in smem
-            if cutlass.const_expr(self.blocks > 1):
-                for bb in cutlass.range_constexpr(gates):
-                    self._stage_y(acc, tCcC, n_vals, gates * half + bb, half, sY16)
-            elif t // 256 == half:
-                self._stage_y(acc, tCcC, n_vals, 0, half, sY16)
+            for bb in cutlass.range_constexpr(gates):
+                b = gates * half + bb
+                for v in cutlass.range_constexpr(0, n_vals, 2):  # v, v + 1: tokens tok, tok + 1 of one column
+                    col = tCcC[(v, b, 0)][0] - HALF_N * half
+                    tok = tCcC[(v, b, 0)][1]
+                    lo = acc[(v, b, 0)]
+                    hi = acc[(v + 1, b, 0)]
+                    if cutlass.const_expr(cfg.residual):  # each (token, column) is this thread's alone
+                        lo = lo + bf16_lo_to_f32(Int32(sY16[tok, col]))
+                        hi = hi + bf16_lo_to_f32(Int32(sY16[tok + 1, col]))
+                    word = cvt_bf16x2(lo, hi)
+                    sY16[tok, col] = cutlass.Int16(word & 0xFFFF)
+                    sY16[tok + 1, col] = cutlass.Int16((word >> 16) & 0xFFFF)
             bar.arrive_and_wait()
             self._copy_slab(sY, mY, tm, 2 * tn + half, m, n_chunks, t // 128, t % 128, False, rows)
-
-    def _stage_y(self, acc, tCcC, n_vals, b, half, sY16):
-        """Block b of acc (in weight-row half ``half``) (+ the staged residual) into the y slab as bf16
-        (plain Python, inlined)."""
-        for v in range(0, n_vals, 2):  # v, v + 1: tokens tok, tok + 1 of one column
-            col = tCcC[(v, b, 0)][0] - HALF_N * half
-            tok = tCcC[(v, b, 0)][1]
-            lo = acc[(v, b, 0)]
-            hi = acc[(v + 1, b, 0)]
-            if cutlass.const_expr(self.cfg.residual):  # each (token, column) is this thread's alone
-                lo = lo + bf16_lo_to_f32(Int32(sY16[tok, col]))
-                hi = hi + bf16_lo_to_f32(Int32(sY16[tok + 1, col]))
-            word = cvt_bf16x2(lo, hi)
-            sY16[tok, col] = cutlass.Int16(word & 0xFFFF)
-            sY16[tok + 1, col] = cutlass.Int16((word >> 16) & 0xFFFF)

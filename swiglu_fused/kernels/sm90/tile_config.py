@@ -111,16 +111,6 @@ class TileConfig:
     # tile is one contiguous TMA box and its scales one contiguous run, instead of 32-byte row
     # pieces and 4-byte words 2 KB apart (history/nvfp4.md). Measured, not dispatched.
     tile_major: bool = False
-    # nvfp4's swap-AB (decode) tiles: each consumer thread decodes the weight values of its own
-    # wgmma A fragments (4 rows × 16 columns a k tile, its quad's rows read once by all four) into
-    # registers, and the wgmma reads A from there (register-sourced), instead of a decode buffer in
-    # smem: no shared-memory round trip of the decoded weight, no fence and no barrier between the
-    # warpgroups a k tile (history/nvfp4.md v11). Measured, not dispatched.
-    rs_decode: bool = False
-    # rs_decode: the consumer warpgroups that decode and multiply (2, or 4: each one 64 of the
-    # tile's 256 weight rows, twice the warps to hide the decode's latency; down only so far, as
-    # gate_up's epilogue pairs gate and up rows within a thread)
-    decode_warpgroups: int = 2
 
     # the epilogue and the bytes per element of the staged output (set by subclasses)
     epilogue = "gated"
@@ -164,11 +154,6 @@ class TileConfig:
             raise ValueError(f"{name}.smem_scales: the fp8 mainloop's 128-row tile only; got {self}")
         if self.tile_major and not self.nvfp4:
             raise ValueError(f"{name}.tile_major: the nvfp4 mainloop's weight layout only; got {self}")
-        if self.rs_decode and not (self.nvfp4 and self.swap_ab):
-            raise ValueError(f"{name}.rs_decode: the nvfp4 mainloop's swap-AB tiles only; got {self}")
-        if self.decode_warpgroups not in (2, 4) or (self.decode_warpgroups == 4 and not (
-                self.rs_decode and self.epilogue == "linear" and self.tile_m % 4 == 0)):
-            raise ValueError(f"{name}.decode_warpgroups: 2, or 4 with rs_decode in down; got {self}")
         if self.l2_hint not in L2_HINTS:
             raise ValueError(f"{name}.l2_hint: expected one of {L2_HINTS}, got {self.l2_hint!r}")
         if self.dequantized and (self.mainloop != BF16_MAINLOOP or self.swap_ab or self.granules):
@@ -251,8 +236,6 @@ class TileConfig:
         """Two consumer warpgroups for the 128-row tile, the 64-token swap-AB tile (whose
         accumulator, 256 × 64 fp32, is too large for one), the split_n 64-row tile and every nvfp4
         tile (one weight row each to decode per k tile), else one."""
-        if self.rs_decode:
-            return 128 * self.decode_warpgroups
         return 256 if self.tile_m >= (64 if self.swap_ab else 128) or self.split_n or self.nvfp4 else 128
 
     @property
@@ -295,7 +278,7 @@ class TileConfig:
     def decode_elems(self) -> int:
         """bf16 elements of smem nvfp4 decodes its weight k tiles into (DECODE_BUFFERS of them; the
         other mainloops have no such buffer)."""
-        return DECODE_BUFFERS * self.tile_n * self.tile_k if self.nvfp4 and not self.rs_decode else 0
+        return DECODE_BUFFERS * self.tile_n * self.tile_k if self.nvfp4 else 0
 
     @property
     def tile_k(self) -> int:
