@@ -112,7 +112,8 @@ class FusedSwiGLUMLP(nn.Module):
         self.global_scale_kind = global_scale_kind if fmt.global_scale_name else None
         # = formats.GATE_UP: state_dict keys are the checkpoint's; an nvfp4 gate_up is tile-major
         # only with the kernels' interleave
-        self.gate_up_interleaved = _PackedProjection(gate_up, fmt.name, kernel_ready=dispatch.format_has_kernels(fmt.name, interleave))
+        self.gate_up_interleaved = _PackedProjection(gate_up, fmt.name,
+                                                     kernel_ready=dispatch.format_has_kernels(fmt.name, interleave))
         self.down_proj = _PackedProjection(down, fmt.name)
         w = gate_up[fmt.weight_name]
         self.hidden_size, self.intermediate_size = fmt.cols_of(w), w.shape[0] // 2  # (load_state_dict keeps shapes)

@@ -42,7 +42,7 @@ def _checkpoint(root: Path, family: str, fmt: str, inter: int = 384) -> Path:
     return dst
 
 
-def _serve(model: Path, tp: int = 1, eager: bool = True) -> tuple[dict | None, str]:
+def _serve(model: Path, tp: int = 1, eager: bool = True, tile_major_anywhere: bool = False) -> tuple[dict | None, str]:
     """(the helper's RESULT, its output); removes the shared-memory segments a TP run leaves."""
     env = dict(os.environ)
     if tp > 1:  # one OpenMP thread per rank, one core each (else "Not enough allowed NUMA nodes")
@@ -50,7 +50,8 @@ def _serve(model: Path, tp: int = 1, eager: bool = True) -> tuple[dict | None, s
     before = set(SHM.glob("vllm_*"))
     try:
         proc = subprocess.run([sys.executable, str(HERE / "vllm_serve_tokens.py"), str(model), str(tp)]
-                              + (["--eager"] if eager else []), capture_output=True, text=True, env=env,
+                              + (["--eager"] if eager else []) + (["--tile-major-anywhere"] if tile_major_anywhere else []),
+                              capture_output=True, text=True, env=env,
                               timeout=400)
     finally:
         for leftover in set(SHM.glob("vllm_*")) - before:
@@ -132,6 +133,24 @@ def test_nvfp4_source_attention(root):
     qcfg = _quantization_config(dst)
     assert qcfg["weight_format"] == "nvfp4" and len(qcfg["linears"]) == 8, qcfg
     _check_served(dst)
+
+
+def test_nvfp4_weights_held_tile_major_serve_the_same_tokens(root):
+    """Where the kernels read nvfp4 tile-major (an sm90 GPU; here the helper says so on the CPU,
+    where the reference reads that order), the packed MLPs and linears reorder their weights in
+    place once loaded (DESIGN §3.3) and serve the same tokens. Hidden 256: gate_up, down and o_proj
+    of both layers have whole 256-row tiles; q / k / v (128 / 64 rows) keep the packed order."""
+    src, dst = root / "ct-nvfp4-256", root / "ct-nvfp4-256-packed"
+    torch.manual_seed(0)
+    make_ct_nvfp4(src, _causal_lm("llama", 256, 384))
+    swiglu_fused.convert(src, dst, progress=False)
+    assert len(_quantization_config(dst)["linears"]) == 8
+    tiled, out = _serve(dst, tile_major_anywhere=True)
+    assert tiled is not None, out[-4000:]
+    assert tiled["tile_major_weights"] == 6, tiled
+    plain, out = _serve(dst)
+    assert plain is not None, out[-4000:]
+    assert tiled["tokens"] == plain["tokens"] == _transformers_tokens(dst)
 
 
 @pytest.mark.parametrize("tp", [1, 2])

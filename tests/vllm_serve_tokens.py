@@ -1,14 +1,16 @@
 """Serve a packed checkpoint with vLLM and print the greedy tokens as JSON (run as a script by
 test_vllm_serving.py: vLLM runs one engine per process, and its engine needs a __main__ guard).
 
-    python vllm_serve_tokens.py MODEL_DIR TENSOR_PARALLEL_SIZE [--eager]
+    python vllm_serve_tokens.py MODEL_DIR TENSOR_PARALLEL_SIZE [--eager] [--tile-major-anywhere]
 
-Prints one line ``RESULT {"tokens": [[...], ...], "gate_up_calls": N, "down_calls": D}``: N and D
+Prints one line ``RESULT {"tokens": [[...], ...], "gate_up_calls": N, "down_calls": D, "tile_major_weights": W}``: N and D
 count the calls of our gate_up and down dispatch (swiglu_fused.kernels.dispatch.gate_up_backend /
 down_backend: run by our ops' implementations, so counted in eager and in compiled graphs alike) in
 this process, the proof that vLLM's forward ran our ops: each packed MLP runs gate_up and down once
 per forward, each shard of a packed linear (q, k, v, o) one down (with T > 1 the ranks run in
-worker processes: nothing is then counted).
+worker processes: nothing is then counted). ``--tile-major-anywhere`` tells the plugin that the
+kernels read nvfp4 tile-major on this device too (dispatch.nvfp4_tile_major without its sm90
+condition: on the CPU the reference reads that order), and W counts the weights it reordered.
 """
 
 import json
@@ -32,12 +34,13 @@ def prompts():
     return torch.randint(0, VOCAB, (PROMPTS, PROMPT_LEN), generator=torch.Generator().manual_seed(0))
 
 
-def main(model: str, tp: int, eager: bool) -> None:
+def main(model: str, tp: int, eager: bool, tile_major_anywhere: bool = False) -> None:
+    import torch
     from vllm import LLM, SamplingParams
 
     from swiglu_fused.kernels import dispatch
 
-    calls = {"gate_up_calls": 0, "down_calls": 0}
+    calls = {"gate_up_calls": 0, "down_calls": 0, "tile_major_weights": 0}
 
     def counting(key, backend):
         def counted(*args, **kwargs):
@@ -47,6 +50,14 @@ def main(model: str, tp: int, eager: bool) -> None:
 
     dispatch.gate_up_backend = counting("gate_up_calls", dispatch.gate_up_backend)
     dispatch.down_backend = counting("down_calls", dispatch.down_backend)
+    if tile_major_anywhere:
+        from swiglu_fused.kernels import nvfp4_layout
+
+        def anywhere(w):
+            major = w.dtype == torch.uint8 and w.dim() == 2 and nvfp4_layout.fits(w.shape[0], 2 * w.shape[1])
+            calls["tile_major_weights"] += int(major)
+            return major
+        dispatch.nvfp4_tile_major = anywhere
     llm = LLM(model=model, skip_tokenizer_init=True, dtype="float32", tensor_parallel_size=tp,
               enforce_eager=eager, max_model_len=64, seed=0)
     params = SamplingParams(max_tokens=NEW_TOKENS, temperature=0, ignore_eos=True)
@@ -55,4 +66,4 @@ def main(model: str, tp: int, eager: bool) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], int(sys.argv[2]), "--eager" in sys.argv[3:])
+    main(sys.argv[1], int(sys.argv[2]), "--eager" in sys.argv[3:], "--tile-major-anywhere" in sys.argv[3:])

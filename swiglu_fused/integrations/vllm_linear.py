@@ -21,7 +21,7 @@ from vllm.model_executor.layers.linear import LinearMethodBase, QKVParallelLinea
 
 from .. import formats
 from ..formats import FormatError
-from ..kernels import ops
+from ..kernels import dispatch, nvfp4_layout, ops
 from ..kernels.pipeline import runtime_global_scale
 from .vllm_layout import granule, shard_range
 
@@ -112,6 +112,7 @@ class PackedLinearMethod(LinearMethodBase):
         return rank * n, n, n * tp
 
     def _load(self, layer, suffix, param, loaded, shard_id) -> None:
+        self._restore_packed(layer)  # (a reload: the checkpoint's bytes are in the packed order)
         if shard_id is None and layer.swiglu_split_on_load:
             self._load_split(layer, suffix, param, loaded)
             return
@@ -145,7 +146,7 @@ class PackedLinearMethod(LinearMethodBase):
             start += rows
 
     def _shards(self, layer):
-        """Per logical shard: (weight, scale, global scale as multiplier) views."""
+        """Per logical shard: (weight, scale, global scale as multiplier) views, in the packed order."""
         fmt, out, rows = self.fmt, [], {}
         for s, n in enumerate(layer.swiglu_rows):
             t = {}
@@ -164,7 +165,22 @@ class PackedLinearMethod(LinearMethodBase):
         return out
 
     def process_weights_after_loading(self, layer) -> None:
-        layer.swiglu_shards = self._shards(layer)
+        # each nvfp4 shard in the order its device's kernels read (tile-major on an sm90 GPU where
+        # its tiles are whole: DESIGN §3.3), in place: vLLM keeps the parameters
+        shards = []
+        for w, scale, gs in self._shards(layer):
+            major = dispatch.nvfp4_tile_major(w) and w.is_contiguous()
+            if major:
+                nvfp4_layout.reorder_in_place(w, scale, True)
+            shards.append((w, scale, gs, major))
+        layer.swiglu_shards = shards
+
+    def _restore_packed(self, layer) -> None:
+        """The packed order back in every tile-major shard (before a reload writes into them)."""
+        for w, scale, _, major in getattr(layer, "swiglu_shards", ()):
+            if major:
+                nvfp4_layout.reorder_in_place(w, scale, False)
+        layer.swiglu_shards = []
 
     def apply(self, layer, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         lead = x.shape[:-1]
@@ -172,7 +188,8 @@ class PackedLinearMethod(LinearMethodBase):
         x_scale = None
         if self.fmt.quantizes_x:
             x2, x_scale = ops.quant_x(x2)
-        ys = [ops.down(x2, w, scale, x_scale, gs, out_dtype=x.dtype) for w, scale, gs in layer.swiglu_shards]
+        ys = [ops.down(x2, w, scale, x_scale, gs, out_dtype=x.dtype, tile_major=major)
+              for w, scale, gs, major in layer.swiglu_shards]
         y = ys[0] if len(ys) == 1 else torch.cat(ys, dim=-1)
         if bias is not None:
             y = y + bias.to(y.dtype)

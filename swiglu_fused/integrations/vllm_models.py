@@ -17,7 +17,7 @@ from torch.nn import Parameter
 
 from .. import formats
 from ..formats import FormatError
-from ..kernels import ops
+from ..kernels import dispatch, nvfp4_layout, ops
 from .vllm_config import SwigluFusedConfig
 from .vllm_layout import ARCHITECTURES, check_tensor_parallel
 from .vllm_linear import load_slice
@@ -49,10 +49,36 @@ class FusedMLP(nn.Module):
         self.reduce_results = reduce_results
         self.gate_up_interleaved = _Projection(fmt.tensors(2 * local, hidden, 2))  # = formats.GATE_UP
         self.down_proj = _Projection(fmt.tensors(hidden, local, 1))
+        self.tile_major = (False, False)  # whether gate_up's / down's nvfp4 weight is held tile-major
+
+    def _projections(self):
+        """(gate_up, down) and whether the kernels could read each tile-major (gate_up: at g = 128)."""
+        fmt = formats.weight_format(self.packed.weight_format)
+        ready = fmt.tile_major_order
+        return ((self.gate_up_interleaved, ready and dispatch.format_has_kernels(fmt.name, self.packed.interleave)),
+                (self.down_proj, ready))
+
+    def _reorder(self, want) -> None:
+        fmt = formats.weight_format(self.packed.weight_format)
+        flags = []
+        for (proj, _), have, major in zip(self._projections(), self.tile_major, want):
+            if major != have:
+                nvfp4_layout.reorder_in_place(getattr(proj, fmt.weight_name).data,
+                                              getattr(proj, fmt.scale_name).data, major)
+            flags.append(major)
+        self.tile_major = tuple(flags)
+
+    def settle_layout(self) -> None:
+        """Each nvfp4 weight in the order its device's kernels read (tile-major on an sm90 GPU where
+        its tiles are whole: DESIGN §3.3), in place; the model calls this once its weights loaded."""
+        fmt = formats.weight_format(self.packed.weight_format)
+        self._reorder([ready and dispatch.nvfp4_tile_major(getattr(proj, fmt.weight_name))
+                       for proj, ready in self._projections()])
 
     def load_weights(self, weights) -> set[str]:
         """vLLM's loader hands us (name under this module, full tensor) pairs; keep this rank's part."""
         fmt = formats.weight_format(self.packed.weight_format)
+        self._reorder((False, False))  # (a reload: the checkpoint's bytes are in the packed order)
         local, loaded = self.intermediate // self.tp_size, set()
         for name, tensor in weights:
             proj, _, suffix = name.partition(".")
@@ -80,7 +106,8 @@ class FusedMLP(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = ops.mlp(x, dict(self.gate_up_interleaved.named_parameters()), dict(self.down_proj.named_parameters()),
                     weight_format=self.packed.weight_format, interleave=self.packed.interleave,
-                    act=self.packed.activation, global_scale_kind=self.packed.global_scale_kind)
+                    act=self.packed.activation, global_scale_kind=self.packed.global_scale_kind,
+                    tile_major=self.tile_major)
         if self.reduce_results and self.tp_size > 1:
             from vllm.distributed import tensor_model_parallel_all_reduce
 
@@ -133,7 +160,14 @@ def _subclass(arch: str) -> type:
         if ours:
             self.swiglu_fused_mlps = swap_mlps(self, quant_config)
 
-    return type(arch, (base,), {"__init__": __init__, "__module__": __name__,
+    def load_weights(self, weights, *args, **kwargs):
+        loaded = base.load_weights(self, weights, *args, **kwargs)
+        for module in self.modules():  # every weight is in: each packed MLP takes its kernels' order
+            if isinstance(module, FusedMLP):
+                module.settle_layout()
+        return loaded
+
+    return type(arch, (base,), {"__init__": __init__, "load_weights": load_weights, "__module__": __name__,
                                 "__doc__": f"vLLM's {arch}, with swiglu_fused's FusedMLP for packed checkpoints."})
 
 

@@ -59,3 +59,14 @@ def to_packed(weight: torch.Tensor, weight_scale: torch.Tensor) -> tuple[torch.T
     w = weight.reshape(n // ROWS, kt, ROWS, _BYTES).transpose(1, 2).contiguous().view(weight.shape)
     s = weight_scale.reshape(n // ROWS, kt, ROWS, _SCALES).transpose(1, 2).contiguous().view(weight_scale.shape)
     return w, s
+
+
+def reorder_in_place(weight: torch.Tensor, weight_scale: torch.Tensor, tile_major: bool) -> None:
+    """Rewrite contiguous ``weight`` and ``weight_scale`` into tile-major order (or back to the packed
+    one), keeping the tensors themselves (vLLM's parameters: its loader and graphs hold them); the
+    new order passes through one temporary copy."""
+    if not (weight.is_contiguous() and weight_scale.is_contiguous()):
+        raise ValueError("weight, weight_scale: an in-place reorder needs contiguous tensors")
+    w, s = (to_tile_major if tile_major else to_packed)(weight, weight_scale)
+    weight.copy_(w)
+    weight_scale.copy_(s)
