@@ -564,6 +564,8 @@ class GemmKernel(MainloopMixin, Nvfp4Mixin, StreamKMixin, EpilogueMixin):
         stage_bytes = cute.size_in_bytes(self.ab_dtype, cute.slice_(a_layout, (None, None, 0))) + cute.size_in_bytes(
             self.w_dtype, cute.slice_(b_layout, (None, None, 0))
         )
+        if cutlass.const_expr(cfg.nvfp4 and cfg.tile_major):  # + the bulk copy of the k tile's scale words
+            stage_bytes += cfg.tile_n * 4
         cl = cfg.cluster_m
         # a stage is free once every consumer warp of every CTA its weight tile was multicast to
         # has released it (lane r of each consumer warp arrives on CTA r's barrier)
@@ -668,7 +670,9 @@ class GemmKernel(MainloopMixin, Nvfp4Mixin, StreamKMixin, EpilogueMixin):
                     staged = self._load_tile_scales(mAS, mWS, m, ws_last, tm, tn, kt, lane)
                 mainloop.producer_acquire(state)
                 bar = mainloop.producer_get_barrier(state)
-                if cutlass.const_expr(self.cfg.nvfp4):  # the decode's e4m3 scales (nvfp4.py), before the TMA loads
+                if cutlass.const_expr(self.cfg.nvfp4 and self.cfg.tile_major):  # one run: one bulk copy
+                    self._bulk_nvfp4_scales(storage, mWS, tn, kt, lane, state.index, bar)
+                elif cutlass.const_expr(self.cfg.nvfp4):  # the decode's e4m3 scales (nvfp4.py), before the TMA loads
                     self._copy_nvfp4_scales(storage, mWS, n, tn, kt, lane, state.index, bar)
                 cute.copy(tma_a, tAgA[(None, tm, kt)], tAsA[(None, state.index)], tma_bar_ptr=bar, **hint_a)
                 self._load_b(loads, tn, kt, state.index, bar, hint_b)

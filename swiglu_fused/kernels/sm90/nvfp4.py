@@ -7,7 +7,9 @@ bf16; W: the packed tile, 256 rows × 32 bytes, unswizzled):
 
     scales      the producer warp copies the tile's e4m3 scales, one 32-bit word a weight row (the
                 row's four 16-column groups; K % 64 == 0), beside the stage (TileConfig.scale_words)
-                with cp.async, which holds the stage's full barrier open until they land.
+                with cp.async, which holds the stage's full barrier open until they land; for a
+                tile-major weight (TileConfig.tile_major) they are one 1 KB run, fetched by one
+                bulk copy that completes its bytes on the stage's full barrier.
     decode      consumer thread t (two consumer warpgroups, 256 threads: one row each): row t's
                 32 packed bytes (two 16-byte shared loads; a warp reads 1 KB contiguous) and its
                 scale word → 64 bf16 = code · scale · 2^-62 (exact, one fma a pair of values:
@@ -38,7 +40,7 @@ import cutlass.cute as cute
 import cutlass.pipeline as pipeline
 from cutlass import Int32
 
-from .ptx import (DECODE_SHIFT, cp_async_4, cp_async_arrive, e2m1x2_to_bf16x2, e4m3x4_to_bf16x2, ld_shared_b32,
+from .ptx import (DECODE_SHIFT, bulk_copy_g2s, cp_async_4, cp_async_arrive, e2m1x2_to_bf16x2, e4m3x4_to_bf16x2, ld_shared_b32,
                   ld_shared_v4, st_shared_v4)
 
 # the decoded weight is the true one times 2^-UNSHIFT (ptx.e2m1x2_to_bf16x2): the accumulator is
@@ -81,6 +83,17 @@ class Nvfp4Mixin:
             row = cutlass.min(tn * cfg.tile_n + lane + 32 * i, n - 1)  # rows ≥ N: zero-fill codes
             cp_async_4(base + (lane + 32 * i) * 4, (mWS.iterator + cute.crd2idx((row, kt), mWS.layout)).toint())
         cp_async_arrive(bar.toint())
+
+    @cute.jit
+    def _bulk_nvfp4_scales(self, storage, mWS, tn, kt, lane, stage, bar):
+        """The same scale words of a tile-major weight (TileConfig.tile_major: a k tile's 256 words
+        are one 1 KB run): one bulk copy by lane 0 on the stage's full barrier, whose byte count
+        includes them (GemmKernel._prologue)."""
+        cfg = self.cfg
+        if lane == 0:
+            dst = storage.scl.data_ptr().toint() + stage * (cfg.tile_n * 4)
+            src = (mWS.iterator + cute.crd2idx(((0, tn), kt), mWS.layout)).toint()
+            bulk_copy_g2s(dst, src, cfg.tile_n * 4, bar.toint())
 
     # ------------------------------------------------------------------ consumers
     @cute.jit

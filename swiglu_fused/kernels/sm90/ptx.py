@@ -140,6 +140,17 @@ def cp_async_arrive(mbar: Int32, *, loc=None, ip=None) -> None:
 
 
 @dsl_user_op
+def bulk_copy_g2s(dst: Int32, src, nbytes: int, mbar: Int32, *, loc=None, ip=None) -> None:
+    """One bulk copy (the TMA engine, no tensor map) of ``nbytes`` (a multiple of 16) from global
+    address ``src`` (Int64, 16-byte aligned) to shared address ``dst``, completing its bytes on the
+    mbarrier at ``mbar`` (whose expected transaction count must include them)."""
+    _asm_volatile(None, [Int32(dst).ir_value(loc=loc, ip=ip), cutlass.Int64(src).ir_value(loc=loc, ip=ip),
+                         Int32(mbar).ir_value(loc=loc, ip=ip)],
+                  f"cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [$0], [$1], {nbytes}, [$2];",
+                  "r,l,r")
+
+
+@dsl_user_op
 def ld_shared_v4(addr: Int32, *, loc=None, ip=None) -> tuple:
     """16 bytes of shared memory at 16-byte aligned ``addr``, as four words (the lowest first)."""
     words = llvm.StructType.get_literal([T.i32()] * 4)
