@@ -40,10 +40,24 @@ CASES = {
     # Flux.2-dev's single-stream projection as gate_up (K = 6144, 2I = 3·6144 + 2·18432 rows, M = 4608):
     # our bf16 split GEMM is 3 % behind cuBLAS's there (issue 24)
     "bf16_flux": ("bf16", 6144, 27648, 4608, [("ours", None)]),
+    # nvfp4 W4A16 (issue 22) on the tile-major weight the modules hold: decode at 2× its floor
+    "nvfp4_8b_1": ("nvfp4", 4096, 14336, 1, [("ours", None)]),
+    "nvfp4_8b_256": ("nvfp4", 4096, 14336, 256, [("ours", None)]),
 }
 
 
 def operands(mainloop, m, hidden, inter):
+    if mainloop == "nvfp4":  # x, the global scale multipliers, and the tile-major weight and scales
+        from swiglu_fused import quant
+        from swiglu_fused.interleave import interleave_rows
+        from swiglu_fused.kernels import nvfp4_layout
+
+        (gp, gs, gd), (up, us, ud) = (quant.quantize_nvfp4(torch.randn(inter, hidden, device="cuda") * 0.05)
+                                      for _ in range(2))
+        w, ws = nvfp4_layout.to_tile_major(interleave_rows(gp, up, 128).contiguous(),
+                                           interleave_rows(gs, us, 128).contiguous())
+        x = torch.randn(m, hidden, device="cuda").to(torch.bfloat16)
+        return x, torch.cat([1 / gd, 1 / ud]).float(), w, ws
     if mainloop == "bf16":
         x = torch.randn(m, hidden, device="cuda").to(torch.bfloat16)
         w = (torch.randn(2 * inter, hidden, device="cuda") * 0.05).to(torch.bfloat16)
@@ -55,8 +69,13 @@ def run_case(name):
     mainloop, hidden, inter, m, variants = CASES[name]
     x, xs, w, ws = operands(mainloop, m, hidden, inter)
     calls = []
+    nvfp4 = mainloop == "nvfp4"  # (xs holds the global scale multipliers there)
     for label, cfg, *split in variants:
-        if cfg is None:
+        if cfg is None and nvfp4:
+            from swiglu_fused.kernels import dispatch
+
+            cfg = dispatch.gate_up_config(x, w, ws, None, act="silu", h_format="bf16", tile_major=True)
+        elif cfg is None:
             cfg = b.gate_up_config(x, w, ws, xs, act="silu", h_format="fp8_group128")
         else:
             cfg = dataclasses.replace(cfg, mainloop=mainloop)
@@ -64,9 +83,14 @@ def run_case(name):
 
         def call(c=cfg, plan=plan):
             with mock.patch.object(schedule, "plan", plan):
-                kg.gate_up(c, x, w, ws, xs)
+                if nvfp4:
+                    kg.gate_up(c, x, w, ws, None, xs, tile_major=True)
+                else:
+                    kg.gate_up(c, x, w, ws, xs)
         calls.append((f"{label} {cfg}", call))
-    if mainloop == "bf16":
+    if nvfp4:
+        pass  # (no peer runs nvfp4 on Hopper in this process)
+    elif mainloop == "bf16":
         calls.append(("cuBLAS bf16 GEMM", lambda: x @ w.t()))
     else:
         gemm, _ = b.cublas_gemm(x, xs, w, ws)
