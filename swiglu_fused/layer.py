@@ -44,9 +44,13 @@ class _PackedProjection(nn.Module):
         """The packed format's tensors (a tile-major nvfp4 weight and scales: copies in the packed order)."""
         out = self.kernel_tensors()
         if self.tile_major:
-            w, s = self._reorderable
-            out[w], out[s] = nvfp4_layout.to_packed(out[w], out[s])
+            out.update(self._packed_copies())
         return out
+
+    def _packed_copies(self) -> dict[str, torch.Tensor]:
+        """The tile-major nvfp4 weight and scales as new tensors in the packed order."""
+        w, s = self._reorderable
+        return dict(zip((w, s), nvfp4_layout.to_packed(self._buffers[w], self._buffers[s])))
 
     def settle_layout(self) -> None:
         """Put an nvfp4 weight in the order its device's kernels read (tile-major where
@@ -65,9 +69,8 @@ class _PackedProjection(nn.Module):
     def _save_to_state_dict(self, destination, prefix, keep_vars):
         super()._save_to_state_dict(destination, prefix, keep_vars)
         if self.tile_major:  # the packed format's order, in new tensors on the buffers' device
-            w, s = self._reorderable
-            destination[prefix + w], destination[prefix + s] = nvfp4_layout.to_packed(self._buffers[w],
-                                                                                     self._buffers[s])
+            for name, t in self._packed_copies().items():
+                destination[prefix + name] = t
 
     def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
         self._set_tile_major(False)  # the incoming tensors are in the packed order

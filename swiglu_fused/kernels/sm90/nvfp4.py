@@ -40,8 +40,8 @@ import cutlass.cute as cute
 import cutlass.pipeline as pipeline
 from cutlass import Int32
 
-from .ptx import (DECODE_SHIFT, bulk_copy_g2s, cp_async_4, cp_async_arrive, e2m1x2_to_bf16x2, e4m3x4_to_bf16x2, ld_shared_b32,
-                  ld_shared_v4, st_shared_v4)
+from .ptx import (DECODE_SHIFT, bulk_copy_g2s, cp_async_4, cp_async_arrive, e2m1x2_to_bf16x2, e4m3x4_to_bf16x2,
+                  ld_shared_b32, ld_shared_v4, st_shared_v4)
 
 # the decoded weight is the true one times 2^-UNSHIFT (ptx.e2m1x2_to_bf16x2): the accumulator is
 # multiplied back with the global scale, a power of two, so exactly

@@ -74,7 +74,8 @@ class DequantKernel:
         # all loads first (more bytes in flight), then decode and store
         words, scales = [], []
         for i in cutlass.range_constexpr(cfg.chunks_per_thread):
-            j = self._in_chunk(cutlass.min(base + i * cfg.threads, chunks - 1), row_chunks)  # (clamped loads; the stores are masked)
+            # (clamped loads; the stores are masked)
+            j = self._in_chunk(cutlass.min(base + i * cfg.threads, chunks - 1), row_chunks)
             words.append(mW[j])
             scales.append(Int32(mS[j // 2]))
         out = cute.make_rmem_tensor(cute.make_layout(4), Int32)
