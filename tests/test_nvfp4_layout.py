@@ -48,12 +48,37 @@ def test_reorder_puts_each_k_tile_together_and_round_trips():
     tw, ts = nvfp4_layout.to_tile_major(w, s)
     assert tw.shape == w.shape and ts.shape == s.shape and ts.dtype == s.dtype
     # k tile (row tile 1, k tile 2): 256 rows × 32 bytes in one run, their 4 scales a row in one run
-    run = tw.reshape(-1)[(1 * 3 + 2) * 8192:][:8192].reshape(256, 32)
+    run = tw.reshape(-1)[(1 * 3 + 2) * 8192:][:8192].reshape(256, 32).clone()
+    assert not torch.equal(run, w[256:512, 64:96])  # (its words' bits in the decode order)
+    nvfp4_layout._move_bits_(run, nvfp4_layout._OLD_BIT)
     assert torch.equal(run, w[256:512, 64:96])
     srun = _bytes(ts).reshape(-1)[(1 * 3 + 2) * 1024:][:1024].reshape(256, 4)
     assert torch.equal(srun, _bytes(s)[256:512, 8:12])
     back = nvfp4_layout.to_packed(tw, ts)
     assert torch.equal(back[0], w) and torch.equal(_bytes(back[1]), _bytes(s))
+
+
+def _rotl(words, r):
+    return ((words << r) | (words >> (32 - r))) & 0xFFFFFFFF if r else words
+
+
+def test_tile_major_words_decode_by_rotations_to_the_packed_codes():
+    """The kernels' decode of a tile-major word (ptx.e2m1x8_to_bf16x2x4: pair j = rotl(word, s_j) &
+    SIGN_MASK | rotl(word, m_j) & MAGNITUDE_MASK) places each code's bits where the packed order's
+    decode does (ptx.e2m1x2_to_bf16x2: sign at bit 15, e1 e0 m at 8..6 of its half), for every code
+    in every position; and a tile that spans K whole is still a copy (the input untouched)."""
+    w, s = _codes(256, 64, seed=3)
+    w[:16] = torch.arange(256, dtype=torch.uint8).reshape(16, 16).repeat(1, 2)  # every byte at every place
+    before = w.clone()
+    tw, _ = nvfp4_layout.to_tile_major(w, s)
+    assert torch.equal(w, before) and tw.data_ptr() != w.data_ptr()
+    packed = w.view(torch.int32).to(torch.int64).reshape(-1) & 0xFFFFFFFF  # (one k tile: the same word order)
+    words = tw.view(torch.int32).to(torch.int64).reshape(-1) & 0xFFFFFFFF
+    for j, (sr, mr) in enumerate(nvfp4_layout.PAIR_ROTATIONS):
+        lo, hi = (packed >> 8 * j) & 0xF, (packed >> 8 * j + 4) & 0xF
+        want = (lo & 7) << 6 | (lo & 8) << 12 | (hi & 7) << 22 | (hi & 8) << 28
+        got = _rotl(words, sr) & nvfp4_layout.SIGN_MASK | _rotl(words, mr) & nvfp4_layout.MAGNITUDE_MASK
+        assert torch.equal(got, want), j
 
 
 @pytest.mark.parametrize("n,k", [(384, 128), (256, 96)])

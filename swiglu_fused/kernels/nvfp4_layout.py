@@ -9,13 +9,17 @@ scale loads stream such short runs at ~1.8 TB/s against ~2.4 for long ones
     codes   [N/256][K/64][256 rows][32 bytes]     one 8 KB run a k tile
     scales  [N/256][K/64][256 rows][4 e4m3]       one 1 KB run (a row's four scales: one word)
 
-The tensors keep their canonical shapes ([N, K/2] and [N, K/16]); only the byte order differs. So a
-tensor does not say which order it is in: its owner does (layer._PackedProjection.tile_major) and
-passes ``tile_major`` to the ops. The modules reorder once, when the weight lands on a GPU whose
+and each 32-bit word of codes (8 columns) has its bits in the decode's order (PAIR_ROTATIONS below),
+so that the kernels build the word's four bf16 pairs in 11 integer ops instead of 21.
+
+The tensors keep their canonical shapes ([N, K/2] and [N, K/16]); only the byte and bit order
+differs. So a tensor does not say which order it is in: its owner does
+(layer._PackedProjection.tile_major) and passes ``tile_major`` to the ops. The modules reorder once, when the weight lands on a GPU whose
 kernels read it (``fits`` and dispatch.sm90_kernels_usable), and give the packed order back in
 state_dict and on the CPU; checkpoints always hold the packed order.
 
-Plain torch, any device: a reorder is one copy of the tensor (the old one is freed by its owner).
+Plain torch, any device: a reorder is one copy of the tensor (the old one is freed by its owner),
+its bits then moved in place a few million words at a time.
 """
 
 from __future__ import annotations
@@ -26,6 +30,34 @@ ROWS = 256  # weight rows of a tile: the W4A16 kernels' tile_n (two 128-row halv
 K_TILE = 64  # columns of a k tile: tile_config.NVFP4_K_ALIGN (a row's four e4m3 scales, one word)
 _BYTES = K_TILE // 2  # code bytes of a row in a k tile
 _SCALES = K_TILE // 16  # e4m3 scales of a row in a k tile
+
+# The decode's bit order. The kernels turn a word of 8 codes into four bf16 pairs (columns 2j and
+# 2j + 1, the even one in the low half), each code's sign at bit 15 and its three magnitude bits
+# (e1 e0 m) at 8..6 of its half: the bf16 code · 2^-126, times the scale by one fma
+# (ptx.e2m1x8_to_bf16x2x4). From the packed order's nibbles that placement takes five integer ops
+# a pair. A tile-major word holds its bits so that pair j is
+#     rotl(word, s_j) & 0x80008000  |  rotl(word, m_j) & 0x01C001C0        (s_j, m_j) = PAIR_ROTATIONS[j]
+# one masked rotation where s_j = m_j: 11 integer ops a word. (A search over all rotation sets
+# found no order in which every pair is one masked rotation, nor 11 ops with fewer rotations.)
+PAIR_ROTATIONS = ((0, 0), (1, 3), (2, 12), (6, 6))  # (sign, magnitude) left rotations of pair j
+SIGN_MASK, MAGNITUDE_MASK = 0x80008000, 0x01C001C0
+
+
+def _decode_order() -> list[int]:
+    """new_bit[b]: where bit b of a packed-order word (nibble i = column i, bit 3 its sign) goes."""
+    new_bit = [0] * 32
+    for j, (s, m) in enumerate(PAIR_ROTATIONS):
+        for half in range(2):  # column 2j + half: nibble 2j + half of the packed word
+            old, at = 8 * j + 4 * half, 16 * half
+            new_bit[old + 3] = (at + 15 - s) % 32
+            for i in range(3):
+                new_bit[old + i] = (at + 6 + i - m) % 32
+    assert sorted(new_bit) == list(range(32)), "PAIR_ROTATIONS must place every bit once"
+    return new_bit
+
+
+_NEW_BIT = _decode_order()
+_OLD_BIT = [_NEW_BIT.index(b) for b in range(32)]
 
 
 def fits(rows: int, cols: int) -> bool:
@@ -48,17 +80,48 @@ def to_tile_major(weight: torch.Tensor, weight_scale: torch.Tensor) -> tuple[tor
     """The packed-order weight [N, K/2] and scales [N, K/16] → new tensors in tile-major order (same
     shapes, dtypes and device)."""
     n, kt = _check(weight, weight_scale, "weight")
-    w = weight.reshape(n // ROWS, ROWS, kt, _BYTES).transpose(1, 2).contiguous().view(weight.shape)
-    s = weight_scale.reshape(n // ROWS, ROWS, kt, _SCALES).transpose(1, 2).contiguous().view(weight_scale.shape)
+    w = _copy(weight.reshape(n // ROWS, ROWS, kt, _BYTES).transpose(1, 2)).view(weight.shape)
+    s = _copy(weight_scale.reshape(n // ROWS, ROWS, kt, _SCALES).transpose(1, 2)).view(weight_scale.shape)
+    _move_bits_(w, _NEW_BIT)
     return w, s
 
 
 def to_packed(weight: torch.Tensor, weight_scale: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Tile-major weight and scales → new tensors in the packed format's row-major order."""
     n, kt = _check(weight, weight_scale, "weight")
-    w = weight.reshape(n // ROWS, kt, ROWS, _BYTES).transpose(1, 2).contiguous().view(weight.shape)
-    s = weight_scale.reshape(n // ROWS, kt, ROWS, _SCALES).transpose(1, 2).contiguous().view(weight_scale.shape)
+    w = _copy(weight.reshape(n // ROWS, kt, ROWS, _BYTES).transpose(1, 2)).view(weight.shape)
+    s = _copy(weight_scale.reshape(n // ROWS, kt, ROWS, _SCALES).transpose(1, 2)).view(weight_scale.shape)
+    _move_bits_(w, _OLD_BIT)
     return w, s
+
+
+def _copy(t: torch.Tensor) -> torch.Tensor:
+    """A new contiguous tensor (``contiguous()`` would return ``t`` itself where one tile spans K)."""
+    return t.clone(memory_format=torch.contiguous_format)
+
+
+def _move_bits_(codes: torch.Tensor, new_bit: list[int], chunk: int = 1 << 22) -> None:
+    """Move bit b of every 32-bit word of ``codes`` (contiguous uint8, rows of whole words) to
+    new_bit[b], in place, ``chunk`` words at a time (a few such temporaries at once)."""
+    masks: dict[int, int] = {}  # left rotation → the bits that take it
+    for b, nb in enumerate(new_bit):
+        masks[(nb - b) % 32] = masks.get((nb - b) % 32, 0) | 1 << b
+    words = codes.view(-1).view(torch.int32)
+    for lo in range(0, words.numel(), chunk):
+        part = words[lo:lo + chunk]
+        out = torch.zeros_like(part)
+        for rot, mask in masks.items():
+            out |= _rotl(part & _i32(mask), rot)
+        part.copy_(out)
+
+
+def _i32(v: int) -> int:
+    return v - (1 << 32) if v >= 1 << 31 else v
+
+
+def _rotl(t: torch.Tensor, r: int) -> torch.Tensor:
+    """int32 words rotated left by r (a logical right shift: the arithmetic one's sign bits masked off)."""
+    return t if r == 0 else (t << r) | ((t >> (32 - r)) & ((1 << r) - 1))
 
 
 def reorder_in_place(weight: torch.Tensor, weight_scale: torch.Tensor, tile_major: bool) -> None:

@@ -40,8 +40,8 @@ import cutlass.cute as cute
 import cutlass.pipeline as pipeline
 from cutlass import Int32
 
-from .ptx import (DECODE_SHIFT, bulk_copy_g2s, cp_async_4, cp_async_arrive, e2m1x2_to_bf16x2, e4m3x4_to_bf16x2,
-                  ld_shared_b32, ld_shared_v4, st_shared_v4)
+from .ptx import (DECODE_SHIFT, bulk_copy_g2s, cp_async_4, cp_async_arrive, e2m1x2_to_bf16x2, e2m1x8_to_bf16x2x4,
+                  e4m3x4_to_bf16x2, ld_shared_b32, ld_shared_v4, st_shared_v4)
 
 # the decoded weight is the true one times 2^-UNSHIFT (ptx.e2m1x2_to_bf16x2): the accumulator is
 # multiplied back with the global scale, a power of two, so exactly
@@ -173,8 +173,12 @@ class Nvfp4Mixin:
         sw = r % 8
         for c in cutlass.range_constexpr(8):
             w = regs[c]
-            w4 = w >> 4
-            st_shared_v4(dst + ((c ^ sw) << 4), *(e2m1x2_to_bf16x2(w, w4, j, scales[c // 2]) for j in range(4)))
+            if cutlass.const_expr(cfg.tile_major):  # (its words' bits in the decode order)
+                pairs = e2m1x8_to_bf16x2x4(w, scales[c // 2])
+            else:
+                w4 = w >> 4
+                pairs = tuple(e2m1x2_to_bf16x2(w, w4, j, scales[c // 2]) for j in range(4))
+            st_shared_v4(dst + ((c ^ sw) << 4), *pairs)
 
     def _nvfp4_scale(self, acc, mGS, tn):
         """The row tiles' global scales: half 0 (gate) by mGS[0], half 1 (up) by mGS[1] (plain

@@ -32,7 +32,7 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Int32
 
-from .ptx import e2m1x2_to_bf16x2, e4m3x4_to_bf16x2
+from .ptx import e2m1x2_to_bf16x2, e2m1x8_to_bf16x2x4, e4m3x4_to_bf16x2
 from .. import nvfp4_layout
 from .tile_config import NVFP4_K_ALIGN
 
@@ -83,9 +83,13 @@ class DequantKernel:
             j = base + i * cfg.threads
             scale2 = e4m3x4_to_bf16x2(scales[i])[0]  # the chunk's scale · 2^DECODE_SHIFT, both halves
             w = words[i]
-            w4 = w >> 4
-            for b in cutlass.range_constexpr(4):
-                out[b] = e2m1x2_to_bf16x2(w, w4, b, scale2)
+            if cutlass.const_expr(cfg.tile_major):  # (its words' bits in the decode order)
+                for b, pair in enumerate(e2m1x8_to_bf16x2x4(w, scale2)):
+                    out[b] = pair
+            else:
+                w4 = w >> 4
+                for b in cutlass.range_constexpr(4):
+                    out[b] = e2m1x2_to_bf16x2(w, w4, b, scale2)
             if j < chunks:
                 cute.copy(copy16, out, mO[(None, j)])
 
