@@ -58,13 +58,13 @@ def test_reorder_puts_each_k_tile_together_and_round_trips():
     assert torch.equal(back[0], w) and torch.equal(_bytes(back[1]), _bytes(s))
 
 
-def _rotl(words, r):
-    return ((words << r) | (words >> (32 - r))) & 0xFFFFFFFF if r else words
+def _shift(words, r):
+    return (words << r) & 0xFFFFFFFF if r >= 0 else words >> -r
 
 
-def test_tile_major_words_decode_by_rotations_to_the_packed_codes():
-    """The kernels' decode of a tile-major word (ptx.e2m1x8_to_bf16x2x4: pair j = rotl(word, s_j) &
-    SIGN_MASK | rotl(word, m_j) & MAGNITUDE_MASK) places each code's bits where the packed order's
+def test_tile_major_words_decode_by_shifts_to_the_packed_codes():
+    """The kernels' decode of a tile-major word (ptx.e2m1x8_to_bf16x2x4: pair j = (word << s_j) &
+    SIGN_MASK | (word << m_j) & MAGNITUDE_MASK, a negative shift to the right) places each code's bits where the packed order's
     decode does (ptx.e2m1x2_to_bf16x2: sign at bit 15, e1 e0 m at 8..6 of its half), for every code
     in every position; and a tile that spans K whole is still a copy (the input untouched)."""
     w, s = _codes(256, 64, seed=3)
@@ -74,10 +74,10 @@ def test_tile_major_words_decode_by_rotations_to_the_packed_codes():
     assert torch.equal(w, before) and tw.data_ptr() != w.data_ptr()
     packed = w.view(torch.int32).to(torch.int64).reshape(-1) & 0xFFFFFFFF  # (one k tile: the same word order)
     words = tw.view(torch.int32).to(torch.int64).reshape(-1) & 0xFFFFFFFF
-    for j, (sr, mr) in enumerate(nvfp4_layout.PAIR_ROTATIONS):
+    for j, (sr, mr) in enumerate(nvfp4_layout.PAIR_SHIFTS):
         lo, hi = (packed >> 8 * j) & 0xF, (packed >> 8 * j + 4) & 0xF
         want = (lo & 7) << 6 | (lo & 8) << 12 | (hi & 7) << 22 | (hi & 8) << 28
-        got = _rotl(words, sr) & nvfp4_layout.SIGN_MASK | _rotl(words, mr) & nvfp4_layout.MAGNITUDE_MASK
+        got = _shift(words, sr) & nvfp4_layout.SIGN_MASK | _shift(words, mr) & nvfp4_layout.MAGNITUDE_MASK
         assert torch.equal(got, want), j
 
 

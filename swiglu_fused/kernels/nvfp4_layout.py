@@ -9,7 +9,7 @@ scale loads stream such short runs at ~1.8 TB/s against ~2.4 for long ones
     codes   [N/256][K/64][256 rows][32 bytes]     one 8 KB run a k tile
     scales  [N/256][K/64][256 rows][4 e4m3]       one 1 KB run (a row's four scales: one word)
 
-and each 32-bit word of codes (8 columns) has its bits in the decode's order (PAIR_ROTATIONS below),
+and each 32-bit word of codes (8 columns) has its bits in the decode's order (PAIR_SHIFTS below),
 so that the kernels build the word's four bf16 pairs in 11 integer ops instead of 21.
 
 The tensors keep their canonical shapes ([N, K/2] and [N, K/16]); only the byte and bit order
@@ -36,23 +36,26 @@ _SCALES = K_TILE // 16  # e4m3 scales of a row in a k tile
 # (e1 e0 m) at 8..6 of its half: the bf16 code · 2^-126, times the scale by one fma
 # (ptx.e2m1x8_to_bf16x2x4). From the packed order's nibbles that placement takes five integer ops
 # a pair. A tile-major word holds its bits so that pair j is
-#     rotl(word, s_j) & 0x80008000  |  rotl(word, m_j) & 0x01C001C0        (s_j, m_j) = PAIR_ROTATIONS[j]
-# one masked rotation where s_j = m_j: 11 integer ops a word. (A search over all rotation sets
-# found no order in which every pair is one masked rotation, nor 11 ops with fewer rotations.)
-PAIR_ROTATIONS = ((0, 0), (1, 3), (2, 12), (6, 6))  # (sign, magnitude) left rotations of pair j
+#     (word << s_j) & 0x80008000  |  (word << m_j) & 0x01C001C0        (s_j, m_j) = PAIR_SHIFTS[j]
+# (a negative shift goes right; a field never crosses between the halves), one mask where
+# s_j = m_j: 11 integer ops a word, and 4 of them left shifts, which ptxas may issue as IMAD.SHL on
+# the FMA pipe beside the ALU pipe's masks. (Searched: no order makes every pair one masked shift
+# or rotation, and none takes fewer than 11 ops.)
+PAIR_SHIFTS = ((0, 0), (1, 3), (2, -4), (6, 6))  # (sign, magnitude) left shifts of pair j
 SIGN_MASK, MAGNITUDE_MASK = 0x80008000, 0x01C001C0
 
 
 def _decode_order() -> list[int]:
     """new_bit[b]: where bit b of a packed-order word (nibble i = column i, bit 3 its sign) goes."""
     new_bit = [0] * 32
-    for j, (s, m) in enumerate(PAIR_ROTATIONS):
+    for j, (s, m) in enumerate(PAIR_SHIFTS):
         for half in range(2):  # column 2j + half: nibble 2j + half of the packed word
             old, at = 8 * j + 4 * half, 16 * half
-            new_bit[old + 3] = (at + 15 - s) % 32
+            new_bit[old + 3] = at + 15 - s
             for i in range(3):
-                new_bit[old + i] = (at + 6 + i - m) % 32
-    assert sorted(new_bit) == list(range(32)), "PAIR_ROTATIONS must place every bit once"
+                new_bit[old + i] = at + 6 + i - m
+    assert sorted(new_bit) == list(range(32)) and all(
+        (nb >= 16) == (b % 8 >= 4) for b, nb in enumerate(new_bit)), "PAIR_SHIFTS must place every bit once"
     return new_bit
 
 

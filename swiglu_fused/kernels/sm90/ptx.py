@@ -242,19 +242,20 @@ def e2m1x8_to_bf16x2x4(word: Int32, scale2: Int32, *, loc=None, ip=None) -> tupl
     """A tile-major word (8 codes, its bits in nvfp4_layout's decode order) times the group's scale
     · 2^DECODE_SHIFT (bf16, both halves of ``scale2``) → four words, pair j = columns 2j and 2j + 1
     (the even one low): the values e2m1x2_to_bf16x2 gives for byte j of the packed word, exactly.
-    Pair j is rotl(word, s_j) & SIGN_MASK | rotl(word, m_j) & MAGNITUDE_MASK (PAIR_ROTATIONS): the
-    same bf16 placement, 11 integer ops a word instead of 21, then the same fma."""
-    rots = sorted({r for pair in nvfp4_layout.PAIR_ROTATIONS for r in pair} - {0})
-    src = {0: "$4", **{r: f"r{r}" for r in rots}}
-    body = [f"shf.l.wrap.b32 r{r}, $4, $4, {r};" for r in rots] + ["mov.b32 z, 0x80008000;"]  # (-0, -0)
-    for j, (sr, mr) in enumerate(nvfp4_layout.PAIR_ROTATIONS):
+    Pair j is (word << s_j) & SIGN_MASK | (word << m_j) & MAGNITUDE_MASK (PAIR_SHIFTS): the same
+    bf16 placement, 11 integer ops a word instead of 21, then the same fma."""
+    shifts = sorted({r for pair in nvfp4_layout.PAIR_SHIFTS for r in pair} - {0})
+    src = {0: "$4", **{r: f"s{r + 32}" for r in shifts}}
+    body = [f"shl.b32 {src[r]}, $4, {r};" if r > 0 else f"shr.u32 {src[r]}, $4, {-r};" for r in shifts]
+    body.append("mov.b32 z, 0x80008000;")  # (-0, -0)
+    for j, (sr, mr) in enumerate(nvfp4_layout.PAIR_SHIFTS):
         if sr == mr:
             body.append(f"and.b32 t, {src[sr]}, {nvfp4_layout.SIGN_MASK | nvfp4_layout.MAGNITUDE_MASK:#x};")
         else:
             body += [f"and.b32 t, {src[sr]}, {nvfp4_layout.SIGN_MASK:#x};",
                      f"and.b32 u, {src[mr]}, {nvfp4_layout.MAGNITUDE_MASK:#x};", "or.b32 t, t, u;"]
         body.append(f"fma.rn.bf16x2 ${j}, t, $5, z;")
-    regs = ", ".join(f"r{r}" for r in rots)
+    regs = ", ".join(src[r] for r in shifts)
     words = llvm.StructType.get_literal([T.i32()] * 4)
     res = _asm(
         words,
