@@ -7,7 +7,8 @@ graph of REPS launches, median of --iters replays (harness.graph_time_us).
     python -m benchmarks.bench_down --rounds 5 [...]   # kernel vs cuBLAS (no residual) only, in turn
     python -m benchmarks.bench_down --rounds 5 --variant s5:stages=5   # + DownConfig variants
 
---rounds N: the kernel and cuBLAS, each on operand sets rotated past L2 (as bench_gate_up), captured
+--rounds N: the kernel and cuBLAS (and DeepGEMM's ``fp8_gemm_nt`` where ``deep_gemm`` imports: a peer
+we time, never a dependency), each on operand sets rotated past L2 (as bench_gate_up), captured
 once and timed in turn N times (harness.interleaved_us): medians and the per-round ratio,
 for the dispatch decisions (beats_cublas) whose margins are a few %. --variant (as in
 ab_gate_up.py) adds the dispatched config with fields replaced, timed in the same turns.
@@ -85,6 +86,8 @@ def main():
 def interleaved(a):
     """Kernel (the config ops would pick, forced) against cuBLAS, fp8, no residual, in turn."""
     rows = []
+    dg = b.deep_gemm()
+    dg_gemm = b.deep_gemm_block_gemm(dg) if dg is not None else None
     print(f"{'M':>6} {'H':>6} {'I':>6} {'config':>24} {'kernel us':>10} {'cuBLAS us':>10}  cuBLAS/kernel per round")
     for shape in a.shapes.split(","):
         hidden, inter = map(int, shape.split("x"))
@@ -105,17 +108,24 @@ def interleaved(a):
                 "kernel": b.cycling(lambda hq, hs, wq, ws: k.down(cfg, hq, wq, ws, hs), sets),
                 "cublas": b.cycling(lambda hq, hs, wq, ws: cublas.down(hq, wq, ws, hs, None, torch.bfloat16), sets),
                 **{n: b.cycling(lambda hq, hs, wq, ws, c=c: k.down(c, hq, wq, ws, hs), sets) for n, c in variants.items()},
+                **({"deepgemm": b.cycling(lambda hq, hs, wq, ws: dg_gemm(hq, hs, wq, ws), sets)} if dg_gemm else {}),
             }, a.iters, a.rounds, max(b.REPS, len(sets)))
             ratios = [c / kk for c, kk in zip(t["cublas"], t["kernel"])]
             tag = f"tile_m={cfg.tile_m}" + (",swap_ab" if cfg.swap_ab else "")
             med = {name: statistics.median(v) for name, v in t.items()}
             print(f"{m:>6} {hidden:>6} {inter:>6} {tag:>24} {med['kernel']:>10.1f} {med['cublas']:>10.1f}  "
                   + " ".join(f"{r:.3f}" for r in ratios), flush=True)
+            if dg_gemm:
+                y_k, y_d = k.down(cfg, hq0, wq0, ws0, hs0).float(), dg_gemm(hq0, hs0, wq0, ws0).float()
+                dr = [kk / d for kk, d in zip(t["kernel"], t["deepgemm"])]
+                print(f"{'':>6} {'DeepGEMM fp8_gemm_nt':>38} {med['deepgemm']:>10.1f}  kernel/DeepGEMM {min(dr):.3f}–"
+                      f"{max(dr):.3f} (rel diff to the kernel {((y_d - y_k).norm() / y_k.norm()).item():.1e})", flush=True)
             for n in variants:
                 vr = [kk / v for kk, v in zip(t["kernel"], t[n])]
                 print(f"{'':>6} {n:>38} {med[n]:>10.1f}  speed-up {min(vr):.3f}–{max(vr):.3f} (y {checks[n]})", flush=True)
             rows.append(dict(m=m, hidden=hidden, inter=inter, config=str(cfg), kernel_us=med["kernel"],
                              cublas_us=med["cublas"], kernel_us_per_round=t["kernel"], cublas_us_per_round=t["cublas"],
+                             deepgemm_us=med.get("deepgemm"), deepgemm_us_per_round=t.get("deepgemm"),
                              variants={n: dict(config=str(c), us=med[n], us_per_round=t[n], check=checks[n])
                                        for n, c in variants.items()}))
             del sets

@@ -15,7 +15,9 @@ What ``run`` compares, in one process on the same bf16 input x [M, H], for each 
                      a dependency
   ours_<format>      ``FusedSwiGLUMLP`` in each asked weight format (bf16, fp8_block128, nvfp4: all
                      three have sm90 kernels; a format without them would time the pure-torch
-                     reference: only with ``allow_reference=True``, and marked "(reference)")
+                     reference: only with ``allow_reference=True``, and marked "(reference)").
+                     Where DeepGEMM is installed, fp8_block128's down runs on it from 16 rows
+                     (kernels/deepgemm.py), as it would in the user's model; the notes say so
 
 How it is timed: each pipeline is captured once as a CUDA graph of ``REPS`` calls (so Python's launch
 cost is not timed; ``cuda_graphs=False`` times ``REPS`` plain eager calls instead, host overhead
@@ -43,6 +45,7 @@ from typing import Callable, Iterable, Mapping, Sequence
 import torch
 
 from . import __version__, formats, quant
+from .kernels import deepgemm
 
 try:  # the unfused peer's one-pass act·quant; without Triton only the compiled one runs
     import triton
@@ -388,13 +391,7 @@ def cublas_block_gemm(a, a_scale, b, b_scale):
 
 def deep_gemm():
     """DeepGEMM's module where it is importable (a peer we time, never a dependency), else None."""
-    if importlib.util.find_spec("deep_gemm") is None:
-        return None
-    try:
-        import deep_gemm as dg
-    except Exception:  # installed but broken (no GPU, a missing JIT toolchain): not a peer here
-        return None
-    return dg
+    return deepgemm.module()
 
 
 def deep_gemm_block_gemm(dg):
@@ -712,6 +709,9 @@ def run(shapes: Sequence[tuple[int, int]] = DEFAULT_SHAPES, m: Sequence[int] = D
     notes = [f"act·quant of {n} at M = {k}: {v[0]}" for n, u in unfused.items() for k, v in sorted(u.picked.items())]
     if triton is None:
         notes.append("Triton is not installed: fp8_unfused's act·quant is the compiled one only")
+    if UNFUSED_FORMAT in fmts and deepgemm.ENABLED and dg is not None:
+        notes.append(f"{ours_name(UNFUSED_FORMAT)}'s down ran on DeepGEMM from M = {deepgemm.MIN_M} "
+                     "(installed here; SWIGLU_FUSED_DEEPGEMM=0 leaves it out)")
     result = dict(benchmark="swiglu-fused bench", **header(), notes=notes,
                   settings=dict(shapes=[list(s) for s in shapes], m=list(ms), weight_formats=list(fmts), peers=peers,
                                 reference_formats=reference, rounds=rounds, iters=iters, reps=REPS,

@@ -1,7 +1,8 @@
 """Kernel selection: for each call, which backend runs it and with which kernel configuration.
 
     backend     quant_x_backend, gate_up_backend, split_backend, down_backend, module_backend:
-                "sm90" (the CuTe DSL kernels), "cublas" (down only) or "reference" (kernels/reference.py)
+                "sm90" (the CuTe DSL kernels), "cublas" or "deepgemm" (down only; DeepGEMM where a user
+                has it installed) or "reference" (kernels/reference.py)
     config      quant_x_map, gate_up_config, down_config: the sm90 kernel's compile-time
                 configuration for these operands (None: the kernel does not implement them)
     shipped     gate_up_shipped, split_shipped, down_shipped: every config the rules can return (CI
@@ -27,9 +28,9 @@ import torch
 
 from .. import formats
 from ..quant import cdiv
-from . import cublas
+from . import cublas, deepgemm
 
-SM90, CUBLAS, REFERENCE = "sm90", "cublas", "reference"
+SM90, CUBLAS, DEEPGEMM, REFERENCE = "sm90", "cublas", "deepgemm", "reference"
 GROUP = formats.FP8_BLOCK  # fp8 scale group = weight block = half a gate_up tile (tile_config.W_BLOCK, HALF_N, H_GROUP)
 FP8_MAINLOOP, BF16_MAINLOOP, NVFP4_MAINLOOP = formats.FP8Block128.name, formats.BF16.name, formats.NVFP4.name  # = tile_config's
 
@@ -96,7 +97,8 @@ def format_has_kernels(weight_format: str, interleave: int) -> bool:
 
 
 def module_backend(weight_format: str, interleave: int, device: torch.device) -> str:
-    """Where a FusedSwiGLUMLP's forward runs: SM90 (down partly on cuBLAS, see down_backend) or REFERENCE."""
+    """Where a FusedSwiGLUMLP's forward runs: SM90 (down partly on cuBLAS or DeepGEMM, see down_backend) or
+    REFERENCE."""
     return SM90 if format_has_kernels(weight_format, interleave) and sm90_kernels_usable(device) else REFERENCE
 
 
@@ -136,9 +138,12 @@ def gate_up_backend(x, weight, weight_scale, x_scale, global_scale, interleave, 
 
 
 def down_backend(h, weight, weight_scale, h_scale, global_scale, residual, out_dtype, tile_major=False):
-    """(SM90, DownConfig) where the kernel implements these arguments and is the faster one
-    (beats_cublas), else (CUBLAS, None) where cuBLAS takes them (CUDA, fp8_block128 / bf16), else
-    (REFERENCE, None)."""
+    """(DEEPGEMM, None) where DeepGEMM is installed and takes these arguments (fp8_block128 from
+    deepgemm.MIN_M rows: DISPATCH D28), else (SM90, DownConfig) where the kernel implements them and
+    is the faster one (beats_cublas), else (CUBLAS, None) where cuBLAS takes them (CUDA,
+    fp8_block128 / bf16), else (REFERENCE, None)."""
+    if not DISABLED and deepgemm.supports_down(h, weight, weight_scale, h_scale, global_scale, residual, out_dtype):
+        return DEEPGEMM, None
     takes = cublas.supports_down(h, weight, weight_scale, h_scale, global_scale) and not DISABLED
     if sm90_kernels_usable(h.device) and (global_scale is not None) == (weight.dtype == torch.uint8):
         try:

@@ -29,7 +29,7 @@ import sys
 import torch
 
 from .. import formats, quant
-from . import cublas, dispatch, nvfp4_layout, pipeline, reference
+from . import cublas, deepgemm, dispatch, nvfp4_layout, pipeline, reference
 
 FP8 = torch.float8_e4m3fn
 GROUP = formats.FP8_BLOCK
@@ -359,6 +359,8 @@ def _down_impl(
             return sm90_down.down(cfg, h, weight, weight_scale, h_scale, residual, global_scale, tile_major=tile_major)
     if backend == dispatch.CUBLAS:
         return cublas.down(h, weight, weight_scale, h_scale, residual, out_dtype)
+    if backend == dispatch.DEEPGEMM:
+        return deepgemm.down(h, weight, weight_scale, h_scale)
     return reference.down(h, weight, weight_scale, h_scale, global_scale, residual=residual, out_dtype=out_dtype,
                           tile_major=tile_major)
 

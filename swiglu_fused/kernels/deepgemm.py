@@ -1,0 +1,68 @@
+"""down on DeepGEMM, where a user has it installed: an optional backend, never a dependency.
+
+DeepGEMM's sm90 fp8 GEMM (``deep_gemm.fp8_gemm_nt``: 1×128 activation scales, 128×128 weight
+scales, bf16 out; the fp8_block128 recipe) ran our down projection 11–72 % faster than our sm90
+kernel and up to 35 % faster than cuBLAS from M = 16 on the H100 (DISPATCH D28). vLLM and SGLang
+users often have it; dispatch.down_backend then picks it for fp8_block128 down with bf16 out and
+no residual from MIN_M rows. At M = 1 ours is faster (DeepGEMM also asks for its activation scales
+with M padded to 4: a copy). Everything else (bf16 and nvfp4 weights, a residual, other outputs,
+other GPUs) keeps its path. It gives the reference's numbers up to fp32 summation order, as cuBLAS
+does (DESIGN §4).
+
+DeepGEMM compiles a kernel for each (N, K, tile) on its first call (seconds; cached on disk in its
+JIT cache, ``DG_JIT_CACHE_DIR``): run a batch of each size once before capturing CUDA graphs, as
+for our own kernels. Set SWIGLU_FUSED_DEEPGEMM=0 to leave it out.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import os
+
+import torch
+
+from .. import formats, quant
+
+ENABLED = os.environ.get("SWIGLU_FUSED_DEEPGEMM", "") != "0"
+MIN_M = 16  # from this many rows DeepGEMM's down is the fastest (DISPATCH D28)
+FP8 = torch.float8_e4m3fn
+
+
+@functools.lru_cache(maxsize=None)
+def module():
+    """The deep_gemm module where it imports, else None (also when it is installed but broken)."""
+    if importlib.util.find_spec("deep_gemm") is None:
+        return None
+    try:
+        import deep_gemm
+    except Exception:
+        return None
+    return deep_gemm if hasattr(deep_gemm, "fp8_gemm_nt") else None
+
+
+def supports_down(h: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor | None,
+                  h_scale: torch.Tensor | None, global_scale: torch.Tensor | None,
+                  residual: torch.Tensor | None, out_dtype: torch.dtype) -> bool:
+    """Whether down runs on DeepGEMM: fp8_block128 (fp32 scales, N and K whole 128-blocks), bf16 out,
+    no residual, at least MIN_M rows, on an sm_90 GPU, with deep_gemm importable and not switched off."""
+    if not (ENABLED and h.device.type == "cuda" and h.dim() == 2 and h.shape[0] >= MIN_M and h.is_contiguous()
+            and weight.is_contiguous()):
+        return False
+    n, k = weight.shape
+    if not (h.dtype == FP8 and weight.dtype == FP8 and global_scale is None and residual is None
+            and out_dtype == torch.bfloat16 and n % formats.FP8_BLOCK == 0 and k % formats.FP8_BLOCK == 0
+            and weight_scale is not None and h_scale is not None
+            and weight_scale.dtype == torch.float32 and h_scale.dtype == torch.float32):
+        return False
+    return module() is not None and torch.cuda.get_device_capability(h.device) == (9, 0)
+
+
+def down(h: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor, h_scale: torch.Tensor) -> torch.Tensor:
+    """y = h · weightᵀ in bf16 (supports_down's operands): h_scale [M, K/128] in any layout, laid out
+    as DeepGEMM reads it (M-major, as gate_up writes it: a copy only where M % 4 != 0)."""
+    dg = module()
+    y = torch.empty(h.shape[0], weight.shape[0], dtype=torch.bfloat16, device=h.device)
+    with torch.cuda.device(h.device):
+        dg.fp8_gemm_nt((h, dg.get_mn_major_tma_aligned_tensor(quant.m_major(h_scale))), (weight, weight_scale), y)
+    return y
