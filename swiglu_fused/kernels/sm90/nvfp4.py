@@ -10,7 +10,7 @@ bf16; W: the packed tile, 256 rows × 32 bytes, unswizzled):
                 with cp.async, which holds the stage's full barrier open until they land; for a
                 tile-major weight (TileConfig.tile_major) they are one 1 KB run, fetched by one
                 bulk copy that completes its bytes on the stage's full barrier.
-    decode      consumer thread t (two consumer warpgroups, 256 threads: one row each): row t's
+    decode      consumer thread t (two consumer warpgroups, 256 threads: one row each): its row's
                 32 packed bytes (two 16-byte shared loads; a warp reads 1 KB contiguous) and its
                 scale word → 64 bf16 = code · scale · 2^-62 (exact, one fma a pair of values:
                 ptx.e2m1x2_to_bf16x2; the power of two comes back with the global scale), eight 16-byte
@@ -24,7 +24,9 @@ Two decode buffers: k tile kt is decoded while tile kt - 1's wgmma runs; then th
 for that wgmma (it has read buffer (kt - 1) % 2 and the stage's x), releases the stage, fences the
 decode's generic-proxy stores for the async proxy and meets the other consumer threads at a named
 barrier (every thread's part of buffer kt % 2 is written, and every warpgroup's wgmma kt - 1 is
-done, so the next decode may overwrite its buffer) before issuing wgmma kt.
+done, so the next decode may overwrite its buffer) before issuing wgmma kt. On the swap-AB tiles
+each warpgroup decodes exactly the rows its own wgmma reads, so its barrier is its own
+(_decode_operands).
 
 The per-tensor global scales (fp32 multipliers: gate and up for gate_up, one for down; the host
 turns compressed-tensors' divisor into one) multiply the accumulator once per segment, after the
@@ -47,7 +49,7 @@ from .ptx import (DECODE_SHIFT, bulk_copy_g2s, cp_async_4, cp_async_arrive, e2m1
 # multiplied back with the global scale, a power of two, so exactly
 UNSHIFT = 126 - DECODE_SHIFT
 
-DECODE_BARRIER = 6  # named barrier id (1, 2: epilogue; 3: stream-K; 4, 5: split_n)
+DECODE_BARRIER = 6  # named barrier id, 7 too (1, 2: epilogue; 3: stream-K; 4, 5: split_n)
 
 
 class DecodeOperands(NamedTuple):
@@ -57,17 +59,28 @@ class DecodeOperands(NamedTuple):
     d_addr: Any  # shared address of the decode buffers
     s_addr: Any  # shared address of the staged scale words (stage, row)
     mGS: Any  # global scale multipliers [2]: gate, up (down: the same value twice)
-    t: Any  # this thread among the consumers
-    threads: int  # consumer threads (= tile_n: one weight row each)
+    t: Any  # the weight row this thread decodes (one each: tile_n consumer threads)
+    barrier: Any  # the named barrier its decode meets every k tile (pipeline.NamedBarrier)
 
 
 class Nvfp4Mixin:
     """The nvfp4 mainloop; a base class of GemmKernel (its methods are traced into the kernel)."""
 
     def _decode_operands(self, storage, gmem, t) -> DecodeOperands:
-        """Plain Python (inlined): the decode's addresses and tensors."""
+        """Plain Python (inlined): the decode's addresses, tensors, row and barrier for consumer
+        thread t. The row tiles' wgmma reads every decoded row from both warpgroups, so all
+        consumer threads meet each k tile. The swap-AB tiles' warpgroup w reads the 64-row blocks
+        w, w + 2, … of the tile (the tiled wgmma's layout), so its threads decode those rows and it
+        meets only itself: the warpgroups no longer wait for each other every k tile."""
+        wgs = self.num_mma_wg
+        if self.cfg.swap_ab:
+            wg, lane = t // 128, t % 128
+            row = 64 * (wg + wgs * (lane // 64)) + lane % 64
+            bar = pipeline.NamedBarrier(barrier_id=DECODE_BARRIER + wg, num_threads=128)
+        else:
+            row, bar = t, pipeline.NamedBarrier(barrier_id=DECODE_BARRIER, num_threads=128 * wgs)
         return DecodeOperands(storage.sB.data_ptr().toint(), storage.sD.data_ptr().toint(),
-                              storage.scl.data_ptr().toint(), gmem.mAS, t, 128 * self.num_mma_wg)
+                              storage.scl.data_ptr().toint(), gmem.mAS, row, bar)
 
     # ------------------------------------------------------------------ producer
     @cute.jit
@@ -105,7 +118,7 @@ class Nvfp4Mixin:
         kt + 1 are loaded into registers right after it decodes tile kt (once that stage is full),
         so their shared-memory latency passes under tile kt's synchronization and wgmma issue
         instead of stalling the next decode (the largest stall, Nsight Compute)."""
-        bar = pipeline.NamedBarrier(barrier_id=DECODE_BARRIER, num_threads=dec.threads)
+        bar = dec.barrier
         tiled_mma.set(cute.nvgpu.warpgroup.Field.ACCUMULATE, True)
         mma = (tiled_mma, acc, tW, tX, num_k_blocks)
         regs = cute.make_rmem_tensor(cute.make_layout(9), Int32)  # 8 packed words, the scale word
