@@ -108,7 +108,8 @@ def interleaved(a):
                 "kernel": b.cycling(lambda hq, hs, wq, ws: k.down(cfg, hq, wq, ws, hs), sets),
                 "cublas": b.cycling(lambda hq, hs, wq, ws: cublas.down(hq, wq, ws, hs, None, torch.bfloat16), sets),
                 **{n: b.cycling(lambda hq, hs, wq, ws, c=c: k.down(c, hq, wq, ws, hs), sets) for n, c in variants.items()},
-                **({"deepgemm": b.cycling(lambda hq, hs, wq, ws: dg_gemm(hq, hs, wq, ws), sets)} if dg_gemm else {}),
+                **({"deepgemm": b.cycling(lambda hq, hs, wq, ws: dg_gemm(hq, hs, wq, ws), sets)}
+                   if dg_gemm else {}),
             }, a.iters, a.rounds, max(b.REPS, len(sets)))
             ratios = [c / kk for c, kk in zip(t["cublas"], t["kernel"])]
             tag = f"tile_m={cfg.tile_m}" + (",swap_ab" if cfg.swap_ab else "")
@@ -118,8 +119,9 @@ def interleaved(a):
             if dg_gemm:
                 y_k, y_d = k.down(cfg, hq0, wq0, ws0, hs0).float(), dg_gemm(hq0, hs0, wq0, ws0).float()
                 dr = [kk / d for kk, d in zip(t["kernel"], t["deepgemm"])]
-                print(f"{'':>6} {'DeepGEMM fp8_gemm_nt':>38} {med['deepgemm']:>10.1f}  kernel/DeepGEMM {min(dr):.3f}–"
-                      f"{max(dr):.3f} (rel diff to the kernel {((y_d - y_k).norm() / y_k.norm()).item():.1e})", flush=True)
+                diff = ((y_d - y_k).norm() / y_k.norm()).item()
+                print(f"{'':>6} {'DeepGEMM fp8_gemm_nt':>38} {med['deepgemm']:>10.1f}  kernel/DeepGEMM "
+                      f"{min(dr):.3f}–{max(dr):.3f} (rel diff to the kernel {diff:.1e})", flush=True)
             for n in variants:
                 vr = [kk / v for kk, v in zip(t["kernel"], t[n])]
                 print(f"{'':>6} {n:>38} {med[n]:>10.1f}  speed-up {min(vr):.3f}–{max(vr):.3f} (y {checks[n]})", flush=True)

@@ -64,9 +64,10 @@ def _shift(words, r):
 
 def test_tile_major_words_decode_by_shifts_to_the_packed_codes():
     """The kernels' decode of a tile-major word (ptx.e2m1x8_to_bf16x2x4: pair j = (word << s_j) &
-    SIGN_MASK | (word << m_j) & MAGNITUDE_MASK, a negative shift to the right) places each code's bits where the packed order's
-    decode does (ptx.e2m1x2_to_bf16x2: sign at bit 15, e1 e0 m at 8..6 of its half), for every code
-    in every position; and a tile that spans K whole is still a copy (the input untouched)."""
+    SIGN_MASK | (word << m_j) & MAGNITUDE_MASK, a negative shift to the right) places each code's
+    bits where the packed order's decode does (ptx.e2m1x2_to_bf16x2: sign at bit 15, e1 e0 m at
+    8..6 of its half), for every code in every position; and a tile that spans K whole is still a
+    copy (the input untouched)."""
     w, s = _codes(256, 64, seed=3)
     w[:16] = torch.arange(256, dtype=torch.uint8).reshape(16, 16).repeat(1, 2)  # every byte at every place
     before = w.clone()

@@ -2,12 +2,12 @@
 
 DeepGEMM's sm90 fp8 GEMM (``deep_gemm.fp8_gemm_nt``: 1×128 activation scales, 128×128 weight
 scales, bf16 out; the fp8_block128 recipe) ran our down projection 11–72 % faster than our sm90
-kernel and up to 35 % faster than cuBLAS from M = 16 on the H100 (DISPATCH D28). vLLM and SGLang
-users often have it; dispatch.down_backend then picks it for fp8_block128 down with bf16 out and
-no residual from MIN_M rows. At M = 1 ours is faster (DeepGEMM also asks for its activation scales
-with M padded to 4: a copy). Everything else (bf16 and nvfp4 weights, a residual, other outputs,
-other GPUs) keeps its path. It gives the reference's numbers up to fp32 summation order, as cuBLAS
-does (DESIGN §4).
+kernel, and up to 1.65× as fast as cuBLAS (level at one point), from M = 16 on the H100 (DISPATCH
+D28). vLLM and SGLang users often have it; dispatch.down_backend then picks it for fp8_block128
+down with bf16 out and no residual from MIN_M rows. At M = 1 ours is faster (DeepGEMM also asks
+for its activation scales with M padded to 4: a copy). Everything else (bf16 and nvfp4 weights, a
+residual, other outputs, other GPUs) keeps its path. It gives the reference's numbers up to fp32
+summation order, as cuBLAS does (DESIGN §4).
 
 DeepGEMM compiles a kernel for each (N, K, tile) on its first call (seconds; cached on disk in its
 JIT cache, ``DG_JIT_CACHE_DIR``): run a batch of each size once before capturing CUDA graphs, as

@@ -14,9 +14,10 @@ so that the kernels build the word's four bf16 pairs in 11 integer ops instead o
 
 The tensors keep their canonical shapes ([N, K/2] and [N, K/16]); only the byte and bit order
 differs. So a tensor does not say which order it is in: its owner does
-(layer._PackedProjection.tile_major) and passes ``tile_major`` to the ops. The modules reorder once, when the weight lands on a GPU whose
-kernels read it (``fits`` and dispatch.sm90_kernels_usable), and give the packed order back in
-state_dict and on the CPU; checkpoints always hold the packed order.
+(layer._PackedProjection.tile_major) and passes ``tile_major`` to the ops. The modules reorder
+once, when the weight lands on a GPU whose kernels read it (``fits`` and
+dispatch.sm90_kernels_usable), and give the packed order back in state_dict and on the CPU;
+checkpoints always hold the packed order.
 
 Plain torch, any device: a reorder is one copy of the tensor (the old one is freed by its owner),
 its bits then moved in place a few million words at a time.

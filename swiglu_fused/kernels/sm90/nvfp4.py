@@ -59,7 +59,7 @@ class DecodeOperands(NamedTuple):
     d_addr: Any  # shared address of the decode buffers
     s_addr: Any  # shared address of the staged scale words (stage, row)
     mGS: Any  # global scale multipliers [2]: gate, up (down: the same value twice)
-    t: Any  # the weight row this thread decodes (one each: tile_n consumer threads)
+    row: Any  # the weight row this thread decodes (one each: tile_n consumer threads)
     barrier: Any  # the named barrier its decode meets every k tile (pipeline.NamedBarrier)
 
 
@@ -168,11 +168,11 @@ class Nvfp4Mixin:
         """Row t of packed stage ``stage`` into regs: its 32 bytes (two 16-byte shared loads; a
         warp reads 1 KB contiguous) and its scale word (plain Python, inlined)."""
         cfg = self.cfg
-        src = dec.w_addr + stage * cfg.w_stage_bytes + dec.t * (cfg.tile_k // 2)
+        src = dec.w_addr + stage * cfg.w_stage_bytes + dec.row * (cfg.tile_k // 2)
         for h in range(2):
             for i, w in enumerate(ld_shared_v4(src + 16 * h)):
                 regs[4 * h + i] = w
-        regs[8] = ld_shared_b32(dec.s_addr + (stage * cfg.tile_n + dec.t) * 4)
+        regs[8] = ld_shared_b32(dec.s_addr + (stage * cfg.tile_n + dec.row) * 4)
 
     @cute.jit
     def _decode_regs(self, dec: DecodeOperands, regs, buf):
@@ -180,7 +180,7 @@ class Nvfp4Mixin:
         16-byte stores (chunk c of row r at 16·(c ^ r % 8): a quarter warp's 8 rows hit 8 distinct
         bank groups)."""
         cfg = self.cfg
-        r = dec.t
+        r = dec.row
         scales = e4m3x4_to_bf16x2(regs[8])  # 16-column group q: words 2q, 2q + 1
         dst = dec.d_addr + buf * (cfg.tile_n * cfg.tile_k * 2) + r * (cfg.tile_k * 2)
         sw = r % 8
