@@ -11,7 +11,10 @@ summation order, as cuBLAS does (DESIGN §4).
 
 DeepGEMM compiles a kernel for each (N, K, tile) on its first call (seconds; cached on disk in its
 JIT cache, ``DG_JIT_CACHE_DIR``): run a batch of each size once before capturing CUDA graphs, as
-for our own kernels. Set SWIGLU_FUSED_DEEPGEMM=0 to leave it out.
+for our own kernels. If a call fails (its JIT needs a CUDA toolkit at run time, which an
+installation may lack), it warns once and is not used again in this process: the call and every
+later one take the path they would take without DeepGEMM. Set SWIGLU_FUSED_DEEPGEMM=0 to leave it
+out.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from __future__ import annotations
 import functools
 import importlib.util
 import os
+import warnings
 
 import torch
 
@@ -26,6 +30,7 @@ from .. import formats, quant
 
 ENABLED = os.environ.get("SWIGLU_FUSED_DEEPGEMM", "") != "0"
 MIN_M = 16  # from this many rows DeepGEMM's down is the fastest (DISPATCH D28)
+_failed = False  # a call failed: not used again in this process
 FP8 = torch.float8_e4m3fn
 
 
@@ -46,7 +51,7 @@ def supports_down(h: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Ten
                   residual: torch.Tensor | None, out_dtype: torch.dtype) -> bool:
     """Whether down runs on DeepGEMM: fp8_block128 (fp32 scales, N and K whole 128-blocks), bf16 out,
     no residual, at least MIN_M rows, on an sm_90 GPU, with deep_gemm importable and not switched off."""
-    if not (ENABLED and h.device.type == "cuda" and h.dim() == 2 and h.shape[0] >= MIN_M and h.is_contiguous()
+    if not (ENABLED and not _failed and h.device.type == "cuda" and h.dim() == 2 and h.shape[0] >= MIN_M and h.is_contiguous()
             and weight.is_contiguous()):
         return False
     n, k = weight.shape
@@ -58,11 +63,19 @@ def supports_down(h: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Ten
     return module() is not None and torch.cuda.get_device_capability(h.device) == (9, 0)
 
 
-def down(h: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor, h_scale: torch.Tensor) -> torch.Tensor:
+def down(h: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor, h_scale: torch.Tensor):
     """y = h · weightᵀ in bf16 (supports_down's operands): h_scale [M, K/128] in any layout, laid out
-    as DeepGEMM reads it (M-major, as gate_up writes it: a copy only where M % 4 != 0)."""
+    as DeepGEMM reads it (M-major, as gate_up writes it: a copy only where M % 4 != 0). None where
+    DeepGEMM fails (then supports_down says no from now on, and the caller dispatches again)."""
+    global _failed
     dg = module()
     y = torch.empty(h.shape[0], weight.shape[0], dtype=torch.bfloat16, device=h.device)
-    with torch.cuda.device(h.device):
-        dg.fp8_gemm_nt((h, dg.get_mn_major_tma_aligned_tensor(quant.m_major(h_scale))), (weight, weight_scale), y)
+    try:
+        with torch.cuda.device(h.device):
+            dg.fp8_gemm_nt((h, dg.get_mn_major_tma_aligned_tensor(quant.m_major(h_scale))), (weight, weight_scale), y)
+    except Exception as e:  # its JIT (a missing toolkit, an unsupported shape): our own paths take over
+        _failed = True
+        warnings.warn(f"down: DeepGEMM failed ({type(e).__name__}: {e}); fp8 down runs on the sm90 kernel or "
+                      "cuBLAS from now on in this process (SWIGLU_FUSED_DEEPGEMM=0 skips DeepGEMM)", stacklevel=4)
+        return None
     return y

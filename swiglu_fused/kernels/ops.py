@@ -350,6 +350,12 @@ def _down_impl(
 ) -> torch.Tensor:
     backend, cfg = dispatch.down_backend(h, weight, weight_scale, h_scale, global_scale, residual, out_dtype,
                                          tile_major)
+    if backend == dispatch.DEEPGEMM:
+        y = deepgemm.down(h, weight, weight_scale, h_scale)
+        if y is not None:
+            return y
+        backend, cfg = dispatch.down_backend(h, weight, weight_scale, h_scale, global_scale, residual, out_dtype,
+                                             tile_major)  # (deepgemm.supports_down now says no)
     if backend == dispatch.SM90:  # (sm90_down.down takes h_scale in any layout; gate_up's, M-major, without a copy)
         _kernel_operands_ok(dict(h=h, weight=weight, residual=residual), dict(weight_scale=weight_scale,
                                                                               global_scale=global_scale))
@@ -359,8 +365,6 @@ def _down_impl(
             return sm90_down.down(cfg, h, weight, weight_scale, h_scale, residual, global_scale, tile_major=tile_major)
     if backend == dispatch.CUBLAS:
         return cublas.down(h, weight, weight_scale, h_scale, residual, out_dtype)
-    if backend == dispatch.DEEPGEMM:
-        return deepgemm.down(h, weight, weight_scale, h_scale)
     return reference.down(h, weight, weight_scale, h_scale, global_scale, residual=residual, out_dtype=out_dtype,
                           tile_major=tile_major)
 

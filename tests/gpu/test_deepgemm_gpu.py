@@ -94,3 +94,24 @@ def test_module_runs_it_eager_and_in_a_cuda_graph(dg_calls):
     graph.replay()
     torch.cuda.synchronize()
     assert_bf16_close(static_y, _reference(mlp, static_x).cuda())
+
+
+def test_a_failing_deepgemm_warns_once_and_the_other_paths_take_over(monkeypatch):
+    """Its JIT may fail where an installation lacks a CUDA toolkit: that call and the later ones
+    run on our kernel or cuBLAS, with one warning."""
+    calls = []
+
+    def broken(*args, **kwargs):
+        calls.append(1)
+        raise RuntimeError("nvcc not found (a stand-in for a JIT failure)")
+    monkeypatch.setattr(deepgemm.module(), "fp8_gemm_nt", broken)
+    monkeypatch.setattr(deepgemm, "_failed", False)
+    args = _operands(64, 4096, 14336)
+    with pytest.warns(UserWarning, match="DeepGEMM failed .*RuntimeError: nvcc not found"):
+        y = ops.down(args["h"], args["weight"], args["weight_scale"], args["h_scale"])
+    assert_bf16_close(y, reference.down(**args))
+    assert dispatch.down_backend(args["h"], args["weight"], args["weight_scale"], args["h_scale"], None, None,
+                                 torch.bfloat16)[0] != dispatch.DEEPGEMM
+    assert_bf16_close(ops.down(args["h"], args["weight"], args["weight_scale"], args["h_scale"]),
+                      reference.down(**args))
+    assert calls == [1]
