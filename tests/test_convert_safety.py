@@ -218,8 +218,9 @@ def test_force_refuses_anything_but_a_packed_output_or_an_empty_directory(tmp_pa
 # ------------------------------------------------------------------ 2. nothing appears or vanishes
 
 STALL = """
-import os, sys, time
+import os, signal, sys, time
 from pathlib import Path
+signal.signal(signal.SIGHUP, signal.SIG_DFL)  # as a terminal's shell starts it, even where the tests run under nohup
 from swiglu_fused.weight_packing import safetensors_io as sio
 from swiglu_fused.cli import main
 ready, go = Path(sys.argv[1]), Path(sys.argv[2])
