@@ -26,12 +26,12 @@ import warnings
 
 import torch
 
-from .. import formats, quant
+from .. import quant
+from . import cublas
 
 ENABLED = os.environ.get("SWIGLU_FUSED_DEEPGEMM", "") != "0"
 MIN_M = 16  # from this many rows DeepGEMM's down is the fastest (DISPATCH D28)
 _failed = False  # a call failed: not used again in this process
-FP8 = torch.float8_e4m3fn
 
 
 @functools.lru_cache(maxsize=None)
@@ -49,18 +49,15 @@ def module():
 def supports_down(h: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor | None,
                   h_scale: torch.Tensor | None, global_scale: torch.Tensor | None,
                   residual: torch.Tensor | None, out_dtype: torch.dtype) -> bool:
-    """Whether down runs on DeepGEMM: fp8_block128 (fp32 scales, N and K whole 128-blocks), bf16 out,
-    no residual, at least MIN_M rows, on an sm_90 GPU, with deep_gemm importable and not switched off."""
-    if not (ENABLED and not _failed and h.device.type == "cuda" and h.dim() == 2 and h.shape[0] >= MIN_M and h.is_contiguous()
-            and weight.is_contiguous()):
+    """Whether down runs on DeepGEMM: the fp8_block128 operands cuBLAS's block-scaled GEMM takes
+    (cublas.supports_down), contiguous, with fp32 h scales, bf16 out, no residual, at least MIN_M
+    rows, on an sm_90 GPU, with deep_gemm importable and not switched off."""
+    if not (ENABLED and not _failed and weight.dtype == cublas.FP8 and h.dim() == 2 and h.shape[0] >= MIN_M
+            and residual is None and out_dtype == torch.bfloat16 and h.is_contiguous() and weight.is_contiguous()
+            and h_scale is not None and h_scale.dtype == torch.float32):
         return False
-    n, k = weight.shape
-    if not (h.dtype == FP8 and weight.dtype == FP8 and global_scale is None and residual is None
-            and out_dtype == torch.bfloat16 and n % formats.FP8_BLOCK == 0 and k % formats.FP8_BLOCK == 0
-            and weight_scale is not None and h_scale is not None
-            and weight_scale.dtype == torch.float32 and h_scale.dtype == torch.float32):
-        return False
-    return module() is not None and torch.cuda.get_device_capability(h.device) == (9, 0)
+    return (cublas.supports_down(h, weight, weight_scale, h_scale, global_scale) and module() is not None
+            and torch.cuda.get_device_capability(h.device) == (9, 0))
 
 
 def down(h: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor, h_scale: torch.Tensor):
