@@ -34,7 +34,8 @@ def _layers(make, nbytes: int) -> list:
     return [make(i) for i in range(max(2, -(-2 * L2_BYTES // nbytes) + 1))]
 
 
-def _nvfp4_gate_up(hidden, inter, seed):
+def nvfp4_gate_up(hidden, inter, seed):
+    """A random packed nvfp4 gate_up at g = 128: (weight, scales, the two global scale multipliers)."""
     g = torch.Generator(device="cuda").manual_seed(seed)
     (gp, gs, gd), (up, us, ud) = (quant.quantize_nvfp4(torch.randn(inter, hidden, device="cuda", generator=g) * 0.05)
                                   for _ in range(2))
@@ -88,7 +89,7 @@ def _variant(fields: dict, x, h, gu_w, dn_w):
 def run(shapes, ms, iters=50, ab: dict | None = None):
     rows = []
     for hidden, inter in shapes:
-        nv_gu = _layers(lambda i: _nvfp4_gate_up(hidden, inter, i), _nbytes(*_nvfp4_gate_up(hidden, inter, 99)))
+        nv_gu = _layers(lambda i: nvfp4_gate_up(hidden, inter, i), _nbytes(*nvfp4_gate_up(hidden, inter, 99)))
         nv_dn = _layers(lambda i: _nvfp4_down(hidden, inter, i), _nbytes(*_nvfp4_down(hidden, inter, 99)))
         f8_gu = _layers(lambda i: _fp8(2 * inter, hidden, i), 2 * inter * hidden)
         f8_dn = _layers(lambda i: _fp8(hidden, inter, i), hidden * inter)

@@ -48,16 +48,12 @@ CASES = {
 
 def operands(mainloop, m, hidden, inter):
     if mainloop == "nvfp4":  # x, the global scale multipliers, and the tile-major weight and scales
-        from swiglu_fused import quant
-        from swiglu_fused.interleave import interleave_rows
+        from benchmarks.bench_nvfp4 import nvfp4_gate_up
         from swiglu_fused.kernels import nvfp4_layout
 
-        (gp, gs, gd), (up, us, ud) = (quant.quantize_nvfp4(torch.randn(inter, hidden, device="cuda") * 0.05)
-                                      for _ in range(2))
-        w, ws = nvfp4_layout.to_tile_major(interleave_rows(gp, up, 128).contiguous(),
-                                           interleave_rows(gs, us, 128).contiguous())
+        w, ws, gs = nvfp4_gate_up(hidden, inter, 0)
         x = torch.randn(m, hidden, device="cuda").to(torch.bfloat16)
-        return x, torch.cat([1 / gd, 1 / ud]).float(), w, ws
+        return x, gs, *nvfp4_layout.to_tile_major(w, ws)
     if mainloop == "bf16":
         x = torch.randn(m, hidden, device="cuda").to(torch.bfloat16)
         w = (torch.randn(2 * inter, hidden, device="cuda") * 0.05).to(torch.bfloat16)
