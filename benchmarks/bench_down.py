@@ -37,7 +37,8 @@ def main():
     p.add_argument("--json", default=None)
     p.add_argument("--mainloop", default="fp8_block128", choices=["fp8_block128", "bf16"],
                    help="bf16: bf16 h and weight; peer torch.mm (cuBLAS)")
-    p.add_argument("--rounds", type=int, default=0, help="only kernel vs cuBLAS, timed in turn this many times")
+    p.add_argument("--rounds", type=int, default=0, help="only kernel vs cuBLAS (and DeepGEMM), no residual, timed "
+                                                         "in turn this many times")
     p.add_argument("--variant", action="append", default=[], metavar="NAME:FIELD=VALUE,...",
                    help="with --rounds: the dispatched DownConfig with these fields replaced (repeatable)")
     a = p.parse_args()
@@ -84,9 +85,11 @@ def main():
 
 
 def interleaved(a):
-    """Kernel (the config ops would pick, forced) against cuBLAS, fp8, no residual, in turn."""
+    """Kernel (the config ops would pick, forced) against cuBLAS, no residual, in turn (DeepGEMM
+    too where it imports, fp8 only)."""
     rows = []
-    dg = b.deep_gemm()
+    bf16 = a.mainloop == "bf16"
+    dg = None if bf16 else b.deep_gemm()
     dg_gemm = b.deep_gemm_block_gemm(dg) if dg is not None else None
     print(f"{'M':>6} {'H':>6} {'I':>6} {'config':>24} {'kernel us':>10} {'cuBLAS us':>10}  cuBLAS/kernel per round")
     for shape in a.shapes.split(","):
@@ -94,9 +97,12 @@ def interleaved(a):
         for m in map(int, a.m.split(",")):
             def make(seed):
                 g = torch.Generator(device="cuda").manual_seed(seed)
-                hq, hs = reference.quant_x(torch.randn(m, inter, device="cuda", generator=g).to(torch.bfloat16))
-                return (hq, quant.m_major(hs), *quant.quantize_fp8_block(
-                    torch.randn(hidden, inter, device="cuda", generator=g) * 0.05))
+                hb = torch.randn(m, inter, device="cuda", generator=g).to(torch.bfloat16)
+                w = torch.randn(hidden, inter, device="cuda", generator=g) * 0.05
+                if bf16:
+                    return hb, None, w.to(torch.bfloat16), None
+                hq, hs = reference.quant_x(hb)
+                return (hq, quant.m_major(hs), *quant.quantize_fp8_block(w))
             sets = b.rotation(make, hidden * inter)
             hq0, hs0, wq0, ws0 = sets[0]
             cfg = b.down_config(hq0, wq0, ws0, hs0, None, torch.bfloat16)

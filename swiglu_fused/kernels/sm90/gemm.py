@@ -152,7 +152,9 @@ class GemmKernel(MainloopMixin, Nvfp4Mixin, StreamKMixin, EpilogueMixin):
         # registers per consumer thread after setmaxnreg (the producer keeps 40): the 64K register
         # file holds 40·128 + 232·256 with two consumer warpgroups; with one, the kernel starts with
         # up to 255 (256 threads) and the consumer may keep them all (ptxas reports 237-249)
-        self.consumer_regs = 232 if self.num_mma_wg == 2 else 256
+        # (three: 24·128 + 160·384 of the 64K, for the 192-row tile's 128 accumulators and its epilogue)
+        self.consumer_regs = {1: 256, 2: 232, 3: 160}[self.num_mma_wg]
+        self.producer_regs = 24 if self.num_mma_wg == 3 else 40
         # warpgroups the tiled MMA spreads over M (split_n: each warpgroup runs its own 64-row MMA)
         self.mma_wgs_m = 1 if config.split_n else self.num_mma_wg
         if config.epilogue == "gated":
@@ -389,7 +391,7 @@ class GemmKernel(MainloopMixin, Nvfp4Mixin, StreamKMixin, EpilogueMixin):
 
         if wg_idx == 0:
             # ---------------- producer warpgroup: one warp issues the TMA loads
-            cute.arch.setmaxregister_decrease(40)
+            cute.arch.setmaxregister_decrease(self.producer_regs)
             if warp_idx == 0:
                 self._produce(mainloop, loads, sched, gmem, storage)
         else:
@@ -442,7 +444,7 @@ class GemmKernel(MainloopMixin, Nvfp4Mixin, StreamKMixin, EpilogueMixin):
             state, release = self._row_mainloop(mainloop, state, release, ops, acc,
                                                 TileWork(tm, tn, kb0, kb1, row_a, row_b))
             epi = Int32(1)
-            if cutlass.const_expr(not (cfg.granules or cfg.split_n)):  # (whole tiles only: schedule())
+            if cutlass.const_expr(not cfg.whole_tiles):  # (schedule())
                 epi = self._finish_tile(acc, n_vals, tm * cfg.tile_m + r0, m, tile, sched, gmem.mPart, gmem.mCtr,
                                         storage, tidx - 128)
             if epi != 0:

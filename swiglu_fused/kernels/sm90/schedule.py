@@ -79,7 +79,7 @@ def schedule(config: TileConfig, m: int, n: int, k: int, sms: int) -> tuple[int,
     cl = config.cluster_m
     grid_m = cdiv(m, config.tile_m * cl) * cl
     tiles = grid_m * cdiv(n, config.tile_n)
-    if config.granules or config.split_n:  # whole tiles (their epilogues have no stream-K fix-up)
+    if config.whole_tiles:  # (their epilogues have no stream-K fix-up)
         return max(1, min(tiles, sms)), 0
     if cl > 1:
         return max(cl, min(tiles, sms) // cl * cl), 0

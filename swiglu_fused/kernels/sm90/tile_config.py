@@ -35,6 +35,9 @@ EVICT_FIRST = 0x12F0000000000000
 EVICT_LAST = 0x14F0000000000000
 L2_HINTS = ("", "w_first", "w_first_x_last")
 TILE_N_GRANULES = (192, 224)  # TileConfig.tile_n of the granule tiles (96 and 112 h columns)
+# the three-consumer-warpgroup tile's rows: 192 × 256 reads fewer smem bytes per flop than 128 × 256
+# (the TMA writes of A and B are shared by three warpgroups' wgmma instead of two)
+TILE_M_WG3 = 192
 GRANULE = 16  # gate (and up) rows per TMA box: 16 divides 96, 112 and INTERLEAVE, so no box straddles a chunk
 
 
@@ -42,7 +45,9 @@ GRANULE = 16  # gate (and up) rows per TMA box: 16 divides 96, 112 and INTERLEAV
 class TileConfig:
     """Mainloop part of a compile-time configuration; subclasses name the epilogue."""
 
-    tile_m: int = 128  # 128 (prefill: 2 consumer warpgroups) or 64 (decode: 1); swap-AB: 16, 32 or 64 tokens
+    # 128 (prefill: 2 consumer warpgroups) or 64 (decode: 1); swap-AB: 16, 32 or 64 tokens; 192 (three
+    # consumer warpgroups: the bf16 mainloop's whole-tile prefill tile, TILE_M_WG3)
+    tile_m: int = 128
     # weight rows per tile: 256 = two 128-row halves (h columns [128n, 128n + 128)), or 192 / 224
     # (bf16 mainloop, bf16 h, 128-row tile: TILE_N_GRANULES): 6 / 7 granules of 16 gate + 16 up rows,
     # h columns [96n, 96n + 96) / [112n, 112n + 112), where whole waves of them are shorter
@@ -118,9 +123,13 @@ class TileConfig:
 
     def __post_init__(self):
         name = type(self).__name__
-        allowed = (16, 32, 64) if self.swap_ab else (64, 128)
+        allowed = (16, 32, 64) if self.swap_ab else (64, 128, TILE_M_WG3)
         if self.tile_m not in allowed:
             raise ValueError(f"{name}.tile_m: expected one of {allowed} (swap_ab={self.swap_ab}), got {self.tile_m}")
+        if self.tile_m == TILE_M_WG3 and (self.mainloop != BF16_MAINLOOP or self.granules or self.cluster_size > 1
+                                          or self.tma_store):
+            raise ValueError(f"{name}.tile_m = {TILE_M_WG3} is the bf16 mainloop's tile of 256 weight rows "
+                             f"(no granules, clusters or tma_store); got {self}")
 
         if self.cluster_m not in (1, 2) or (self.swap_ab and self.cluster_m != 1):
             raise ValueError(f"{name}.cluster_m: expected 1 or 2 (1 with swap_ab), got {self.cluster_m}")
@@ -184,6 +193,11 @@ class TileConfig:
         return self.stages * (self.tile_m + 2) if self.smem_scales else 4
 
     @property
+    def whole_tiles(self) -> bool:
+        """Whether the tiles run whole (no stream-K: their epilogues have no fix-up)."""
+        return self.granules or self.split_n or self.tile_m == TILE_M_WG3
+
+    @property
     def granules(self) -> bool:
         """Whether the tile is 16-row gate/up granules (tile_n in TILE_N_GRANULES), not two 128-row halves."""
         return self.tile_n in TILE_N_GRANULES
@@ -233,9 +247,11 @@ class TileConfig:
 
     @property
     def consumer_threads(self) -> int:
-        """Two consumer warpgroups for the 128-row tile, the 64-token swap-AB tile (whose
-        accumulator, 256 × 64 fp32, is too large for one), the split_n 64-row tile and every nvfp4
-        tile (one weight row each to decode per k tile), else one."""
+        """Three consumer warpgroups for the 192-row tile; two for the 128-row tile, the 64-token
+        swap-AB tile (whose accumulator, 256 × 64 fp32, is too large for one), the split_n 64-row
+        tile and every nvfp4 tile (one weight row each to decode per k tile); else one."""
+        if self.tile_m == TILE_M_WG3:
+            return 384
         return 256 if self.tile_m >= (64 if self.swap_ab else 128) or self.split_n or self.nvfp4 else 128
 
     @property
@@ -346,8 +362,8 @@ class SplitConfig(GateUpConfig):
                 or self.cluster_k > 1 or self.tma_store or self.smem_scales):
             raise ValueError(f"{name}: the split GEMM runs the 64/128-row tiles of 256 weight rows with bf16 h "
                              f"(no granules, swap_ab, split_n, K pairs, tma_store or smem_scales); got {self}")
-        if self.nvfp4_weight and (self.prefix % self.tile_n or self.tile_m != 128):
-            raise ValueError(f"{name}: the nvfp4 split GEMM runs the 128-row tile with the pair tiles on the "
+        if self.nvfp4_weight and (self.prefix % self.tile_n or self.tile_m < 128):
+            raise ValueError(f"{name}: the nvfp4 split GEMM runs the 128/192-row tiles with the pair tiles on the "
                              f"256-row grid (prefix a multiple of {self.tile_n}); got {self}")
         if self.cluster_m > 1 and self.prefix % self.tile_n:
             raise ValueError(f"{name}.cluster_m: cluster pairs need the pair tiles on the 256-row grid (prefix a "
