@@ -297,6 +297,33 @@ def test_gate_up_granule_tile_where_its_rounds_are_shorter(m, inter, expect):
         assert g.schedule(cfg, m, 2 * inter, 4096, 132) == (min(132, tiles), 0)  # whole tiles
 
 
+@pytest.mark.parametrize("m,n,expect", [
+    # (M, N weight rows): the measured speed-ups of the 192-row tile over the dispatched 128-row one
+    (16384, 2 * 14336, True), (8192, 2 * 14336, True), (4096, 2 * 14336, True),  # 1.03, 1.02-1.03, 0.98-1.05
+    (8192, 2 * 8192, True), (16384, 2 * 8192, True),  # 1.05-1.08, 1.05-1.06
+    (16384, 2 * 3584, True), (4608, 18432 + 2 * 18432, True),  # 1.01-1.02; Flux.2-dev's projection 1.00-1.02
+    (8192, 2 * 3584, False), (4096, 2 * 3584, False), (4096, 2 * 8192, False),  # 0.96-0.98, 0.96-1.00, 0.97-0.99
+    (1024, 2 * 14336, False), (1024, 2 * 3584, False),  # 0.85, 0.60: a partial last wave
+])
+def test_wg3_tile_where_its_rounds_are_shorter(m, n, expect):
+    from swiglu_fused.kernels.sm90 import gate_up
+
+    assert dispatch.wg3_applies(m, n, 132) == expect
+    cfg = gate_up.GateUpConfig(tile_m=tile_config.TILE_M_WG3, stages=dispatch.WG3_STAGES, mainloop="bf16",
+                               h_format="bf16")
+    assert cfg in dispatch.gate_up_shipped() and cfg.consumer_threads == 384
+    assert g.schedule(cfg, m, n, 4096, 132) == (min(132, -(-m // 192) * -(-n // 256)), 0)  # whole tiles
+
+
+@pytest.mark.parametrize("kw", [dict(mainloop="fp8_block128"), dict(mainloop="nvfp4"), dict(cluster_m=2),
+                                dict(tile_n=224, h_format="bf16"), dict(tma_store=True), dict(swap_ab=True)])
+def test_wg3_tile_only_for_the_bf16_mainloop_on_256_rows(kw):
+    from swiglu_fused.kernels.sm90 import gate_up
+
+    with pytest.raises(ValueError, match="tile_m"):
+        gate_up.GateUpConfig(**{"tile_m": 192, "stages": 3, "mainloop": "bf16", **kw})
+
+
 @pytest.mark.parametrize("kw", [dict(mainloop="fp8_block128", h_format="bf16"), dict(mainloop="bf16"),
                                 dict(mainloop="bf16", h_format="bf16", tile_m=64),
                                 dict(mainloop="bf16", h_format="bf16", cluster_m=2)])

@@ -187,6 +187,11 @@ CLUSTER_M_MIN = 4096  # the 128 × 256 tile in cluster pairs from this M on (D8)
 SPLIT_N_STAGES = 4  # the fp8 64-row tile on two warpgroups (split_n, D9) ...
 SPLIT_N_DEEP_TILES = 40  # ... with a fifth stage up to this many 256-row weight tiles (D10)
 SPLIT64_M = 128  # fp8, 64 < M ≤ this with one wave of 128-row tiles: the split_n 64-row tile (D11)
+# the bf16 mainloop's 192-row tile (D29): its rows a unit of time over the 128-row tile's in whole
+# waves (measured 1.03-1.06 at 40-70 waves), and how much shorter its predicted rounds must be
+WG3_SPEED = 1.04
+WG3_MIN_GAIN = 0.98
+WG3_STAGES = 3  # (what fits beside its 192-row output slab)
 
 
 def _gate_up_swap_tiles(m: int, n: int) -> int:
@@ -241,6 +246,27 @@ def granule_tile_n(m: int, n: int, sms: int) -> int | None:
     return best
 
 
+def wg3_applies(m: int, n: int, sms: int) -> bool:
+    """Whether a bf16-mainloop GEMM of M rows and N weight rows that would run the 128-row tile runs
+    the 192-row one (three consumer warpgroups, TileConfig.tile_m = TILE_M_WG3; D29): where its
+    rounds of whole waves, at WG3_SPEED the 128-row tile's rows a unit of time, are predicted
+    WG3_MIN_GAIN shorter. E.g. 8192×3584's gate_up at M = 8192: 43 · 28 tiles of 192 rows are 9.1
+    waves (10 rounds), 64 · 28 of 128 rows 13.6 (14 rounds): 10 · 192 / 1.04 > 0.98 · 14 · 128, so not there."""
+    from .sm90.tile_config import TILE_M_WG3
+
+    def rounds_time(tile_m: int, speed: float) -> float:
+        return cdiv(cdiv(m, tile_m) * cdiv(n, 2 * GROUP), sms) * tile_m / speed
+
+    return rounds_time(TILE_M_WG3, WG3_SPEED) < WG3_MIN_GAIN * rounds_time(128, 1.0)
+
+
+def wg3_on(device: torch.device, m: int, n: int) -> bool:
+    """wg3_applies with the SMs of ``device`` (a CPU tensor's config keeps the 128-row tile)."""
+    from .sm90.schedule import sm_count
+
+    return device.type == "cuda" and wg3_applies(m, n, sm_count(device))
+
+
 def cluster_m_for(m: int, tile_m: int, tile_n: int) -> int:
     """TileConfig.cluster_m for M rows on this tile: 2 for the 128 × 256 tile from CLUSTER_M_MIN on
     (D8: the two CTAs take M-adjacent tiles and TMA-multicast the shared weight k tiles)."""
@@ -291,7 +317,7 @@ def gate_up_config(x, weight, weight_scale, x_scale, *, act: str, h_format: str,
     implement them (``tile_major``: gate_up_backend's)."""
     from .sm90 import activations_and_h
     from .sm90.schedule import sm_count
-    from .sm90.tile_config import GateUpConfig
+    from .sm90.tile_config import TILE_M_WG3, GateUpConfig
 
     if act not in activations_and_h.ACTIVATIONS or h_format not in activations_and_h.H_FORMATS:
         return None
@@ -310,6 +336,8 @@ def gate_up_config(x, weight, weight_scale, x_scale, *, act: str, h_format: str,
         return None
     sms = sm_count(x.device)
     tile_m, stages, swap = gate_up_tile_for(m, n, sms, mainloop)
+    if mainloop == BF16_MAINLOOP and tile_m == 128 and wg3_applies(m, n, sms):
+        tile_m, stages = TILE_M_WG3, WG3_STAGES
     ck = 2 if swap and gate_up_cluster_k(m, n, sms, mainloop) else 1
     if swap and ck == 1 and k >= SWAP_LONG_K:  # (K pairs keep five: D4 measured them at 4096 a CTA only)
         stages = SWAP_LONG_K_STAGES
@@ -339,9 +367,14 @@ def nvfp4_dequantizes(m: int) -> bool:
     return m >= NVFP4_DEQUANT_M
 
 
-def _nvfp4_prefill_tile(m: int, clusters: bool = True) -> dict:
+def _nvfp4_prefill_tile(m: int, wg3: bool = False, clusters: bool = True) -> dict:
     """The dequantized config's tile fields: the bf16 mainloop's 128-row tile, cluster pairs as D8
-    (gate_up and the split projection; down never runs in cluster pairs)."""
+    (gate_up and the split projection; down never runs in cluster pairs), or (``wg3``: wg3_on) its
+    192-row tile."""
+    if wg3:
+        from .sm90.tile_config import TILE_M_WG3
+
+        return dict(tile_m=TILE_M_WG3, stages=WG3_STAGES, mainloop=BF16_MAINLOOP, dequantized=True)
     tile_m, stages = NVFP4_ROW_TILE
     return dict(tile_m=tile_m, stages=stages, mainloop=BF16_MAINLOOP, dequantized=True,
                 cluster_m=cluster_m_for(m, tile_m, 2 * GROUP) if clusters else 1)
@@ -378,7 +411,8 @@ def _nvfp4_gate_up_config(x, weight, weight_scale, act: str, h_format: str, tile
             or not _nvfp4_k_ok("gate_up", "x", x.shape[1])):
         return None
     if nvfp4_dequantizes(x.shape[0]):
-        return GateUpConfig(act=act, h_format=h_format, **_nvfp4_prefill_tile(x.shape[0]))
+        m = x.shape[0]
+        return GateUpConfig(act=act, h_format=h_format, **_nvfp4_prefill_tile(m, wg3_on(x.device, m, weight.shape[0])))
     tile_m, stages, swap = nvfp4_tile_for(x.shape[0])
     return GateUpConfig(tile_m=tile_m, stages=stages, swap_ab=swap, act=act, h_format=h_format,
                         mainloop=NVFP4_MAINLOOP, tile_major=tile_major)
@@ -393,7 +427,9 @@ def _nvfp4_down_config(h, weight, weight_scale, residual, tile_major: bool):
             or weight.shape[0] % N_ALIGN or not _nvfp4_k_ok("down", "h", h.shape[1])):
         return None
     if nvfp4_dequantizes(h.shape[0]):
-        return DownConfig(residual=residual is not None, **_nvfp4_prefill_tile(h.shape[0], clusters=False))
+        m = h.shape[0]
+        return DownConfig(residual=residual is not None,
+                          **_nvfp4_prefill_tile(m, wg3_on(h.device, m, weight.shape[0]), clusters=False))
     tile_m, stages, swap = nvfp4_tile_for(h.shape[0])
     return DownConfig(tile_m=tile_m, stages=stages, swap_ab=swap, mainloop=NVFP4_MAINLOOP,
                       residual=residual is not None, tile_major=tile_major)
@@ -404,8 +440,8 @@ def nvfp4_shipped(config_cls, variants) -> list:
     both weight orders (nvfp4_layout) and the dequantized prefill tile with and without cluster pairs."""
     tiles = [(t, s, True) for t, s in NVFP4_SWAP_TILES] + [(*NVFP4_ROW_TILE, False)]
     clusters = config_cls.epilogue == "gated"  # (_nvfp4_down_config: no cluster pairs)
-    prefill = [config_cls(**_nvfp4_prefill_tile(m, clusters), **v)
-               for v in variants for m in (NVFP4_DEQUANT_M, CLUSTER_M_MIN)]
+    prefill = [config_cls(**_nvfp4_prefill_tile(m, wg3, clusters), **v)
+               for v in variants for m in (NVFP4_DEQUANT_M, CLUSTER_M_MIN) for wg3 in (False, True)]
     return [config_cls(tile_m=t, stages=s, swap_ab=swap, mainloop=NVFP4_MAINLOOP, tile_major=major, **v)
             for v in variants for t, s, swap in tiles for major in (False, True)] + list(dict.fromkeys(prefill))  # (down: one tile, twice)
 
@@ -413,7 +449,7 @@ def nvfp4_shipped(config_cls, variants) -> list:
 def gate_up_shipped() -> list:
     """Every GateUpConfig gate_up_config can return (what CI compile-checks)."""
     from .sm90 import activations_and_h
-    from .sm90.tile_config import TILE_N_GRANULES, GateUpConfig
+    from .sm90.tile_config import TILE_M_WG3, TILE_N_GRANULES, GateUpConfig
 
     swap_tm, swap_stages = GATE_UP_SWAP_TILES[0]
     out = nvfp4_shipped(GateUpConfig, [dict(act=act, h_format=formats.NVFP4.h_format)
@@ -434,6 +470,9 @@ def gate_up_shipped() -> list:
                                                 **pipe))
                 out.append(GateUpConfig(tile_m=swap_tm, stages=swap_stages, act=act,  # gate_up_cluster_k
                                         h_format=h_format, mainloop=mainloop, swap_ab=True, cluster_k=2))
+                if mainloop == BF16_MAINLOOP:  # wg3_applies
+                    out.append(GateUpConfig(tile_m=TILE_M_WG3, stages=WG3_STAGES, act=act, h_format=h_format,
+                                            mainloop=mainloop))
                 if mainloop == BF16_MAINLOOP and not activations_and_h.h_spec(h_format).scaled:  # granule_tile_n
                     out.extend(GateUpConfig(tile_m=128, tile_n=tile_n, stages=4, act=act, h_format=h_format,
                                             mainloop=mainloop) for tile_n in TILE_N_GRANULES)
@@ -471,12 +510,17 @@ def split_backend(x, weight, weight_scale, x_scale, global_scale, prefix, interl
     if nvfp4 and not _nvfp4_k_ok("gate_up_split", "x", x.shape[1]):
         return REFERENCE, None
     try:
-        from .sm90.tile_config import SplitConfig
+        from .sm90.tile_config import TILE_M_WG3, SplitConfig
     except ImportError:
         return REFERENCE, None
     m = x.shape[0]
+    wg3 = not nvfp4 and mainloop == BF16_MAINLOOP or nvfp4 and nvfp4_dequantizes(m)
+    wg3 = wg3 and m > DECODE_M and wg3_on(x.device, m, weight.shape[0])
     if nvfp4 and nvfp4_dequantizes(m):
-        return SM90, SplitConfig(act=act, h_format="bf16", prefix=prefix, **_nvfp4_prefill_tile(m))
+        return SM90, SplitConfig(act=act, h_format="bf16", prefix=prefix, **_nvfp4_prefill_tile(m, wg3))
+    if wg3:
+        return SM90, SplitConfig(tile_m=TILE_M_WG3, stages=WG3_STAGES, mainloop=mainloop, act=act, h_format="bf16",
+                                 prefix=prefix)
     tile_m, stages = NVFP4_ROW_TILE if nvfp4 else SPLIT_TILES[m > DECODE_M]
     cluster = cluster_m_for(m, tile_m, 2 * GROUP) if prefix % (2 * GROUP) == 0 and not nvfp4 else 1
     return SM90, SplitConfig(tile_m=tile_m, stages=stages, mainloop=mainloop, act=act, h_format="bf16",
@@ -519,18 +563,21 @@ def _split_mainloop(x, weight, weight_scale, x_scale) -> str | None:
 def split_shipped() -> list:
     """Every SplitConfig split_backend returns for SPLIT_PREFIXES (what CI compile-checks)."""
     from .sm90 import activations_and_h
-    from .sm90.tile_config import SplitConfig
+    from .sm90.tile_config import TILE_M_WG3, SplitConfig
 
     tiles = [(tile_m, stages, 1) for tile_m, stages in SPLIT_TILES] + [(*SPLIT_TILES[1], 2)]  # (cluster_m_for)
     out = [SplitConfig(tile_m=tile_m, stages=stages, mainloop=mainloop, act=act, h_format="bf16", prefix=p,
                        cluster_m=cl, l2_hint=gate_up_l2_hint(tile_m, False))
            for p in SPLIT_PREFIXES for mainloop in (FP8_MAINLOOP, BF16_MAINLOOP)
            for act in activations_and_h.ACTIVATIONS for tile_m, stages, cl in tiles]
+    out += [SplitConfig(tile_m=TILE_M_WG3, stages=WG3_STAGES, mainloop=BF16_MAINLOOP, act=act, h_format="bf16",
+                        prefix=p) for p in SPLIT_PREFIXES for act in activations_and_h.ACTIVATIONS]  # (wg3_on)
     return out + [SplitConfig(tile_m=NVFP4_ROW_TILE[0], stages=NVFP4_ROW_TILE[1], mainloop=NVFP4_MAINLOOP, act=act,
                               h_format="bf16", prefix=p)
                   for p in SPLIT_PREFIXES for act in activations_and_h.ACTIVATIONS] + [
-        SplitConfig(act=act, h_format="bf16", prefix=p, **_nvfp4_prefill_tile(m))
-        for p in SPLIT_PREFIXES for act in activations_and_h.ACTIVATIONS for m in (NVFP4_DEQUANT_M, CLUSTER_M_MIN)]
+        SplitConfig(act=act, h_format="bf16", prefix=p, **_nvfp4_prefill_tile(m, wg3))
+        for p in SPLIT_PREFIXES for act in activations_and_h.ACTIVATIONS for m in (NVFP4_DEQUANT_M, CLUSTER_M_MIN)
+        for wg3 in (False, True)]
 
 
 # ================================================================ down: the tile, and sm90 vs cuBLAS

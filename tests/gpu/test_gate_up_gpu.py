@@ -251,10 +251,11 @@ def test_cluster_pairs_with_a_padding_m_tile(hidden, inter, m, h_format):
 
 @pytest.mark.parametrize("mainloop,h_format", [("fp8_block128", "fp8_group128"), ("fp8_block128", "bf16"),
                                                ("bf16", "bf16"), ("bf16", "fp8_group128")])
-@pytest.mark.parametrize("hidden,inter,m", [(576, 1536, 4100), (2048, 8192, 4097)])
+@pytest.mark.parametrize("hidden,inter,m", [(576, 3584, 4100), (2048, 8192, 4097)])
 def test_dispatched_cluster_pairs_at_a_ragged_m(hidden, inter, m, mainloop, h_format):
     """From M = 4096 on the 128-row tile runs in cluster pairs (dispatch.cluster_m_for); with 33
-    M tiles the last pair's second tile lies wholly past M."""
+    M tiles the last pair's second tile lies wholly past M. (Shapes where bf16 keeps the 128-row
+    tile: dispatch.wg3_applies.)"""
     from swiglu_fused.kernels.sm90 import gate_up as k
 
     args = make_operands(m, hidden, inter, mainloop, seed=m + hidden)
@@ -344,7 +345,7 @@ def test_granule_tile(hidden, inter, m, tile_n, act):
     picked = dispatch.gate_up_config(args["x"], args["weight"], None, None, act=act, h_format="bf16")
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     expect = (dispatch.gate_up_tile_for(m, 2 * inter, sms, "bf16") == (128, 4, False)
-              and dispatch.granule_tile_n(m, 2 * inter, sms) == tile_n)
+              and not dispatch.wg3_applies(m, 2 * inter, sms) and dispatch.granule_tile_n(m, 2 * inter, sms) == tile_n)
     assert (picked == cfg) == expect
 
 
