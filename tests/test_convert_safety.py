@@ -221,6 +221,7 @@ STALL = """
 import os, signal, sys, time
 from pathlib import Path
 signal.signal(signal.SIGHUP, signal.SIG_DFL)  # as a terminal's shell starts it, even where the tests run under nohup
+signal.signal(signal.SIGINT, signal.default_int_handler)  # (and as a background job, which inherits SIGINT ignored)
 from swiglu_fused.weight_packing import safetensors_io as sio
 from swiglu_fused.cli import main
 ready, go = Path(sys.argv[1]), Path(sys.argv[2])
@@ -404,7 +405,8 @@ def test_signal_handlers_are_installed_only_during_convert_and_respect_the_calle
         real_write(tensors, path, metadata)
 
     monkeypatch.setattr(sio, "write_file", recording_write)
-    previous = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGHUP)}
+    previous = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # Python's own, even where the suite runs as a background job
     signal.signal(signal.SIGHUP, mine)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     try:
