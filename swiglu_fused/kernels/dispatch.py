@@ -414,8 +414,8 @@ def _nvfp4_gate_up_config(x, weight, weight_scale, act: str, h_format: str, tile
         m = x.shape[0]
         return GateUpConfig(act=act, h_format=h_format, **_nvfp4_prefill_tile(m, wg3_on(x.device, m, weight.shape[0])))
     tile_m, stages, swap = nvfp4_tile_for(x.shape[0])
-    return GateUpConfig(tile_m=tile_m, swap_ab=swap, act=act, h_format=h_format,
-                        mainloop=NVFP4_MAINLOOP, tile_major=tile_major, **(dict(stages=stages) | _probe(tile_m, swap)))
+    return GateUpConfig(tile_m=tile_m, stages=stages, swap_ab=swap, act=act, h_format=h_format,
+                        mainloop=NVFP4_MAINLOOP, tile_major=tile_major)
 
 
 def _nvfp4_down_config(h, weight, weight_scale, residual, tile_major: bool):
@@ -431,15 +431,8 @@ def _nvfp4_down_config(h, weight, weight_scale, residual, tile_major: bool):
         return DownConfig(residual=residual is not None,
                           **_nvfp4_prefill_tile(m, wg3_on(h.device, m, weight.shape[0]), clusters=False))
     tile_m, stages, swap = nvfp4_tile_for(h.shape[0])
-    return DownConfig(tile_m=tile_m, swap_ab=swap, mainloop=NVFP4_MAINLOOP,
-                      residual=residual is not None, tile_major=tile_major, **(dict(stages=stages) | _probe(tile_m, swap)))
-
-
-def _probe(tile_m, swap):
-    import os
-    if os.environ.get("SWIGLU_FUSED_PROBE_CPS") == "1" and swap:
-        return {"decode_buffers": 1}
-    return {}
+    return DownConfig(tile_m=tile_m, stages=stages, swap_ab=swap, mainloop=NVFP4_MAINLOOP,
+                      residual=residual is not None, tile_major=tile_major)
 
 
 def nvfp4_shipped(config_cls, variants) -> list:

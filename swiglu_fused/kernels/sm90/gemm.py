@@ -106,7 +106,7 @@ from .mainloop import MainloopMixin, RowOperands, TileWork
 from .nvfp4 import Nvfp4Mixin
 from .schedule import band_rows, launch_plan, sk_iter_begin
 from .stream_k import Schedule, StreamKMixin
-from .tile_config import (ACC_VALUES, EVICT_FIRST, EVICT_LAST, GRANULE, HALF_N, INTERLEAVE,
+from .tile_config import (ACC_VALUES, DECODE_BUFFERS, EVICT_FIRST, EVICT_LAST, GRANULE, HALF_N, INTERLEAVE,
                           N_ALIGN, NVFP4_GROUP, W_BLOCK, TileConfig)
 
 
@@ -155,8 +155,6 @@ class GemmKernel(MainloopMixin, Nvfp4Mixin, StreamKMixin, EpilogueMixin):
         # (three: 24·128 + 160·384 of the 64K, for the 192-row tile's 128 accumulators and its epilogue)
         self.consumer_regs = {1: 256, 2: 232, 3: 160}[self.num_mma_wg]
         self.producer_regs = 24 if self.num_mma_wg == 3 else 40
-        if config.ctas_per_sm == 2:  # half the file a CTA: 80 a thread at launch (ptxas), 40 + 96 after
-            self.consumer_regs = 96
         # warpgroups the tiled MMA spreads over M (split_n: each warpgroup runs its own 64-row MMA)
         self.mma_wgs_m = 1 if config.split_n else self.num_mma_wg
         if config.epilogue == "gated":
@@ -234,8 +232,6 @@ class GemmKernel(MainloopMixin, Nvfp4Mixin, StreamKMixin, EpilogueMixin):
             num_multicast=cfg.cluster_m,
         )
         tma_o, mO_tma = tma_a, mA  # (placeholders: the kernel reads them only with h_tma_store)
-        if cutlass.const_expr(cfg.w_prefetch):  # (nvfp4 has no h_tma_store) the weight's addresses
-            mO_tma = mB
         if cutlass.const_expr(cfg.h_tma_store):
             i_cols = cute.assume(n_tiles * HALF_N, divby=HALF_N)
             mH = cute.make_tensor(
@@ -257,15 +253,7 @@ class GemmKernel(MainloopMixin, Nvfp4Mixin, StreamKMixin, EpilogueMixin):
         self.kernel(
             tma_a, tma_tA, tma_b, tma_tB, tma_o, mO_tma, mAS, mWS, mOut, mAux, mPart, mCtr, tiled_mma, a_layout,
             b_layout, m, n, n_tiles, sk_tiles,
-        ).launch(grid=[ctas, 1, 1], block=[self.threads, 1, 1], stream=stream, use_pdl=cfg.pdl, **cluster,
-                                 **self._occupancy())
-
-    def _occupancy(self) -> dict:
-        """launch() keywords for TileConfig.ctas_per_sm > 1: ptxas keeps each thread's registers to
-        a share of the file that many CTAs fit (nvvm.minctasm), and the whole carveout goes to
-        shared memory (given, so that compiling asks no device)."""
-        cps = self.cfg.ctas_per_sm
-        return {"min_blocks_per_mp": cps, "preferred_smem_carveout": 100} if cps > 1 else {}
+        ).launch(grid=[ctas, 1, 1], block=[self.threads, 1, 1], stream=stream, use_pdl=cfg.pdl, **cluster)
 
     def _out_tensors(self, out_ptr, aux_ptr, m, n_units, n_tiles):
         """The epilogue's global tensors (plain Python, inlined into __call__): the output as 32-bit
@@ -357,7 +345,7 @@ class GemmKernel(MainloopMixin, Nvfp4Mixin, StreamKMixin, EpilogueMixin):
 
     def _decode_layout(self):
         """nvfp4: the bf16 decode buffers, as the wgmma reads them (the bf16 mainloop's stages)."""
-        return self._smem_layout(self.cfg.tile_n, self.cfg.decode_buffers)
+        return self._smem_layout(self.cfg.tile_n, DECODE_BUFFERS)
 
     # ------------------------------------------------------------------ device
     @cute.kernel
@@ -578,8 +566,8 @@ class GemmKernel(MainloopMixin, Nvfp4Mixin, StreamKMixin, EpilogueMixin):
         stage_bytes = cute.size_in_bytes(self.ab_dtype, cute.slice_(a_layout, (None, None, 0))) + cute.size_in_bytes(
             self.w_dtype, cute.slice_(b_layout, (None, None, 0))
         )
-        if cutlass.const_expr(cfg.nvfp4 and cfg.tile_major and cfg.ablate not in ("no_scales", "skeleton")):
-            stage_bytes += cfg.tile_n * 4  # + the bulk copy of the k tile's scale words
+        if cutlass.const_expr(cfg.nvfp4 and cfg.tile_major):  # + the bulk copy of the k tile's scale words
+            stage_bytes += cfg.tile_n * 4
         cl = cfg.cluster_m
         # a stage is free once every consumer warp of every CTA its weight tile was multicast to
         # has released it (lane r of each consumer warp arrives on CTA r's barrier)
@@ -678,22 +666,13 @@ class GemmKernel(MainloopMixin, Nvfp4Mixin, StreamKMixin, EpilogueMixin):
             tile, kb0, kb1 = self._segment(cursor, sched)
             tm, tn = self._tile_mn(tile, sched.tiling)
             cursor += kb1 - kb0
-            pf = self.cfg.w_prefetch
-            if cutlass.const_expr(pf):
-                if lane == 0:
-                    self._prefetch_w(gmem, tn, kb0, cutlass.min(kb1, kb0 + pf))
             for kt in cutlass.range(kb0, kb1, unroll=1):
-                if cutlass.const_expr(pf):
-                    if lane == 0 and kt + pf < kb1:
-                        self._prefetch_w(gmem, tn, kt + pf, kt + pf + 1)
                 staged = None
                 if cutlass.const_expr(self.cfg.smem_scales):  # loaded before the empty-slot wait, which hides them
                     staged = self._load_tile_scales(mAS, mWS, m, ws_last, tm, tn, kt, lane)
                 mainloop.producer_acquire(state)
                 bar = mainloop.producer_get_barrier(state)
-                if cutlass.const_expr(self.cfg.ablate in ("no_scales", "skeleton")):
-                    pass
-                elif cutlass.const_expr(self.cfg.nvfp4 and self.cfg.tile_major):  # one run: one bulk copy
+                if cutlass.const_expr(self.cfg.nvfp4 and self.cfg.tile_major):  # one run: one bulk copy
                     self._bulk_nvfp4_scales(storage, mWS, tn, kt, lane, state.index, bar)
                 elif cutlass.const_expr(self.cfg.nvfp4):  # the decode's e4m3 scales (nvfp4.py), before the TMA loads
                     self._copy_nvfp4_scales(storage, mWS, n, tn, kt, lane, state.index, bar)

@@ -42,7 +42,7 @@ import cutlass.cute as cute
 import cutlass.pipeline as pipeline
 from cutlass import Int32
 
-from .ptx import (DECODE_SHIFT, bulk_copy_g2s, bulk_prefetch_l2, cp_async_4, cp_async_arrive, e2m1x2_to_bf16x2, e2m1x8_to_bf16x2x4,
+from .ptx import (DECODE_SHIFT, bulk_copy_g2s, cp_async_4, cp_async_arrive, e2m1x2_to_bf16x2, e2m1x8_to_bf16x2x4,
                   e4m3x4_to_bf16x2, ld_shared_b32, ld_shared_v4, st_shared_v4)
 
 # the decoded weight is the true one times 2^-UNSHIFT (ptx.e2m1x2_to_bf16x2): the accumulator is
@@ -108,16 +108,6 @@ class Nvfp4Mixin:
             src = (mWS.iterator + cute.crd2idx(((0, tn), kt), mWS.layout)).toint()
             bulk_copy_g2s(dst, src, cfg.tile_n * 4, bar.toint())
 
-    def _prefetch_w(self, gmem, tn, k0, k1):
-        """w_prefetch (plain Python, inlined; one thread): L2 prefetches of weight tile tn's k tiles
-        [k0, k1), codes and scale words, each one contiguous run of a tile-major weight."""
-        cfg = self.cfg
-        mW, mWS = gmem.mO_tma, gmem.mWS
-        w = (mW.iterator + cute.crd2idx(((0, tn), (0, k0)), mW.layout)).toint()
-        bulk_prefetch_l2(w, (k1 - k0) * cfg.w_stage_bytes)
-        ws = (mWS.iterator + cute.crd2idx(((0, tn), k0), mWS.layout)).toint()
-        bulk_prefetch_l2(ws, (k1 - k0) * (cfg.tile_n * 4))
-
     # ------------------------------------------------------------------ consumers
     @cute.jit
     def _mainloop_nvfp4(self, mainloop, state, release, tiled_mma, acc, tW, tX, dec: DecodeOperands, kb0, kb1,
@@ -134,12 +124,9 @@ class Nvfp4Mixin:
         regs = cute.make_rmem_tensor(cute.make_layout(9), Int32)  # 8 packed words, the scale word
         mainloop.consumer_wait(state)
         self._load_packed(dec, state.index, regs)
-        if cutlass.const_expr(self.cfg.decode_buffers == 1):
-            return self._mainloop_one_buffer(mainloop, state, release, mma, bar, dec, regs, kb0, kb1)
         buf = Int32(0)
         for kt in cutlass.range(kb0, kb1 - 1, unroll=1):
-            if cutlass.const_expr(self.cfg.ablate not in ("no_decode", "skeleton")):
-                self._decode_regs(dec, regs, buf)
+            self._decode_regs(dec, regs, buf)
             stage = state.index
             state.advance()
             mainloop.consumer_wait(state)
@@ -150,36 +137,13 @@ class Nvfp4Mixin:
                 release.advance()
             self._issue_decoded(mma, bar, stage, buf)
             buf = 1 - buf
-        if cutlass.const_expr(self.cfg.ablate not in ("no_decode", "skeleton")):
-            self._decode_regs(dec, regs, buf)  # the last tile: nothing to load after it
+        self._decode_regs(dec, regs, buf)  # the last tile: nothing to load after it
         cute.nvgpu.warpgroup.wait_group(0)
         if kb1 - 1 > kb0:
             mainloop.consumer_release(release)
             release.advance()
         self._issue_decoded(mma, bar, state.index, buf)
         state.advance()
-        cute.nvgpu.warpgroup.wait_group(0)
-        mainloop.consumer_release(release)
-        release.advance()
-        return state, release
-
-    @cute.jit
-    def _mainloop_one_buffer(self, mainloop, state, release, mma, bar, dec: DecodeOperands, regs, kb0, kb1):
-        """decode_buffers = 1: each k tile waits for the previous tile's wgmma (it has read the one
-        buffer and its stage's x) before decoding into the buffer; the other CTA on the SM runs
-        meanwhile (ctas_per_sm = 2). Tile kt's packed words and scales are in regs on entry."""
-        for kt in cutlass.range(kb0, kb1, unroll=1):
-            if kt > kb0:
-                cute.nvgpu.warpgroup.wait_group(0)
-                mainloop.consumer_release(release)
-                release.advance()
-            self._decode_regs(dec, regs, Int32(0))
-            stage = state.index
-            state.advance()
-            if kt + 1 < kb1:
-                mainloop.consumer_wait(state)
-                self._load_packed(dec, state.index, regs)
-            self._issue_decoded(mma, bar, stage, 0)
         cute.nvgpu.warpgroup.wait_group(0)
         mainloop.consumer_release(release)
         release.advance()

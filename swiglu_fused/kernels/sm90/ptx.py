@@ -153,14 +153,6 @@ def bulk_copy_g2s(dst: Int32, src, nbytes: int, mbar: Int32, *, loc=None, ip=Non
 
 
 @dsl_user_op
-def bulk_prefetch_l2(src, nbytes, *, loc=None, ip=None) -> None:
-    """Ask L2 for ``nbytes`` (Int32, a multiple of 16) from global address ``src`` (Int64, 16-byte
-    aligned): cp.async.bulk.prefetch, which nothing waits for and which writes no shared memory."""
-    _asm_volatile(None, [cutlass.Int64(src).ir_value(loc=loc, ip=ip), Int32(nbytes).ir_value(loc=loc, ip=ip)],
-                  "cp.async.bulk.prefetch.L2.global [$0], $1;", "l,r")
-
-
-@dsl_user_op
 def ld_shared_v4(addr: Int32, *, loc=None, ip=None) -> tuple:
     """16 bytes of shared memory at 16-byte aligned ``addr``, as four words (the lowest first)."""
     words = llvm.StructType.get_literal([T.i32()] * 4)

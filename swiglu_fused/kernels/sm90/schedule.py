@@ -77,7 +77,6 @@ def plan(tiles: int, k_tiles: int, sms: int, grid_m: int = 1, iter_bytes: int = 
 def schedule(config: TileConfig, m: int, n: int, k: int, sms: int) -> tuple[int, int]:
     """plan() for this config and problem: (ctas, sk_tiles); clusters: whole tiles, cluster pairs."""
     cl = config.cluster_m
-    sms *= config.ctas_per_sm  # (CTA slots)
     grid_m = cdiv(m, config.tile_m * cl) * cl
     tiles = grid_m * cdiv(n, config.tile_n)
     if config.whole_tiles:  # (their epilogues have no stream-K fix-up)

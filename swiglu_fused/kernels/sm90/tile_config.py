@@ -23,7 +23,6 @@ INTERLEAVE = HALF_N  # gate_up's packed weight: chunks of this many gate rows, t
 H_GROUP = formats.FP8_BLOCK  # h columns that share one h_scale (fp8 h)
 ACC_VALUES = 64 * 2 * HALF_N // 128  # fp32 accumulator values per consumer thread (64 rows × 256 / 128)
 SMEM_BYTES = 227 * 1024
-SM_SMEM_BYTES = 228 * 1024  # an SM's shared memory, of which each resident CTA's block also takes 1 KB
 # the mainloops, named by the weight format they implement (formats.WeightFormat.sm90_kernels)
 FP8_MAINLOOP, BF16_MAINLOOP, NVFP4_MAINLOOP = formats.FP8Block128.name, formats.BF16.name, formats.NVFP4.name
 MAINLOOPS = (FP8_MAINLOOP, BF16_MAINLOOP, NVFP4_MAINLOOP)
@@ -117,19 +116,6 @@ class TileConfig:
     # tile is one contiguous TMA box and its scales one contiguous run, instead of 32-byte row
     # pieces and 4-byte words 2 KB apart (history/nvfp4.md). Measured, not dispatched.
     tile_major: bool = False
-    # nvfp4 tile-major: the producer asks L2 for weight k tiles this many ahead of its TMA loads (one
-    # bulk prefetch of the tile's codes and one of its scale words per k tile; the first ones at a
-    # segment's start), so that more of the weight stream is in flight than the stages hold. 0: off
-    w_prefetch: int = 0
-    # CTAs resident on one SM (1 or 2; 2: nvfp4's 16-token swap-AB tile): two independent k-tile
-    # chains interleave on each SM, each CTA with half the shared memory and registers, and
-    # stream-K plans for twice the SM count
-    ctas_per_sm: int = 1
-    # nvfp4: bf16 decode buffers (2: tile kt + 1 is decoded while tile kt's wgmma runs; 1: the
-    # warpgroup waits for its wgmma before it decodes the next tile, so that two CTAs fit an SM)
-    decode_buffers: int = DECODE_BUFFERS
-    # (probe only) parts of the nvfp4 mainloop switched off: "no_decode", "no_scales", "skeleton"
-    ablate: str = ""
 
     # the epilogue and the bytes per element of the staged output (set by subclasses)
     epilogue = "gated"
@@ -177,8 +163,6 @@ class TileConfig:
             raise ValueError(f"{name}.smem_scales: the fp8 mainloop's 128-row tile only; got {self}")
         if self.tile_major and not self.nvfp4:
             raise ValueError(f"{name}.tile_major: the nvfp4 mainloop's weight layout only; got {self}")
-        if self.w_prefetch and (not self.tile_major or not 0 < self.w_prefetch <= 64):
-            raise ValueError(f"{name}.w_prefetch: 1 to 64 k tiles, for a tile-major nvfp4 weight only; got {self}")
         if self.l2_hint not in L2_HINTS:
             raise ValueError(f"{name}.l2_hint: expected one of {L2_HINTS}, got {self.l2_hint!r}")
         if self.dequantized and (self.mainloop != BF16_MAINLOOP or self.swap_ab or self.granules):
@@ -193,16 +177,11 @@ class TileConfig:
         # weight buffers + mbarriers (16 B a stage; 64 reserved)
         fixed = (self.out_stage_bytes + 4 * self.red_words + 4 * self.xacc_words + 4 * self.scale_words
                  + 2 * self.decode_elems + 64 * self.stages)
-        if self.ctas_per_sm not in (1, 2) or (self.ctas_per_sm == 2 and not (self.nvfp4 and self.swap_ab)):
-            raise ValueError(f"{name}.ctas_per_sm: 1, or 2 for nvfp4's swap-AB tiles; got {self}")
-        if self.decode_buffers not in (1, 2) or (self.decode_buffers == 1 and not (self.nvfp4 and self.swap_ab)):
-            raise ValueError(f"{name}.decode_buffers: 2, or 1 for nvfp4's swap-AB tiles; got {self}")
-        budget = min(SMEM_BYTES, SM_SMEM_BYTES // self.ctas_per_sm - 1024)
-        if self.stages < 2 or self.stages * stage_bytes + fixed > budget:
+        if self.stages < 2 or self.stages * stage_bytes + fixed > SMEM_BYTES:
             raise ValueError(
                 f"{name}.stages: {self.stages} stages of {stage_bytes} B plus {self.out_stage_bytes} B of "
-                f"output staging do not fit in {budget} B of shared memory "
-                f"(at most {(budget - fixed) // stage_bytes})"
+                f"output staging do not fit in {SMEM_BYTES} B of shared memory "
+                f"(at most {(SMEM_BYTES - fixed) // stage_bytes})"
             )
 
     @property
@@ -315,7 +294,7 @@ class TileConfig:
     def decode_elems(self) -> int:
         """bf16 elements of smem nvfp4 decodes its weight k tiles into (DECODE_BUFFERS of them; the
         other mainloops have no such buffer)."""
-        return self.decode_buffers * self.tile_n * self.tile_k if self.nvfp4 else 0
+        return DECODE_BUFFERS * self.tile_n * self.tile_k if self.nvfp4 else 0
 
     @property
     def tile_k(self) -> int:
