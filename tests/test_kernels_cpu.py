@@ -228,6 +228,31 @@ def test_down_configs():
         down.DownConfig(stages=5)
 
 
+def test_nvfp4_configs_decode_buffers():
+    """The 16-token swap-AB tile decodes into one buffer (D30), the 64-token and row tiles into two;
+    every pick is shipped (compile-checked), and one buffer is refused where no mainloop reads it."""
+    pytest.importorskip("cutlass")
+    from swiglu_fused.kernels.sm90 import down, gate_up
+
+    from swiglu_fused.weight_packing import pack
+
+    g, u = (pack.quantize(torch.randn(256, 256), "nvfp4", n, "divisor") for n in ("gate", "up"))
+    w, ws = (pack.pack_gate_up(g, u, 128)[k] for k in ("weight_packed", "weight_scale"))
+    d = pack.quantize(torch.randn(256, 128), "nvfp4", "down", "divisor").tensors
+    dw, dws = d["weight_packed"], d["weight_scale"]
+    for m, buffers in ((1, 1), (16, 1), (17, 2), (64, 2), (100, 2)):
+        x = torch.randn(m, 256).bfloat16()
+        gcfg = dispatch.gate_up_config(x, w, ws, None, act="silu", h_format="bf16", tile_major=True)
+        dcfg = dispatch.down_config(x[:, :128], dw, dws, None, None, torch.bfloat16, True)
+        assert (gcfg.decode_buffers, dcfg.decode_buffers) == (buffers, buffers), m
+        assert gcfg in dispatch.gate_up_shipped() and dcfg in dispatch.down_shipped()
+    for bad in (dict(mainloop="bf16", swap_ab=True, tile_m=16), dict(mainloop="nvfp4", tile_m=128),
+                dict(mainloop="nvfp4", swap_ab=True, tile_m=16, decode_buffers=3)):
+        with pytest.raises(ValueError, match="decode_buffers"):
+            down.DownConfig(**{"decode_buffers": 1, **bad})
+    gate_up.GateUpConfig(tile_m=16, swap_ab=True, stages=6, mainloop="nvfp4", h_format="bf16", decode_buffers=1)
+
+
 # ---------------------------------------------------------------- fake (meta) implementations
 def test_ops_opcheck():
     args = _fp8_operands(m=4, hidden=128, inter=128)

@@ -356,7 +356,8 @@ def gate_up_config(x, weight, weight_scale, x_scale, *, act: str, h_format: str,
 # First version (issue 22): the swap-AB tiles of 16 and 64 tokens up to 64 rows (each M tile decodes
 # the whole weight again, so the fewest M tiles: DISPATCH D24), else the 128-row tile; whole tiles or
 # stream-K, no clusters. Not tuned further: these are tiles that fit the decode buffers beside the stages.
-NVFP4_SWAP_TILES = ((16, 6), (64, 6))  # (tokens, stages)
+# The 16-token tile decodes into one buffer (D30: 1-7 % faster there, the 64-token tile slower with it).
+NVFP4_SWAP_TILES = ((16, 6, 1), (64, 6, 2))  # (tokens, stages, decode buffers)
 NVFP4_ROW_TILE = (128, 4)
 NVFP4_DEQUANT_M = 1024  # from this M the weight is dequantized to bf16 for the call, then the bf16 mainloop (D26)
 
@@ -380,12 +381,17 @@ def _nvfp4_prefill_tile(m: int, wg3: bool = False, clusters: bool = True) -> dic
                 cluster_m=cluster_m_for(m, tile_m, 2 * GROUP) if clusters else 1)
 
 
-def nvfp4_tile_for(m: int) -> tuple[int, int, bool]:
-    """(tile_m, stages, swap_ab) of the nvfp4 mainloop for M rows (gate_up and down)."""
-    for tokens, stages in NVFP4_SWAP_TILES:
+def nvfp4_tile_for(m: int) -> dict:
+    """The tile fields (tile_m, stages, swap_ab, decode_buffers) of the nvfp4 mainloop for M rows
+    (gate_up and down)."""
+    for tokens, stages, buffers in NVFP4_SWAP_TILES:
         if m <= tokens:
-            return tokens, stages, True
-    return (*NVFP4_ROW_TILE, False)
+            return dict(tile_m=tokens, stages=stages, swap_ab=True, decode_buffers=buffers)
+    return _nvfp4_tile(*NVFP4_ROW_TILE)
+
+
+def _nvfp4_tile(tile_m: int, stages: int) -> dict:
+    return dict(tile_m=tile_m, stages=stages, swap_ab=False, decode_buffers=2)
 
 
 def _nvfp4_k_ok(op: str, name: str, k: int) -> bool:
@@ -413,9 +419,8 @@ def _nvfp4_gate_up_config(x, weight, weight_scale, act: str, h_format: str, tile
     if nvfp4_dequantizes(x.shape[0]):
         m = x.shape[0]
         return GateUpConfig(act=act, h_format=h_format, **_nvfp4_prefill_tile(m, wg3_on(x.device, m, weight.shape[0])))
-    tile_m, stages, swap = nvfp4_tile_for(x.shape[0])
-    return GateUpConfig(tile_m=tile_m, stages=stages, swap_ab=swap, act=act, h_format=h_format,
-                        mainloop=NVFP4_MAINLOOP, tile_major=tile_major)
+    return GateUpConfig(act=act, h_format=h_format, mainloop=NVFP4_MAINLOOP, tile_major=tile_major,
+                        **nvfp4_tile_for(x.shape[0]))
 
 
 def _nvfp4_down_config(h, weight, weight_scale, residual, tile_major: bool):
@@ -430,20 +435,19 @@ def _nvfp4_down_config(h, weight, weight_scale, residual, tile_major: bool):
         m = h.shape[0]
         return DownConfig(residual=residual is not None,
                           **_nvfp4_prefill_tile(m, wg3_on(h.device, m, weight.shape[0]), clusters=False))
-    tile_m, stages, swap = nvfp4_tile_for(h.shape[0])
-    return DownConfig(tile_m=tile_m, stages=stages, swap_ab=swap, mainloop=NVFP4_MAINLOOP,
-                      residual=residual is not None, tile_major=tile_major)
+    return DownConfig(mainloop=NVFP4_MAINLOOP, residual=residual is not None, tile_major=tile_major,
+                      **nvfp4_tile_for(h.shape[0]))
 
 
 def nvfp4_shipped(config_cls, variants) -> list:
     """The nvfp4 configs of config_cls for each of ``variants`` (keyword dicts): the W4A16 tiles in
     both weight orders (nvfp4_layout) and the dequantized prefill tile with and without cluster pairs."""
-    tiles = [(t, s, True) for t, s in NVFP4_SWAP_TILES] + [(*NVFP4_ROW_TILE, False)]
+    tiles = [nvfp4_tile_for(t) for t, _, _ in NVFP4_SWAP_TILES] + [_nvfp4_tile(*NVFP4_ROW_TILE)]
     clusters = config_cls.epilogue == "gated"  # (_nvfp4_down_config: no cluster pairs)
     prefill = [config_cls(**_nvfp4_prefill_tile(m, wg3, clusters), **v)
                for v in variants for m in (NVFP4_DEQUANT_M, CLUSTER_M_MIN) for wg3 in (False, True)]
-    return [config_cls(tile_m=t, stages=s, swap_ab=swap, mainloop=NVFP4_MAINLOOP, tile_major=major, **v)
-            for v in variants for t, s, swap in tiles for major in (False, True)] + list(dict.fromkeys(prefill))  # (down: one tile, twice)
+    return [config_cls(mainloop=NVFP4_MAINLOOP, tile_major=major, **tile, **v)
+            for v in variants for tile in tiles for major in (False, True)] + list(dict.fromkeys(prefill))  # (down: one tile, twice)
 
 
 def gate_up_shipped() -> list:

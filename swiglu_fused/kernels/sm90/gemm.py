@@ -106,7 +106,7 @@ from .mainloop import MainloopMixin, RowOperands, TileWork
 from .nvfp4 import Nvfp4Mixin
 from .schedule import band_rows, launch_plan, sk_iter_begin
 from .stream_k import Schedule, StreamKMixin
-from .tile_config import (ACC_VALUES, DECODE_BUFFERS, EVICT_FIRST, EVICT_LAST, GRANULE, HALF_N, INTERLEAVE,
+from .tile_config import (ACC_VALUES, EVICT_FIRST, EVICT_LAST, GRANULE, HALF_N, INTERLEAVE,
                           N_ALIGN, NVFP4_GROUP, W_BLOCK, TileConfig)
 
 
@@ -345,7 +345,7 @@ class GemmKernel(MainloopMixin, Nvfp4Mixin, StreamKMixin, EpilogueMixin):
 
     def _decode_layout(self):
         """nvfp4: the bf16 decode buffers, as the wgmma reads them (the bf16 mainloop's stages)."""
-        return self._smem_layout(self.cfg.tile_n, DECODE_BUFFERS)
+        return self._smem_layout(self.cfg.tile_n, self.cfg.decode_buffers)
 
     # ------------------------------------------------------------------ device
     @cute.kernel
@@ -465,7 +465,7 @@ class GemmKernel(MainloopMixin, Nvfp4Mixin, StreamKMixin, EpilogueMixin):
         tCsA = thr_mma.partition_A(sA)
         tCrA = tiled_mma.make_fragment_A(tCsA)  # (MMA, 1, MMA_K, STAGES)
         dec = None
-        if cfg.nvfp4:  # the wgmma reads the weight from the decode buffers (its k tiles: 2, not STAGES)
+        if cfg.nvfp4:  # the wgmma reads the weight from the decode buffers (decode_buffers k tiles, not STAGES)
             d_layout = self._decode_layout()
             tCrB = tiled_mma.make_fragment_B(thr_mma.partition_B(storage.sD.get_tensor(d_layout.outer,
                                                                                        swizzle=d_layout.inner)))

@@ -28,6 +28,13 @@ done, so the next decode may overwrite its buffer) before issuing wgmma kt. On t
 each warpgroup decodes exactly the rows its own wgmma reads, so its barrier is its own
 (_decode_operands).
 
+One decode buffer (TileConfig.decode_buffers = 1; the 16-token swap-AB tile, DISPATCH D30): the
+warpgroup waits for wgmma kt - 1 first, then decodes tile kt into the buffer, fences, meets its
+barrier and issues wgmma kt. Its own decode no longer overlaps its wgmma, but the two warpgroups
+fall out of step and one decodes while the other waits: measured 1-7 % faster at M ≤ 16 (and
+slower on the 64-token tile, whose longer wgmma is then exposed), with the same arithmetic in the
+same order (bit-identical).
+
 The per-tensor global scales (fp32 multipliers: gate and up for gate_up, one for down; the host
 turns compressed-tensors' divisor into one) multiply the accumulator once per segment, after the
 loop: a linear map, so stream-K partials scaled apart add up to the scaled sum.
@@ -124,6 +131,8 @@ class Nvfp4Mixin:
         regs = cute.make_rmem_tensor(cute.make_layout(9), Int32)  # 8 packed words, the scale word
         mainloop.consumer_wait(state)
         self._load_packed(dec, state.index, regs)
+        if cutlass.const_expr(self.cfg.decode_buffers == 1):
+            return self._mainloop_one_buffer(mainloop, state, release, mma, bar, dec, regs, kb0, kb1)
         buf = Int32(0)
         for kt in cutlass.range(kb0, kb1 - 1, unroll=1):
             self._decode_regs(dec, regs, buf)
@@ -144,6 +153,28 @@ class Nvfp4Mixin:
             release.advance()
         self._issue_decoded(mma, bar, state.index, buf)
         state.advance()
+        cute.nvgpu.warpgroup.wait_group(0)
+        mainloop.consumer_release(release)
+        release.advance()
+        return state, release
+
+    @cute.jit
+    def _mainloop_one_buffer(self, mainloop, state, release, mma, bar, dec: DecodeOperands, regs, kb0, kb1):
+        """decode_buffers = 1 (see the module docstring): tile kt waits for wgmma kt - 1 (it has
+        read the buffer and its stage's x) before it is decoded. Tile kb0's packed words and scales
+        are in regs on entry; tile kt + 1's are loaded before wgmma kt is issued."""
+        for kt in cutlass.range(kb0, kb1, unroll=1):
+            if kt > kb0:
+                cute.nvgpu.warpgroup.wait_group(0)
+                mainloop.consumer_release(release)
+                release.advance()
+            self._decode_regs(dec, regs, Int32(0))
+            stage = state.index
+            state.advance()
+            if kt + 1 < kb1:
+                mainloop.consumer_wait(state)
+                self._load_packed(dec, state.index, regs)
+            self._issue_decoded(mma, bar, stage, 0)
         cute.nvgpu.warpgroup.wait_group(0)
         mainloop.consumer_release(release)
         release.advance()

@@ -28,7 +28,7 @@ FP8_MAINLOOP, BF16_MAINLOOP, NVFP4_MAINLOOP = formats.FP8Block128.name, formats.
 MAINLOOPS = (FP8_MAINLOOP, BF16_MAINLOOP, NVFP4_MAINLOOP)
 NVFP4_GROUP = formats.NVFP4_GROUP  # K columns per e4m3 weight scale of an nvfp4 weight
 NVFP4_K_ALIGN = 64  # nvfp4's K: a multiple of its k tile (a row's scales of a k tile: one 32-bit word)
-DECODE_BUFFERS = 2  # nvfp4: bf16 weight k tiles in smem (the wgmma reads one while the next is decoded)
+DECODE_BUFFERS = (1, 2)  # nvfp4: bf16 weight k tiles in smem (TileConfig.decode_buffers)
 N_ALIGN = 8  # weight rows (N) must be a multiple of this: 16-byte rows of a bf16 output
 # TMA cache_policy operands (CUTLASS's CacheHintSm90 encodings) and TileConfig.l2_hint's values
 EVICT_FIRST = 0x12F0000000000000
@@ -116,6 +116,11 @@ class TileConfig:
     # tile is one contiguous TMA box and its scales one contiguous run, instead of 32-byte row
     # pieces and 4-byte words 2 KB apart (history/nvfp4.md). Measured, not dispatched.
     tile_major: bool = False
+    # nvfp4: bf16 k tiles the weight is decoded into. 2: tile kt + 1 is decoded while tile kt's
+    # wgmma reads the other; 1 (the swap-AB tiles): each warpgroup waits for its wgmma of tile kt
+    # before it decodes tile kt + 1, and the two warpgroups, no longer in step, decode in turn
+    # (the 16-token tile: 1-7 % faster, DISPATCH D30)
+    decode_buffers: int = 2
 
     # the epilogue and the bytes per element of the staged output (set by subclasses)
     epilogue = "gated"
@@ -163,6 +168,8 @@ class TileConfig:
             raise ValueError(f"{name}.smem_scales: the fp8 mainloop's 128-row tile only; got {self}")
         if self.tile_major and not self.nvfp4:
             raise ValueError(f"{name}.tile_major: the nvfp4 mainloop's weight layout only; got {self}")
+        if self.decode_buffers not in DECODE_BUFFERS or (self.decode_buffers == 1 and not (self.nvfp4 and self.swap_ab)):
+            raise ValueError(f"{name}.decode_buffers: 2, or 1 on the nvfp4 mainloop's swap-AB tiles; got {self}")
         if self.l2_hint not in L2_HINTS:
             raise ValueError(f"{name}.l2_hint: expected one of {L2_HINTS}, got {self.l2_hint!r}")
         if self.dequantized and (self.mainloop != BF16_MAINLOOP or self.swap_ab or self.granules):
@@ -292,9 +299,9 @@ class TileConfig:
 
     @property
     def decode_elems(self) -> int:
-        """bf16 elements of smem nvfp4 decodes its weight k tiles into (DECODE_BUFFERS of them; the
+        """bf16 elements of smem nvfp4 decodes its weight k tiles into (decode_buffers of them; the
         other mainloops have no such buffer)."""
-        return DECODE_BUFFERS * self.tile_n * self.tile_k if self.nvfp4 else 0
+        return self.decode_buffers * self.tile_n * self.tile_k if self.nvfp4 else 0
 
     @property
     def tile_k(self) -> int:
