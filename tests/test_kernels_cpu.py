@@ -253,6 +253,21 @@ def test_nvfp4_configs_decode_buffers():
     gate_up.GateUpConfig(tile_m=16, swap_ab=True, stages=6, mainloop="nvfp4", h_format="bf16", decode_buffers=1)
 
 
+def test_l2_hints_go_to_the_weight_loads():
+    """TileConfig.l2_hint's evict_first is for the weight k tiles on every tile: the producer's B
+    loads, the swap-AB tiles' too (their weights are the wgmma's A operand, not the TMA's)."""
+    pytest.importorskip("cutlass")
+    from swiglu_fused.kernels.sm90.kernel_host import kernel_class
+    from swiglu_fused.kernels.sm90.tile_config import EVICT_FIRST, EVICT_LAST, GateUpConfig
+
+    for swap, tile_m in ((False, 64), (True, 16)):
+        for hint, act_policy in (("w_first", None), ("w_first_x_last", EVICT_LAST)):
+            cfg = GateUpConfig(tile_m=tile_m, stages=4, swap_ab=swap, l2_hint=hint)
+            act, weight = (({k: int(v) for k, v in d.items()}) for d in kernel_class(cfg)(cfg)._l2_hints())
+            assert weight == {"cache_policy": EVICT_FIRST}, cfg
+            assert act == ({} if act_policy is None else {"cache_policy": act_policy}), cfg
+
+
 # ---------------------------------------------------------------- fake (meta) implementations
 def test_ops_opcheck():
     args = _fp8_operands(m=4, hidden=128, inter=128)

@@ -641,12 +641,13 @@ class GemmKernel(MainloopMixin, Nvfp4Mixin, StreamKMixin, EpilogueMixin):
         return Schedule(bidx, nctas, k_tiles, tiling, dp_tiles, sk_iters, it_begin, it_end, dp_iters, cursor_end)
 
     def _l2_hints(self):
-        """cute.copy keyword arguments (cache_policy) for the A and B loads, per TileConfig.l2_hint;
-        the weights are B, or A in the swap-AB tiles."""
+        """cute.copy keyword arguments (cache_policy) for the producer's A (activation) and B
+        (weight) loads, per TileConfig.l2_hint. The swap-AB tiles load the same way (the weights
+        are the wgmma's A operand there, not the TMA's)."""
         hint = self.cfg.l2_hint
         weight = {"cache_policy": Int64(EVICT_FIRST)} if hint else {}
         act = {"cache_policy": Int64(EVICT_LAST)} if hint == "w_first_x_last" else {}
-        return (weight, act) if self.cfg.swap_ab else (act, weight)
+        return act, weight
 
     @cute.jit
     def _produce(self, mainloop, loads: TmaLoads, sched: Schedule, gmem: Gmem, storage):
