@@ -233,7 +233,6 @@ def test_nvfp4_configs_decode_buffers():
     every pick is shipped (compile-checked), and one buffer is refused where no mainloop reads it."""
     pytest.importorskip("cutlass")
     from swiglu_fused.kernels.sm90 import down, gate_up
-
     from swiglu_fused.weight_packing import pack
 
     g, u = (pack.quantize(torch.randn(256, 256), "nvfp4", n, "divisor") for n in ("gate", "up"))
