@@ -5,11 +5,12 @@ call, medians of CUDA-graph replays, weights rotated past the 50 MB L2 (GPU). "n
 weight in the tile-major order the modules hold on the GPU (kernels/nvfp4_layout.py, D27),
 "nvfp4 packed" the packed format's order (what the ops read from a checkpoint's tensors).
 
-    python -m benchmarks.bench_nvfp4 [--shapes 4096x14336,8192x3584] [--m 1,16,64,1024] [--ab stages=3]
+    python -m benchmarks.bench_nvfp4 [--shapes 4096x14336,8192x3584] [--m 1,16,64,1024] [--ab stages=3 ...]
 
 ``--ab FIELD=VALUE,...`` also times the nvfp4 kernels on the dispatched tile-major configs with
 those fields replaced (called directly; their outputs first checked bit-identical to the
-dispatched ones; ``tile_major=False`` reads the packed order).
+dispatched ones; ``tile_major=False`` reads the packed order). Repeat it to time several variants
+in one process against the same dispatched kernels ("variant 1", "variant 2", ...).
 """
 
 from __future__ import annotations
@@ -60,9 +61,7 @@ def _nbytes(*ts) -> int:
 
 def _variant(fields: dict, x, h, gu_w, dn_w):
     """(gate_up(w), down(w)) callables running the nvfp4 kernels on the dispatched configs with
-    ``fields`` replaced (None for a projection whose config does not take them), or None without --ab."""
-    if not fields:
-        return None
+    ``fields`` replaced (None for a projection whose config does not take them)."""
     from swiglu_fused.kernels.sm90 import down as kd
     from swiglu_fused.kernels.sm90 import gate_up as kg
 
@@ -86,7 +85,7 @@ def _variant(fields: dict, x, h, gu_w, dn_w):
     return gate_up if gcfg else None, down if dcfg else None
 
 
-def run(shapes, ms, iters=50, ab: dict | None = None):
+def run(shapes, ms, iters=50, abs_: list[dict] = ()):
     rows = []
     for hidden, inter in shapes:
         nv_gu = _layers(lambda i: nvfp4_gate_up(hidden, inter, i), _nbytes(*nvfp4_gate_up(hidden, inter, 99)))
@@ -95,7 +94,6 @@ def run(shapes, ms, iters=50, ab: dict | None = None):
         f8_dn = _layers(lambda i: _fp8(hidden, inter, i), hidden * inter)
         tm_gu = [(*nvfp4_layout.to_tile_major(w[0], w[1]), w[2]) for w in nv_gu]  # the modules' order
         tm_dn = [(*nvfp4_layout.to_tile_major(w[0], w[1]), w[2]) for w in nv_dn]
-        v_gu, v_dn = (nv_gu, nv_dn) if (ab or {}).get("tile_major") is False else (tm_gu, tm_dn)
         floor_gu = _nbytes(*nv_gu[0]) / COPY_TB_S / 1e6
         floor_dn = _nbytes(*nv_dn[0]) / COPY_TB_S / 1e6
         for m in ms:
@@ -111,16 +109,19 @@ def run(shapes, ms, iters=50, ab: dict | None = None):
                     return fn(layers[it["i"]])
                 return call
 
-            variant = _variant(ab or {}, x, h, v_gu[0], v_dn[0])
             t = {}
-            if variant:
+            if abs_:
                 gu_ref = ops.gate_up(x, *nv_gu[0][:2], None, nv_gu[0][2], interleave=128, h_format="bf16")[0]  # (packed)
                 dn_ref = ops.down(h, *nv_dn[0][:2], None, nv_dn[0][2])
+            for i, ab in enumerate(abs_, 1):
+                v_gu, v_dn = (nv_gu, nv_dn) if ab.get("tile_major") is False else (tm_gu, tm_dn)
+                variant = _variant(ab, x, h, v_gu[0], v_dn[0])
+                label = "variant" if len(abs_) == 1 else f"variant {i}"
                 for name, fn, layers, ref in (("gate_up", variant[0], v_gu, gu_ref), ("down", variant[1], v_dn, dn_ref)):
                     if fn is not None:
-                        print(f"  variant {ab}: {name} bit-identical to the dispatched: {torch.equal(fn(layers[0]), ref)}",
+                        print(f"  {label} {ab}: {name} bit-identical to the dispatched: {torch.equal(fn(layers[0]), ref)}",
                               flush=True)
-                        t[f"variant {name}"] = graph_time_us(step(layers, fn), iters)
+                        t[f"{label} {name}"] = graph_time_us(step(layers, fn), iters)
             t |= {
                 "nvfp4 gate_up": graph_time_us(step(tm_gu, lambda w: ops.gate_up(
                     x, w[0], w[1], None, w[2], interleave=128, h_format="bf16", tile_major=True)), iters),
@@ -143,9 +144,10 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--shapes", default="4096x14336,8192x3584")
     ap.add_argument("--m", default="1,16,64,1024")
-    ap.add_argument("--ab", default="", metavar="FIELD=VALUE,...", help="time this config variant too")
+    ap.add_argument("--ab", action="append", default=[], metavar="FIELD=VALUE,...",
+                    help="time this config variant too (repeat for several, one process)")
     args = ap.parse_args()
-    run(parse_shapes(args.shapes), parse_ms(args.m), ab=parse_variant(f"ab:{args.ab}")[1])
+    run(parse_shapes(args.shapes), parse_ms(args.m), abs_=[f for f in (parse_variant(f"ab:{v}")[1] for v in args.ab) if f])
 
 
 if __name__ == "__main__":
