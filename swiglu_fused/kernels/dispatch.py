@@ -386,12 +386,12 @@ def nvfp4_tile_for(m: int) -> dict:
     (gate_up and down)."""
     for tokens, stages, buffers in NVFP4_SWAP_TILES:
         if m <= tokens:
-            return dict(tile_m=tokens, stages=stages, swap_ab=True, decode_buffers=buffers)
+            return _nvfp4_tile(tokens, stages, True, buffers)
     return _nvfp4_tile(*NVFP4_ROW_TILE)
 
 
-def _nvfp4_tile(tile_m: int, stages: int) -> dict:
-    return dict(tile_m=tile_m, stages=stages, swap_ab=False, decode_buffers=2)
+def _nvfp4_tile(tile_m: int, stages: int, swap_ab: bool = False, decode_buffers: int = 2) -> dict:
+    return dict(tile_m=tile_m, stages=stages, swap_ab=swap_ab, decode_buffers=decode_buffers)
 
 
 def _nvfp4_k_ok(op: str, name: str, k: int) -> bool:
@@ -442,7 +442,7 @@ def _nvfp4_down_config(h, weight, weight_scale, residual, tile_major: bool):
 def nvfp4_shipped(config_cls, variants) -> list:
     """The nvfp4 configs of config_cls for each of ``variants`` (keyword dicts): the W4A16 tiles in
     both weight orders (nvfp4_layout) and the dequantized prefill tile with and without cluster pairs."""
-    tiles = [nvfp4_tile_for(t) for t, _, _ in NVFP4_SWAP_TILES] + [_nvfp4_tile(*NVFP4_ROW_TILE)]
+    tiles = [_nvfp4_tile(t, s, True, b) for t, s, b in NVFP4_SWAP_TILES] + [_nvfp4_tile(*NVFP4_ROW_TILE)]
     clusters = config_cls.epilogue == "gated"  # (_nvfp4_down_config: no cluster pairs)
     prefill = [config_cls(**_nvfp4_prefill_tile(m, wg3, clusters), **v)
                for v in variants for m in (NVFP4_DEQUANT_M, CLUSTER_M_MIN) for wg3 in (False, True)]
