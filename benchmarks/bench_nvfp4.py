@@ -5,12 +5,13 @@ call, medians of CUDA-graph replays, weights rotated past the 50 MB L2 (GPU). "n
 weight in the tile-major order the modules hold on the GPU (kernels/nvfp4_layout.py, D27),
 "nvfp4 packed" the packed format's order (what the ops read from a checkpoint's tensors).
 
-    python -m benchmarks.bench_nvfp4 [--shapes 4096x14336,8192x3584] [--m 1,16,64,1024] [--ab stages=3 ...]
+    python -m benchmarks.bench_nvfp4 [--shapes 4096x14336,8192x3584] [--m 1,16,64,1024] [--ab stages=3 ...] [--bf16]
 
 ``--ab FIELD=VALUE,...`` also times the nvfp4 kernels on the dispatched tile-major configs with
 those fields replaced (called directly; their outputs first checked bit-identical to the
 dispatched ones; ``tile_major=False`` reads the packed order). Repeat it to time several variants
-in one process against the same dispatched kernels ("variant 1", "variant 2", ...).
+in one process against the same dispatched kernels ("variant 1", "variant 2", ...). ``--bf16``
+also times our bf16 kernels on bf16 weights of the same shapes (the prefill target's yardstick).
 """
 
 from __future__ import annotations
@@ -85,9 +86,17 @@ def _variant(fields: dict, x, h, gu_w, dn_w):
     return gate_up if gcfg else None, down if dcfg else None
 
 
-def run(shapes, ms, iters=50, abs_: list[dict] = ()):
+def _bf16(rows, cols, seed):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    return (torch.randn(rows, cols, device="cuda", generator=g) * 0.05).to(torch.bfloat16)
+
+
+def run(shapes, ms, iters=50, abs_: list[dict] = (), bf16: bool = False):
     rows = []
     for hidden, inter in shapes:
+        if bf16:  # our bf16 kernels on bf16 weights: the prefill target's yardstick (issue 22)
+            bf_gu = _layers(lambda i: _bf16(2 * inter, hidden, i), 4 * inter * hidden)
+            bf_dn = _layers(lambda i: _bf16(hidden, inter, i), 2 * inter * hidden)
         nv_gu = _layers(lambda i: nvfp4_gate_up(hidden, inter, i), _nbytes(*nvfp4_gate_up(hidden, inter, 99)))
         nv_dn = _layers(lambda i: _nvfp4_down(hidden, inter, i), _nbytes(*_nvfp4_down(hidden, inter, 99)))
         f8_gu = _layers(lambda i: _fp8(2 * inter, hidden, i), 2 * inter * hidden)
@@ -119,8 +128,10 @@ def run(shapes, ms, iters=50, abs_: list[dict] = ()):
                 label = "variant" if len(abs_) == 1 else f"variant {i}"
                 for name, fn, layers, ref in (("gate_up", variant[0], v_gu, gu_ref), ("down", variant[1], v_dn, dn_ref)):
                     if fn is not None:
-                        print(f"  {label} {ab}: {name} bit-identical to the dispatched: {torch.equal(fn(layers[0]), ref)}",
-                              flush=True)
+                        out = fn(layers[0])
+                        rel = ((out.float() - ref.float()).norm() / ref.float().norm()).item()
+                        print(f"  {label} {ab}: {name} bit-identical to the dispatched: {torch.equal(out, ref)} "
+                              f"(relative Frobenius {rel:.2e})", flush=True)
                         t[f"{label} {name}"] = graph_time_us(step(layers, fn), iters)
             t |= {
                 "nvfp4 gate_up": graph_time_us(step(tm_gu, lambda w: ops.gate_up(
@@ -134,6 +145,10 @@ def run(shapes, ms, iters=50, abs_: list[dict] = ()):
                 "nvfp4 packed down": graph_time_us(step(nv_dn, lambda w: ops.down(h, w[0], w[1], None, w[2])), iters),
                 "fp8 down": graph_time_us(step(f8_dn, lambda w: ops.down(hq, w[0], w[1], hs)), iters),
             }
+            if bf16:
+                t["bf16 gate_up"] = graph_time_us(step(bf_gu, lambda w: ops.gate_up(
+                    x, w, interleave=128, h_format="bf16")), iters)
+                t["bf16 down"] = graph_time_us(step(bf_dn, lambda w: ops.down(h, w)), iters)
             rows.append((hidden, inter, m, t, floor_gu, floor_dn))
             print(f"{hidden}×{inter} M = {m}: " + ", ".join(f"{k} {v:.1f} µs" for k, v in t.items())
                   + f"; floors: gate_up {floor_gu:.1f} µs, down {floor_dn:.1f} µs", flush=True)
@@ -144,10 +159,12 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--shapes", default="4096x14336,8192x3584")
     ap.add_argument("--m", default="1,16,64,1024")
+    ap.add_argument("--bf16", action="store_true", help="also time our bf16 gate_up and down on bf16 weights")
     ap.add_argument("--ab", action="append", default=[], metavar="FIELD=VALUE,...",
                     help="time this config variant too (repeat for several, one process)")
     args = ap.parse_args()
-    run(parse_shapes(args.shapes), parse_ms(args.m), abs_=[f for f in (parse_variant(f"ab:{v}")[1] for v in args.ab) if f])
+    run(parse_shapes(args.shapes), parse_ms(args.m), abs_=[f for f in (parse_variant(f"ab:{v}")[1] for v in args.ab) if f],
+        bf16=args.bf16)
 
 
 if __name__ == "__main__":

@@ -239,11 +239,13 @@ def test_nvfp4_configs_decode_buffers():
     w, ws = (pack.pack_gate_up(g, u, 128)[k] for k in ("weight_packed", "weight_scale"))
     d = pack.quantize(torch.randn(256, 128), "nvfp4", "down", "divisor").tensors
     dw, dws = d["weight_packed"], d["weight_scale"]
-    for m, buffers in ((1, 1), (16, 1), (17, 2), (64, 2), (100, 2)):
+    for m, tokens, buffers in ((1, 16, (1, 1)), (16, 16, (1, 1)), (17, 64, (2, 2)), (64, 64, (2, 2)),
+                               (100, 128, (2, 1)), (1023, 128, (2, 1))):
         x = torch.randn(m, 256).bfloat16()
         gcfg = dispatch.gate_up_config(x, w, ws, None, act="silu", h_format="bf16", tile_major=True)
         dcfg = dispatch.down_config(x[:, :128], dw, dws, None, None, torch.bfloat16, True)
-        assert (gcfg.decode_buffers, dcfg.decode_buffers) == (buffers, buffers), m
+        assert (gcfg.decode_buffers, dcfg.decode_buffers) == buffers and gcfg.swap_ab and dcfg.swap_ab, m
+        assert gcfg.tile_m == dcfg.tile_m == tokens, m
         assert gcfg in dispatch.gate_up_shipped() and dcfg in dispatch.down_shipped()
     for bad in (dict(mainloop="bf16", swap_ab=True, tile_m=16), dict(mainloop="nvfp4", tile_m=128),
                 dict(mainloop="nvfp4", swap_ab=True, tile_m=16, decode_buffers=3)):

@@ -456,3 +456,14 @@ def test_schedule_consults_the_module_plan():
     with mock.patch.object(g, "plan", lambda tiles, *a, **kw: (3 * tiles, tiles)):
         tiles = 2 * 28
         assert g.schedule(cfg, 100, 7168, 8192, 132) == (3 * tiles, tiles) != real
+
+
+def test_nvfp4_128_token_tile_shares_k_at_any_m_it_runs():
+    """nvfp4's 128-token swap-AB tile (M < 1024) may be stream-K split past 2 M tiles (its k tiles are
+    decode-bound): down at H 4096, I 14336, M = 512 is 64 tiles for 132 SMs, split in 2 (D31); the
+    64/128-row tiles keep whole tiles there."""
+    from swiglu_fused.kernels.sm90.tile_config import DownConfig
+
+    nv = DownConfig(tile_m=128, stages=5, swap_ab=True, mainloop="nvfp4", decode_buffers=1)
+    assert g.schedule(nv, 512, 4096, 14336, 132) == (128, 64)
+    assert g.schedule(DownConfig(tile_m=128, stages=4), 512, 4096, 14336, 132) == (64, 0)

@@ -353,12 +353,15 @@ def gate_up_config(x, weight, weight_scale, x_scale, *, act: str, h_format: str,
 
 
 # ---------------------------------------------------------------- nvfp4 (W4A16)
-# First version (issue 22): the swap-AB tiles of 16 and 64 tokens up to 64 rows (each M tile decodes
-# the whole weight again, so the fewest M tiles: DISPATCH D24), else the 128-row tile; whole tiles or
-# stream-K, no clusters. Not tuned further: these are tiles that fit the decode buffers beside the stages.
-# The 16-token tile decodes into one buffer (D30: 1-7 % faster there, the 64-token tile slower with it).
-NVFP4_SWAP_TILES = ((16, 6, 1), (64, 6, 2))  # (tokens, stages, decode buffers)
-NVFP4_ROW_TILE = (128, 4)
+# The swap-AB tiles of 16 and 64 tokens up to 64 rows (each M tile decodes the whole weight again,
+# so the fewest M tiles: DISPATCH D24), the 128-token one above (D31: 6-14 % faster than the 128-row
+# tile it replaced, whose wgmma reads more smem a k tile); whole tiles or stream-K, no clusters. The
+# 16-token tile decodes into one buffer (D30), as does down's 128-token one (D31); the others two.
+NVFP4_SWAP_TILES = {  # (tokens, stages, decode buffers); the last one takes every M below NVFP4_DEQUANT_M
+    "gate_up": ((16, 6, 1), (64, 6, 2), (128, 4, 2)),
+    "down": ((16, 6, 1), (64, 6, 2), (128, 5, 1)),
+}
+NVFP4_ROW_TILE = (128, 4)  # the split projection's W4A16 tile (D25), and the dequantized prefill's
 NVFP4_DEQUANT_M = 1024  # from this M the weight is dequantized to bf16 for the call, then the bf16 mainloop (D26)
 
 
@@ -381,13 +384,12 @@ def _nvfp4_prefill_tile(m: int, wg3: bool = False, clusters: bool = True) -> dic
                 cluster_m=cluster_m_for(m, tile_m, 2 * GROUP) if clusters else 1)
 
 
-def nvfp4_tile_for(m: int) -> dict:
+def nvfp4_tile_for(m: int, op: str = "gate_up") -> dict:
     """The tile fields (tile_m, stages, swap_ab, decode_buffers) of the nvfp4 mainloop for M rows
-    (gate_up and down)."""
-    for tokens, stages, buffers in NVFP4_SWAP_TILES:
-        if m <= tokens:
-            return _nvfp4_tile(tokens, stages, True, buffers)
-    return _nvfp4_tile(*NVFP4_ROW_TILE)
+    of ``op`` (gate_up or down)."""
+    tiles = NVFP4_SWAP_TILES[op]
+    tokens, stages, buffers = next((t for t in tiles if m <= t[0]), tiles[-1])
+    return _nvfp4_tile(tokens, stages, True, buffers)
 
 
 def _nvfp4_tile(tile_m: int, stages: int, swap_ab: bool = False, decode_buffers: int = 2) -> dict:
@@ -436,14 +438,14 @@ def _nvfp4_down_config(h, weight, weight_scale, residual, tile_major: bool):
         return DownConfig(residual=residual is not None,
                           **_nvfp4_prefill_tile(m, wg3_on(h.device, m, weight.shape[0]), clusters=False))
     return DownConfig(mainloop=NVFP4_MAINLOOP, residual=residual is not None, tile_major=tile_major,
-                      **nvfp4_tile_for(h.shape[0]))
+                      **nvfp4_tile_for(h.shape[0], "down"))
 
 
 def nvfp4_shipped(config_cls, variants) -> list:
     """The nvfp4 configs of config_cls for each of ``variants`` (keyword dicts): the W4A16 tiles in
     both weight orders (nvfp4_layout) and the dequantized prefill tile with and without cluster pairs."""
-    tiles = [_nvfp4_tile(t, s, True, b) for t, s, b in NVFP4_SWAP_TILES] + [_nvfp4_tile(*NVFP4_ROW_TILE)]
     clusters = config_cls.epilogue == "gated"  # (_nvfp4_down_config: no cluster pairs)
+    tiles = [_nvfp4_tile(t, s, True, b) for t, s, b in NVFP4_SWAP_TILES["gate_up" if clusters else "down"]]
     prefill = [config_cls(**_nvfp4_prefill_tile(m, wg3, clusters), **v)
                for v in variants for m in (NVFP4_DEQUANT_M, CLUSTER_M_MIN) for wg3 in (False, True)]
     return [config_cls(mainloop=NVFP4_MAINLOOP, tile_major=major, **tile, **v)

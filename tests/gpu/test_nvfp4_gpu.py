@@ -233,3 +233,42 @@ def test_module_holds_the_tile_major_order_and_computes_what_the_packed_one_does
     moved = copy.deepcopy(mlp).cpu()
     assert not moved.down_proj.tile_major and torch.equal(moved.down_proj.weight_packed, cpu.down_proj.weight_packed)
     assert mlp.down_proj.weight_packed.device.type == "cuda"
+
+
+@pytest.mark.parametrize("hidden,inter", [(768, 1536), (4096, 14336)])
+@pytest.mark.parametrize("m", [1, 16, 100, 1024])
+@pytest.mark.parametrize("tile_m", [16, 64, 128])
+def test_register_sourced_decode_is_the_smem_decode_bit_for_bit(hidden, inter, m, tile_m):
+    """TileConfig.rs_decode (the swap-AB tiles decode their wgmma A fragments into registers) gives
+    the smem decode's h and y bit for bit (the same bf16 values, the same wgmma chains), and both are
+    within bf16 rounding of the reference; gate_up with unequal global scales, down with a residual."""
+    import dataclasses
+
+    from swiglu_fused.kernels import nvfp4_layout
+    from swiglu_fused.kernels.sm90 import down as kd
+    from swiglu_fused.kernels.sm90 import gate_up as kg
+
+    x, w, ws, gs = gate_up_operands(m, hidden, inter, seed=m + tile_m)
+    smem = kg.GateUpConfig(tile_m=tile_m, stages=4, swap_ab=True, mainloop="nvfp4", tile_major=True, act="silu",
+                           h_format="bf16")
+    regs = dataclasses.replace(smem, rs_decode=True, stages=6)
+    wt, wst = nvfp4_layout.to_tile_major(w, ws)
+    h = {}
+    for cfg in (smem, regs):
+        h[cfg] = torch.full((m, inter), float("nan"), dtype=torch.bfloat16, device="cuda")
+        kg.gate_up(cfg, x, wt, wst, None, gs, out=(h[cfg], None), tile_major=True)
+    ref, _ = reference.gate_up(x, w, ws, None, gs, interleave=128, act="silu", h_format="bf16")
+    assert torch.equal(h[regs], h[smem])
+    assert_bf16_close(h[regs], ref, TOL)
+
+    hd, wd, wsd, gsd = down_operands(m, hidden, inter, seed=m)
+    res = torch.randn(m, hidden, device="cuda").to(torch.bfloat16)
+    wdt, wsdt = nvfp4_layout.to_tile_major(wd, wsd)
+    y = {}
+    for cfg in (smem, regs):
+        dcfg = kd.DownConfig(tile_m=tile_m, stages=cfg.stages, swap_ab=True, mainloop="nvfp4", tile_major=True,
+                             rs_decode=cfg.rs_decode, residual=True)
+        y[cfg] = torch.full((m, hidden), float("nan"), dtype=torch.bfloat16, device="cuda")
+        kd.down(dcfg, hd, wdt, wsdt, None, res, gsd, out=y[cfg], tile_major=True)
+    assert torch.equal(y[regs], y[smem])
+    assert_bf16_close(y[regs], reference.down(hd, wd, wsd, None, gsd, residual=res), TOL)

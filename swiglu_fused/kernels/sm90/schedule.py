@@ -94,7 +94,17 @@ def schedule(config: TileConfig, m: int, n: int, k: int, sms: int) -> tuple[int,
     else:
         iter_us = ITER_US[f"swap{config.tile_m}" if config.swap_ab else config.tile_m] * iter_bytes / 32768
     return plan(tiles, cdiv(k, config.tile_k), sms, grid_m, iter_bytes, iter_us,
-                max_sk_grid_m=64 // config.tile_m if config.swap_ab else 2)
+                max_sk_grid_m=_max_sk_grid_m(config))
+
+
+def _max_sk_grid_m(config: TileConfig) -> int:
+    """M tiles up to which plan() considers stream-K: 2 for the 64/128-row tiles, M ≤ 64 for the
+    16/64-token swap-AB tiles; 8 (every M it runs at) for nvfp4's 128-token swap-AB tile, whose k
+    tiles are bound by the decode, not the weight bytes (DISPATCH D31: down at M = 512 had 64 whole
+    tiles for 132 SMs)."""
+    if config.swap_ab:
+        return 64 // config.tile_m if config.tile_m < 128 else 8
+    return 2
 
 
 def launch_plan(config: TileConfig, m: int, n: int, k: int, device):

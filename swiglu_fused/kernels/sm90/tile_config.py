@@ -121,6 +121,14 @@ class TileConfig:
     # before it decodes tile kt + 1, and the two warpgroups, no longer in step, decode in turn
     # (the 16-token tile: 1-7 % faster, DISPATCH D30)
     decode_buffers: int = 2
+    # nvfp4's swap-AB tiles (tile_major): each consumer thread decodes the weight values of its own
+    # wgmma A fragments (4 rows × 16 columns a 64-row block and k tile: pair lane % 4 of each of
+    # its rows' 8 words, the quad's four threads loading the same 32 bytes) into registers, and the
+    # wgmma reads A there (register-sourced): no decode buffer in smem, no proxy fence and no
+    # barrier a k tile. The 128-token tile is for prefill: its wgmma reads 64 KB of smem a k tile
+    # against the 128-row tile's 80 KB plus its 32 KB of decode stores (history/nvfp4.md v19).
+    # decode_buffers is then the register sets: 2, tile kt + 1 decoded while wgmma kt reads the other
+    rs_decode: bool = False
 
     # the epilogue and the bytes per element of the staged output (set by subclasses)
     epilogue = "gated"
@@ -128,7 +136,7 @@ class TileConfig:
 
     def __post_init__(self):
         name = type(self).__name__
-        allowed = (16, 32, 64) if self.swap_ab else (64, 128, TILE_M_WG3)
+        allowed = (16, 32, 64, *((128,) if self.nvfp4 else ())) if self.swap_ab else (64, 128, TILE_M_WG3)
         if self.tile_m not in allowed:
             raise ValueError(f"{name}.tile_m: expected one of {allowed} (swap_ab={self.swap_ab}), got {self.tile_m}")
         if self.tile_m == TILE_M_WG3 and (self.mainloop != BF16_MAINLOOP or self.granules or self.cluster_size > 1
@@ -170,6 +178,8 @@ class TileConfig:
             raise ValueError(f"{name}.tile_major: the nvfp4 mainloop's weight layout only; got {self}")
         if self.decode_buffers not in DECODE_BUFFERS or (self.decode_buffers == 1 and not (self.nvfp4 and self.swap_ab)):
             raise ValueError(f"{name}.decode_buffers: 2, or 1 on the nvfp4 mainloop's swap-AB tiles; got {self}")
+        if self.rs_decode and not (self.nvfp4 and self.swap_ab and self.tile_major):
+            raise ValueError(f"{name}.rs_decode: the nvfp4 mainloop's swap-AB tiles on a tile-major weight; got {self}")
         if self.l2_hint not in L2_HINTS:
             raise ValueError(f"{name}.l2_hint: expected one of {L2_HINTS}, got {self.l2_hint!r}")
         if self.dequantized and (self.mainloop != BF16_MAINLOOP or self.swap_ab or self.granules):
@@ -301,7 +311,7 @@ class TileConfig:
     def decode_elems(self) -> int:
         """bf16 elements of smem nvfp4 decodes its weight k tiles into (decode_buffers of them; the
         other mainloops have no such buffer)."""
-        return self.decode_buffers * self.tile_n * self.tile_k if self.nvfp4 else 0
+        return self.decode_buffers * self.tile_n * self.tile_k if self.nvfp4 and not self.rs_decode else 0
 
     @property
     def tile_k(self) -> int:
