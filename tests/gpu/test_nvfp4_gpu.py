@@ -235,40 +235,27 @@ def test_module_holds_the_tile_major_order_and_computes_what_the_packed_one_does
     assert mlp.down_proj.weight_packed.device.type == "cuda"
 
 
-@pytest.mark.parametrize("hidden,inter", [(768, 1536), (4096, 14336)])
-@pytest.mark.parametrize("m", [1, 16, 100, 1024])
-@pytest.mark.parametrize("tile_m", [16, 64, 128])
-def test_register_sourced_decode_is_the_smem_decode_bit_for_bit(hidden, inter, m, tile_m):
-    """TileConfig.rs_decode (the swap-AB tiles decode their wgmma A fragments into registers) gives
-    the smem decode's h and y bit for bit (the same bf16 values, the same wgmma chains), and both are
-    within bf16 rounding of the reference; gate_up with unequal global scales, down with a residual."""
-    import dataclasses
-
+@pytest.mark.parametrize("m", [300, 512, 1000])
+def test_128_token_tile_across_m_tiles_and_k_shares(m):
+    """The 128-token swap-AB tile (DISPATCH D31) over several M tiles, stream-K split past 2 M tiles
+    (down at 4096 × 14336, M = 300 and 512: 48 and 64 tiles for the SMs), M tiles partial: h and y against
+    the reference, tile-major weights, gate_up with unequal global scales, down with a residual."""
     from swiglu_fused.kernels import nvfp4_layout
     from swiglu_fused.kernels.sm90 import down as kd
     from swiglu_fused.kernels.sm90 import gate_up as kg
+    from swiglu_fused.kernels.sm90 import schedule
 
-    x, w, ws, gs = gate_up_operands(m, hidden, inter, seed=m + tile_m)
-    smem = kg.GateUpConfig(tile_m=tile_m, stages=4, swap_ab=True, mainloop="nvfp4", tile_major=True, act="silu",
-                           h_format="bf16")
-    regs = dataclasses.replace(smem, rs_decode=True, stages=6)
-    wt, wst = nvfp4_layout.to_tile_major(w, ws)
-    h = {}
-    for cfg in (smem, regs):
-        h[cfg] = torch.full((m, inter), float("nan"), dtype=torch.bfloat16, device="cuda")
-        kg.gate_up(cfg, x, wt, wst, None, gs, out=(h[cfg], None), tile_major=True)
-    ref, _ = reference.gate_up(x, w, ws, None, gs, interleave=128, act="silu", h_format="bf16")
-    assert torch.equal(h[regs], h[smem])
-    assert_bf16_close(h[regs], ref, TOL)
-
-    hd, wd, wsd, gsd = down_operands(m, hidden, inter, seed=m)
-    res = torch.randn(m, hidden, device="cuda").to(torch.bfloat16)
-    wdt, wsdt = nvfp4_layout.to_tile_major(wd, wsd)
-    y = {}
-    for cfg in (smem, regs):
-        dcfg = kd.DownConfig(tile_m=tile_m, stages=cfg.stages, swap_ab=True, mainloop="nvfp4", tile_major=True,
-                             rs_decode=cfg.rs_decode, residual=True)
-        y[cfg] = torch.full((m, hidden), float("nan"), dtype=torch.bfloat16, device="cuda")
-        kd.down(dcfg, hd, wdt, wsdt, None, res, gsd, out=y[cfg], tile_major=True)
-    assert torch.equal(y[regs], y[smem])
-    assert_bf16_close(y[regs], reference.down(hd, wd, wsd, None, gsd, residual=res), TOL)
+    x, w, ws, gs = gate_up_operands(m, 4096, 14336, seed=m)
+    cfg = dispatch.gate_up_config(x, w, ws, None, act="silu", h_format="bf16", tile_major=True)
+    assert cfg.swap_ab and cfg.tile_m == 128
+    h = torch.full((m, 14336), float("nan"), dtype=torch.bfloat16, device="cuda")
+    kg.gate_up(cfg, x, *nvfp4_layout.to_tile_major(w, ws), None, gs, out=(h, None), tile_major=True)
+    assert_bf16_close(h, reference.gate_up(x, w, ws, None, gs, interleave=128, act="silu", h_format="bf16")[0], TOL)
+    hd, wd, wsd, gsd = down_operands(m, 4096, 14336, seed=m)
+    res = torch.randn(m, 4096, device="cuda").to(torch.bfloat16)
+    dcfg = dispatch.down_config(hd, wd, wsd, None, res, torch.bfloat16, True)
+    assert dcfg.swap_ab and dcfg.tile_m == 128
+    assert (schedule.schedule(dcfg, m, 4096, 14336, 132)[1] > 0) == (m < 1000)  # (3, 4 M tiles split; on 132 SMs)
+    y = torch.full((m, 4096), float("nan"), dtype=torch.bfloat16, device="cuda")
+    kd.down(dcfg, hd, *nvfp4_layout.to_tile_major(wd, wsd), None, res, gsd, out=y, tile_major=True)
+    assert_bf16_close(y, reference.down(hd, wd, wsd, None, gsd, residual=res), TOL)

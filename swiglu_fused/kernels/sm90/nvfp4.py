@@ -49,8 +49,8 @@ import cutlass.cute as cute
 import cutlass.pipeline as pipeline
 from cutlass import Int32
 
-from .ptx import (DECODE_SHIFT, bulk_copy_g2s, cp_async_4, cp_async_arrive, e2m1_pair_at, e2m1x2_to_bf16x2,
-                  e2m1x8_to_bf16x2x4, e4m3x4_to_bf16x2, ld_shared_b32, ld_shared_v4, pair_rotations, st_shared_v4)
+from .ptx import (DECODE_SHIFT, bulk_copy_g2s, cp_async_4, cp_async_arrive, e2m1x2_to_bf16x2, e2m1x8_to_bf16x2x4,
+                  e4m3x4_to_bf16x2, ld_shared_b32, ld_shared_v4, st_shared_v4)
 
 # the decoded weight is the true one times 2^-UNSHIFT (ptx.e2m1x2_to_bf16x2): the accumulator is
 # multiplied back with the global scale, a power of two, so exactly
@@ -66,9 +66,8 @@ class DecodeOperands(NamedTuple):
     d_addr: Any  # shared address of the decode buffers
     s_addr: Any  # shared address of the staged scale words (stage, row)
     mGS: Any  # global scale multipliers [2]: gate, up (down: the same value twice)
-    row: Any  # the weight row this thread decodes (one each: tile_n consumer threads); rs_decode: its first
-    barrier: Any  # the named barrier its decode meets every k tile (pipeline.NamedBarrier; rs_decode: none)
-    rotations: Any = None  # rs_decode: the rotations of this thread's pair of each word (ptx.pair_rotations)
+    row: Any  # the weight row this thread decodes (one each: tile_n consumer threads)
+    barrier: Any  # the named barrier its decode meets every k tile (pipeline.NamedBarrier)
 
 
 class Nvfp4Mixin:
@@ -81,10 +80,6 @@ class Nvfp4Mixin:
         w, w + 2, … of the tile (the tiled wgmma's layout), so its threads decode those rows and it
         meets only itself: the warpgroups no longer wait for each other every k tile."""
         wgs = self.num_mma_wg
-        if self.cfg.rs_decode:  # wgmma A fragments: rows row + 8·vb + 64·wgs·b, pair t % 4 of each word
-            row = 64 * (t // 128) + 16 * (t % 128 // 32) + t % 32 // 4
-            return DecodeOperands(storage.sB.data_ptr().toint(), None, storage.scl.data_ptr().toint(), gmem.mAS,
-                                  row, None, pair_rotations(t % 4))
         if self.cfg.swap_ab:
             wg, lane = t // 128, t % 128
             row = 64 * (wg + wgs * (lane // 64)) + lane % 64
@@ -184,92 +179,6 @@ class Nvfp4Mixin:
         mainloop.consumer_release(release)
         release.advance()
         return state, release
-
-    @cute.jit
-    def _mainloop_nvfp4_rs(self, mainloop, state, release, tiled_mma, acc, tW, tX, dec: DecodeOperands, kb0, kb1,
-                           num_k_blocks: cutlass.Constexpr):
-        """TileConfig.rs_decode (the swap-AB tiles): per k tile this thread decodes the weight values
-        of its own wgmma A fragments into registers (tW: decode_buffers register sets) and the
-        chain reads A there. Each warpgroup goes alone: no decode buffer, no proxy fence, no
-        barrier. A stage is released once its wgmma is done (it has read the stage's x)."""
-        tiled_mma.set(cute.nvgpu.warpgroup.Field.ACCUMULATE, True)
-        frags = [cute.recast_tensor(t, Int32) for t in tW]  # ((1, 2, 2), blocks, MMA_K): a bf16 pair a word
-        rows = 2 * cute.size(frags[0], mode=[1])  # this thread's weight rows: two a 64-row block
-        mma = (tiled_mma, acc, tX, num_k_blocks)
-        if cutlass.const_expr(len(tW) == 1):
-            return self._rs_one_set(mainloop, state, release, mma, tW[0], frags[0], dec, rows, kb0, kb1)
-        mainloop.consumer_wait(state)
-        self._decode_fragments(dec, state.index, frags[0], rows)
-        self._issue_rs(mma, tW[0], state.index)
-        state.advance()
-        # (a branch-free body over pairs of k tiles: set 0 holds tile kt, in flight)
-        for kt in cutlass.range(kb0, kb1 - 2, 2, unroll=1):
-            mainloop.consumer_wait(state)
-            self._decode_fragments(dec, state.index, frags[1], rows)  # under wgmma kt
-            cute.nvgpu.warpgroup.wait_group(0)
-            mainloop.consumer_release(release)
-            release.advance()
-            self._issue_rs(mma, tW[1], state.index)
-            state.advance()
-            mainloop.consumer_wait(state)
-            self._decode_fragments(dec, state.index, frags[0], rows)  # under wgmma kt + 1
-            cute.nvgpu.warpgroup.wait_group(0)
-            mainloop.consumer_release(release)
-            release.advance()
-            self._issue_rs(mma, tW[0], state.index)
-            state.advance()
-        if (kb1 - kb0) % 2 == 0:  # set 0 holds kb1 - 2; kb1 - 1 is left
-            mainloop.consumer_wait(state)
-            self._decode_fragments(dec, state.index, frags[1], rows)
-            cute.nvgpu.warpgroup.wait_group(0)
-            mainloop.consumer_release(release)
-            release.advance()
-            self._issue_rs(mma, tW[1], state.index)
-            state.advance()
-        cute.nvgpu.warpgroup.wait_group(0)
-        mainloop.consumer_release(release)
-        release.advance()
-        return state, release
-
-    @cute.jit
-    def _rs_one_set(self, mainloop, state, release, mma, tW, frag, dec: DecodeOperands, rows: cutlass.Constexpr,
-                    kb0, kb1):
-        """rs_decode with one register set (decode_buffers = 1): each tile waits for the previous
-        one's wgmma before it is decoded; the other warpgroup's wgmma runs meanwhile."""
-        for kt in cutlass.range(kb0, kb1, unroll=1):
-            mainloop.consumer_wait(state)
-            self._decode_fragments(dec, state.index, frag, rows)
-            self._issue_rs(mma, tW, state.index)
-            state.advance()
-            cute.nvgpu.warpgroup.wait_group(0)  # the chain has read the fragments and x's stage
-            mainloop.consumer_release(release)
-            release.advance()
-        return state, release
-
-    def _issue_rs(self, mma, tW, stage):
-        """Fence this thread's fragment writes for the wgmma, issue the k tile's chain (plain
-        Python, inlined)."""
-        tiled_mma, acc, tX, num_k_blocks = mma
-        cute.nvgpu.warpgroup.fence()
-        for kk in range(num_k_blocks):
-            cute.gemm(tiled_mma, acc, tW[(None, None, kk)], tX[(None, None, kk, stage)], acc)
-        cute.nvgpu.warpgroup.commit_group()
-
-    def _decode_fragments(self, dec: DecodeOperands, stage, frag, rows: int):
-        """This thread's A fragments of packed stage ``stage`` (plain Python, inlined). Row i is
-        dec.row + 8·(i % 2) + 64·wgs·(i // 2) (the wgmma A layout): its 32 bytes (the quad's four
-        threads load the same ones: a broadcast) and its scale word. Word c of a row is columns
-        8c .. 8c + 7, k step c // 2; its pair lane % 4 is the fragment's columns 2q, 2q + 1 (c even)
-        or 2q + 8, 2q + 9 (c odd) of row vb = i % 2 of block i // 2."""
-        cfg = self.cfg
-        rot_s, rot_m = dec.rotations
-        for i in range(rows):
-            row = dec.row + 8 * (i % 2) + 64 * self.num_mma_wg * (i // 2)
-            src = dec.w_addr + stage * cfg.w_stage_bytes + row * (cfg.tile_k // 2)
-            words = [*ld_shared_v4(src), *ld_shared_v4(src + 16)]
-            scales = e4m3x4_to_bf16x2(ld_shared_b32(dec.s_addr + (stage * cfg.tile_n + row) * 4))
-            for c in range(8):  # 16-column group g: words 2g, 2g + 1
-                frag[((0, i % 2, c % 2), i // 2, c // 2)] = e2m1_pair_at(words[c], rot_s, rot_m, scales[c // 2])
 
     def _issue_decoded(self, mma, bar, stage, buf):
         """Fence the decode's generic-proxy stores for the async proxy, meet the other consumers

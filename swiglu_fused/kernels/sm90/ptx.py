@@ -203,39 +203,6 @@ def e4m3x4_to_bf16x2(word: Int32, *, loc=None, ip=None) -> tuple:
     return tuple(Int32(llvm.extractvalue(T.i32(), res, [i], loc=loc, ip=ip)) for i in range(4))
 
 
-def pair_rotations(pair):
-    """(sign, magnitude) left-rotation amounts (0..31) of pair ``pair`` (an Int32 at run time) of
-    a tile-major word: nvfp4_layout.PAIR_SHIFTS as rotations (a rotation and a shift agree under
-    the masks: no masked bit comes from a wrapped one), for e2m1_pair_at; looked up in a constant
-    that holds pair j's amount in byte j."""
-    table = [sum((r[i] % 32) << (8 * j) for j, r in enumerate(nvfp4_layout.PAIR_SHIFTS)) for i in range(2)]
-    return tuple((Int32(t) >> (8 * pair)) & 31 for t in table)
-
-
-@dsl_user_op
-def e2m1_pair_at(word: Int32, rot_s: Int32, rot_m: Int32, scale2: Int32, *, loc=None, ip=None) -> Int32:
-    """One pair of a tile-major word (nvfp4_layout's decode order), chosen at run time by its
-    rotations (pair_rotations), times the group's scale · 2^DECODE_SHIFT: what
-    e2m1x8_to_bf16x2x4 gives for that pair, exactly (the register-sourced decode: each thread of
-    a quad takes its own pair of a shared word)."""
-    return Int32(
-        _asm(
-            T.i32(),
-            [Int32(word).ir_value(loc=loc, ip=ip), Int32(rot_s).ir_value(loc=loc, ip=ip),
-             Int32(rot_m).ir_value(loc=loc, ip=ip), Int32(scale2).ir_value(loc=loc, ip=ip)],
-            "{\n\t.reg .b32 a, b, z;\n\t"
-            "shf.l.wrap.b32 a, $1, $1, $2;\n\t"
-            "shf.l.wrap.b32 b, $1, $1, $3;\n\t"
-            f"and.b32 a, a, {nvfp4_layout.SIGN_MASK:#x};\n\t"
-            f"and.b32 b, b, {nvfp4_layout.MAGNITUDE_MASK:#x};\n\t"
-            "or.b32 a, a, b;\n\t"
-            "mov.b32 z, 0x80008000;\n\t"
-            "fma.rn.bf16x2 $0, a, $4, z;\n\t}",
-            "=r,r,r,r,r",
-        )
-    )
-
-
 @dsl_user_op
 def e2m1x2_to_bf16x2(word: Int32, shifted: Int32, byte: int, scale2: Int32, *, loc=None, ip=None) -> Int32:
     """Byte ``byte`` (0..3, a constant) of ``word``, two e2m1 codes (low nibble = the even column),

@@ -45,8 +45,9 @@ GRANULE = 16  # gate (and up) rows per TMA box: 16 divides 96, 112 and INTERLEAV
 class TileConfig:
     """Mainloop part of a compile-time configuration; subclasses name the epilogue."""
 
-    # 128 (prefill: 2 consumer warpgroups) or 64 (decode: 1); swap-AB: 16, 32 or 64 tokens; 192 (three
-    # consumer warpgroups: the bf16 mainloop's whole-tile prefill tile, TILE_M_WG3)
+    # 128 (prefill: 2 consumer warpgroups) or 64 (decode: 1); swap-AB: 16, 32 or 64 tokens (nvfp4 also
+    # 128: DISPATCH D31); 192 (three consumer warpgroups: the bf16 mainloop's whole-tile prefill tile,
+    # TILE_M_WG3)
     tile_m: int = 128
     # weight rows per tile: 256 = two 128-row halves (h columns [128n, 128n + 128)), or 192 / 224
     # (bf16 mainloop, bf16 h, 128-row tile: TILE_N_GRANULES): 6 / 7 granules of 16 gate + 16 up rows,
@@ -121,14 +122,6 @@ class TileConfig:
     # before it decodes tile kt + 1, and the two warpgroups, no longer in step, decode in turn
     # (the 16-token tile: 1-7 % faster, DISPATCH D30)
     decode_buffers: int = 2
-    # nvfp4's swap-AB tiles (tile_major): each consumer thread decodes the weight values of its own
-    # wgmma A fragments (4 rows × 16 columns a 64-row block and k tile: pair lane % 4 of each of
-    # its rows' 8 words, the quad's four threads loading the same 32 bytes) into registers, and the
-    # wgmma reads A there (register-sourced): no decode buffer in smem, no proxy fence and no
-    # barrier a k tile. The 128-token tile is for prefill: its wgmma reads 64 KB of smem a k tile
-    # against the 128-row tile's 80 KB plus its 32 KB of decode stores (history/nvfp4.md v19).
-    # decode_buffers is then the register sets: 2, tile kt + 1 decoded while wgmma kt reads the other
-    rs_decode: bool = False
 
     # the epilogue and the bytes per element of the staged output (set by subclasses)
     epilogue = "gated"
@@ -178,8 +171,6 @@ class TileConfig:
             raise ValueError(f"{name}.tile_major: the nvfp4 mainloop's weight layout only; got {self}")
         if self.decode_buffers not in DECODE_BUFFERS or (self.decode_buffers == 1 and not (self.nvfp4 and self.swap_ab)):
             raise ValueError(f"{name}.decode_buffers: 2, or 1 on the nvfp4 mainloop's swap-AB tiles; got {self}")
-        if self.rs_decode and not (self.nvfp4 and self.swap_ab and self.tile_major):
-            raise ValueError(f"{name}.rs_decode: the nvfp4 mainloop's swap-AB tiles on a tile-major weight; got {self}")
         if self.l2_hint not in L2_HINTS:
             raise ValueError(f"{name}.l2_hint: expected one of {L2_HINTS}, got {self.l2_hint!r}")
         if self.dequantized and (self.mainloop != BF16_MAINLOOP or self.swap_ab or self.granules):
@@ -311,7 +302,7 @@ class TileConfig:
     def decode_elems(self) -> int:
         """bf16 elements of smem nvfp4 decodes its weight k tiles into (decode_buffers of them; the
         other mainloops have no such buffer)."""
-        return self.decode_buffers * self.tile_n * self.tile_k if self.nvfp4 and not self.rs_decode else 0
+        return self.decode_buffers * self.tile_n * self.tile_k if self.nvfp4 else 0
 
     @property
     def tile_k(self) -> int:
