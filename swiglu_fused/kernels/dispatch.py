@@ -362,7 +362,7 @@ NVFP4_SWAP_TILES = {  # (tokens, stages, decode buffers); the last one takes eve
     "down": ((16, 6, 1), (64, 6, 2), (128, 5, 1)),
 }
 NVFP4_ROW_TILE = (128, 4)  # the split projection's W4A16 tile (D25), and the dequantized prefill's
-NVFP4_DEQUANT_M = 1024  # from this M the weight is dequantized to bf16 for the call, then the bf16 mainloop (D26)
+NVFP4_DEQUANT_M = 1025  # from this M the weight is dequantized to bf16 for the call, then the bf16 mainloop (D26)
 
 
 def nvfp4_dequantizes(m: int) -> bool:

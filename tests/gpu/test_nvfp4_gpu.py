@@ -112,7 +112,8 @@ def test_dequantization_is_the_decode_exactly():
 @pytest.mark.parametrize("m", [dispatch.NVFP4_DEQUANT_M - 1, dispatch.NVFP4_DEQUANT_M, 4096])
 def test_prefill_dequantizes_and_agrees_with_the_w4a16_mainloop(m):
     """From NVFP4_DEQUANT_M on, gate_up and down dequantize the weight and run the bf16 mainloop;
-    on the same operands the W4A16 mainloop's h and y agree with it to fp32 summation order."""
+    on the same operands the W4A16 mainloop's h and y (its tiles below that M) agree with it to fp32
+    summation order."""
     import dataclasses
 
     from swiglu_fused.kernels.sm90 import down as k
@@ -120,13 +121,13 @@ def test_prefill_dequantizes_and_agrees_with_the_w4a16_mainloop(m):
     x, w, ws, gs = gate_up_operands(m, 2048, 4096, seed=m)
     cfg = dispatch.gate_up_config(x, w, ws, None, act="silu", h_format="bf16")
     assert cfg.dequantized == (m >= dispatch.NVFP4_DEQUANT_M) and cfg.nvfp4_weight
-    w4a16 = dataclasses.replace(cfg, mainloop="nvfp4", dequantized=False, cluster_m=1)
+    w4a16 = dataclasses.replace(cfg, mainloop="nvfp4", dequantized=False, cluster_m=1, **dispatch.nvfp4_tile_for(m))
     h = _kernel_gate_up(cfg, x, w, ws, gs)
     assert rel_frobenius(h, _kernel_gate_up(w4a16, x, w, ws, gs)) < 1e-3
     hd, wd, wsd, gsd = down_operands(m, 2048, 4096, seed=m)
     cfg = dispatch.down_config(hd, wd, wsd, None, None, torch.bfloat16)
     assert cfg.dequantized == (m >= dispatch.NVFP4_DEQUANT_M)
-    w4a16 = dataclasses.replace(cfg, mainloop="nvfp4", dequantized=False)
+    w4a16 = dataclasses.replace(cfg, mainloop="nvfp4", dequantized=False, **dispatch.nvfp4_tile_for(m, "down"))
     assert rel_frobenius(k.down(cfg, hd, wd, wsd, None, None, gsd), k.down(w4a16, hd, wd, wsd, None, None, gsd)) < 1e-3
 
 
