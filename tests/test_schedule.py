@@ -459,7 +459,7 @@ def test_schedule_consults_the_module_plan():
 
 
 def test_nvfp4_128_token_tile_shares_k_at_any_m_it_runs():
-    """nvfp4's 128-token swap-AB tile (M < 1024) may be stream-K split past 2 M tiles (its k tiles are
+    """nvfp4's 128-token swap-AB tile (M ≤ 1024) may be stream-K split past 2 M tiles (its k tiles are
     decode-bound): down at H 4096, I 14336, M = 512 is 64 tiles for 132 SMs, split in 2 (D31); the
     64/128-row tiles keep whole tiles there."""
     from swiglu_fused.kernels.sm90.tile_config import DownConfig
