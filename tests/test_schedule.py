@@ -467,3 +467,14 @@ def test_nvfp4_128_token_tile_shares_k_at_any_m_it_runs():
     nv = DownConfig(tile_m=128, stages=5, swap_ab=True, mainloop="nvfp4", decode_buffers=1)
     assert g.schedule(nv, 512, 4096, 14336, 132) == (128, 64)
     assert g.schedule(DownConfig(tile_m=128, stages=4), 512, 4096, 14336, 132) == (64, 0)
+
+
+def test_nvfp4_192_token_tile_where_its_waves_pay():
+    """D32's rule at the points measured (gate_up µs, 192- vs 128-token tile, H100): 4096×14336
+    (N 28672) M = 384 148.9 vs 163.5 and M = 768 312.3 vs 329.7, 8192×3584 (N 7168) M = 768 149.5 vs
+    199.5 take the 192-token tile; M = 256, 512 and 1024, where it measured slower, do not."""
+    wide = {(n, m) for n in (28672, 7168) for m in (256, 384, 512, 768, 1024) if dispatch.nvfp4_wide_applies(m, n, 132)}
+    assert wide == {(28672, 384), (28672, 768), (7168, 768)}
+    assert not dispatch.nvfp4_wide_applies(64, 28672, 132)
+    cfgs = [c for c in dispatch.gate_up_shipped() if c.nvfp4 and c.swap_ab and c.tile_m == 192]
+    assert len(cfgs) == 4 and all(c.whole_tiles and c.stages == 3 for c in cfgs)

@@ -362,6 +362,12 @@ NVFP4_SWAP_TILES = {  # (tokens, stages, decode buffers); the last one takes eve
     "down": ((16, 6, 1), (64, 6, 2), (128, 5, 1)),
 }
 NVFP4_ROW_TILE = (128, 4)  # the split projection's W4A16 tile (D25), and the dequantized prefill's
+# gate_up's 192-token swap-AB tile (whole tiles; 3 stages, two decode buffers): where its rounds of
+# whole waves, at NVFP4_WIDE_SPEED the 128-token tile's tokens a unit of time (it decodes each weight
+# tile once for 1.5× the tokens), are predicted NVFP4_WIDE_MIN_GAIN shorter (D32)
+NVFP4_WIDE_TILE = (192, 3, 2)
+NVFP4_WIDE_SPEED = 1.1
+NVFP4_WIDE_MIN_GAIN = 0.95
 NVFP4_DEQUANT_M = 1025  # from this M the weight is dequantized to bf16 for the call, then the bf16 mainloop (D26)
 
 
@@ -384,12 +390,33 @@ def _nvfp4_prefill_tile(m: int, wg3: bool = False, clusters: bool = True) -> dic
                 cluster_m=cluster_m_for(m, tile_m, 2 * GROUP) if clusters else 1)
 
 
-def nvfp4_tile_for(m: int, op: str = "gate_up") -> dict:
+def nvfp4_tile_for(m: int, op: str = "gate_up", wide: bool = False) -> dict:
     """The tile fields (tile_m, stages, swap_ab, decode_buffers) of the nvfp4 mainloop for M rows
-    of ``op`` (gate_up or down)."""
+    of ``op`` (gate_up or down); ``wide``: gate_up's 192-token tile (nvfp4_wide_on)."""
+    if wide:
+        return _nvfp4_tile(*NVFP4_WIDE_TILE[:2], True, NVFP4_WIDE_TILE[2])
     tiles = NVFP4_SWAP_TILES[op]
     tokens, stages, buffers = next((t for t in tiles if m <= t[0]), tiles[-1])
     return _nvfp4_tile(tokens, stages, True, buffers)
+
+
+def nvfp4_wide_applies(m: int, n: int, sms: int) -> bool:
+    """Whether an nvfp4 gate_up of M rows and N weight rows that would run the 128-token swap-AB tile
+    runs the 192-token one (D32). E.g. 8192×3584 at M = 768: 4 · 28 tiles of 192 tokens are one
+    round, 6 · 28 of 128 two: 192 / 1.1 < 0.95 · 2 · 128; at M = 512 both are one round, so not there."""
+    def rounds_time(tokens: int, speed: float) -> float:
+        return cdiv(cdiv(m, tokens) * cdiv(n, 2 * GROUP), sms) * tokens / speed
+
+    if m <= NVFP4_SWAP_TILES["gate_up"][-2][0]:  # (the 16/64-token tiles' M)
+        return False
+    return rounds_time(NVFP4_WIDE_TILE[0], NVFP4_WIDE_SPEED) < NVFP4_WIDE_MIN_GAIN * rounds_time(128, 1.0)
+
+
+def nvfp4_wide_on(device: torch.device, m: int, n: int) -> bool:
+    """nvfp4_wide_applies with the SMs of ``device`` (a CPU tensor's config keeps the 128-token tile)."""
+    from .sm90.schedule import sm_count
+
+    return device.type == "cuda" and nvfp4_wide_applies(m, n, sm_count(device))
 
 
 def _nvfp4_tile(tile_m: int, stages: int, swap_ab: bool = False, decode_buffers: int = 2) -> dict:
@@ -421,8 +448,9 @@ def _nvfp4_gate_up_config(x, weight, weight_scale, act: str, h_format: str, tile
     if nvfp4_dequantizes(x.shape[0]):
         m = x.shape[0]
         return GateUpConfig(act=act, h_format=h_format, **_nvfp4_prefill_tile(m, wg3_on(x.device, m, weight.shape[0])))
+    m = x.shape[0]
     return GateUpConfig(act=act, h_format=h_format, mainloop=NVFP4_MAINLOOP, tile_major=tile_major,
-                        **nvfp4_tile_for(x.shape[0]))
+                        **nvfp4_tile_for(m, wide=nvfp4_wide_on(x.device, m, weight.shape[0])))
 
 
 def _nvfp4_down_config(h, weight, weight_scale, residual, tile_major: bool):
@@ -446,6 +474,7 @@ def nvfp4_shipped(config_cls, variants) -> list:
     both weight orders (nvfp4_layout) and the dequantized prefill tile with and without cluster pairs."""
     clusters = config_cls.epilogue == "gated"  # (_nvfp4_down_config: no cluster pairs)
     tiles = [_nvfp4_tile(t, s, True, b) for t, s, b in NVFP4_SWAP_TILES["gate_up" if clusters else "down"]]
+    tiles += [nvfp4_tile_for(0, wide=True)] if clusters else []  # (gate_up only: D32)
     prefill = [config_cls(**_nvfp4_prefill_tile(m, wg3, clusters), **v)
                for v in variants for m in (NVFP4_DEQUANT_M, CLUSTER_M_MIN) for wg3 in (False, True)]
     return [config_cls(mainloop=NVFP4_MAINLOOP, tile_major=major, **tile, **v)

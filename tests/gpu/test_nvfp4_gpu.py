@@ -260,3 +260,28 @@ def test_128_token_tile_across_m_tiles_and_k_shares(m):
     y = torch.full((m, 4096), float("nan"), dtype=torch.bfloat16, device="cuda")
     kd.down(dcfg, hd, *nvfp4_layout.to_tile_major(wd, wsd), None, res, gsd, out=y, tile_major=True)
     assert_bf16_close(y, reference.down(hd, wd, wsd, None, gsd, residual=res), TOL)
+
+
+@pytest.mark.parametrize("hidden,inter,m", [(4096, 14336, 192), (4096, 14336, 384), (8192, 3584, 640), (576, 1536, 100)])
+@pytest.mark.parametrize("act", ACTS)
+def test_192_token_tile_is_the_128_token_tile_bit_for_bit(hidden, inter, m, act):
+    """gate_up's 192-token swap-AB tile (DISPATCH D32; whole tiles, the last one partial) gives the
+    128-token tile's h bit for bit (the same wgmma k order per value), within bf16 rounding of the
+    reference; dispatched where nvfp4_wide_on says so."""
+    import dataclasses
+
+    from swiglu_fused.kernels import nvfp4_layout
+
+    x, w, ws, gs = gate_up_operands(m, hidden, inter, seed=m + 1)
+    cfg = dispatch.gate_up_config(x, w, ws, None, act=act, h_format="bf16", tile_major=True)
+    assert cfg.tile_m == (192 if dispatch.nvfp4_wide_on(x.device, m, w.shape[0]) else 128) and cfg.swap_ab
+    wt, wst = nvfp4_layout.to_tile_major(w, ws)
+    h = {}
+    for wide in (False, True):
+        c = dataclasses.replace(cfg, **dispatch.nvfp4_tile_for(m, wide=wide))
+        h[wide] = torch.full((m, inter), float("nan"), dtype=torch.bfloat16, device="cuda")
+        from swiglu_fused.kernels.sm90 import gate_up as kg
+
+        kg.gate_up(c, x, wt, wst, None, gs, out=(h[wide], None), tile_major=True)
+    assert torch.equal(h[True], h[False])
+    assert_bf16_close(h[True], reference.gate_up(x, w, ws, None, gs, interleave=128, act=act, h_format="bf16")[0], TOL)

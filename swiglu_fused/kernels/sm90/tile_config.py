@@ -46,8 +46,8 @@ class TileConfig:
     """Mainloop part of a compile-time configuration; subclasses name the epilogue."""
 
     # 128 (prefill: 2 consumer warpgroups) or 64 (decode: 1); swap-AB: 16, 32 or 64 tokens (nvfp4 also
-    # 128: DISPATCH D31); 192 (three consumer warpgroups: the bf16 mainloop's whole-tile prefill tile,
-    # TILE_M_WG3)
+    # 128 and 192: DISPATCH D31, D32); 192 (three consumer warpgroups: the bf16 mainloop's whole-tile
+    # prefill tile, TILE_M_WG3)
     tile_m: int = 128
     # weight rows per tile: 256 = two 128-row halves (h columns [128n, 128n + 128)), or 192 / 224
     # (bf16 mainloop, bf16 h, 128-row tile: TILE_N_GRANULES): 6 / 7 granules of 16 gate + 16 up rows,
@@ -129,10 +129,10 @@ class TileConfig:
 
     def __post_init__(self):
         name = type(self).__name__
-        allowed = (16, 32, 64, *((128,) if self.nvfp4 else ())) if self.swap_ab else (64, 128, TILE_M_WG3)
+        allowed = (16, 32, 64, *((128, TILE_M_WG3) if self.nvfp4 else ())) if self.swap_ab else (64, 128, TILE_M_WG3)
         if self.tile_m not in allowed:
             raise ValueError(f"{name}.tile_m: expected one of {allowed} (swap_ab={self.swap_ab}), got {self.tile_m}")
-        if self.tile_m == TILE_M_WG3 and (self.mainloop != BF16_MAINLOOP or self.granules or self.cluster_size > 1
+        if self.tile_m == TILE_M_WG3 and not self.swap_ab and (self.mainloop != BF16_MAINLOOP or self.granules or self.cluster_size > 1
                                           or self.tma_store):
             raise ValueError(f"{name}.tile_m = {TILE_M_WG3} is the bf16 mainloop's tile of 256 weight rows "
                              f"(no granules, clusters or tma_store); got {self}")
@@ -203,6 +203,8 @@ class TileConfig:
     @property
     def whole_tiles(self) -> bool:
         """Whether the tiles run whole (no stream-K: their epilogues have no fix-up)."""
+        # (nvfp4's 192-token swap-AB tile: its 192 accumulator values a thread exceed the stream-K
+        # partials' ACC_VALUES slots)
         return self.granules or self.split_n or self.tile_m == TILE_M_WG3
 
     @property
@@ -258,7 +260,7 @@ class TileConfig:
         """Three consumer warpgroups for the 192-row tile; two for the 128-row tile, the 64-token
         swap-AB tile (whose accumulator, 256 × 64 fp32, is too large for one), the split_n 64-row
         tile and every nvfp4 tile (one weight row each to decode per k tile); else one."""
-        if self.tile_m == TILE_M_WG3:
+        if self.tile_m == TILE_M_WG3 and not self.swap_ab:
             return 384
         return 256 if self.tile_m >= (64 if self.swap_ab else 128) or self.split_n or self.nvfp4 else 128
 
