@@ -445,10 +445,9 @@ def _nvfp4_gate_up_config(x, weight, weight_scale, act: str, h_format: str, tile
             or h_format != formats.NVFP4.h_format or weight.shape[0] % (2 * GROUP)
             or not _nvfp4_k_ok("gate_up", "x", x.shape[1])):
         return None
-    if nvfp4_dequantizes(x.shape[0]):
-        m = x.shape[0]
-        return GateUpConfig(act=act, h_format=h_format, **_nvfp4_prefill_tile(m, wg3_on(x.device, m, weight.shape[0])))
     m = x.shape[0]
+    if nvfp4_dequantizes(m):
+        return GateUpConfig(act=act, h_format=h_format, **_nvfp4_prefill_tile(m, wg3_on(x.device, m, weight.shape[0])))
     return GateUpConfig(act=act, h_format=h_format, mainloop=NVFP4_MAINLOOP, tile_major=tile_major,
                         **nvfp4_tile_for(m, wide=nvfp4_wide_on(x.device, m, weight.shape[0])))
 

@@ -239,8 +239,8 @@ def test_module_holds_the_tile_major_order_and_computes_what_the_packed_one_does
 @pytest.mark.parametrize("m", [300, 512, 1000])
 def test_128_token_tile_across_m_tiles_and_k_shares(m):
     """The 128-token swap-AB tile (DISPATCH D31) over several M tiles, stream-K split past 2 M tiles
-    (down at 4096 × 14336, M = 300 and 512: 48 and 64 tiles for the SMs), M tiles partial: h and y against
-    the reference, tile-major weights, gate_up with unequal global scales, down with a residual."""
+    (down at 4096 × 14336, M = 300 and 512: 48 and 64 tiles for the SMs), M tiles partial: h and y
+    against the reference, tile-major weights, gate_up with unequal global scales, down with a residual."""
     from swiglu_fused.kernels import nvfp4_layout
     from swiglu_fused.kernels.sm90 import down as kd
     from swiglu_fused.kernels.sm90 import gate_up as kg
@@ -262,7 +262,8 @@ def test_128_token_tile_across_m_tiles_and_k_shares(m):
     assert_bf16_close(y, reference.down(hd, wd, wsd, None, gsd, residual=res), TOL)
 
 
-@pytest.mark.parametrize("hidden,inter,m", [(4096, 14336, 192), (4096, 14336, 384), (8192, 3584, 640), (576, 1536, 100)])
+@pytest.mark.parametrize("hidden,inter,m", [(4096, 14336, 192), (4096, 14336, 384), (8192, 3584, 640),
+                                           (576, 1536, 100)])
 @pytest.mark.parametrize("act", ACTS)
 def test_192_token_tile_is_the_128_token_tile_bit_for_bit(hidden, inter, m, act):
     """gate_up's 192-token swap-AB tile (DISPATCH D32; whole tiles, the last one partial) gives the
@@ -271,6 +272,7 @@ def test_192_token_tile_is_the_128_token_tile_bit_for_bit(hidden, inter, m, act)
     import dataclasses
 
     from swiglu_fused.kernels import nvfp4_layout
+    from swiglu_fused.kernels.sm90 import gate_up as kg
 
     x, w, ws, gs = gate_up_operands(m, hidden, inter, seed=m + 1)
     cfg = dispatch.gate_up_config(x, w, ws, None, act=act, h_format="bf16", tile_major=True)
@@ -280,8 +282,6 @@ def test_192_token_tile_is_the_128_token_tile_bit_for_bit(hidden, inter, m, act)
     for wide in (False, True):
         c = dataclasses.replace(cfg, **dispatch.nvfp4_tile_for(m, wide=wide))
         h[wide] = torch.full((m, inter), float("nan"), dtype=torch.bfloat16, device="cuda")
-        from swiglu_fused.kernels.sm90 import gate_up as kg
-
         kg.gate_up(c, x, wt, wst, None, gs, out=(h[wide], None), tile_major=True)
     assert torch.equal(h[True], h[False])
     assert_bf16_close(h[True], reference.gate_up(x, w, ws, None, gs, interleave=128, act=act, h_format="bf16")[0], TOL)

@@ -132,8 +132,8 @@ class TileConfig:
         allowed = (16, 32, 64, *((128, TILE_M_WG3) if self.nvfp4 else ())) if self.swap_ab else (64, 128, TILE_M_WG3)
         if self.tile_m not in allowed:
             raise ValueError(f"{name}.tile_m: expected one of {allowed} (swap_ab={self.swap_ab}), got {self.tile_m}")
-        if self.tile_m == TILE_M_WG3 and not self.swap_ab and (self.mainloop != BF16_MAINLOOP or self.granules or self.cluster_size > 1
-                                          or self.tma_store):
+        if self.tile_m == TILE_M_WG3 and not self.swap_ab and (
+                self.mainloop != BF16_MAINLOOP or self.granules or self.cluster_size > 1 or self.tma_store):
             raise ValueError(f"{name}.tile_m = {TILE_M_WG3} is the bf16 mainloop's tile of 256 weight rows "
                              f"(no granules, clusters or tma_store); got {self}")
 
