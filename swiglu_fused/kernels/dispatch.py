@@ -246,6 +246,13 @@ def granule_tile_n(m: int, n: int, sms: int) -> int | None:
     return best
 
 
+def rounds_time(m: int, n: int, sms: int, tile_m: int, speed: float) -> float:
+    """Rounds of whole waves of a GEMM of M rows (tokens) on tiles of ``tile_m`` rows and 256 weight
+    rows (N of them) over ``sms`` SMs, times the tile's rows over its ``speed`` (rows a unit of time,
+    relative): how wg3_applies and nvfp4_wide_applies compare two tile heights."""
+    return cdiv(cdiv(m, tile_m) * cdiv(n, 2 * GROUP), sms) * tile_m / speed
+
+
 def wg3_applies(m: int, n: int, sms: int) -> bool:
     """Whether a bf16-mainloop GEMM of M rows and N weight rows that would run the 128-row tile runs
     the 192-row one (three consumer warpgroups, TileConfig.tile_m = TILE_M_WG3; D29): where its
@@ -254,10 +261,7 @@ def wg3_applies(m: int, n: int, sms: int) -> bool:
     waves (10 rounds), 64 · 28 of 128 rows 13.6 (14 rounds): 10 · 192 / 1.04 > 0.98 · 14 · 128, so not there."""
     from .sm90.tile_config import TILE_M_WG3
 
-    def rounds_time(tile_m: int, speed: float) -> float:
-        return cdiv(cdiv(m, tile_m) * cdiv(n, 2 * GROUP), sms) * tile_m / speed
-
-    return rounds_time(TILE_M_WG3, WG3_SPEED) < WG3_MIN_GAIN * rounds_time(128, 1.0)
+    return rounds_time(m, n, sms, TILE_M_WG3, WG3_SPEED) < WG3_MIN_GAIN * rounds_time(m, n, sms, 128, 1.0)
 
 
 def wg3_on(device: torch.device, m: int, n: int) -> bool:
@@ -394,22 +398,19 @@ def nvfp4_tile_for(m: int, op: str = "gate_up", wide: bool = False) -> dict:
     """The tile fields (tile_m, stages, swap_ab, decode_buffers) of the nvfp4 mainloop for M rows
     of ``op`` (gate_up or down); ``wide``: gate_up's 192-token tile (nvfp4_wide_on)."""
     if wide:
-        return _nvfp4_tile(*NVFP4_WIDE_TILE[:2], True, NVFP4_WIDE_TILE[2])
+        return _nvfp4_tile(NVFP4_WIDE_TILE)
     tiles = NVFP4_SWAP_TILES[op]
-    tokens, stages, buffers = next((t for t in tiles if m <= t[0]), tiles[-1])
-    return _nvfp4_tile(tokens, stages, True, buffers)
+    return _nvfp4_tile(next((t for t in tiles if m <= t[0]), tiles[-1]))
 
 
 def nvfp4_wide_applies(m: int, n: int, sms: int) -> bool:
     """Whether an nvfp4 gate_up of M rows and N weight rows that would run the 128-token swap-AB tile
     runs the 192-token one (D32). E.g. 8192×3584 at M = 768: 4 · 28 tiles of 192 tokens are one
     round, 6 · 28 of 128 two: 192 / 1.1 < 0.95 · 2 · 128; at M = 512 both are one round, so not there."""
-    def rounds_time(tokens: int, speed: float) -> float:
-        return cdiv(cdiv(m, tokens) * cdiv(n, 2 * GROUP), sms) * tokens / speed
-
     if m <= NVFP4_SWAP_TILES["gate_up"][-2][0]:  # (the 16/64-token tiles' M)
         return False
-    return rounds_time(NVFP4_WIDE_TILE[0], NVFP4_WIDE_SPEED) < NVFP4_WIDE_MIN_GAIN * rounds_time(128, 1.0)
+    return (rounds_time(m, n, sms, NVFP4_WIDE_TILE[0], NVFP4_WIDE_SPEED)
+            < NVFP4_WIDE_MIN_GAIN * rounds_time(m, n, sms, 128, 1.0))
 
 
 def nvfp4_wide_on(device: torch.device, m: int, n: int) -> bool:
@@ -419,8 +420,10 @@ def nvfp4_wide_on(device: torch.device, m: int, n: int) -> bool:
     return device.type == "cuda" and nvfp4_wide_applies(m, n, sm_count(device))
 
 
-def _nvfp4_tile(tile_m: int, stages: int, swap_ab: bool = False, decode_buffers: int = 2) -> dict:
-    return dict(tile_m=tile_m, stages=stages, swap_ab=swap_ab, decode_buffers=decode_buffers)
+def _nvfp4_tile(tile: tuple[int, int, int]) -> dict:
+    """The config fields of a (tokens, stages, decode buffers) swap-AB tile (every W4A16 tile is one)."""
+    tokens, stages, buffers = tile
+    return dict(tile_m=tokens, stages=stages, swap_ab=True, decode_buffers=buffers)
 
 
 def _nvfp4_k_ok(op: str, name: str, k: int) -> bool:
@@ -472,11 +475,10 @@ def nvfp4_shipped(config_cls, variants) -> list:
     """The nvfp4 configs of config_cls for each of ``variants`` (keyword dicts): the W4A16 tiles in
     both weight orders (nvfp4_layout) and the dequantized prefill tile with and without cluster pairs."""
     clusters = config_cls.epilogue == "gated"  # (_nvfp4_down_config: no cluster pairs)
-    tiles = [_nvfp4_tile(t, s, True, b) for t, s, b in NVFP4_SWAP_TILES["gate_up" if clusters else "down"]]
-    tiles += [nvfp4_tile_for(0, wide=True)] if clusters else []  # (gate_up only: D32)
+    tiles = NVFP4_SWAP_TILES["gate_up"] + (NVFP4_WIDE_TILE,) if clusters else NVFP4_SWAP_TILES["down"]  # (wide: D32)
     prefill = [config_cls(**_nvfp4_prefill_tile(m, wg3, clusters), **v)
                for v in variants for m in (NVFP4_DEQUANT_M, CLUSTER_M_MIN) for wg3 in (False, True)]
-    return [config_cls(mainloop=NVFP4_MAINLOOP, tile_major=major, **tile, **v)
+    return [config_cls(mainloop=NVFP4_MAINLOOP, tile_major=major, **_nvfp4_tile(tile), **v)
             for v in variants for tile in tiles for major in (False, True)] + list(dict.fromkeys(prefill))  # (down: one tile, twice)
 
 
