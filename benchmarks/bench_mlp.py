@@ -203,7 +203,8 @@ def main():
     p.add_argument("--interleave", type=int, default=0, metavar="ROUNDS",
                    help="instead of the full table: ours_fp8, fp8_unfused and hf_bf16 timed in alternation, ROUNDS times")
     p.add_argument("--pdl-ab", action="store_true",
-                   help="with --interleave: also ours with programmatic dependent launch on (ours_fp8_pdl)")
+                   help="with --interleave: also ours with programmatic dependent launch on at every M "
+                        "(ours_fp8_pdl; dispatched only up to dispatch.PDL_M rows)")
     p.add_argument("--ab", action="append", default=[], metavar="FAMILY:FIELD=VALUE,...",
                    help="with --interleave: also ours with these kernel config fields changed, e.g. "
                         "'gate_up:l2_hint=w_first' (repeat the option for more variants)")

@@ -238,7 +238,7 @@ def test_cluster_k_where_few_swap_tiles_leave_hbm_idle():
     assert not dispatch.gate_up_cluster_k(32, 7168, 132, "fp8_block128")  # 56 tiles
     assert not dispatch.gate_up_cluster_k(16, 16384, 132, "fp8_block128")  # 2048×8192: 64 tiles
     assert dispatch.gate_up_cluster_k(16, 7168, 132, "bf16")  # measured 1.02-1.05× there too
-    cfg = gate_up.GateUpConfig(tile_m=16, stages=5, swap_ab=True, cluster_k=2)
+    cfg = gate_up.GateUpConfig(tile_m=16, stages=5, swap_ab=True, cluster_k=2, pdl=True)  # (fp8 decode: D20)
     assert cfg in dispatch.gate_up_shipped()
     assert g.schedule(cfg, 16, 7168, 8192, 132) == (56, 28)
     import torch
@@ -478,3 +478,35 @@ def test_nvfp4_192_token_tile_where_its_waves_pay():
     assert not dispatch.nvfp4_wide_applies(64, 28672, 132)
     cfgs = [c for c in dispatch.gate_up_shipped() if c.nvfp4 and c.swap_ab and c.tile_m == 192]
     assert len(cfgs) == 4 and all(c.whole_tiles and c.stages == 3 for c in cfgs)
+
+
+@pytest.mark.parametrize("mainloop", [tile_config.FP8_MAINLOOP, tile_config.BF16_MAINLOOP])
+@pytest.mark.parametrize("m", [1, 16, 33, 64, 65, 128, 256, 4096])
+@pytest.mark.parametrize("hidden,inter", [(4096, 14336), (8192, 3584)])
+def test_pdl_on_the_fp8_mlp_at_decode_sizes(mainloop, m, hidden, inter):
+    """DISPATCH D20: quant_x, gate_up and down launch with PDL for fp8 at M ≤ PDL_M (whatever tile
+    that M gets), never for bf16; every config so picked is one CI compiles."""
+    import torch
+    from unittest import mock
+
+    fp8 = mainloop == tile_config.FP8_MAINLOOP
+    dt = torch.float8_e4m3fn if fp8 else torch.bfloat16
+    x, w = torch.empty(m, hidden, dtype=dt, device="meta"), torch.empty(2 * inter, hidden, dtype=dt, device="meta")
+    h, dw = torch.empty(m, inter, dtype=dt, device="meta"), torch.empty(hidden, inter, dtype=dt, device="meta")
+    scales = (torch.empty(1, device="meta"),) * 2 if fp8 else (None, None)
+    want = fp8 and m <= dispatch.PDL_M
+    with mock.patch.object(g, "sm_count", lambda device: 132):
+        gcfg = dispatch.gate_up_config(x, w, *scales, act="silu", h_format="fp8_group128" if fp8 else "bf16")
+        dcfg = dispatch.down_config(h, dw, *scales, None, torch.bfloat16)
+    assert (gcfg.pdl, dcfg.pdl) == (want, want)
+    assert gcfg in dispatch.gate_up_shipped() and dcfg in dispatch.down_shipped()
+    if fp8:
+        from swiglu_fused.kernels.sm90 import quant_x
+
+        qcfg = quant_x.select_config(m, hidden)
+        assert qcfg.pdl == (m <= dispatch.PDL_M) and qcfg in quant_x.shipped_configs()
+
+
+def test_nvfp4_takes_no_pdl():
+    """DISPATCH D20: PDL made the nvfp4 MLP slower; none of its shipped configs has it."""
+    assert not any(c.pdl for c in dispatch.gate_up_shipped() + dispatch.down_shipped() if c.nvfp4)

@@ -158,6 +158,18 @@ def down_backend(h, weight, weight_scale, h_scale, global_scale, residual, out_d
     return (CUBLAS, None) if takes else (REFERENCE, None)
 
 
+# ================================================================ programmatic dependent launch
+PDL_M = 64  # fp8, M ≤ this: quant_x, gate_up and down launch with PDL (TileConfig.pdl, D20)
+
+
+def pdl_applies(m: int, mainloop: str) -> bool:
+    """Whether a GEMM of M rows launches with programmatic dependent launch (DISPATCH D20): the fp8
+    mainloop at decode sizes, where its kernels are a few tens of µs and the boundary between two
+    of them is a measurable share (1-13 % of the whole MLP); not nvfp4 (measured slower: its first
+    stages' weight loads before the wait cost more than the overlap gave), not bf16 (not measured)."""
+    return mainloop == FP8_MAINLOOP and m <= PDL_M
+
+
 # ================================================================ quant_x: the thread ↔ data map
 WIDE_GROUPS = 1 << 15  # from this many (row, k-group) pairs: 16 columns per thread (DISPATCH D1)
 ONE_ROUND_GROUPS = 1 << 17  # from this many: 128-thread CTAs; with 8 columns, 4 rounds above it (D1)
@@ -165,12 +177,13 @@ ONE_ROUND_GROUPS = 1 << 17  # from this many: 128-thread CTAs; with 8 columns, 4
 
 def quant_x_map(m: int, k: int) -> dict:
     """QuantXConfig's rounds / vec / threads for x [M, K] (DISPATCH D1): one round of 8 columns in
-    256-thread CTAs at decode sizes; 16 columns (K % 16 == 0) from WIDE_GROUPS, in 128-thread CTAs
-    from ONE_ROUND_GROUPS; with 8 columns four rounds above ONE_ROUND_GROUPS."""
+    256-thread CTAs at decode sizes, launched with PDL up to PDL_M rows (D20); 16 columns (K % 16 ==
+    0) from WIDE_GROUPS, in 128-thread CTAs from ONE_ROUND_GROUPS; with 8 columns four rounds above
+    ONE_ROUND_GROUPS."""
     groups = m * cdiv(k, GROUP)
     if groups >= WIDE_GROUPS and k % 16 == 0:
         return dict(rounds=1, vec=16, threads=128 if groups >= ONE_ROUND_GROUPS else 256)
-    return dict(rounds=1 if groups <= ONE_ROUND_GROUPS else 4, vec=8, threads=256)
+    return dict(rounds=1 if groups <= ONE_ROUND_GROUPS else 4, vec=8, threads=256, pdl=m <= PDL_M)
 
 
 # ================================================================ gate_up: the tile
@@ -353,7 +366,7 @@ def gate_up_config(x, weight, weight_scale, x_scale, *, act: str, h_format: str,
     return GateUpConfig(tile_m=tile_m, tile_n=tile_n, act=act, h_format=h_format, mainloop=mainloop, swap_ab=swap,
                         cluster_k=ck, cluster_m=cluster_m_for(m, tile_m, tile_n),
                         smem_scales=smem_scales_apply(tile_m, swap, mainloop, h_format),
-                        split_n=split, l2_hint=gate_up_l2_hint(tile_m, swap), **pipe)
+                        split_n=split, l2_hint=gate_up_l2_hint(tile_m, swap), pdl=pdl_applies(m, mainloop), **pipe)
 
 
 # ---------------------------------------------------------------- nvfp4 (W4A16)
@@ -482,6 +495,14 @@ def nvfp4_shipped(config_cls, variants) -> list:
             for v in variants for tile in tiles for major in (False, True)] + list(dict.fromkeys(prefill))  # (down: one tile, twice)
 
 
+def _pdl_variants(tile_m: int, swap: bool, mainloop: str) -> tuple[bool, ...]:
+    """The TileConfig.pdl values a tile can be picked with (pdl_applies): the swap-AB tiles run at
+    M ≤ PDL_M only, the 64-row tile on both sides of it, the 128-row tiles above it."""
+    if mainloop != FP8_MAINLOOP or tile_m > 64:
+        return (False,)
+    return (True,) if swap else (False, True)
+
+
 def gate_up_shipped() -> list:
     """Every GateUpConfig gate_up_config can return (what CI compile-checks)."""
     from .sm90 import activations_and_h
@@ -499,13 +520,15 @@ def gate_up_shipped() -> list:
                     split = split_n_applies(tile_m, swap, mainloop)
                     for deep in (False, True) if split else (False,):  # (split_n_pipeline: 4 or 5 stages)
                         pipe = split_n_pipeline(deep, h_format) if split else dict(stages=stages)
-                        out.append(GateUpConfig(tile_m=tile_m, act=act, h_format=h_format, mainloop=mainloop,
-                                                swap_ab=swap, cluster_m=cl, split_n=split,
-                                                l2_hint=gate_up_l2_hint(tile_m, swap),
-                                                smem_scales=smem_scales_apply(tile_m, swap, mainloop, h_format),
-                                                **pipe))
+                        for pdl in _pdl_variants(tile_m, swap, mainloop):
+                            out.append(GateUpConfig(tile_m=tile_m, act=act, h_format=h_format, mainloop=mainloop,
+                                                    swap_ab=swap, cluster_m=cl, split_n=split,
+                                                    l2_hint=gate_up_l2_hint(tile_m, swap),
+                                                    smem_scales=smem_scales_apply(tile_m, swap, mainloop, h_format),
+                                                    pdl=pdl, **pipe))
                 out.append(GateUpConfig(tile_m=swap_tm, stages=swap_stages, act=act,  # gate_up_cluster_k
-                                        h_format=h_format, mainloop=mainloop, swap_ab=True, cluster_k=2))
+                                        h_format=h_format, mainloop=mainloop, swap_ab=True, cluster_k=2,
+                                        pdl=pdl_applies(0, mainloop)))
                 if mainloop == BF16_MAINLOOP:  # wg3_applies
                     out.append(GateUpConfig(tile_m=TILE_M_WG3, stages=WG3_STAGES, act=act, h_format=h_format,
                                             mainloop=mainloop))
@@ -681,7 +704,7 @@ def down_config(h, weight, weight_scale, h_scale, residual, out_dtype, tile_majo
         return None
     tile_m, stages, swap = down_tile_for(h.shape[0], mainloop)
     cfg = DownConfig(tile_m=tile_m, stages=stages, mainloop=mainloop, residual=residual is not None, swap_ab=swap,
-                     l2_hint=down_l2_hint(tile_m, swap, mainloop))
+                     l2_hint=down_l2_hint(tile_m, swap, mainloop), pdl=pdl_applies(h.shape[0], mainloop))
     if h.is_cuda:
         from .sm90.schedule import sm_count
 
@@ -696,13 +719,14 @@ def down_shipped() -> list:
 
     return nvfp4_shipped(DownConfig, [dict(residual=r) for r in (False, True)]) + [
         DownConfig(tile_m=tile_m, stages=stages, mainloop=mainloop, residual=residual, swap_ab=swap,
-                   l2_hint=down_l2_hint(tile_m, swap, mainloop))
+                   l2_hint=down_l2_hint(tile_m, swap, mainloop), pdl=pdl)
         for mainloop in (FP8_MAINLOOP, BF16_MAINLOOP)
         for residual in (False, True)
         for tile_m, stages, swap in [(128, 4, False), (64, 5, False)]
         + ([(t, s, True) for t, s in DOWN_SWAP_TILES] if mainloop == FP8_MAINLOOP else [])
+        for pdl in _pdl_variants(tile_m, swap, mainloop)
     ] + [DownConfig(tile_m=DOWN_SWAP_TILES[0][0], stages=DOWN_SWAP_TILES[0][1], residual=residual, swap_ab=True,
-                    cluster_k=2) for residual in (False, True)]  # down_cluster_k
+                    cluster_k=2, pdl=True) for residual in (False, True)]  # down_cluster_k (fp8)
 
 
 def fills_gpu(config, m: int, n: int, sms: int) -> bool:

@@ -2,6 +2,8 @@
 unequal gate/up global scales, down with and without a residual, outputs poisoned first; the
 whole module on the kernels, in a CUDA graph and under torch.compile."""
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -114,8 +116,6 @@ def test_prefill_dequantizes_and_agrees_with_the_w4a16_mainloop(m):
     """From NVFP4_DEQUANT_M on, gate_up and down dequantize the weight and run the bf16 mainloop;
     on the same operands the W4A16 mainloop's h and y (its tiles below that M) agree with it to fp32
     summation order."""
-    import dataclasses
-
     from swiglu_fused.kernels.sm90 import down as k
 
     x, w, ws, gs = gate_up_operands(m, 2048, 4096, seed=m)
@@ -248,6 +248,7 @@ def test_128_token_tile_across_m_tiles_and_k_shares(m):
 
     x, w, ws, gs = gate_up_operands(m, 4096, 14336, seed=m)
     cfg = dispatch.gate_up_config(x, w, ws, None, act="silu", h_format="bf16", tile_major=True)
+    cfg = dataclasses.replace(cfg, **dispatch.nvfp4_tile_for(m))  # (where D32 dispatches the 192-token tile)
     assert cfg.swap_ab and cfg.tile_m == 128
     h = torch.full((m, 14336), float("nan"), dtype=torch.bfloat16, device="cuda")
     kg.gate_up(cfg, x, *nvfp4_layout.to_tile_major(w, ws), None, gs, out=(h, None), tile_major=True)
@@ -269,8 +270,6 @@ def test_192_token_tile_is_the_128_token_tile_bit_for_bit(hidden, inter, m, act)
     """gate_up's 192-token swap-AB tile (DISPATCH D32; whole tiles, the last one partial) gives the
     128-token tile's h bit for bit (the same wgmma k order per value), within bf16 rounding of the
     reference; dispatched where nvfp4_wide_on says so."""
-    import dataclasses
-
     from swiglu_fused.kernels import nvfp4_layout
     from swiglu_fused.kernels.sm90 import gate_up as kg
 

@@ -375,9 +375,6 @@ class GemmKernel(MainloopMixin, Nvfp4Mixin, StreamKMixin, EpilogueMixin):
         bidx, _, _ = cute.arch.block_idx()
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         wg_idx = cute.arch.make_warp_uniform(tidx // 128)
-        if cutlass.const_expr(self.cfg.pdl):  # (TileConfig.pdl) the next kernel may set up meanwhile
-            cute.arch.griddepcontrol_launch_dependents()
-
         if warp_idx == 0:
             cute.nvgpu.cpasync.prefetch_descriptor(tma_a)
             cute.nvgpu.cpasync.prefetch_descriptor(tma_b)
@@ -385,8 +382,8 @@ class GemmKernel(MainloopMixin, Nvfp4Mixin, StreamKMixin, EpilogueMixin):
         storage, mainloop, sA, sB, loads, sched = self._prologue(
             tma_a, mA, tma_b, mB, a_layout, b_layout, m, n_tiles, sk_tiles, bidx
         )
-        if cutlass.const_expr(self.cfg.pdl):  # the previous kernel's outputs (x, scales) are complete
-            cute.arch.griddepcontrol_wait()
+        if cutlass.const_expr(self.cfg.pdl and not self._weights_before_wait()):
+            cute.arch.griddepcontrol_wait()  # the previous kernel's outputs (x, scales) are complete
         gmem = Gmem(mAS, mWS, mOut, mAux, mPart, mCtr, tma_o, mO_tma, m, n)
 
         if wg_idx == 0:
@@ -397,6 +394,8 @@ class GemmKernel(MainloopMixin, Nvfp4Mixin, StreamKMixin, EpilogueMixin):
         else:
             # ---------------- consumer warpgroups: wgmma, promotion, epilogue
             cute.arch.setmaxregister_increase(self.consumer_regs)
+            if cutlass.const_expr(self._weights_before_wait()):  # (the producer waits in _produce)
+                cute.arch.griddepcontrol_wait()
             self._consume(tiled_mma, mainloop, sA, sB, storage, gmem, sched, tidx, wg_idx)
         if cutlass.const_expr(self.cfg.cluster_k > 1):
             # no CTA leaves while its peer may still be sending to it (or its st.async are in flight)
@@ -649,6 +648,19 @@ class GemmKernel(MainloopMixin, Nvfp4Mixin, StreamKMixin, EpilogueMixin):
         act = {"cache_policy": Int64(EVICT_LAST)} if hint == "w_first_x_last" else {}
         return act, weight
 
+    def _weights_before_wait(self) -> bool:
+        """TileConfig.pdl: whether the producer issues its first stages' weight loads before
+        griddepcontrol.wait, under the previous kernel's tail (DISPATCH D20). The weights are
+        constant across launches, except a prefill's dequantized weight, which the kernel before
+        this one writes (nvfp4_dequant.py)."""
+        return self.cfg.pdl and not self.cfg.dequantized
+
+    def _due(self, i, early):
+        """(plain Python, inlined) whether k iteration i of this CTA still needs its slot acquired
+        and its weight loads issued: all of them, unless _produce_weights_early issued the first
+        ``early`` ones."""
+        return cutlass.Boolean(True) if early is None else i >= early
+
     @cute.jit
     def _produce(self, mainloop, loads: TmaLoads, sched: Schedule, gmem: Gmem, storage):
         """The producer warp: TMA loads of A and W k tiles for this CTA's segments, in order."""
@@ -663,6 +675,11 @@ class GemmKernel(MainloopMixin, Nvfp4Mixin, StreamKMixin, EpilogueMixin):
         if cutlass.const_expr(self.cfg.smem_scales):
             sScl = storage.scl.get_tensor(self._scale_layout())
         hint_a, hint_b = self._l2_hints()
+        early = None
+        if cutlass.const_expr(self._weights_before_wait()):
+            early = self._produce_weights_early(mainloop, loads, sched, gmem, storage, lane, hint_b)
+            cute.arch.griddepcontrol_wait()
+        i = Int32(0)
         while cursor < cursor_end:
             tile, kb0, kb1 = self._segment(cursor, sched)
             tm, tn = self._tile_mn(tile, sched.tiling)
@@ -671,19 +688,53 @@ class GemmKernel(MainloopMixin, Nvfp4Mixin, StreamKMixin, EpilogueMixin):
                 staged = None
                 if cutlass.const_expr(self.cfg.smem_scales):  # loaded before the empty-slot wait, which hides them
                     staged = self._load_tile_scales(mAS, mWS, m, ws_last, tm, tn, kt, lane)
-                mainloop.producer_acquire(state)
+                due = self._due(i, early)
+                if due:
+                    mainloop.producer_acquire(state)
                 bar = mainloop.producer_get_barrier(state)
-                if cutlass.const_expr(self.cfg.nvfp4 and self.cfg.tile_major):  # one run: one bulk copy
-                    self._bulk_nvfp4_scales(storage, mWS, tn, kt, lane, state.index, bar)
-                elif cutlass.const_expr(self.cfg.nvfp4):  # the decode's e4m3 scales (nvfp4.py), before the TMA loads
-                    self._copy_nvfp4_scales(storage, mWS, n, tn, kt, lane, state.index, bar)
+                if due:
+                    self._load_w_scales(gmem, storage, tn, kt, lane, state.index, bar)
                 cute.copy(tma_a, tAgA[(None, tm, kt)], tAsA[(None, state.index)], tma_bar_ptr=bar, **hint_a)
-                self._load_b(loads, tn, kt, state.index, bar, hint_b)
+                if due:
+                    self._load_b(loads, tn, kt, state.index, bar, hint_b)
                 if cutlass.const_expr(self.cfg.smem_scales):
                     self._store_tile_scales(sScl, state.index, staged, lane, bar)
                 mainloop.producer_commit(state)
                 state.advance()
+                i += 1
+        if cutlass.const_expr(self.cfg.pdl):  # the next kernel may be placed and load its weights
+            cute.arch.griddepcontrol_launch_dependents()
         mainloop.producer_tail(state)
+
+    @cute.jit
+    def _produce_weights_early(self, mainloop, loads: TmaLoads, sched: Schedule, gmem: Gmem, storage, lane, hint_b):
+        """TileConfig.pdl: the weight loads of this CTA's first k iterations (as many as there are
+        stages, all slots free), before griddepcontrol.wait: the slot acquired (its full barrier
+        expects the whole stage's bytes, so it completes only once _produce adds the activation
+        loads after the wait) and the weight's k tile and its scales loaded. Returns how many."""
+        state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.cfg.stages)
+        early = cutlass.min(Int32(self.cfg.stages), sched.cursor_end)
+        cursor = Int32(0)
+        while cursor < early:
+            tile, kb0, kb1 = self._segment(cursor, sched)
+            _, tn = self._tile_mn(tile, sched.tiling)
+            kb1 = cutlass.min(kb1, kb0 + early - cursor)
+            cursor += kb1 - kb0
+            for kt in cutlass.range(kb0, kb1, unroll=1):
+                mainloop.producer_acquire(state)
+                bar = mainloop.producer_get_barrier(state)
+                self._load_w_scales(gmem, storage, tn, kt, lane, state.index, bar)
+                self._load_b(loads, tn, kt, state.index, bar, hint_b)
+                state.advance()
+        return early
+
+    def _load_w_scales(self, gmem: Gmem, storage, tn, kt, lane, stage, bar):
+        """nvfp4: the producer's copy of tile tn's k tile kt's e4m3 scales (the decode's) into
+        ``stage``, before the TMA loads (plain Python, inlined; nothing for the other mainloops)."""
+        if cutlass.const_expr(self.cfg.nvfp4 and self.cfg.tile_major):  # one run: one bulk copy
+            self._bulk_nvfp4_scales(storage, gmem.mWS, tn, kt, lane, stage, bar)
+        elif cutlass.const_expr(self.cfg.nvfp4):
+            self._copy_nvfp4_scales(storage, gmem.mWS, gmem.n, tn, kt, lane, stage, bar)
 
     def _load_b(self, loads: TmaLoads, tn, kt, stage, bar, hint_b):
         """The producer's TMA loads of weight tile tn's k tile kt into ``stage`` (plain Python,

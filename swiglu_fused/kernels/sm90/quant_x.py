@@ -47,7 +47,7 @@ class QuantXConfig:
 
     in_dtype: str = "bf16"
     threads: int = THREADS
-    pdl: bool = False  # programmatic dependent launch, as tile_config.TileConfig.pdl (measured, not shipped)
+    pdl: bool = False  # programmatic dependent launch (the fp8 MLP at decode sizes: dispatch.quant_x_map, DISPATCH D20)
     # (row, k-group) pairs per thread, their 16-byte loads in flight together: 4 where there are
     # enough groups to fill the SMs that way, 1 for decode-sized x (dispatch.quant_x_map)
     rounds: int = ROUNDS
@@ -201,8 +201,8 @@ def select_config(m: int, k: int) -> QuantXConfig:
 
 
 def shipped_configs() -> list[QuantXConfig]:
-    return [QuantXConfig(rounds=1), QuantXConfig(rounds=ROUNDS), QuantXConfig(rounds=1, vec=2 * VEC),
-            QuantXConfig(rounds=1, vec=2 * VEC, threads=128)]
+    return [QuantXConfig(rounds=1), QuantXConfig(rounds=1, pdl=True), QuantXConfig(rounds=ROUNDS),
+            QuantXConfig(rounds=1, vec=2 * VEC), QuantXConfig(rounds=1, vec=2 * VEC, threads=128)]
 
 
 def quant_x(x, config: QuantXConfig | None = None, *, out=None):

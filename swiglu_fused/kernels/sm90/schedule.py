@@ -112,7 +112,8 @@ def launch_plan(config: TileConfig, m: int, n: int, k: int, device):
     launches (concurrent streams, CUDA graphs) ever share them: the partials cost nothing to
     allocate, the zeroed counters one small memset (DISPATCH D19). The kernel
     leaves its counters at zero again, which would let a cached tensor be reused safely on one
-    stream."""
+    stream (tried in the twenty-second session: 1-5 % on the nvfp4 MLP at decode, but the GPU suite
+    then failed in an order-dependent way that was not explained; history/mlp.md)."""
     import torch
 
     ctas, sk_tiles = schedule(config, m, n, k, sm_count(device))

@@ -73,11 +73,12 @@ class TileConfig:
     # streaming weights at decode, without stream-K's global partials, counters and their memset.
     # One tile per cluster: the grid is exactly 2 · tiles (≤ the SM count; schedule()).
     cluster_k: int = 1
-    # Programmatic dependent launch: the kernel may start while the previous kernel on the stream
-    # (quant_x, gate_up) finishes, and sets up (barriers, TMA descriptors, cluster sync) before
-    # griddepcontrol.wait, which returns once that kernel is complete and its writes visible; every
-    # global access comes after it. It lets the next kernel start early in turn. Correct (the GPU
-    # suite passed with it on everywhere) but off: DISPATCH D20.
+    # Programmatic dependent launch (DISPATCH D20): the kernel is launched with the programmatic
+    # stream-serialization attribute, so its CTAs may be placed while the previous kernel on the
+    # stream finishes. The producer issues its first stages' weight loads (constant across launches)
+    # and then griddepcontrol.wait, which returns once that kernel is complete and its writes
+    # visible; every other global access, the consumers' included, comes after a wait. The producer
+    # lets the next kernel launch (launch_dependents) once it has issued its last load.
     pdl: bool = False
     # gate_up's 64/128-row tiles: each warpgroup's h slab leaves smem by a TMA store (issued by one
     # thread, asynchronous: the warpgroup goes on to its next tile while the TMA unit writes, rows

@@ -1,0 +1,70 @@
+"""The whole MLP with the launches between its kernels as dispatched, against plain launches, in
+one process (DISPATCH D20: programmatic dependent launch of the fp8 MLP at M ≤ dispatch.PDL_M).
+Variants, each its own module (its eager CUDA graphs are captured with its launches):
+
+  shipped   as dispatched
+  no_pdl    no PDL (dispatch.PDL_M = 0)
+
+Each line: µs medians and, per variant, the range over rounds of shipped's speed-up over it
+(> 1: the dispatched launches are faster), and whether its output differs from shipped's.
+
+    python -m benchmarks.launch_ab --format fp8_block128 --m 1,16,64,256 --rounds 5
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import statistics
+from unittest import mock
+
+import torch
+
+from swiglu_fused import bench
+from swiglu_fused.kernels import dispatch
+
+VARIANTS = ("shipped", "no_pdl")
+
+
+def variant(module, name):
+    patches = [mock.patch.object(dispatch, "PDL_M", 0)] if name == "no_pdl" else []
+
+    def run(x):
+        with contextlib.ExitStack() as stack:
+            for p in patches:
+                stack.enter_context(p)
+            return module(x)
+    return run
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--shapes", default="4096x14336,8192x3584")
+    p.add_argument("--m", default="1,16,64,256")
+    p.add_argument("--format", action="append", dest="formats")
+    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--iters", type=int, default=20)
+    a = p.parse_args(argv)
+    for hidden, inter in bench.parse_shapes(a.shapes):
+        for fmt in a.formats or ["fp8_block128"]:
+            layers = []
+            for seed in range(bench.layer_count(hidden, inter)):
+                mlp = bench.hf_mlp(hidden, inter, seed)
+                layers.append({v: variant(bench.fused(mlp, fmt), v) for v in VARIANTS})
+            for m in bench.parse_ms(a.m):
+                x = torch.randn(m, hidden, device="cuda").to(torch.bfloat16)
+                with torch.no_grad():
+                    ref = layers[0]["shipped"](x)
+                    same = {v: torch.equal(layers[0][v](x), ref) for v in VARIANTS[1:]}
+                    t = bench.interleaved_us({v: bench.rotating(layers, v, x) for v in VARIANTS}, a.iters, a.rounds)
+                med = {v: statistics.median(t[v]) for v in VARIANTS}
+                gain = {v: [o / s for s, o in zip(t["shipped"], t[v])] for v in VARIANTS[1:]}
+                print(f"{fmt:>12} {hidden}x{inter} M={m:>5} shipped {med['shipped']:7.1f} "
+                      + " ".join(f"| {v} {med[v]:7.1f} ({min(gain[v]):.3f}-{max(gain[v]):.3f}x"
+                                 f"{'' if same[v] else ', DIFFERS'})" for v in VARIANTS[1:]), flush=True)
+            del layers
+            torch.cuda.empty_cache()
+
+
+if __name__ == "__main__":
+    main()
