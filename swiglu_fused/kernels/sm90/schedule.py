@@ -108,9 +108,12 @@ def _max_sk_grid_m(config: TileConfig) -> int:
 
 
 def launch_plan(config: TileConfig, m: int, n: int, k: int, device):
-    """(ctas, sk_tiles, partials, counters) for one launch on the current stream: the partials
-    allocated per call (they cost nothing to allocate), the zeroed tile counters from
-    stream_k_counters (no memset a launch: DISPATCH D19)."""
+    """(ctas, sk_tiles, partials, counters) for one launch. Both are allocated per call, so no two
+    launches (concurrent streams, CUDA graphs) ever share them: the partials cost nothing to
+    allocate, the zeroed counters one small memset (DISPATCH D19). The kernel
+    leaves its counters at zero again, which would let a cached tensor be reused safely on one
+    stream (tried in the twenty-second session: 1-5 % on the nvfp4 MLP at decode, but the GPU suite
+    then failed in an order-dependent way that was not explained; history/mlp.md)."""
     import torch
 
     ctas, sk_tiles = schedule(config, m, n, k, sm_count(device))
@@ -118,46 +121,8 @@ def launch_plan(config: TileConfig, m: int, n: int, k: int, device):
         return ctas, sk_tiles, None, None
     # per CTA two slots (its first and last tile) of 128 fp32 per consumer thread
     parts = torch.empty(ctas * 2 * ACC_VALUES * config.consumer_threads, dtype=torch.float32, device=device)
-    return ctas, sk_tiles, parts, stream_k_counters(device, sk_tiles + 1)
-
-
-# (EXPERIMENT, reverted in the next commit: the GPU suite failed in an order-dependent way with it;
-# history/mlp.md, twenty-second session.) The stream-K tile counters. Every launch leaves the
-# counters it used at zero again (the last CTA of a tile resets its counter: stream_k._fixup), so
-# one zeroed buffer serves every launch that starts after the previous one is complete: the
-# launches of one stream, in order (a PDL launch touches them only after griddepcontrol.wait). One
-# buffer a (device, stream), zeroed once on that stream; during a CUDA graph capture one a (device,
-# stream, capture), zeroed by the capture's first launch inside the graph and let go once that
-# capture is over, as any temporary of a captured call.
-COUNTER_WORDS = 1024
-_COUNTERS: dict = {}
-
-
-def stream_k_counters(device, words: int):
-    """A zeroed int32 tensor of ``words`` counters for a launch on the current stream (above)."""
-    import torch
-
-    if torch.device(device).type != "cuda":  # (the host-side tests of launch_plan)
-        return torch.zeros(words, dtype=torch.int32, device=device)
-    stream = torch.cuda.current_stream(device)
-    capture = _capture_id(stream) if torch.cuda.is_current_stream_capturing() else None
-    for key in [key for key in _COUNTERS if key[2] is not None and key[2] != capture]:
-        del _COUNTERS[key]  # (captures that are over)
-    key = (stream.device_index, stream.cuda_stream, capture)
-    buf = _COUNTERS.get(key)
-    if buf is None or buf.numel() < words:
-        buf = _COUNTERS[key] = torch.zeros(max(words, COUNTER_WORDS), dtype=torch.int32, device=device)
-    return buf[:words]
-
-
-def _capture_id(stream) -> int:
-    """The id of the capture under way on ``stream``, unique over the process's lifetime."""
-    import cuda.bindings.driver as cu
-
-    err, _, capture, *_ = cu.cuStreamGetCaptureInfo(cu.CUstream(stream.cuda_stream))
-    if err != cu.CUresult.CUDA_SUCCESS:
-        raise RuntimeError(f"cuStreamGetCaptureInfo: {err}")
-    return int(capture)
+    ctr = torch.zeros(sk_tiles + 1, dtype=torch.int32, device=device)
+    return ctas, sk_tiles, parts, ctr
 
 
 _SM_COUNT: dict = {}
