@@ -45,13 +45,18 @@ def main(argv=None):
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--iters", type=int, default=20)
     a = p.parse_args(argv)
-    for hidden, inter in bench.parse_shapes(a.shapes):
+    try:
+        print(bench.require_gpu())
+        shapes, ms = bench.parse_shapes(a.shapes), bench.parse_ms(a.m)
+    except bench.BenchError as e:
+        raise SystemExit(f"launch_ab: {e}") from None
+    for hidden, inter in shapes:
         for fmt in a.formats or ["fp8_block128"]:
             layers = []
             for seed in range(bench.layer_count(hidden, inter)):
                 mlp = bench.hf_mlp(hidden, inter, seed)
                 layers.append({v: variant(bench.fused(mlp, fmt), v) for v in VARIANTS})
-            for m in bench.parse_ms(a.m):
+            for m in ms:
                 x = torch.randn(m, hidden, device="cuda").to(torch.bfloat16)
                 with torch.no_grad():
                     ref = layers[0]["shipped"](x)
