@@ -4,11 +4,16 @@ Variants, each its own module (its eager CUDA graphs are captured with its launc
 
   shipped   as dispatched
   no_pdl    no PDL (dispatch.PDL_M = 0)
+  ab<i>     with --ab SPEC: the dispatched configs with those fields changed (bench_mlp's form,
+            e.g. "gate_up:pdl=True,gate_up:ctas_per_sm=1,down:pdl=True,down:ctas_per_sm=1";
+            repeatable), e.g. to time nvfp4 with PDL and a register count fixed at entry
 
 Each line: µs medians and, per variant, the range over rounds of shipped's speed-up over it
 (> 1: the dispatched launches are faster), and whether its output differs from shipped's.
 
     python -m benchmarks.launch_ab --format fp8_block128 --m 1,16,64,256 --rounds 5
+    python -m benchmarks.launch_ab --format nvfp4 --ab gate_up:ctas_per_sm=1,down:ctas_per_sm=1 \
+        --ab gate_up:pdl=True,gate_up:ctas_per_sm=1,down:pdl=True,down:ctas_per_sm=1
 """
 
 from __future__ import annotations
@@ -20,13 +25,14 @@ from unittest import mock
 
 import torch
 
+from benchmarks.harness import parse_ab, with_configs
 from swiglu_fused import bench
 from swiglu_fused.kernels import dispatch
 
-VARIANTS = ("shipped", "no_pdl")
 
-
-def variant(module, name):
+def variant(module, name, fields=None):
+    if fields:
+        return with_configs(module, fields)
     patches = [mock.patch.object(dispatch, "PDL_M", 0)] if name == "no_pdl" else []
 
     def run(x):
@@ -44,9 +50,13 @@ def main(argv=None):
     p.add_argument("--format", action="append", dest="formats")
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--iters", type=int, default=20)
+    p.add_argument("--ab", action="append", default=[], metavar="FAMILY:FIELD=VALUE,...",
+                   help="one more variant: the dispatched configs with these fields changed (repeatable)")
     a = p.parse_args(argv)
+    abs_ = {f"ab{i + 1}": parse_ab(spec) for i, spec in enumerate(a.ab)}
+    variants = ("shipped", "no_pdl", *abs_)
     try:
-        print(bench.require_gpu())
+        print(bench.require_gpu(), *(f"{name}: {fields}" for name, fields in abs_.items()), sep="\n")
         shapes, ms = bench.parse_shapes(a.shapes), bench.parse_ms(a.m)
     except bench.BenchError as e:
         raise SystemExit(f"launch_ab: {e}") from None
@@ -55,18 +65,18 @@ def main(argv=None):
             layers = []
             for seed in range(bench.layer_count(hidden, inter)):
                 mlp = bench.hf_mlp(hidden, inter, seed)
-                layers.append({v: variant(bench.fused(mlp, fmt), v) for v in VARIANTS})
+                layers.append({v: variant(bench.fused(mlp, fmt), v, abs_.get(v)) for v in variants})
             for m in ms:
                 x = torch.randn(m, hidden, device="cuda").to(torch.bfloat16)
                 with torch.no_grad():
                     ref = layers[0]["shipped"](x)
-                    same = {v: torch.equal(layers[0][v](x), ref) for v in VARIANTS[1:]}
-                    t = bench.interleaved_us({v: bench.rotating(layers, v, x) for v in VARIANTS}, a.iters, a.rounds)
-                med = {v: statistics.median(t[v]) for v in VARIANTS}
-                gain = {v: [o / s for s, o in zip(t["shipped"], t[v])] for v in VARIANTS[1:]}
+                    same = {v: torch.equal(layers[0][v](x), ref) for v in variants[1:]}
+                    t = bench.interleaved_us({v: bench.rotating(layers, v, x) for v in variants}, a.iters, a.rounds)
+                med = {v: statistics.median(t[v]) for v in variants}
+                gain = {v: [o / s for s, o in zip(t["shipped"], t[v])] for v in variants[1:]}
                 print(f"{fmt:>12} {hidden}x{inter} M={m:>5} shipped {med['shipped']:7.1f} "
                       + " ".join(f"| {v} {med[v]:7.1f} ({min(gain[v]):.3f}-{max(gain[v]):.3f}x"
-                                 f"{'' if same[v] else ', DIFFERS'})" for v in VARIANTS[1:]), flush=True)
+                                 f"{'' if same[v] else ', DIFFERS'})" for v in variants[1:]), flush=True)
             del layers
             torch.cuda.empty_cache()
 

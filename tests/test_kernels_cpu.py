@@ -323,6 +323,9 @@ def _shipped():
         + [("gate_up", gate_up.GateUpConfig(tile_m=16, stages=6, mainloop="nvfp4", swap_ab=True, tile_major=True,
                                             decode_buffers=1, h_format="bf16", pdl=True), gate_up.compile_gate_up),
            ("down", down.DownConfig(**dispatch._nvfp4_prefill_tile(2048), pdl=True), down.compile_down)]
+        # the register count fixed at entry (TileConfig.ctas_per_sm; to be measured): nvfp4 down with PDL
+        + [("down", down.DownConfig(tile_m=16, stages=6, mainloop="nvfp4", swap_ab=True, tile_major=True,
+                                    decode_buffers=1, pdl=True, ctas_per_sm=1), down.compile_down)]
         # h by TMA stores (TileConfig.tma_store) and the 64-row tile's K pairs: measured, not dispatched
         + [("gate_up", gate_up.GateUpConfig(tile_m=128, stages=4, tma_store=True, h_format=f), gate_up.compile_gate_up)
            for f in ("fp8_group128", "bf16")]

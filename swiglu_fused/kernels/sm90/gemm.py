@@ -249,11 +249,13 @@ class GemmKernel(MainloopMixin, Nvfp4Mixin, StreamKMixin, EpilogueMixin):
             part_ptr, cute.make_layout((ctas * 2, ACC_VALUES, consumers), stride=(ACC_VALUES * consumers, consumers, 1))
         )
         mCtr = cute.make_tensor(ctr_ptr, cute.make_layout(sk_tiles + 1))
-        cluster = {"cluster": [cfg.cluster_size, 1, 1]} if cfg.cluster_size > 1 else {}
+        extra = {"cluster": [cfg.cluster_size, 1, 1]} if cfg.cluster_size > 1 else {}
+        if cutlass.const_expr(cfg.ctas_per_sm > 0):
+            extra["min_blocks_per_mp"] = cfg.ctas_per_sm
         self.kernel(
             tma_a, tma_tA, tma_b, tma_tB, tma_o, mO_tma, mAS, mWS, mOut, mAux, mPart, mCtr, tiled_mma, a_layout,
             b_layout, m, n, n_tiles, sk_tiles,
-        ).launch(grid=[ctas, 1, 1], block=[self.threads, 1, 1], stream=stream, use_pdl=cfg.pdl, **cluster)
+        ).launch(grid=[ctas, 1, 1], block=[self.threads, 1, 1], stream=stream, use_pdl=cfg.pdl, **extra)
 
     def _out_tensors(self, out_ptr, aux_ptr, m, n_units, n_tiles):
         """The epilogue's global tensors (plain Python, inlined into __call__): the output as 32-bit

@@ -80,6 +80,12 @@ class TileConfig:
     # visible; every other global access, the consumers' included, comes after a wait. The producer
     # lets the next kernel launch (launch_dependents) once it has issued its last load.
     pdl: bool = False
+    # CTAs an SM the kernel is compiled for (nvvm.minctasm; 0: none). Without it ptxas sizes the
+    # registers by need and, where that is below the cap, drops setmaxnreg (warning C7508): the
+    # swap-AB tiles run every warp at 95 (nvfp4) or 231 (fp8) registers. With 1 it takes the cap at
+    # entry (168 for 384 threads) and keeps setmaxnreg. Not dispatched: to be measured with and
+    # without pdl (history/nvfp4.md, twenty-second session).
+    ctas_per_sm: int = 0
     # gate_up's 64/128-row tiles: each warpgroup's h slab leaves smem by a TMA store (issued by one
     # thread, asynchronous: the warpgroup goes on to its next tile while the TMA unit writes, rows
     # ≥ M clipped by the tensor map) instead of the threads' 16-byte copy-out (which the swap-AB
@@ -138,6 +144,8 @@ class TileConfig:
             raise ValueError(f"{name}.tile_m = {TILE_M_WG3} is the bf16 mainloop's tile of 256 weight rows "
                              f"(no granules, clusters or tma_store); got {self}")
 
+        if self.ctas_per_sm not in (0, 1, 2):
+            raise ValueError(f"{name}.ctas_per_sm: expected 0 (none), 1 or 2, got {self.ctas_per_sm}")
         if self.cluster_m not in (1, 2) or (self.swap_ab and self.cluster_m != 1):
             raise ValueError(f"{name}.cluster_m: expected 1 or 2 (1 with swap_ab), got {self.cluster_m}")
         if (self.cluster_k not in (1, 2, 4) or (self.cluster_k == 2 and not (self.swap_ab or self.tile_m == 64))
