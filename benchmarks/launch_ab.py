@@ -3,7 +3,7 @@ one process (DISPATCH D20: programmatic dependent launch of the fp8 MLP at M ≤
 Variants, each its own module (its eager CUDA graphs are captured with its launches):
 
   shipped   as dispatched
-  no_pdl    no PDL (dispatch.PDL_M = 0)
+  no_pdl    no PDL (every config's pdl off: what dispatch.PDL_M = 0 picks)
   ab<i>     with --ab SPEC: the dispatched configs with those fields changed (bench_mlp's form,
             e.g. "gate_up:pdl=True,gate_up:ctas_per_sm=1,down:pdl=True,down:ctas_per_sm=1";
             repeatable), e.g. to time nvfp4 with PDL and a register count fixed at entry
@@ -19,28 +19,22 @@ Each line: µs medians and, per variant, the range over rounds of shipped's spee
 from __future__ import annotations
 
 import argparse
-import contextlib
 import statistics
-from unittest import mock
 
 import torch
 
-from benchmarks.harness import parse_ab, with_configs
+from benchmarks.harness import ALL_PDL, parse_ab, with_configs
 from swiglu_fused import bench
-from swiglu_fused.kernels import dispatch
+
+
+NO_PDL = {family: {"pdl": False} for family in ALL_PDL}  # what dispatch picks with PDL_M = 0
 
 
 def variant(module, name, fields=None):
-    if fields:
-        return with_configs(module, fields)
-    patches = [mock.patch.object(dispatch, "PDL_M", 0)] if name == "no_pdl" else []
-
-    def run(x):
-        with contextlib.ExitStack() as stack:
-            for p in patches:
-                stack.enter_context(p)
-            return module(x)
-    return run
+    """The module's forward as variant ``name`` runs it: with_configs' config changes, or none."""
+    if name == "no_pdl":
+        fields = NO_PDL
+    return with_configs(module, fields) if fields else module
 
 
 def main(argv=None):
