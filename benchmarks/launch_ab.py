@@ -4,6 +4,7 @@ Variants, each its own module (its eager CUDA graphs are captured with its launc
 
   shipped   as dispatched
   no_pdl    no PDL (every config's pdl off: what dispatch.PDL_M = 0 picks)
+  memset    a zeroed stream-K counter tensor a launch (schedule.REUSE_COUNTERS off), not one buffer
   ab<i>     with --ab SPEC: the dispatched configs with those fields changed (bench_mlp's form,
             e.g. "gate_up:pdl=True,gate_up:ctas_per_sm=1,down:pdl=True,down:ctas_per_sm=1";
             repeatable), e.g. to time nvfp4 with PDL and a register count fixed at entry
@@ -34,7 +35,23 @@ def variant(module, name, fields=None):
     """The module's forward as variant ``name`` runs it: with_configs' config changes, or none."""
     if name == "no_pdl":
         fields = NO_PDL
+    if name == "memset":
+        return counters_memset(module)
     return with_configs(module, fields) if fields else module
+
+
+def counters_memset(module):
+    """The module's forward with a zeroed stream-K counter tensor a launch (its memset captured in
+    front of each stream-K kernel), as before the counters were kept a stream (DISPATCH D19)."""
+    from swiglu_fused.kernels.sm90 import schedule
+
+    def run(x):
+        schedule.REUSE_COUNTERS = False
+        try:
+            return module(x)
+        finally:
+            schedule.REUSE_COUNTERS = True
+    return run
 
 
 def main(argv=None):
@@ -48,7 +65,7 @@ def main(argv=None):
                    help="one more variant: the dispatched configs with these fields changed (repeatable)")
     a = p.parse_args(argv)
     abs_ = {f"ab{i + 1}": parse_ab(spec) for i, spec in enumerate(a.ab)}
-    variants = ("shipped", "no_pdl", *abs_)
+    variants = ("shipped", "no_pdl", "memset", *abs_)
     try:
         print(bench.require_gpu(), *(f"{name}: {fields}" for name, fields in abs_.items()), sep="\n")
         shapes, ms = bench.parse_shapes(a.shapes), bench.parse_ms(a.m)

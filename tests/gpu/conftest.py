@@ -1,5 +1,7 @@
 """GPU tests: run only on an sm_90 device with CuTe DSL importable (skip cleanly elsewhere)."""
 
+import sys
+
 import pytest
 import torch
 
@@ -20,3 +22,20 @@ def pytest_collection_modifyitems(config, items):
         for item in items:
             if str(item.fspath).startswith(here):
                 item.add_marker(pytest.mark.skip(reason=reason))
+
+
+@pytest.fixture(autouse=True)
+def stream_k_counters_left_at_zero():
+    """Every launch leaves the stream-K tile counters it used at zero, which is what lets one buffer
+    a stream serve them all (kernels/sm90/schedule.stream_k_counters): checked after every GPU test,
+    so that the first test after which one is not zero fails, and zeroed again for the next."""
+    yield
+    schedule = sys.modules.get("swiglu_fused.kernels.sm90.schedule")
+    buffers = {} if schedule is None else {**schedule._EAGER_COUNTERS, **schedule._WEIGHT_COUNTERS}
+    if not buffers:
+        return
+    torch.cuda.synchronize()
+    dirty = {key: buf.nonzero().flatten()[:8].tolist() for key, buf in buffers.items() if buf.any()}
+    for buf in buffers.values():
+        buf.zero_()
+    assert not dirty, f"stream-K counters left non-zero ((device, stream or weight): indices): {dirty}"

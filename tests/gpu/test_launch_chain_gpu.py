@@ -1,12 +1,20 @@
-"""The launches between kernels (DISPATCH D20): programmatic dependent launch of the fp8 MLP at
-decode sizes. It changes nothing a kernel computes, so the check is bit-equality with the plain
-launches, on chains where each kernel reads what the one before it wrote."""
+"""The launches between kernels: programmatic dependent launch of the fp8 MLP at decode sizes
+(DISPATCH D20), and the stream-K tile counters kept zeroed a stream or a graph capture instead of a
+memset a launch (D19, schedule.stream_k_counters). Neither changes what a kernel computes, so the
+check is bit-equality with plain launches, on chains where each kernel reads what the one before it
+wrote, eager, in CUDA graphs replayed in any order, on two streams at once and under torch.compile's
+CUDA-graph trees. (conftest.py checks after every GPU test that the counters are back at zero.)"""
 
 import pytest
 import torch
 
 from swiglu_fused import FusedSwiGLUMLP
 from swiglu_fused.kernels import dispatch
+
+from .tolerance import rel_frobenius
+
+pytest.importorskip("cutlass")
+from swiglu_fused.kernels.sm90 import schedule  # noqa: E402
 
 H, I = 2048, 4096
 
@@ -56,3 +64,94 @@ def test_fp8_decode_with_pdl_is_bit_identical(m, monkeypatch):
         monkeypatch.setattr(dispatch, "PDL_M", 0)
         plain = _chain(module, x)
     assert torch.equal(y, plain) and torch.equal(eager, plain)
+
+
+def _memset_counters(monkeypatch):
+    """What every launch did before: a zeroed counter tensor of its own."""
+    monkeypatch.setattr(schedule, "REUSE_COUNTERS", False)
+
+
+def _nvfp4_stream_k(m):
+    """Whether this nvfp4 MLP's gate_up or down at M rows runs stream-K, with counters (else a test
+    of them would test nothing)."""
+    from swiglu_fused.kernels.sm90.tile_config import DownConfig, GateUpConfig
+
+    nvfp4 = dispatch.NVFP4_MAINLOOP
+    g = GateUpConfig(act="silu", h_format="bf16", mainloop=nvfp4, **dispatch.nvfp4_tile_for(m))
+    d = DownConfig(mainloop=nvfp4, **dispatch.nvfp4_tile_for(m, "down"))
+    sms = schedule.sm_count(torch.device("cuda"))
+    return schedule.schedule(g, m, 2 * I, H, sms)[1] > 0 or schedule.schedule(d, m, H, I, sms)[1] > 0
+
+
+@pytest.mark.parametrize("m", [1, 16, 200])
+def test_counters_kept_a_stream_are_bit_identical_to_a_memset_a_launch(m, monkeypatch):
+    """Eager chains on one stream share its counter buffer: same output as a zeroed tensor a
+    launch, and the buffer back at zero after."""
+    assert _nvfp4_stream_k(m)
+    module = _mlp("nvfp4")
+    x = torch.randn(m, H, device="cuda").to(torch.bfloat16)
+    with torch.no_grad():
+        y = _chain(module, x)
+        torch.cuda.synchronize()
+        stream = torch.cuda.current_stream()
+        assert not schedule._EAGER_COUNTERS[(stream.device_index, stream.cuda_stream)].any()
+        _memset_counters(monkeypatch)
+        plain = _chain(module, x)
+    assert torch.equal(y, plain)
+
+
+def test_graphs_with_counters_replay_in_any_order():
+    """Captured launches use their weight's counters (made by its eager warm-up), eager ones their
+    stream's: graphs of the same module replayed in any order, between eager calls, give what eager
+    calls give."""
+    module = _mlp("nvfp4")
+    xs = [torch.randn(m, H, device="cuda").to(torch.bfloat16) for m in (16, 200)]
+    with torch.no_grad():
+        graphs = [_graph(lambda t: _chain(module, t), x) for x in xs]
+        expected = [_chain(module, x) for x in xs]
+    weights = [p.data_ptr() for p in module.buffers()]
+    assert any((torch.cuda.current_device(), w) in schedule._WEIGHT_COUNTERS for w in weights)  # (what the graphs used)
+    with torch.no_grad():
+        for i in (1, 0, 0, 1):
+            graphs[i][1].fill_(float("nan"))
+            graphs[i][0].replay()
+            eager = _chain(module, xs[1 - i])
+            torch.cuda.synchronize()
+            assert torch.equal(graphs[i][1], expected[i]) and torch.equal(eager, expected[1 - i])
+
+
+def test_counters_on_two_streams_at_once():
+    """Launches on two streams that may overlap use a buffer each."""
+    module = _mlp("nvfp4")
+    xs = [torch.randn(16, H, device="cuda").to(torch.bfloat16) for _ in range(2)]
+    with torch.no_grad():
+        expected = [_chain(module, x) for x in xs]
+        streams = [torch.cuda.Stream() for _ in xs]
+        for s in streams:
+            s.wait_stream(torch.cuda.current_stream())
+        outs = [[], []]
+        for _ in range(8):
+            for s, x, out in zip(streams, xs, outs):
+                with torch.cuda.stream(s):
+                    out.append(_chain(module, x))
+        for s in streams:
+            torch.cuda.current_stream().wait_stream(s)
+        torch.cuda.synchronize()
+    for out, e in zip(outs, expected):
+        assert all(torch.equal(o, e) for o in out)
+
+
+def test_counters_under_cuda_graph_trees():
+    """torch.compile(mode="reduce-overhead") records and replays CUDA-graph trees, whose warm-up
+    runs take the current stream's allocations into the trees' pool: eager calls of the same module
+    before, between and after still match, and the counters stay at zero."""
+    module = _mlp("nvfp4")
+    compiled = torch.compile(module, mode="reduce-overhead", fullgraph=True)
+    xs = [torch.randn(m, H, device="cuda").to(torch.bfloat16) for m in (1, 16, 200)]
+    with torch.no_grad():
+        expected = [module(x) for x in xs]
+        for _ in range(3):
+            for x, e in zip(xs, expected):
+                y = compiled(x).clone()
+                assert torch.equal(module(x), e)
+                assert rel_frobenius(y, e) < 1e-6  # (as test_nvfp4_gpu's torch.compile test)

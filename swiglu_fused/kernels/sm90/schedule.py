@@ -107,13 +107,10 @@ def _max_sk_grid_m(config: TileConfig) -> int:
     return 2
 
 
-def launch_plan(config: TileConfig, m: int, n: int, k: int, device):
-    """(ctas, sk_tiles, partials, counters) for one launch. Both are allocated per call, so no two
-    launches (concurrent streams, CUDA graphs) ever share them: the partials cost nothing to
-    allocate, the zeroed counters one small memset (DISPATCH D19). The kernel
-    leaves its counters at zero again, which would let a cached tensor be reused safely on one
-    stream (tried in the twenty-second session: 1-5 % on the nvfp4 MLP at decode, but the GPU suite
-    then failed in an order-dependent way that was not explained; history/mlp.md)."""
+def launch_plan(config: TileConfig, m: int, n: int, k: int, device, weight_ptr: int = 0):
+    """(ctas, sk_tiles, partials, counters) for one launch on the current stream of the GEMM whose
+    weight (B operand) starts at ``weight_ptr``: the partials allocated per call (they cost nothing to
+    allocate), the zeroed tile counters from stream_k_counters (DISPATCH D19)."""
     import torch
 
     ctas, sk_tiles = schedule(config, m, n, k, sm_count(device))
@@ -121,8 +118,89 @@ def launch_plan(config: TileConfig, m: int, n: int, k: int, device):
         return ctas, sk_tiles, None, None
     # per CTA two slots (its first and last tile) of 128 fp32 per consumer thread
     parts = torch.empty(ctas * 2 * ACC_VALUES * config.consumer_threads, dtype=torch.float32, device=device)
-    ctr = torch.zeros(sk_tiles + 1, dtype=torch.int32, device=device)
-    return ctas, sk_tiles, parts, ctr
+    return ctas, sk_tiles, parts, stream_k_counters(device, sk_tiles + 1, weight_ptr)
+
+
+# The stream-K tile counters. Every launch leaves the counters it used at zero again (the last CTA
+# of a tile resets its own: stream_k._fixup), so one zeroed buffer serves any launches that never
+# overlap, e.g. those of one stream in order (a PDL launch touches them only after
+# griddepcontrol.wait). Without it each launch needs a memset of its own in front of it: 1-1.5 µs,
+# and a break in a chain of PDL launches (DISPATCH D19).
+# - Eager launches: one buffer a (device, stream).
+# - Launches captured into a CUDA graph: one buffer a (device, weight), made by the weight's first
+#   eager launch (every capture path warms up eagerly first: torch.cuda.graph's users, our
+#   eager_graphs, torch.compile's CUDA-graph trees, vLLM). A graph may replay on any stream, so a
+#   stream's buffer will not do; two graphs holding the same weight (one module's M buckets) replay
+#   one after the other in every capture path we know. Where no such buffer exists yet, the launch
+#   gets a zeroed tensor of its own, as before.
+# Buffers are made outside every capture, from memory no CUDA graph pool owns (_outside_any_pool),
+# and never freed: a tensor of torch's allocator made during a capture would have to die with it
+# (torch.compile's CUDA-graph trees refuse a live allocation in their pool that is not an output,
+# and the caching allocator asserts when a graph's pool goes with one still allocated), and one made
+# during a trees warm-up would land in the trees' pool (both seen in the GPU suite).
+REUSE_COUNTERS = True  # False: a zeroed tensor a launch (what the A/B in benchmarks.launch_ab compares)
+COUNTER_WORDS = 256  # one buffer's size: sk_tiles + 1 ≤ SMs / 2 + 1 (plan)
+_EAGER_COUNTERS: dict = {}  # (device index, raw stream) → int32 [COUNTER_WORDS], zero between launches
+_WEIGHT_COUNTERS: dict = {}  # (device index, weight data pointer) → the same, for captured launches
+
+
+def stream_k_counters(device, words: int, weight_ptr: int = 0):
+    """A zeroed int32 tensor of ``words`` tile counters for a launch on the current stream of the
+    GEMM whose weight starts at ``weight_ptr`` (above)."""
+    import torch
+
+    device = torch.device(device)
+    if device.type != "cuda" or not REUSE_COUNTERS or words > COUNTER_WORDS:  # (host-side tests of launch_plan)
+        return torch.zeros(words, dtype=torch.int32, device=device)
+    stream = torch.cuda.current_stream(device)
+    if torch.cuda.is_current_stream_capturing():
+        buf = _WEIGHT_COUNTERS.get((stream.device_index, weight_ptr)) if weight_ptr else None
+        return torch.zeros(words, dtype=torch.int32, device=device) if buf is None else buf[:words]
+    idx = stream.device_index
+    if weight_ptr and (idx, weight_ptr) not in _WEIGHT_COUNTERS:
+        _WEIGHT_COUNTERS[(idx, weight_ptr)] = _outside_any_pool(idx)
+    buf = _EAGER_COUNTERS.get((idx, stream.cuda_stream))
+    if buf is None:
+        buf = _EAGER_COUNTERS[(idx, stream.cuda_stream)] = _outside_any_pool(idx)
+    return buf[:words]
+
+
+def _outside_any_pool(idx: int):
+    """A zeroed int32 [COUNTER_WORDS] on device ``idx`` that no CUDA graph pool owns: a slice of a slab
+    from the driver (cuMemAlloc), kept for the process's life. Not from torch's caching allocator:
+    torch.compile's CUDA-graph trees route every allocation of the thread to their pool during a
+    warm-up, whatever the stream (outside any capture: the slab is made and zeroed synchronously)."""
+    slab, used = _SLABS.get(idx, (None, SLAB_BUFFERS))
+    if used == SLAB_BUFFERS:
+        slab, used = _driver_zeros(idx, SLAB_BUFFERS * COUNTER_WORDS), 0
+    _SLABS[idx] = (slab, used + 1)
+    return slab[used * COUNTER_WORDS:(used + 1) * COUNTER_WORDS]
+
+
+SLAB_BUFFERS = 256  # buffers a driver allocation (256 KB): a few allocations for a whole model
+_SLABS: dict = {}  # device index → (slab tensor, buffers handed out)
+
+
+def _driver_zeros(idx: int, words: int):
+    """An int32 tensor of ``words`` zeros on device ``idx`` in memory from cuMemAlloc (never freed)."""
+    import cuda.bindings.driver as cu
+    import torch
+
+    def check(err, *out):
+        if err != cu.CUresult.CUDA_SUCCESS:
+            raise RuntimeError(f"stream-K counters: CUDA driver error {err}")
+        return out[0] if out else None
+
+    class Raw:  # (what torch.as_tensor takes device memory it does not own through)
+        def __init__(self, ptr: int):
+            self.__cuda_array_interface__ = {"shape": (words,), "typestr": "<i4", "data": (ptr, False),
+                                             "version": 3}
+
+    with torch.cuda.device(idx):
+        ptr = int(check(*cu.cuMemAlloc(words * 4)))
+        check(*cu.cuMemsetD32(ptr, 0, words))
+        check(*cu.cuCtxSynchronize())  # (the memset runs on the legacy stream, which torch's streams do not wait for)
+        return torch.as_tensor(Raw(ptr), device=f"cuda:{idx}")
 
 
 _SM_COUNT: dict = {}
