@@ -1,6 +1,6 @@
 """The launches between kernels: programmatic dependent launch of the fp8 MLP at decode sizes
-(DISPATCH D20), and the stream-K tile counters kept zeroed a stream or a graph capture instead of a
-memset a launch (D19, schedule.stream_k_counters). Neither changes what a kernel computes, so the
+(DISPATCH D20), and the stream-K tile counters kept zeroed (a buffer a stream, a weight's in CUDA
+graphs) instead of a memset a launch (D19, schedule.stream_k_counters). Neither changes what a kernel computes, so the
 check is bit-equality with plain launches, on chains where each kernel reads what the one before it
 wrote, eager, in CUDA graphs replayed in any order, on two streams at once and under torch.compile's
 CUDA-graph trees. (conftest.py checks after every GPU test that the counters are back at zero.)"""
