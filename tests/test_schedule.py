@@ -510,3 +510,81 @@ def test_pdl_on_the_fp8_mlp_at_decode_sizes(mainloop, m, hidden, inter):
 def test_nvfp4_takes_no_pdl():
     """DISPATCH D20: PDL made the nvfp4 MLP slower; none of its shipped configs has it."""
     assert not any(c.pdl for c in dispatch.gate_up_shipped() + dispatch.down_shipped() if c.nvfp4)
+
+
+class _FakeCuda:
+    """What stream_k_counters asks torch.cuda and the driver, on the host: the current stream, whether
+    it is capturing and the capture's id; its slabs are CPU tensors."""
+
+    def __init__(self, monkeypatch):
+        import types
+
+        import torch
+
+        self.stream, self.capture = 7, None
+        monkeypatch.setattr(torch.cuda, "current_stream",
+                            lambda device=None: types.SimpleNamespace(device_index=0, cuda_stream=self.stream))
+        monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: self.capture is not None)
+        monkeypatch.setattr(g, "capture_id", lambda stream: self.capture)
+        monkeypatch.setattr(g, "_driver_zeros", lambda idx, words: torch.zeros(words, dtype=torch.int32))
+        for name in ("_EAGER_COUNTERS", "_CAPTURE_COUNTERS", "_SLABS"):
+            monkeypatch.setattr(g, name, {})
+
+    def counters(self, words=17):
+        import torch
+
+        return g.stream_k_counters(torch.device("cuda", 0), words)
+
+
+def _buffer(t):
+    """Which buffer of which slab a counters tensor is (its storage and offset)."""
+    return t.untyped_storage().data_ptr(), t.storage_offset()
+
+
+def test_stream_k_counters_a_stream_and_a_capture(monkeypatch):
+    """Eager launches of a stream share its buffer, another stream gets another; each capture (each
+    stream of it) takes a buffer no launch has used, the same for all its launches; none is made
+    during a capture."""
+    cuda = _FakeCuda(monkeypatch)
+    a = cuda.counters()
+    assert a.shape == (17,) and not a.any() and _buffer(cuda.counters(40)) == _buffer(a)
+    cuda.stream = 8
+    b = cuda.counters()
+    assert _buffer(b) != _buffer(a)
+    seen = {_buffer(a), _buffer(b)}
+    for capture in (101, 102):
+        cuda.capture = capture
+        for stream in (7, 9):
+            cuda.stream = stream
+            c = cuda.counters()
+            assert _buffer(c) not in seen and _buffer(cuda.counters()) == _buffer(c)
+            seen.add(_buffer(c))
+    cuda.capture, cuda.stream = None, 7
+    assert _buffer(cuda.counters()) == _buffer(a)
+
+
+def test_stream_k_counters_in_a_capture_with_no_buffer_left(monkeypatch):
+    """A capture never allocates: with the slab used up it gets nothing (a zeroed tensor of the
+    launch's own, then), and the next eager launch makes a new slab with buffers to spare."""
+    cuda = _FakeCuda(monkeypatch)
+    cuda.counters()
+    slab, used = g._SLABS[0]
+    assert g.SLAB_BUFFERS - used >= g.SPARE_BUFFERS  # (spares ready for captures)
+    g._SLABS[0] = (slab, g.SLAB_BUFFERS)
+    cuda.capture = 5
+    assert g._take_buffer(0, allocate=False) is None
+    cuda.capture = None
+    cuda.counters()
+    assert g._SLABS[0][0] is not slab and g.SLAB_BUFFERS - g._SLABS[0][1] >= g.SPARE_BUFFERS
+
+
+def test_stream_k_counters_off_or_too_many(monkeypatch):
+    """REUSE_COUNTERS off (the A/B's memset variant), or more counters than a buffer holds: a zeroed
+    tensor a launch, no buffer taken."""
+    import torch
+
+    cuda = _FakeCuda(monkeypatch)
+    monkeypatch.setattr(torch, "zeros", lambda n, dtype, device: ("fresh", n))
+    assert cuda.counters(g.COUNTER_WORDS + 1) == ("fresh", g.COUNTER_WORDS + 1)
+    monkeypatch.setattr(g, "REUSE_COUNTERS", False)
+    assert cuda.counters() == ("fresh", 17) and not g._SLABS

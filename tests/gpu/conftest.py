@@ -26,16 +26,18 @@ def pytest_collection_modifyitems(config, items):
 
 @pytest.fixture(autouse=True)
 def stream_k_counters_left_at_zero():
-    """Every launch leaves the stream-K tile counters it used at zero, which is what lets one buffer
-    a stream serve them all (kernels/sm90/schedule.stream_k_counters): checked after every GPU test,
-    so that the first test after which one is not zero fails, and zeroed again for the next."""
+    """Every launch leaves the stream-K tile counters it used at zero, which is what lets a buffer
+    serve every launch of a stream, and a CUDA graph's every replay, without a memset
+    (kernels/sm90/schedule.stream_k_counters): checked after every GPU test over every buffer made,
+    so that the first test after which one is not zero fails; zeroed again for the next."""
     yield
     schedule = sys.modules.get("swiglu_fused.kernels.sm90.schedule")
-    buffers = {} if schedule is None else {**schedule._EAGER_COUNTERS, **schedule._WEIGHT_COUNTERS}
-    if not buffers:
+    if schedule is None or not schedule._ALL_SLABS:
         return
     torch.cuda.synchronize()
-    dirty = {key: buf.nonzero().flatten()[:8].tolist() for key, buf in buffers.items() if buf.any()}
-    for buf in buffers.values():
-        buf.zero_()
-    assert not dirty, f"stream-K counters left non-zero ((device, stream or weight): indices): {dirty}"
+    words = schedule.COUNTER_WORDS
+    dirty = {(i, int(j) // words): int(j) % words for i, slab in enumerate(schedule._ALL_SLABS)
+             for j in slab.nonzero().flatten()[:8].tolist()}
+    for slab in schedule._ALL_SLABS:
+        slab.zero_()
+    assert not dirty, f"stream-K counters left non-zero ((slab, buffer): word): {dirty}"

@@ -1,9 +1,9 @@
 """The launches between kernels: programmatic dependent launch of the fp8 MLP at decode sizes
-(DISPATCH D20), and the stream-K tile counters kept zeroed (a buffer a stream, a weight's in CUDA
-graphs) instead of a memset a launch (D19, schedule.stream_k_counters). Neither changes what a kernel computes, so the
+(DISPATCH D20), and the stream-K tile counters kept zeroed (a buffer a stream, one a CUDA graph
+capture) instead of a memset a launch (D19, schedule.stream_k_counters). Neither changes what a kernel computes, so the
 check is bit-equality with plain launches, on chains where each kernel reads what the one before it
-wrote, eager, in CUDA graphs replayed in any order, on two streams at once and under torch.compile's
-CUDA-graph trees. (conftest.py checks after every GPU test that the counters are back at zero.)"""
+wrote, eager, in CUDA graphs replayed in any order, on two streams at once (eager and graphs) and
+under torch.compile's CUDA-graph trees. (conftest.py checks after every GPU test that the counters are back at zero.)"""
 
 import pytest
 import torch
@@ -101,23 +101,45 @@ def test_counters_kept_a_stream_are_bit_identical_to_a_memset_a_launch(m, monkey
 
 
 def test_graphs_with_counters_replay_in_any_order():
-    """Captured launches use their weight's counters (made by its eager warm-up), eager ones their
-    stream's: graphs of the same module replayed in any order, between eager calls, give what eager
-    calls give."""
+    """Each capture takes counters of its own (zero, and left at zero by every replay), eager calls
+    their stream's: graphs of the same module replayed in any order, between eager calls, give what
+    eager calls give."""
     module = _mlp("nvfp4")
     xs = [torch.randn(m, H, device="cuda").to(torch.bfloat16) for m in (16, 200)]
     with torch.no_grad():
-        graphs = [_graph(lambda t: _chain(module, t), x) for x in xs]
+        graphs = []
+        for x in xs:
+            graphs.append(_graph(lambda t: _chain(module, t), x))
+            assert schedule._CAPTURE_COUNTERS and None not in schedule._CAPTURE_COUNTERS.values()  # (no memset)
         expected = [_chain(module, x) for x in xs]
-    weights = [p.data_ptr() for p in module.buffers()]
-    assert any((torch.cuda.current_device(), w) in schedule._WEIGHT_COUNTERS for w in weights)  # (what the graphs used)
-    with torch.no_grad():
         for i in (1, 0, 0, 1):
             graphs[i][1].fill_(float("nan"))
             graphs[i][0].replay()
             eager = _chain(module, xs[1 - i])
             torch.cuda.synchronize()
             assert torch.equal(graphs[i][1], expected[i]) and torch.equal(eager, expected[1 - i])
+
+
+def test_graphs_of_one_module_replayed_on_two_streams_at_once():
+    """Two graphs holding the same weights, replayed at once on two streams, do not share counters."""
+    module = _mlp("nvfp4")
+    xs = [torch.randn(16, H, device="cuda").to(torch.bfloat16) for _ in range(2)]
+    with torch.no_grad():
+        graphs = [_graph(lambda t: _chain(module, t), x) for x in xs]
+        expected = [_chain(module, x) for x in xs]
+        streams = [torch.cuda.Stream() for _ in xs]
+        outs = [[], []]
+        for _ in range(8):
+            for s, (graph, y), out in zip(streams, graphs, outs):
+                s.wait_stream(torch.cuda.current_stream())
+                with torch.cuda.stream(s):
+                    graph.replay()
+                    out.append(y.clone())
+            for s in streams:
+                torch.cuda.current_stream().wait_stream(s)
+        torch.cuda.synchronize()
+    for out, e in zip(outs, expected):
+        assert all(torch.equal(o, e) for o in out)
 
 
 def test_counters_on_two_streams_at_once():

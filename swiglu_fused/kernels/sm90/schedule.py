@@ -107,10 +107,10 @@ def _max_sk_grid_m(config: TileConfig) -> int:
     return 2
 
 
-def launch_plan(config: TileConfig, m: int, n: int, k: int, device, weight_ptr: int = 0):
-    """(ctas, sk_tiles, partials, counters) for one launch on the current stream of the GEMM whose
-    weight (B operand) starts at ``weight_ptr``: the partials allocated per call (they cost nothing to
-    allocate), the zeroed tile counters from stream_k_counters (DISPATCH D19)."""
+def launch_plan(config: TileConfig, m: int, n: int, k: int, device):
+    """(ctas, sk_tiles, partials, counters) for one launch on the current stream: the partials
+    allocated per call (they cost nothing to allocate), the zeroed tile counters from
+    stream_k_counters (DISPATCH D19)."""
     import torch
 
     ctas, sk_tiles = schedule(config, m, n, k, sm_count(device))
@@ -118,7 +118,7 @@ def launch_plan(config: TileConfig, m: int, n: int, k: int, device, weight_ptr: 
         return ctas, sk_tiles, None, None
     # per CTA two slots (its first and last tile) of 128 fp32 per consumer thread
     parts = torch.empty(ctas * 2 * ACC_VALUES * config.consumer_threads, dtype=torch.float32, device=device)
-    return ctas, sk_tiles, parts, stream_k_counters(device, sk_tiles + 1, weight_ptr)
+    return ctas, sk_tiles, parts, stream_k_counters(device, sk_tiles + 1)
 
 
 # The stream-K tile counters. Every launch leaves the counters it used at zero again (the last CTA
@@ -127,58 +127,72 @@ def launch_plan(config: TileConfig, m: int, n: int, k: int, device, weight_ptr: 
 # griddepcontrol.wait). Without it each launch needs a memset of its own in front of it: 1-1.5 µs,
 # and a break in a chain of PDL launches (DISPATCH D19).
 # - Eager launches: one buffer a (device, stream).
-# - Launches captured into a CUDA graph: one buffer a (device, weight), made by the weight's first
-#   eager launch (every capture path warms up eagerly first: torch.cuda.graph's users, our
-#   eager_graphs, torch.compile's CUDA-graph trees, vLLM). A graph may replay on any stream, so a
-#   stream's buffer will not do; two graphs holding the same weight (one module's M buckets) replay
-#   one after the other in every capture path we know. Where no such buffer exists yet, the launch
-#   gets a zeroed tensor of its own, as before.
-# Buffers are made outside every capture, from memory no CUDA graph pool owns (_outside_any_pool),
-# and never freed: a tensor of torch's allocator made during a capture would have to die with it
-# (torch.compile's CUDA-graph trees refuse a live allocation in their pool that is not an output,
+# - Launches captured into a CUDA graph: one buffer a (device, stream, capture), never used before,
+#   so zero when the capture takes it and after every replay (a graph may replay on any stream, and
+#   graphs may replay at once on two: none shares its buffer). 1 KB a capture, kept.
+# Buffers are slices of slabs of driver memory (_driver_zeros) that no CUDA graph pool owns and
+# that are never freed: a tensor of torch's allocator made during a capture would have to die with
+# it (torch.compile's CUDA-graph trees refuse a live allocation in their pool that is not an output,
 # and the caching allocator asserts when a graph's pool goes with one still allocated), and one made
-# during a trees warm-up would land in the trees' pool (both seen in the GPU suite).
+# during a trees warm-up lands in the trees' pool (both seen in the GPU suite, 2026-11-28). A
+# capture cannot allocate, so it takes a slice made ready by an eager launch; where none is left (a
+# capture before any eager launch), a launch gets a zeroed tensor of its own, as before.
 REUSE_COUNTERS = True  # False: a zeroed tensor a launch (what the A/B in benchmarks.launch_ab compares)
 COUNTER_WORDS = 256  # one buffer's size: sk_tiles + 1 ≤ SMs / 2 + 1 (plan)
+SLAB_BUFFERS = 1024  # buffers a driver allocation (1 MB)
+SPARE_BUFFERS = 256  # kept ready by eager launches for the captures after them (1 a capture and stream;
+#   vLLM captures a piece a layer after one warm-up of the whole model)
 _EAGER_COUNTERS: dict = {}  # (device index, raw stream) → int32 [COUNTER_WORDS], zero between launches
-_WEIGHT_COUNTERS: dict = {}  # (device index, weight data pointer) → the same, for captured launches
+_CAPTURE_COUNTERS: dict = {}  # (device index, raw stream, capture id) → the same, the capture under way's
+_SLABS: dict = {}  # device index → (slab tensor, buffers handed out)
+_ALL_SLABS: list = []  # every slab made (all zero whenever no launch runs: what the GPU tests check)
 
 
-def stream_k_counters(device, words: int, weight_ptr: int = 0):
-    """A zeroed int32 tensor of ``words`` tile counters for a launch on the current stream of the
-    GEMM whose weight starts at ``weight_ptr`` (above)."""
+def stream_k_counters(device, words: int):
+    """A zeroed int32 tensor of ``words`` tile counters for a launch on the current stream (above)."""
     import torch
 
     device = torch.device(device)
     if device.type != "cuda" or not REUSE_COUNTERS or words > COUNTER_WORDS:  # (host-side tests of launch_plan)
         return torch.zeros(words, dtype=torch.int32, device=device)
     stream = torch.cuda.current_stream(device)
-    if torch.cuda.is_current_stream_capturing():
-        buf = _WEIGHT_COUNTERS.get((stream.device_index, weight_ptr)) if weight_ptr else None
-        return torch.zeros(words, dtype=torch.int32, device=device) if buf is None else buf[:words]
     idx = stream.device_index
-    if weight_ptr and (idx, weight_ptr) not in _WEIGHT_COUNTERS:
-        _WEIGHT_COUNTERS[(idx, weight_ptr)] = _outside_any_pool(idx)
+    if torch.cuda.is_current_stream_capturing():
+        key = (idx, stream.cuda_stream, capture_id(stream))
+        buf = _CAPTURE_COUNTERS.get(key)
+        if buf is None:
+            for old in [old for old in _CAPTURE_COUNTERS if old[2] != key[2]]:  # (captures that are over:
+                del _CAPTURE_COUNTERS[old]  # their graphs keep their slices, which nothing else takes)
+            buf = _CAPTURE_COUNTERS[key] = _take_buffer(idx, allocate=False)
+        return torch.zeros(words, dtype=torch.int32, device=device) if buf is None else buf[:words]
     buf = _EAGER_COUNTERS.get((idx, stream.cuda_stream))
     if buf is None:
-        buf = _EAGER_COUNTERS[(idx, stream.cuda_stream)] = _outside_any_pool(idx)
+        buf = _EAGER_COUNTERS[(idx, stream.cuda_stream)] = _take_buffer(idx, allocate=True)
+    if SLAB_BUFFERS - _SLABS[idx][1] < SPARE_BUFFERS:
+        _SLABS[idx] = (_driver_zeros(idx, SLAB_BUFFERS * COUNTER_WORDS), 0)
     return buf[:words]
 
 
-def _outside_any_pool(idx: int):
-    """A zeroed int32 [COUNTER_WORDS] on device ``idx`` that no CUDA graph pool owns: a slice of a slab
-    from the driver (cuMemAlloc), kept for the process's life. Not from torch's caching allocator:
-    torch.compile's CUDA-graph trees route every allocation of the thread to their pool during a
-    warm-up, whatever the stream (outside any capture: the slab is made and zeroed synchronously)."""
+def _take_buffer(idx: int, allocate: bool):
+    """A never-used zeroed int32 [COUNTER_WORDS] slice of device ``idx``'s slab; with ``allocate``
+    a new slab when it is used up (outside any capture), else None then."""
     slab, used = _SLABS.get(idx, (None, SLAB_BUFFERS))
     if used == SLAB_BUFFERS:
+        if not allocate:
+            return None
         slab, used = _driver_zeros(idx, SLAB_BUFFERS * COUNTER_WORDS), 0
     _SLABS[idx] = (slab, used + 1)
     return slab[used * COUNTER_WORDS:(used + 1) * COUNTER_WORDS]
 
 
-SLAB_BUFFERS = 256  # buffers a driver allocation (256 KB): a few allocations for a whole model
-_SLABS: dict = {}  # device index → (slab tensor, buffers handed out)
+def capture_id(stream) -> int:
+    """The id of the CUDA graph capture under way on ``stream``, unique over the process's life."""
+    import cuda.bindings.driver as cu
+
+    err, _, capture, *_ = cu.cuStreamGetCaptureInfo(cu.CUstream(stream.cuda_stream))
+    if err != cu.CUresult.CUDA_SUCCESS:
+        raise RuntimeError(f"cuStreamGetCaptureInfo: {err}")
+    return int(capture)
 
 
 def _driver_zeros(idx: int, words: int):
@@ -200,7 +214,9 @@ def _driver_zeros(idx: int, words: int):
         ptr = int(check(*cu.cuMemAlloc(words * 4)))
         check(*cu.cuMemsetD32(ptr, 0, words))
         check(*cu.cuCtxSynchronize())  # (the memset runs on the legacy stream, which torch's streams do not wait for)
-        return torch.as_tensor(Raw(ptr), device=f"cuda:{idx}")
+        slab = torch.as_tensor(Raw(ptr), device=f"cuda:{idx}")
+    _ALL_SLABS.append(slab)
+    return slab
 
 
 _SM_COUNT: dict = {}
