@@ -8,6 +8,10 @@ Variants, each its own module (its eager CUDA graphs are captured with its launc
   ab<i>     with --ab SPEC: the dispatched configs with those fields changed (bench_mlp's form,
             e.g. "gate_up:pdl=True,gate_up:ctas_per_sm=1,down:pdl=True,down:ctas_per_sm=1";
             repeatable), e.g. to time nvfp4 with PDL and a register count fixed at entry
+  set<i>    with --set SPEC: the dispatch's or the schedule's module constants changed while the
+            variant runs and is captured ("schedule.HBM_BYTES_PER_US=1.05e7;schedule.FIXUP_US=(1, 0.5)":
+            MODULE.NAME=literal, ";"-separated; MODULE dispatch or schedule; repeatable), e.g. to
+            time plans the cost model does not pick
 
 Each line: µs medians and, per variant, the range over rounds of shipped's speed-up over it
 (> 1: the dispatched launches are faster), and whether its output differs from shipped's.
@@ -15,11 +19,14 @@ Each line: µs medians and, per variant, the range over rounds of shipped's spee
     python -m benchmarks.launch_ab --format fp8_block128 --m 1,16,64,256 --rounds 5
     python -m benchmarks.launch_ab --format nvfp4 --ab gate_up:ctas_per_sm=1,down:ctas_per_sm=1 \
         --ab gate_up:pdl=True,gate_up:ctas_per_sm=1,down:pdl=True,down:ctas_per_sm=1
+    python -m benchmarks.launch_ab --m 1,16 --set schedule.HBM_BYTES_PER_US=1.05e7 \
+        --set "schedule.HBM_BYTES_PER_US=1.05e7;schedule.FIXUP_US=(1.0, 0.5)"
 """
 
 from __future__ import annotations
 
 import argparse
+import ast
 import statistics
 
 import torch
@@ -32,25 +39,49 @@ NO_PDL = {family: {"pdl": False} for family in ALL_PDL}  # what dispatch picks w
 
 
 def variant(module, name, fields=None):
-    """The module's forward as variant ``name`` runs it: with_configs' config changes, or none."""
+    """The module's forward as variant ``name`` runs it: with_configs' config changes, constants
+    changed (a set<i> variant's, or memset's), or none."""
     if name == "no_pdl":
         fields = NO_PDL
     if name == "memset":
-        return counters_memset(module)
+        fields = parse_set("schedule.REUSE_COUNTERS=False")
+    if name == "memset" or name.startswith("set"):
+        return with_constants(module, fields)
     return with_configs(module, fields) if fields else module
 
 
-def counters_memset(module):
-    """The module's forward with a zeroed stream-K counter tensor a launch (its memset captured in
-    front of each stream-K kernel), as before the counters were kept a stream (DISPATCH D19)."""
+def parse_set(spec: str) -> dict:
+    """{(module, name): value} from "MODULE.NAME=literal;..." (MODULE: dispatch or schedule)."""
+    from swiglu_fused.kernels import dispatch
     from swiglu_fused.kernels.sm90 import schedule
 
+    modules = {"dispatch": dispatch, "schedule": schedule}
+    out = {}
+    for item in filter(None, (part.strip() for part in spec.split(";"))):
+        target, _, value = item.partition("=")
+        mod, _, name = target.strip().partition(".")
+        if mod not in modules or not hasattr(modules[mod], name):
+            raise SystemExit(f"launch_ab: --set {item!r}: expected MODULE.NAME=VALUE with MODULE one of "
+                             f"{sorted(modules)} and NAME one of its constants")
+        try:
+            out[(modules[mod], name)] = ast.literal_eval(value.strip())
+        except (ValueError, SyntaxError):
+            raise SystemExit(f"launch_ab: --set {item!r}: the value is not a Python literal") from None
+    return out
+
+
+def with_constants(module, constants: dict):
+    """The module's forward with the module constants changed while it runs (so a CUDA graph
+    captured through it keeps the launches they lead to), restored after."""
     def run(x):
-        schedule.REUSE_COUNTERS = False
+        old = {key: getattr(*key) for key in constants}
+        for (mod, name), value in constants.items():
+            setattr(mod, name, value)
         try:
             return module(x)
         finally:
-            schedule.REUSE_COUNTERS = True
+            for (mod, name), value in old.items():
+                setattr(mod, name, value)
     return run
 
 
@@ -63,11 +94,16 @@ def main(argv=None):
     p.add_argument("--iters", type=int, default=20)
     p.add_argument("--ab", action="append", default=[], metavar="FAMILY:FIELD=VALUE,...",
                    help="one more variant: the dispatched configs with these fields changed (repeatable)")
+    p.add_argument("--set", action="append", default=[], dest="sets", metavar="MODULE.NAME=VALUE;...",
+                   help="one more variant: dispatch's or schedule's constants changed (repeatable)")
     a = p.parse_args(argv)
     abs_ = {f"ab{i + 1}": parse_ab(spec) for i, spec in enumerate(a.ab)}
+    shown = {name: fields for name, fields in abs_.items()}
+    for i, spec in enumerate(a.sets):
+        abs_[f"set{i + 1}"], shown[f"set{i + 1}"] = parse_set(spec), spec
     variants = ("shipped", "no_pdl", "memset", *abs_)
     try:
-        print(bench.require_gpu(), *(f"{name}: {fields}" for name, fields in abs_.items()), sep="\n")
+        print(bench.require_gpu(), *(f"{name}: {fields}" for name, fields in shown.items()), sep="\n")
         shapes, ms = bench.parse_shapes(a.shapes), bench.parse_ms(a.m)
     except bench.BenchError as e:
         raise SystemExit(f"launch_ab: {e}") from None
