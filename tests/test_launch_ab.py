@@ -1,0 +1,34 @@
+"""benchmarks/launch_ab.py's variants, on the host: what a --set variant changes while it runs (and
+so while its CUDA graphs are captured), and that the constants are back after it, even when it
+raises; bad specs name the part that is wrong."""
+
+import pytest
+
+pytest.importorskip("cutlass")
+from benchmarks import launch_ab  # noqa: E402
+from swiglu_fused.kernels.sm90 import schedule  # noqa: E402
+
+
+def _seen(x=None):
+    return schedule.HBM_BYTES_PER_US, schedule.FIXUP_US, schedule.REUSE_COUNTERS
+
+
+def test_a_set_variant_changes_the_constants_only_while_it_runs():
+    before = _seen()
+    run = launch_ab.variant(_seen, "set1", launch_ab.parse_set("schedule.HBM_BYTES_PER_US=1.05e7; "
+                                                               "schedule.FIXUP_US=(1.0, 0.5)"))
+    assert run(None) == (1.05e7, (1.0, 0.5), before[2]) and _seen() == before
+    assert launch_ab.variant(_seen, "memset")(None) == (*before[:2], False) and _seen() == before
+
+    def fails(x):
+        raise RuntimeError("launch failed")
+    with pytest.raises(RuntimeError):
+        launch_ab.variant(fails, "set1", launch_ab.parse_set("schedule.REUSE_COUNTERS=False"))(None)
+    assert _seen() == before
+
+
+@pytest.mark.parametrize("spec,says", [("schedul.X=1", "MODULE one of"), ("schedule.NOPE=1", "NAME one of"),
+                                       ("schedule.FIXUP_US=(1,", "not a Python literal")])
+def test_bad_set_specs_say_what_is_wrong(spec, says):
+    with pytest.raises(SystemExit, match=says):
+        launch_ab.parse_set(spec)
