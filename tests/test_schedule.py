@@ -588,3 +588,27 @@ def test_stream_k_counters_off_or_too_many(monkeypatch):
     assert cuda.counters(g.COUNTER_WORDS + 1) == ("fresh", g.COUNTER_WORDS + 1)
     monkeypatch.setattr(g, "REUSE_COUNTERS", False)
     assert cuda.counters() == ("fresh", 17) and not g._SLABS
+
+
+def test_stream_k_counters_threads_on_their_own_streams(monkeypatch):
+    """Threads making their streams' first launches at once get a buffer each."""
+    import threading
+    import types
+
+    import torch
+
+    _FakeCuda(monkeypatch)
+    monkeypatch.setattr(torch.cuda, "current_stream",
+                        lambda device=None: types.SimpleNamespace(device_index=0, cuda_stream=threading.get_ident()))
+    start, got = threading.Barrier(16), []
+
+    def first_launch():
+        start.wait()
+        got.append(_buffer(g.stream_k_counters(torch.device("cuda", 0), 17)))
+
+    threads = [threading.Thread(target=first_launch) for _ in range(16)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(set(got)) == 16

@@ -4,6 +4,8 @@ kernel (Int32) and on the host (int, tests)."""
 
 from __future__ import annotations
 
+import threading
+
 import cutlass
 
 from ...quant import cdiv
@@ -146,6 +148,7 @@ _EAGER_COUNTERS: dict = {}  # (device index, raw stream) → int32 [COUNTER_WORD
 _CAPTURE_COUNTERS: dict = {}  # (device index, raw stream, capture id) → the same, the capture under way's
 _SLABS: dict = {}  # device index → (slab tensor, buffers handed out)
 _ALL_SLABS: list = []  # every slab made (all zero whenever no launch runs: what the GPU tests check)
+_LOCK = threading.Lock()  # taking buffers and making slabs
 
 
 def stream_k_counters(device, words: int):
@@ -161,15 +164,18 @@ def stream_k_counters(device, words: int):
         key = (idx, stream.cuda_stream, capture_id(stream))
         buf = _CAPTURE_COUNTERS.get(key)
         if buf is None:
-            for old in [old for old in _CAPTURE_COUNTERS if old[2] != key[2]]:  # (captures that are over:
-                del _CAPTURE_COUNTERS[old]  # their graphs keep their slices, which nothing else takes)
-            buf = _CAPTURE_COUNTERS[key] = _take_buffer(idx, allocate=False)
+            with _LOCK:  # (threads launching at once must not take the same buffer)
+                for old in [old for old in _CAPTURE_COUNTERS if old[2] != key[2]]:  # (captures that are
+                    del _CAPTURE_COUNTERS[old]  # over: their graphs keep their slices, which nothing takes)
+                buf = _CAPTURE_COUNTERS[key] = _take_buffer(idx, allocate=False)
         return torch.zeros(words, dtype=torch.int32, device=device) if buf is None else buf[:words]
     buf = _EAGER_COUNTERS.get((idx, stream.cuda_stream))
-    if buf is None:
-        buf = _EAGER_COUNTERS[(idx, stream.cuda_stream)] = _take_buffer(idx, allocate=True)
-    if SLAB_BUFFERS - _SLABS[idx][1] < SPARE_BUFFERS:
-        _SLABS[idx] = (_driver_zeros(idx, SLAB_BUFFERS * COUNTER_WORDS), 0)
+    if buf is None or SLAB_BUFFERS - _SLABS[idx][1] < SPARE_BUFFERS:
+        with _LOCK:  # (a stream's first launch, or the captures since the last launch took the spares)
+            if buf is None:
+                buf = _EAGER_COUNTERS[(idx, stream.cuda_stream)] = _take_buffer(idx, allocate=True)
+            if SLAB_BUFFERS - _SLABS[idx][1] < SPARE_BUFFERS:
+                _SLABS[idx] = (_driver_zeros(idx, SLAB_BUFFERS * COUNTER_WORDS), 0)
     return buf[:words]
 
 
