@@ -527,8 +527,9 @@ class _FakeCuda:
         monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: self.capture is not None)
         monkeypatch.setattr(g, "capture_id", lambda stream: self.capture)
         monkeypatch.setattr(g, "_driver_zeros", lambda idx, words: torch.zeros(words, dtype=torch.int32))
-        for name in ("_EAGER_COUNTERS", "_CAPTURE_COUNTERS", "_SLABS"):
+        for name in ("_EAGER_COUNTERS", "_CAPTURE_COUNTERS", "_FREE"):
             monkeypatch.setattr(g, name, {})
+        monkeypatch.setattr(g, "_ALL_SLABS", [])
 
     def counters(self, words=17):
         import torch
@@ -564,18 +565,22 @@ def test_stream_k_counters_a_stream_and_a_capture(monkeypatch):
 
 
 def test_stream_k_counters_in_a_capture_with_no_buffer_left(monkeypatch):
-    """A capture never allocates: with the slab used up it gets nothing (a zeroed tensor of the
-    launch's own, then), and the next eager launch makes a new slab with buffers to spare."""
+    """A capture never allocates: with no buffer left it gets none (a zeroed tensor of the launch's
+    own, then); the next eager launch makes a new slab, so that SPARE_BUFFERS are ready again, and
+    the buffers left in the old one are still handed out (no slab is dropped half used)."""
     cuda = _FakeCuda(monkeypatch)
     cuda.counters()
-    slab, used = g._SLABS[0]
-    assert g.SLAB_BUFFERS - used >= g.SPARE_BUFFERS  # (spares ready for captures)
-    g._SLABS[0] = (slab, g.SLAB_BUFFERS)
+    assert len(g._FREE[0]) == g.SLAB_BUFFERS - 1 >= g.SPARE_BUFFERS
+    left = g._FREE[0][:3]
+    g._FREE[0][:] = left
     cuda.capture = 5
-    assert g._take_buffer(0, allocate=False) is None
+    taken = [g._take_buffer(0, allocate=False) for _ in range(4)]
+    assert taken[3] is None and {_buffer(t) for t in taken[:3]} == {_buffer(t) for t in left}
+    g._FREE[0][:] = left
     cuda.capture = None
     cuda.counters()
-    assert g._SLABS[0][0] is not slab and g.SLAB_BUFFERS - g._SLABS[0][1] >= g.SPARE_BUFFERS
+    assert len(g._ALL_SLABS) == 2 and len(g._FREE[0]) == g.SLAB_BUFFERS + 3
+    assert {_buffer(t) for t in left} <= {_buffer(t) for t in g._FREE[0]}
 
 
 def test_stream_k_counters_off_or_too_many(monkeypatch):
@@ -587,7 +592,7 @@ def test_stream_k_counters_off_or_too_many(monkeypatch):
     monkeypatch.setattr(torch, "zeros", lambda n, dtype, device: ("fresh", n))
     assert cuda.counters(g.COUNTER_WORDS + 1) == ("fresh", g.COUNTER_WORDS + 1)
     monkeypatch.setattr(g, "REUSE_COUNTERS", False)
-    assert cuda.counters() == ("fresh", 17) and not g._SLABS
+    assert cuda.counters() == ("fresh", 17) and not g._ALL_SLABS
 
 
 def test_stream_k_counters_threads_on_their_own_streams(monkeypatch):

@@ -146,7 +146,7 @@ SPARE_BUFFERS = 256  # kept ready by eager launches for the captures after them 
 #   vLLM captures a piece a layer after one warm-up of the whole model)
 _EAGER_COUNTERS: dict = {}  # (device index, raw stream) → int32 [COUNTER_WORDS], zero between launches
 _CAPTURE_COUNTERS: dict = {}  # (device index, raw stream, capture id) → the same, the capture under way's
-_SLABS: dict = {}  # device index → (slab tensor, buffers handed out)
+_FREE: dict = {}  # device index → the never-used buffers (slices of its slabs)
 _ALL_SLABS: list = []  # every slab made (all zero whenever no launch runs: what the GPU tests check)
 _LOCK = threading.Lock()  # taking buffers and making slabs
 
@@ -170,25 +170,31 @@ def stream_k_counters(device, words: int):
                 buf = _CAPTURE_COUNTERS[key] = _take_buffer(idx, allocate=False)
         return torch.zeros(words, dtype=torch.int32, device=device) if buf is None else buf[:words]
     buf = _EAGER_COUNTERS.get((idx, stream.cuda_stream))
-    if buf is None or SLAB_BUFFERS - _SLABS[idx][1] < SPARE_BUFFERS:
+    if buf is None or len(_FREE.get(idx, ())) < SPARE_BUFFERS:
         with _LOCK:  # (a stream's first launch, or the captures since the last launch took the spares)
             if buf is None:
                 buf = _EAGER_COUNTERS[(idx, stream.cuda_stream)] = _take_buffer(idx, allocate=True)
-            if SLAB_BUFFERS - _SLABS[idx][1] < SPARE_BUFFERS:
-                _SLABS[idx] = (_driver_zeros(idx, SLAB_BUFFERS * COUNTER_WORDS), 0)
+            if len(_FREE[idx]) < SPARE_BUFFERS:
+                _new_slab(idx)
     return buf[:words]
 
 
 def _take_buffer(idx: int, allocate: bool):
-    """A never-used zeroed int32 [COUNTER_WORDS] slice of device ``idx``'s slab; with ``allocate``
-    a new slab when it is used up (outside any capture), else None then."""
-    slab, used = _SLABS.get(idx, (None, SLAB_BUFFERS))
-    if used == SLAB_BUFFERS:
+    """A never-used zeroed int32 [COUNTER_WORDS] slice of a slab of device ``idx``; when none is
+    left, a new slab with ``allocate`` (outside any capture), else None."""
+    free = _FREE.setdefault(idx, [])
+    if not free:
         if not allocate:
             return None
-        slab, used = _driver_zeros(idx, SLAB_BUFFERS * COUNTER_WORDS), 0
-    _SLABS[idx] = (slab, used + 1)
-    return slab[used * COUNTER_WORDS:(used + 1) * COUNTER_WORDS]
+        _new_slab(idx)
+    return free.pop()
+
+
+def _new_slab(idx: int) -> None:
+    """SLAB_BUFFERS more free buffers on device ``idx``."""
+    slab = _driver_zeros(idx, SLAB_BUFFERS * COUNTER_WORDS)
+    _ALL_SLABS.append(slab)
+    _FREE.setdefault(idx, []).extend(slab.view(SLAB_BUFFERS, COUNTER_WORDS).unbind(0)[::-1])
 
 
 def capture_id(stream) -> int:
@@ -220,9 +226,7 @@ def _driver_zeros(idx: int, words: int):
         ptr = int(check(*cu.cuMemAlloc(words * 4)))
         check(*cu.cuMemsetD32(ptr, 0, words))
         check(*cu.cuCtxSynchronize())  # (the memset runs on the legacy stream, which torch's streams do not wait for)
-        slab = torch.as_tensor(Raw(ptr), device=f"cuda:{idx}")
-    _ALL_SLABS.append(slab)
-    return slab
+        return torch.as_tensor(Raw(ptr), device=f"cuda:{idx}")
 
 
 _SM_COUNT: dict = {}
