@@ -318,8 +318,8 @@ def _shipped():
         # the split GEMM with its pair tiles 128 rows off the 256-row grid (P = 128 mod 256)
         + [("gate_up_split", split.SplitConfig(tile_m=tm, mainloop=ml, h_format="bf16", prefix=384),
             split.compile_split) for tm in (64, 128) for ml in ("fp8_block128", "bf16")]
-        # programmatic dependent launch (TileConfig.pdl) where it is not dispatched: nvfp4 (its weight
-        # loads before the wait) and the dequantized prefill (none: its weight is the previous kernel's)
+        # programmatic dependent launch (TileConfig.pdl) where it is not dispatched: nvfp4 (its weight's
+        # L2 prefetch before the wait) and the dequantized prefill (none: its weight is the previous kernel's)
         + [("gate_up", gate_up.GateUpConfig(tile_m=16, stages=6, mainloop="nvfp4", swap_ab=True, tile_major=True,
                                             decode_buffers=1, h_format="bf16", pdl=True), gate_up.compile_gate_up),
            ("down", down.DownConfig(**dispatch._nvfp4_prefill_tile(2048), pdl=True), down.compile_down)]

@@ -232,6 +232,8 @@ class GemmKernel(MainloopMixin, Nvfp4Mixin, StreamKMixin, EpilogueMixin):
             num_multicast=cfg.cluster_m,
         )
         tma_o, mO_tma = tma_a, mA  # (placeholders: the kernel reads them only with h_tma_store)
+        if cutlass.const_expr(self._prefetches_weights()):  # (no h TMA store with nvfp4)
+            mO_tma = mB  # the raw weight, whose k tiles _prefetch_weights_early names by address
         if cutlass.const_expr(cfg.h_tma_store):
             i_cols = cute.assume(n_tiles * HALF_N, divby=HALF_N)
             mH = cute.make_tensor(
@@ -384,7 +386,7 @@ class GemmKernel(MainloopMixin, Nvfp4Mixin, StreamKMixin, EpilogueMixin):
         storage, mainloop, sA, sB, loads, sched = self._prologue(
             tma_a, mA, tma_b, mB, a_layout, b_layout, m, n_tiles, sk_tiles, bidx
         )
-        if cutlass.const_expr(self.cfg.pdl and not self._weights_before_wait()):
+        if cutlass.const_expr(self.cfg.pdl and not self._producer_works_before_wait()):
             cute.arch.griddepcontrol_wait()  # the previous kernel's outputs (x, scales) are complete
         gmem = Gmem(mAS, mWS, mOut, mAux, mPart, mCtr, tma_o, mO_tma, m, n)
 
@@ -396,7 +398,7 @@ class GemmKernel(MainloopMixin, Nvfp4Mixin, StreamKMixin, EpilogueMixin):
         else:
             # ---------------- consumer warpgroups: wgmma, promotion, epilogue
             cute.arch.setmaxregister_increase(self.consumer_regs)
-            if cutlass.const_expr(self._weights_before_wait()):  # (the producer waits in _produce)
+            if cutlass.const_expr(self._producer_works_before_wait()):  # (the producer waits in _produce)
                 cute.arch.griddepcontrol_wait()
             self._consume(tiled_mma, mainloop, sA, sB, storage, gmem, sched, tidx, wg_idx)
         if cutlass.const_expr(self.cfg.cluster_k > 1):
@@ -654,8 +656,19 @@ class GemmKernel(MainloopMixin, Nvfp4Mixin, StreamKMixin, EpilogueMixin):
         """TileConfig.pdl: whether the producer issues its first stages' weight loads before
         griddepcontrol.wait, under the previous kernel's tail (DISPATCH D20). The weights are
         constant across launches, except a prefill's dequantized weight, which the kernel before
-        this one writes (nvfp4_dequant.py)."""
-        return self.cfg.pdl and not self.cfg.dequantized
+        this one writes (nvfp4_dequant.py). nvfp4 prefetches them instead (_prefetches_weights)."""
+        return self.cfg.pdl and not self.cfg.dequantized and not self.cfg.nvfp4
+
+    def _prefetches_weights(self) -> bool:
+        """TileConfig.pdl on a tile-major nvfp4 weight (its k tiles are contiguous runs): the
+        producer prefetches its first k tiles into L2 before griddepcontrol.wait (NVFP4's
+        _prefetch_weights_early) and loads everything after it."""
+        return self.cfg.pdl and self.cfg.nvfp4 and self.cfg.tile_major
+
+    def _producer_works_before_wait(self) -> bool:
+        """Whether the producer issues weight loads or prefetches before it waits (the consumers
+        then wait on their own, after their register increase), or every thread waits at once."""
+        return self._weights_before_wait() or self._prefetches_weights()
 
     def _due(self, i, early):
         """(plain Python, inlined) whether k iteration i of this CTA still needs its slot acquired
@@ -680,6 +693,9 @@ class GemmKernel(MainloopMixin, Nvfp4Mixin, StreamKMixin, EpilogueMixin):
         early = None
         if cutlass.const_expr(self._weights_before_wait()):
             early = self._produce_weights_early(mainloop, loads, sched, gmem, storage, lane, hint_b)
+            cute.arch.griddepcontrol_wait()
+        elif cutlass.const_expr(self._prefetches_weights()):
+            self._prefetch_weights_early(sched, gmem, lane)
             cute.arch.griddepcontrol_wait()
         i = Int32(0)
         while cursor < cursor_end:

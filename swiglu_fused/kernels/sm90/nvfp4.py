@@ -49,7 +49,7 @@ import cutlass.cute as cute
 import cutlass.pipeline as pipeline
 from cutlass import Int32
 
-from .ptx import (DECODE_SHIFT, bulk_copy_g2s, cp_async_4, cp_async_arrive, e2m1x2_to_bf16x2, e2m1x8_to_bf16x2x4,
+from .ptx import (DECODE_SHIFT, bulk_copy_g2s, bulk_prefetch_l2, cp_async_4, cp_async_arrive, e2m1x2_to_bf16x2, e2m1x8_to_bf16x2x4,
                   e4m3x4_to_bf16x2, ld_shared_b32, ld_shared_v4, st_shared_v4)
 
 # the decoded weight is the true one times 2^-UNSHIFT (ptx.e2m1x2_to_bf16x2): the accumulator is
@@ -57,6 +57,7 @@ from .ptx import (DECODE_SHIFT, bulk_copy_g2s, cp_async_4, cp_async_arrive, e2m1
 UNSHIFT = 126 - DECODE_SHIFT
 
 DECODE_BARRIER = 6  # named barrier id, 7 too (1, 2: epilogue; 3: stream-K; 4, 5: split_n)
+PDL_PREFETCH_STAGES = 2  # TileConfig.pdl: k tiles prefetched into L2 before the wait, in stages (a guess)
 
 
 class DecodeOperands(NamedTuple):
@@ -114,6 +115,29 @@ class Nvfp4Mixin:
             dst = storage.scl.data_ptr().toint() + stage * (cfg.tile_n * 4)
             src = (mWS.iterator + cute.crd2idx(((0, tn), kt), mWS.layout)).toint()
             bulk_copy_g2s(dst, src, cfg.tile_n * 4, bar.toint())
+
+    @cute.jit
+    def _prefetch_weights_early(self, sched, gmem, lane):
+        """TileConfig.pdl on a tile-major nvfp4 weight: before griddepcontrol.wait, L2 prefetches of
+        the codes (one 8 KB run) and scales (1 KB) of this CTA's first PDL_PREFETCH_STAGES · stages k
+        tiles, by lane 0; the loads after the wait then find them there. Not the early loads into
+        the stages fp8 takes (GemmKernel._produce_weights_early): with those, ptxas compiled the
+        kernel to 74 registers and a narrower decode (95 without them; history/mlp.md)."""
+        cfg = self.cfg
+        mW, mWS = gmem.mO_tma, gmem.mWS  # (the raw weight, in the h TMA store's slot: GemmKernel.__call__)
+        ahead = cutlass.min(Int32(PDL_PREFETCH_STAGES * cfg.stages), sched.cursor_end)
+        cursor = Int32(0)
+        while cursor < ahead:
+            tile, kb0, kb1 = self._segment(cursor, sched)
+            _, tn = self._tile_mn(tile, sched.tiling)
+            kb1 = cutlass.min(kb1, kb0 + ahead - cursor)
+            cursor += kb1 - kb0
+            if lane == 0:
+                for kt in cutlass.range(kb0, kb1, unroll=1):
+                    bulk_prefetch_l2((mW.iterator + cute.crd2idx(((0, tn), (0, kt)), mW.layout)).toint(),
+                                     cfg.tile_n * cfg.tile_k // 2)
+                    bulk_prefetch_l2((mWS.iterator + cute.crd2idx(((0, tn), kt), mWS.layout)).toint(),
+                                     cfg.tile_n * 4)
 
     # ------------------------------------------------------------------ consumers
     @cute.jit

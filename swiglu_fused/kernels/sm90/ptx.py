@@ -153,6 +153,14 @@ def bulk_copy_g2s(dst: Int32, src, nbytes: int, mbar: Int32, *, loc=None, ip=Non
 
 
 @dsl_user_op
+def bulk_prefetch_l2(src, nbytes: int, *, loc=None, ip=None) -> None:
+    """A hint to bring ``nbytes`` (a multiple of 16) from global address ``src`` (Int64, 16-byte
+    aligned) into L2 (the TMA engine, no tensor map, no destination, nothing to wait for)."""
+    _asm_volatile(None, [cutlass.Int64(src).ir_value(loc=loc, ip=ip)],
+                  f"cp.async.bulk.prefetch.L2.global [$0], {nbytes};", "l")
+
+
+@dsl_user_op
 def ld_shared_v4(addr: Int32, *, loc=None, ip=None) -> tuple:
     """16 bytes of shared memory at 16-byte aligned ``addr``, as four words (the lowest first)."""
     words = llvm.StructType.get_literal([T.i32()] * 4)

@@ -75,10 +75,11 @@ class TileConfig:
     cluster_k: int = 1
     # Programmatic dependent launch (DISPATCH D20): the kernel is launched with the programmatic
     # stream-serialization attribute, so its CTAs may be placed while the previous kernel on the
-    # stream finishes. The producer issues its first stages' weight loads (constant across launches)
-    # and then griddepcontrol.wait, which returns once that kernel is complete and its writes
-    # visible; every other global access, the consumers' included, comes after a wait. The producer
-    # lets the next kernel launch (launch_dependents) once it has issued its last load.
+    # stream finishes. The producer issues its first stages' weight loads (constant across launches;
+    # a tile-major nvfp4 weight: L2 prefetches of its first 2 · stages k tiles instead, not
+    # dispatched yet) and then griddepcontrol.wait, which returns once that kernel is complete and
+    # its writes visible; every other global access, the consumers' included, comes after a wait.
+    # The producer lets the next kernel launch (launch_dependents) once it has issued its last load.
     pdl: bool = False
     # CTAs an SM the kernel is compiled for (nvvm.minctasm; 0: none). Without it ptxas sizes the
     # registers by need and, where that is below the cap, drops setmaxnreg (warning C7508): the
