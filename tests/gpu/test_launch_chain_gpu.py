@@ -152,6 +152,22 @@ def test_graphs_with_counters_replay_in_any_order():
             assert torch.equal(graphs[i][1], expected[i]) and torch.equal(eager, expected[1 - i])
 
 
+def _on_two_streams(fns, rounds=8):
+    """fns[i]() run on stream i, ``rounds`` times each, the two streams free to overlap: the outputs."""
+    streams = [torch.cuda.Stream() for _ in fns]
+    for s in streams:
+        s.wait_stream(torch.cuda.current_stream())
+    outs = [[], []]
+    for _ in range(rounds):
+        for s, fn, out in zip(streams, fns, outs):
+            with torch.cuda.stream(s):
+                out.append(fn())
+    for s in streams:
+        torch.cuda.current_stream().wait_stream(s)
+    torch.cuda.synchronize()
+    return outs
+
+
 def test_graphs_of_one_module_replayed_on_two_streams_at_once():
     """Two graphs holding the same weights, replayed at once on two streams, do not share counters."""
     module = _mlp("nvfp4")
@@ -159,38 +175,18 @@ def test_graphs_of_one_module_replayed_on_two_streams_at_once():
     with torch.no_grad():
         graphs = [_graph(lambda t: _chain(module, t), x) for x in xs]
         expected = [_chain(module, x) for x in xs]
-        streams = [torch.cuda.Stream() for _ in xs]
-        outs = [[], []]
-        for _ in range(8):
-            for s, (graph, y), out in zip(streams, graphs, outs):
-                s.wait_stream(torch.cuda.current_stream())
-                with torch.cuda.stream(s):
-                    graph.replay()
-                    out.append(y.clone())
-            for s in streams:
-                torch.cuda.current_stream().wait_stream(s)
-        torch.cuda.synchronize()
+        outs = _on_two_streams([lambda g=g, y=y: (g.replay(), y.clone())[1] for g, y in graphs])
     for out, e in zip(outs, expected):
         assert all(torch.equal(o, e) for o in out)
 
 
 def test_counters_on_two_streams_at_once():
-    """Launches on two streams that may overlap use a buffer each."""
+    """Eager launches on two streams that may overlap use a buffer each."""
     module = _mlp("nvfp4")
     xs = [torch.randn(16, H, device="cuda").to(torch.bfloat16) for _ in range(2)]
     with torch.no_grad():
         expected = [_chain(module, x) for x in xs]
-        streams = [torch.cuda.Stream() for _ in xs]
-        for s in streams:
-            s.wait_stream(torch.cuda.current_stream())
-        outs = [[], []]
-        for _ in range(8):
-            for s, x, out in zip(streams, xs, outs):
-                with torch.cuda.stream(s):
-                    out.append(_chain(module, x))
-        for s in streams:
-            torch.cuda.current_stream().wait_stream(s)
-        torch.cuda.synchronize()
+        outs = _on_two_streams([lambda x=x: _chain(module, x) for x in xs])
     for out, e in zip(outs, expected):
         assert all(torch.equal(o, e) for o in out)
 
