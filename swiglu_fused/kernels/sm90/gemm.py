@@ -867,8 +867,9 @@ def launch(fn, config: TileConfig, a, w, a_scale, w_scale, out, out_dtype, aux, 
     m, k = a.shape
     n = w.shape[0]
     a_t, w_t, as_t, ws_t = operand_dtypes(config)
-    stream = cuda.CUstream(torch.cuda.current_stream(a.device).cuda_stream)
-    ctas, sk_tiles, parts, ctr = launch_plan(config, m, n, k, a.device)
+    torch_stream = torch.cuda.current_stream(a.device)
+    stream = cuda.CUstream(torch_stream.cuda_stream)
+    ctas, sk_tiles, parts, ctr = launch_plan(config, m, n, k, a.device, torch_stream)
 
     def ptr(dtype, t, align):
         return compile_cache.ptr(dtype, out if t is None else t, align)

@@ -109,10 +109,10 @@ def _max_sk_grid_m(config: TileConfig) -> int:
     return 2
 
 
-def launch_plan(config: TileConfig, m: int, n: int, k: int, device):
-    """(ctas, sk_tiles, partials, counters) for one launch on the current stream: the partials
-    allocated per call (they cost nothing to allocate), the zeroed tile counters from
-    stream_k_counters (DISPATCH D19)."""
+def launch_plan(config: TileConfig, m: int, n: int, k: int, device, stream=None):
+    """(ctas, sk_tiles, partials, counters) for one launch on ``stream`` (torch's; None: the current
+    one): the partials allocated per call (they cost nothing to allocate), the zeroed tile counters
+    from stream_k_counters (DISPATCH D19)."""
     import torch
 
     ctas, sk_tiles = schedule(config, m, n, k, sm_count(device))
@@ -120,7 +120,7 @@ def launch_plan(config: TileConfig, m: int, n: int, k: int, device):
         return ctas, sk_tiles, None, None
     # per CTA two slots (its first and last tile) of 128 fp32 per consumer thread
     parts = torch.empty(ctas * 2 * ACC_VALUES * config.consumer_threads, dtype=torch.float32, device=device)
-    return ctas, sk_tiles, parts, stream_k_counters(device, sk_tiles + 1)
+    return ctas, sk_tiles, parts, stream_k_counters(device, sk_tiles + 1, stream)
 
 
 # The stream-K tile counters. Every launch leaves the counters it used at zero again (the last CTA
@@ -151,24 +151,32 @@ _ALL_SLABS: list = []  # every slab made (all zero whenever no launch runs: what
 _LOCK = threading.Lock()  # taking buffers and making slabs
 
 
-def stream_k_counters(device, words: int):
-    """A zeroed int32 tensor of ``words`` tile counters for a launch on the current stream (above)."""
+def stream_k_counters(device, words: int, stream=None):
+    """A zeroed int32 tensor of ``words`` tile counters for a launch on ``stream`` (torch's; None:
+    the current one; above)."""
     import torch
 
     device = torch.device(device)
-    if device.type != "cuda" or not REUSE_COUNTERS or words > COUNTER_WORDS:  # (host-side tests of launch_plan)
-        return torch.zeros(words, dtype=torch.int32, device=device)
-    stream = torch.cuda.current_stream(device)
+    buf = None
+    if device.type == "cuda" and REUSE_COUNTERS and words <= COUNTER_WORDS:  # (else: host-side tests of launch_plan)
+        buf = _kept_buffer(torch.cuda.current_stream(device) if stream is None else stream)
+    return torch.zeros(words, dtype=torch.int32, device=device) if buf is None else buf[:words]
+
+
+def _kept_buffer(stream):
+    """The counter buffer of ``stream`` (eager) or of the capture under way on it; None where a
+    capture finds no buffer left."""
+    import torch
+
     idx = stream.device_index
     if torch.cuda.is_current_stream_capturing():
         key = (idx, stream.cuda_stream, capture_id(stream))
-        buf = _CAPTURE_COUNTERS.get(key)
-        if buf is None:
+        if key not in _CAPTURE_COUNTERS:
             with _LOCK:  # (threads launching at once must not take the same buffer)
                 for old in [old for old in _CAPTURE_COUNTERS if old[2] != key[2]]:  # (captures that are
                     del _CAPTURE_COUNTERS[old]  # over: their graphs keep their slices, which nothing takes)
-                buf = _CAPTURE_COUNTERS[key] = _take_buffer(idx, allocate=False)
-        return torch.zeros(words, dtype=torch.int32, device=device) if buf is None else buf[:words]
+                _CAPTURE_COUNTERS[key] = _take_buffer(idx, allocate=False)
+        return _CAPTURE_COUNTERS[key]
     buf = _EAGER_COUNTERS.get((idx, stream.cuda_stream))
     if buf is None or len(_FREE.get(idx, ())) < SPARE_BUFFERS:
         with _LOCK:  # (a stream's first launch, or the captures since the last launch took the spares)
@@ -176,7 +184,7 @@ def stream_k_counters(device, words: int):
                 buf = _EAGER_COUNTERS[(idx, stream.cuda_stream)] = _take_buffer(idx, allocate=True)
             if len(_FREE[idx]) < SPARE_BUFFERS:
                 _new_slab(idx)
-    return buf[:words]
+    return buf
 
 
 def _take_buffer(idx: int, allocate: bool):
