@@ -38,16 +38,15 @@ from swiglu_fused import bench
 NO_PDL = {family: {"pdl": False} for family in ALL_PDL}  # what dispatch picks with PDL_M = 0
 
 
-def variant(module, name, fields=None):
-    """The module's forward as variant ``name`` runs it: with_configs' config changes, constants
-    changed (a set<i> variant's, or memset's), or none."""
-    if name == "no_pdl":
-        fields = NO_PDL
-    if name == "memset":
-        fields = parse_set("schedule.REUSE_COUNTERS=False")
-    if name == "memset" or name.startswith("set"):
-        return with_constants(module, fields)
-    return with_configs(module, fields) if fields else module
+def variants(abs_: dict, sets: dict) -> dict:
+    """{name: wrap(module) → the module's forward as that variant runs it}: shipped, no_pdl, memset,
+    then the --ab variants (with_configs' config changes) and the --set ones (constants changed)."""
+    out = {"shipped": lambda module: module,
+           "no_pdl": lambda module: with_configs(module, NO_PDL),
+           "memset": lambda module: with_constants(module, parse_set("schedule.REUSE_COUNTERS=False"))}
+    out.update({name: lambda module, f=fields: with_configs(module, f) for name, fields in abs_.items()})
+    out.update({name: lambda module, c=constants: with_constants(module, c) for name, constants in sets.items()})
+    return out
 
 
 def parse_set(spec: str) -> dict:
@@ -98,12 +97,12 @@ def main(argv=None):
                    help="one more variant: dispatch's or schedule's constants changed (repeatable)")
     a = p.parse_args(argv)
     abs_ = {f"ab{i + 1}": parse_ab(spec) for i, spec in enumerate(a.ab)}
-    shown = {name: fields for name, fields in abs_.items()}
-    for i, spec in enumerate(a.sets):
-        abs_[f"set{i + 1}"], shown[f"set{i + 1}"] = parse_set(spec), spec
-    variants = ("shipped", "no_pdl", "memset", *abs_)
+    sets = {f"set{i + 1}": parse_set(spec) for i, spec in enumerate(a.sets)}
+    wraps = variants(abs_, sets)
+    names = tuple(wraps)
+    shown = {**abs_, **{f"set{i + 1}": spec for i, spec in enumerate(a.sets)}}
     try:
-        print(bench.require_gpu(), *(f"{name}: {fields}" for name, fields in shown.items()), sep="\n")
+        print(bench.require_gpu(), *(f"{name}: {spec}" for name, spec in shown.items()), sep="\n")
         shapes, ms = bench.parse_shapes(a.shapes), bench.parse_ms(a.m)
     except bench.BenchError as e:
         raise SystemExit(f"launch_ab: {e}") from None
@@ -112,18 +111,18 @@ def main(argv=None):
             layers = []
             for seed in range(bench.layer_count(hidden, inter)):
                 mlp = bench.hf_mlp(hidden, inter, seed)
-                layers.append({v: variant(bench.fused(mlp, fmt), v, abs_.get(v)) for v in variants})
+                layers.append({v: wrap(bench.fused(mlp, fmt)) for v, wrap in wraps.items()})
             for m in ms:
                 x = torch.randn(m, hidden, device="cuda").to(torch.bfloat16)
                 with torch.no_grad():
                     ref = layers[0]["shipped"](x)
-                    same = {v: torch.equal(layers[0][v](x), ref) for v in variants[1:]}
-                    t = bench.interleaved_us({v: bench.rotating(layers, v, x) for v in variants}, a.iters, a.rounds)
-                med = {v: statistics.median(t[v]) for v in variants}
-                gain = {v: [o / s for s, o in zip(t["shipped"], t[v])] for v in variants[1:]}
+                    same = {v: torch.equal(layers[0][v](x), ref) for v in names[1:]}
+                    t = bench.interleaved_us({v: bench.rotating(layers, v, x) for v in names}, a.iters, a.rounds)
+                med = {v: statistics.median(t[v]) for v in names}
+                gain = {v: [o / s for s, o in zip(t["shipped"], t[v])] for v in names[1:]}
                 print(f"{fmt:>12} {hidden}x{inter} M={m:>5} shipped {med['shipped']:7.1f} "
                       + " ".join(f"| {v} {med[v]:7.1f} ({min(gain[v]):.3f}-{max(gain[v]):.3f}x"
-                                 f"{'' if same[v] else ', DIFFERS'})" for v in variants[1:]), flush=True)
+                                 f"{'' if same[v] else ', DIFFERS'})" for v in names[1:]), flush=True)
             del layers
             torch.cuda.empty_cache()
 

@@ -15,15 +15,16 @@ def _seen(x=None):
 
 def test_a_set_variant_changes_the_constants_only_while_it_runs():
     before = _seen()
-    run = launch_ab.variant(_seen, "set1", launch_ab.parse_set("schedule.HBM_BYTES_PER_US=1.05e7; "
-                                                               "schedule.FIXUP_US=(1.0, 0.5)"))
-    assert run(None) == (1.05e7, (1.0, 0.5), before[2]) and _seen() == before
-    assert launch_ab.variant(_seen, "memset")(None) == (*before[:2], False) and _seen() == before
+    wraps = launch_ab.variants({}, {"set1": launch_ab.parse_set("schedule.HBM_BYTES_PER_US=1.05e7; "
+                                                                "schedule.FIXUP_US=(1.0, 0.5)"),
+                                    "set2": launch_ab.parse_set("schedule.REUSE_COUNTERS=False")})
+    assert wraps["set1"](_seen)(None) == (1.05e7, (1.0, 0.5), before[2]) and _seen() == before
+    assert wraps["memset"](_seen)(None) == (*before[:2], False) and _seen() == before
 
     def fails(x):
         raise RuntimeError("launch failed")
     with pytest.raises(RuntimeError):
-        launch_ab.variant(fails, "set1", launch_ab.parse_set("schedule.REUSE_COUNTERS=False"))(None)
+        wraps["set2"](fails)(None)
     assert _seen() == before
 
 
