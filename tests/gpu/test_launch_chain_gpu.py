@@ -1,15 +1,18 @@
 """The launches between kernels: programmatic dependent launch of the fp8 MLP at decode sizes
 (DISPATCH D20), and the stream-K tile counters kept zeroed (a buffer a stream, one a CUDA graph
-capture) instead of a memset a launch (D19, schedule.stream_k_counters). Neither changes what a kernel computes, so the
-check is bit-equality with plain launches, on chains where each kernel reads what the one before it
-wrote, eager, in CUDA graphs replayed in any order, on two streams at once (eager and graphs) and
-under torch.compile's CUDA-graph trees. (conftest.py checks after every GPU test that the counters are back at zero.)"""
+capture) instead of a memset a launch (D19, schedule.stream_k_counters). Neither changes what a
+kernel computes, so the check is bit-equality with plain launches, on chains where each kernel reads
+what the one before it wrote, eager, in CUDA graphs replayed in any order, on two streams at once
+(eager and graphs) and under torch.compile's CUDA-graph trees. (conftest.py checks after every GPU
+test that the counters are back at zero.)"""
 
 import pytest
 import torch
 
 from swiglu_fused import FusedSwiGLUMLP
 from swiglu_fused.kernels import dispatch
+
+from benchmarks.harness import with_configs
 
 from .tolerance import rel_frobenius
 
@@ -66,34 +69,20 @@ def test_fp8_decode_with_pdl_is_bit_identical(m, monkeypatch):
     assert torch.equal(y, plain) and torch.equal(eager, plain)
 
 
-def _nvfp4_pdl(monkeypatch):
-    """nvfp4's W4A16 launches with PDL (not dispatched: its form, an L2 prefetch of the first k
-    tiles before the wait, is still to be timed; history/mlp.md)."""
-    import dataclasses
-
-    for name in ("gate_up_config", "down_config"):
-        pick = getattr(dispatch, name)
-
-        def with_pdl(*a, pick=pick, **kw):
-            cfg = pick(*a, **kw)
-            return dataclasses.replace(cfg, pdl=True) if cfg is not None and cfg.nvfp4 else cfg
-        monkeypatch.setattr(dispatch, name, with_pdl)
-
-
 @pytest.mark.parametrize("m", [1, 16, 64, 200])
-def test_nvfp4_with_pdl_is_bit_identical(m, monkeypatch):
+def test_nvfp4_with_pdl_is_bit_identical(m):
     """The nvfp4 MLP with PDL (each kernel prefetching its first k tiles into L2 before it waits
     for the one before): a graph of chained calls, and the eager calls, give exactly the plain
     launches' output."""
     module = _mlp("nvfp4")
+    pdl = with_configs(module, {"gate_up": {"pdl": True}, "down": {"pdl": True}})  # (not dispatched for nvfp4)
     x = torch.randn(m, H, device="cuda").to(torch.bfloat16)
     with torch.no_grad():
         plain = _chain(module, x)
-        _nvfp4_pdl(monkeypatch)
-        graph, y = _graph(lambda t: _chain(module, t), x)
+        graph, y = _graph(lambda t: _chain(pdl, t), x)
         y.fill_(float("nan"))
         graph.replay()
-        eager = _chain(module, x)
+        eager = _chain(pdl, x)
         torch.cuda.synchronize()
     assert torch.equal(y, plain) and torch.equal(eager, plain)
 
