@@ -307,7 +307,7 @@ def test_fake_shapes():
 # ---------------------------------------------------------------- sm_90a compile check
 def _shipped():
     cutlass = pytest.importorskip("cutlass")  # noqa: F841
-    from swiglu_fused.kernels.sm90 import down, gate_up, nvfp4_dequant, quant_x, split
+    from swiglu_fused.kernels.sm90 import down, gate_up, nvfp4_dequant, quant_x, split, warp_mma
 
     return (
         [("quant_x", c, quant_x.compile_quant_x) for c in quant_x.shipped_configs()]
@@ -315,6 +315,7 @@ def _shipped():
         + [("gate_up", c, gate_up.compile_gate_up) for c in dispatch.gate_up_shipped()]
         + [("down", c, down.compile_down) for c in dispatch.down_shipped()]
         + [("gate_up_split", c, split.compile_split) for c in dispatch.split_shipped()]
+        + [("nvfp4_warp_mma", c, warp_mma.compile_warp_mma) for c in dispatch.warp_mma_shipped()]
         # the split GEMM with its pair tiles 128 rows off the 256-row grid (P = 128 mod 256)
         + [("gate_up_split", split.SplitConfig(tile_m=tm, mainloop=ml, h_format="bf16", prefix=384),
             split.compile_split) for tm in (64, 128) for ml in ("fp8_block128", "bf16")]

@@ -124,7 +124,8 @@ def quant_x_backend(x: torch.Tensor) -> str:
 def gate_up_backend(x, weight, weight_scale, x_scale, global_scale, interleave, act, h_format, tile_major=False):
     """(SM90, GateUpConfig) where the kernel implements these arguments (g = 128, a global scale
     only with an nvfp4 weight, 16-byte rows, gate_up_config not None), else (REFERENCE, None).
-    ``tile_major``: the nvfp4 weight's order (nvfp4_layout), which its W4A16 configs compile in."""
+    ``tile_major``: the nvfp4 weight's order (nvfp4_layout), which its W4A16 configs compile in; at
+    decode sizes a tile-major nvfp4 weight's config is a WarpMmaConfig (warp_mma_config, D33)."""
     nvfp4 = weight.dtype == torch.uint8
     if not sm90_kernels_usable(x.device) or (global_scale is not None) != nvfp4 or interleave != GROUP:
         return REFERENCE, None
@@ -134,14 +135,18 @@ def gate_up_backend(x, weight, weight_scale, x_scale, global_scale, interleave, 
         return REFERENCE, None
     if cfg is None or not rows_16_bytes("gate_up", x=x, weight=weight):
         return REFERENCE, None
+    if nvfp4:
+        warp = warp_mma_config("gate_up", x.shape[0], weight.shape[0], x.shape[1], tile_major, act)
+        cfg = cfg if warp is None else warp
     return SM90, cfg
 
 
 def down_backend(h, weight, weight_scale, h_scale, global_scale, residual, out_dtype, tile_major=False):
     """(DEEPGEMM, None) where DeepGEMM is installed and takes these arguments (fp8_block128 from
     deepgemm.MIN_M rows: DISPATCH D28), else (SM90, DownConfig) where the kernel implements them and
-    is the faster one (beats_cublas), else (CUBLAS, None) where cuBLAS takes them (CUDA,
-    fp8_block128 / bf16), else (REFERENCE, None)."""
+    is the faster one (beats_cublas; a WarpMmaConfig for a tile-major nvfp4 weight at decode sizes,
+    D33), else (CUBLAS, None) where cuBLAS takes them (CUDA, fp8_block128 / bf16), else (REFERENCE,
+    None)."""
     if not DISABLED and deepgemm.supports_down(h, weight, weight_scale, h_scale, global_scale, residual, out_dtype):
         return DEEPGEMM, None
     takes = cublas.supports_down(h, weight, weight_scale, h_scale, global_scale) and not DISABLED
@@ -154,6 +159,10 @@ def down_backend(h, weight, weight_scale, h_scale, global_scale, residual, out_d
             cfg = None
         if cfg is not None and not (takes and not beats_cublas(cfg, h.shape[0], weight.shape[0], h.shape[1],
                                                                schedule.sm_count(h.device))):
+            if weight.dtype == torch.uint8:
+                warp = warp_mma_config("down", h.shape[0], weight.shape[0], h.shape[1], tile_major,
+                                       residual=residual is not None)
+                cfg = cfg if warp is None else warp
             return SM90, cfg
     return (CUBLAS, None) if takes else (REFERENCE, None)
 
@@ -431,6 +440,43 @@ def nvfp4_wide_on(device: torch.device, m: int, n: int) -> bool:
     from .sm90.schedule import sm_count
 
     return device.type == "cuda" and nvfp4_wide_applies(m, n, sm_count(device))
+
+
+# nvfp4 at decode sizes on warp-level mma.sync (kernels/sm90/warp_mma.py, D33): a tile-major weight
+# (the modules' order on the GPU), M ≤ WARP_MMA_M, K a multiple of its 128-column step. 0: the
+# swap-AB wgmma tiles above run these M too (what launch_ab --set dispatch.WARP_MMA_M=0 compares).
+WARP_MMA_M = 16
+# columns a CTA: the first of these that divides K into at most WARP_MMA_SPLITS CTAs a tile, else the
+# one that divides it into the fewest (512: the probe's best; 1024 where K is long: the tile's last
+# CTA then sums fewer partials; history/nvfp4.md v21)
+WARP_MMA_K_CTA = (512, 1024, 256, 128)
+WARP_MMA_SPLITS = 8
+WARP_MMA_DEPTH = 2  # 128-column blocks of loads ahead (WarpMmaConfig.depth)
+
+
+def warp_mma_config(op: str, m: int, n: int, k: int, tile_major: bool, act: str = "silu", residual: bool = False):
+    """The WarpMmaConfig of an nvfp4 ``op`` (gate_up or down) of M rows, N weight rows and K columns,
+    or None where the warp-MMA kernel does not take it (the swap-AB wgmma tiles do)."""
+    from .sm90 import warp_mma
+
+    if not (tile_major and 0 < m <= min(WARP_MMA_M, warp_mma.MAX_TOKENS) and n % warp_mma.ROWS == 0
+            and k % warp_mma.BLOCK_K == 0):
+        return None
+    fits = [c for c in WARP_MMA_K_CTA if k % c == 0]
+    k_cta = next((c for c in fits if k // c <= WARP_MMA_SPLITS), max(fits))
+    return warp_mma.WarpMmaConfig(op, n8=1 if m <= 8 else 2, k_cta=k_cta, split_k=k > k_cta, depth=WARP_MMA_DEPTH,
+                                  act=act if op == "gate_up" else "silu", residual=residual)
+
+
+def warp_mma_shipped() -> list:
+    """Every WarpMmaConfig warp_mma_config can return (what CI compile-checks)."""
+    from .sm90 import activations_and_h, warp_mma
+
+    shapes = [(n8, k_cta, split) for n8 in (1, 2) for k_cta in WARP_MMA_K_CTA for split in (False, True)]
+    return ([warp_mma.WarpMmaConfig("gate_up", n8=n8, k_cta=c, split_k=s, act=act)
+             for act in activations_and_h.ACTIVATIONS for n8, c, s in shapes]
+            + [warp_mma.WarpMmaConfig("down", n8=n8, k_cta=c, split_k=s, residual=r)
+               for r in (False, True) for n8, c, s in shapes])
 
 
 def _nvfp4_tile(tile: tuple[int, int, int]) -> dict:

@@ -197,11 +197,14 @@ def _gate_up_impl(
     if backend == dispatch.SM90:
         _kernel_operands_ok(dict(x=x, weight=weight), dict(weight_scale=weight_scale, x_scale=x_scale,
                                                            global_scale=global_scale))
-        from .sm90 import gate_up as sm90_gate_up
+        from .sm90 import gate_up as sm90_gate_up, warp_mma
 
         with torch.cuda.device(x.device):
-            h, h_scale = sm90_gate_up.gate_up(cfg, x, weight, weight_scale, x_scale, global_scale,
-                                              tile_major=tile_major)
+            if isinstance(cfg, warp_mma.WarpMmaConfig):
+                h, h_scale = warp_mma.gate_up(cfg, x, weight, weight_scale, global_scale), None
+            else:
+                h, h_scale = sm90_gate_up.gate_up(cfg, x, weight, weight_scale, x_scale, global_scale,
+                                                  tile_major=tile_major)
     else:
         h, h_scale = reference.gate_up(x, weight, weight_scale, x_scale, global_scale, interleave=interleave, act=act,
                                        h_format=h_format, tile_major=tile_major)
@@ -359,9 +362,11 @@ def _down_impl(
     if backend == dispatch.SM90:  # (sm90_down.down takes h_scale in any layout; gate_up's, M-major, without a copy)
         _kernel_operands_ok(dict(h=h, weight=weight, residual=residual), dict(weight_scale=weight_scale,
                                                                               global_scale=global_scale))
-        from .sm90 import down as sm90_down
+        from .sm90 import down as sm90_down, warp_mma
 
         with torch.cuda.device(h.device):
+            if isinstance(cfg, warp_mma.WarpMmaConfig):
+                return warp_mma.down(cfg, h, weight, weight_scale, global_scale, residual)
             return sm90_down.down(cfg, h, weight, weight_scale, h_scale, residual, global_scale, tile_major=tile_major)
     if backend == dispatch.CUBLAS:
         return cublas.down(h, weight, weight_scale, h_scale, residual, out_dtype)

@@ -272,3 +272,96 @@ def e2m1x8_to_bf16x2x4(word: Int32, scale2: Int32, *, loc=None, ip=None) -> tupl
         "=r,=r,=r,=r,r,r",
     )
     return tuple(Int32(llvm.extractvalue(T.i32(), res, [i], loc=loc, ip=ip)) for i in range(4))
+
+
+# ---------------------------------------------------------------- warp-level W4A16 (warp_mma.py)
+def _words(res, n, loc=None, ip=None) -> tuple:
+    return tuple(Int32(llvm.extractvalue(T.i32(), res, [i], loc=loc, ip=ip)) for i in range(n))
+
+
+@dsl_user_op
+def ld_global_nc_v4(addr, *, loc=None, ip=None) -> tuple:
+    """16 bytes at 16-byte aligned global address ``addr`` (Int64) of memory no thread writes
+    during the kernel (the weight), not kept in L1: four words, the lowest first. Issued where it
+    stands (side effects), so that loads placed ahead of their use stay ahead."""
+    res = _asm_volatile(llvm.StructType.get_literal([T.i32()] * 4), [cutlass.Int64(addr).ir_value(loc=loc, ip=ip)],
+                        "ld.global.nc.L1::no_allocate.v4.u32 {$0, $1, $2, $3}, [$4];", "=r,=r,=r,=r,l")
+    return _words(res, 4, loc, ip)
+
+
+@dsl_user_op
+def ld_global_nc_b32(addr, *, loc=None, ip=None) -> Int32:
+    """One word at global address ``addr`` (Int64) of read-only memory (the weight's scales)."""
+    return Int32(_asm_volatile(T.i32(), [cutlass.Int64(addr).ir_value(loc=loc, ip=ip)],
+                               "ld.global.nc.u32 $0, [$1];", "=r,l"))
+
+
+@dsl_user_op
+def ld_global_v4(addr, *, loc=None, ip=None) -> tuple:
+    """16 bytes at 16-byte aligned global address ``addr`` (Int64): four words, the lowest first."""
+    res = _asm_volatile(llvm.StructType.get_literal([T.i32()] * 4), [cutlass.Int64(addr).ir_value(loc=loc, ip=ip)],
+                        "ld.global.v4.u32 {$0, $1, $2, $3}, [$4];", "=r,=r,=r,=r,l")
+    return _words(res, 4, loc, ip)
+
+
+@dsl_user_op
+def st_shared_b32(addr: Int32, a: Int32, *, loc=None, ip=None) -> None:
+    """One word into shared memory at byte address ``addr``."""
+    _asm_volatile(None, [Int32(addr).ir_value(loc=loc, ip=ip), Int32(a).ir_value(loc=loc, ip=ip)],
+                  "st.shared.b32 [$0], $1;", "r,r")
+
+
+@dsl_user_op
+def ldmatrix_b(addr: Int32, matrices: int, *, loc=None, ip=None) -> tuple:
+    """ldmatrix of ``matrices`` (2 or 4) 8 × 8 bf16 matrices from shared memory, row addresses from
+    lanes 8i … 8i + 7 (``addr``: this lane's row): lane 4g + t gets elements 2t, 2t + 1 of row g
+    of each, the B fragment words of mma.m16n8k16 for rows = tokens, columns = k."""
+    regs = ", ".join(f"${i}" for i in range(matrices))
+    res = _asm_volatile(llvm.StructType.get_literal([T.i32()] * matrices), [Int32(addr).ir_value(loc=loc, ip=ip)],
+                        f"ldmatrix.sync.aligned.m8n8.x{matrices}.shared.b16 {{{regs}}}, [${matrices}];",
+                        ",".join(["=r"] * matrices) + ",r")
+    return _words(res, matrices, loc, ip)
+
+
+@dsl_user_op
+def mma_bf16_m16n8k16(a: tuple, b: tuple, c: tuple, *, loc=None, ip=None) -> tuple:
+    """d = a · b + c, one warp's mma.sync.m16n8k16 (bf16 in, fp32 accumulate): a four words (rows
+    g, g + 8 × columns 2t, 2t + 1, 2t + 8, 2t + 9), b two words, c and d four fp32 (rows g, g + 8 ×
+    columns 2t, 2t + 1)."""
+    ops = [Int32(v).ir_value(loc=loc, ip=ip) for v in (*a, *b)] + [Float32(v).ir_value(loc=loc, ip=ip) for v in c]
+    res = _asm(llvm.StructType.get_literal([T.f32()] * 4), ops,
+               "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {$0, $1, $2, $3}, {$4, $5, $6, $7}, "
+               "{$8, $9}, {$10, $11, $12, $13};", "=f,=f,=f,=f,r,r,r,r,r,r,f,f,f,f")
+    return tuple(Float32(llvm.extractvalue(T.f32(), res, [i], loc=loc, ip=ip)) for i in range(4))
+
+
+@dsl_user_op
+def prmt(a: Int32, b: Int32, sel: Int32, *, loc=None, ip=None) -> Int32:
+    """prmt.b32: byte i of the result is byte (sel >> 4i) & 7 of (b:a) (a's bytes 0-3, b's 4-7)."""
+    return Int32(_asm(T.i32(), [Int32(x).ir_value(loc=loc, ip=ip) for x in (a, b, sel)],
+                      "prmt.b32 $0, $1, $2, $3;", "=r,r,r,r"))
+
+
+@dsl_user_op
+def e4m3x2_to_bf16x2(word: Int32, *, loc=None, ip=None) -> Int32:
+    """The two e4m3 scales in the low 16 bits of ``word`` → bf16 scale · 2^DECODE_SHIFT in the same
+    halves (exact). e4m3 → f16 is exact and every e4m3 value is a normal f16 with a 3-bit mantissa,
+    so its bits moved into a bf16 (sign kept, exponent and mantissa shifted down 3) are the value ·
+    2^-112 (zero stays zero); two bf16 multiplies by 2^127 and 2^49 restore 2^(112 + 64). Cheaper
+    than e4m3x4_to_bf16x2's path through f32 (6 ops for two scales instead of 9 for one)."""
+    return Int32(_asm(
+        T.i32(), [Int32(word).ir_value(loc=loc, ip=ip)],
+        "{\n\t.reg .b16 lo, hi;\n\t.reg .b32 h, s, m, z, c1, c2;\n\t"
+        "mov.b32 {lo, hi}, $1;\n\t"
+        "cvt.rn.f16x2.e4m3x2 h, lo;\n\t"
+        "and.b32 s, h, 0x80008000;\n\t"
+        "shr.u32 m, h, 3;\n\t"
+        "and.b32 m, m, 0x0FFF0FFF;\n\t"
+        "or.b32 s, s, m;\n\t"
+        "mov.b32 z, 0x80008000;\n\t"
+        "mov.b32 c1, 0x7F007F00;\n\t"  # 2^127, 2^127
+        "mov.b32 c2, 0x58005800;\n\t"  # 2^49, 2^49 (DECODE_SHIFT + 112 - 127)
+        "fma.rn.bf16x2 s, s, c1, z;\n\t"
+        "fma.rn.bf16x2 $0, s, c2, z;\n\t}",
+        "=r,r",
+    ))

@@ -1,0 +1,106 @@
+"""The nvfp4 warp-MMA kernels (kernels/sm90/warp_mma.py, DISPATCH D33: tile-major weights at M ≤ 16)
+against the reference: gate_up with both activations and unequal gate/up global scales, down with
+and without a residual, K split over CTAs or not, outputs poisoned first (their blocks filled with
+NaN before the op allocates them); bit-identical on a second call and in a CUDA graph; the module
+dispatches to them."""
+
+import pytest
+import torch
+
+from swiglu_fused.kernels import dispatch, nvfp4_layout, ops, reference
+
+from .test_nvfp4_gpu import ACTS, TOL, _cpu_reference, _mlp, down_operands, gate_up_operands
+from .tolerance import assert_bf16_close
+
+pytest.importorskip("cutlass")
+
+M_DECODE = [1, 3, 8, 9, 16]
+# (H, I): gate_up's K = H and down's K = I; 512 runs unsplit (k_cta 512), 384 in three 128-column
+# CTAs, 768 in three of 256
+SHAPES = [(4096, 14336), (8192, 3584), (2048, 8192), (512, 384), (768, 1536)]
+
+
+def _poisoned(*shape):
+    """Fill a block of this size with NaN and free it: the op's next torch.empty of the size takes it."""
+    t = torch.full(shape, float("nan"), dtype=torch.bfloat16, device="cuda")
+    del t
+
+
+@pytest.mark.parametrize("hidden,inter", SHAPES)
+@pytest.mark.parametrize("m", M_DECODE)
+@pytest.mark.parametrize("act", ACTS)
+def test_gate_up_matches_the_reference(hidden, inter, m, act):
+    x, w, ws, gs = gate_up_operands(m, hidden, inter, seed=m + hidden + inter)
+    tw, ts = nvfp4_layout.to_tile_major(w, ws)
+    backend, cfg = dispatch.gate_up_backend(x, tw, ts, None, gs, 128, act, "bf16", True)
+    assert backend == dispatch.SM90 and cfg == dispatch.warp_mma_config("gate_up", m, 2 * inter, hidden, True, act)
+    _poisoned(m, inter)
+    h, hs = ops.gate_up(x, tw, ts, None, gs, interleave=128, act=act, h_format="bf16", tile_major=True)
+    ref, _ = reference.gate_up(x, w, ws, None, gs, interleave=128, act=act, h_format="bf16")
+    assert hs is None or hs.numel() == 0
+    assert_bf16_close(h, ref, TOL)
+    again = ops.gate_up(x, tw, ts, None, gs, interleave=128, act=act, h_format="bf16", tile_major=True)[0]
+    assert torch.equal(again, h)
+
+
+@pytest.mark.parametrize("hidden,inter", SHAPES)
+@pytest.mark.parametrize("m", M_DECODE)
+@pytest.mark.parametrize("residual", [False, True])
+def test_down_matches_the_reference(hidden, inter, m, residual):
+    h, w, ws, gs = down_operands(m, hidden, inter, seed=5 * m + inter)
+    res = torch.randn(m, hidden, device="cuda").to(torch.bfloat16) if residual else None
+    tw, ts = nvfp4_layout.to_tile_major(w, ws)
+    backend, cfg = dispatch.down_backend(h, tw, ts, None, gs, res, torch.bfloat16, True)
+    assert backend == dispatch.SM90 and cfg == dispatch.warp_mma_config("down", m, hidden, inter, True,
+                                                                       residual=residual)
+    _poisoned(m, hidden)
+    y = ops.down(h, tw, ts, None, gs, residual=res, tile_major=True)
+    assert_bf16_close(y, reference.down(h, w, ws, None, gs, residual=res), TOL)
+    assert torch.equal(ops.down(h, tw, ts, None, gs, residual=res, tile_major=True), y)
+
+
+def test_configs_follow_m_and_k():
+    """n8 by M, k_cta 512 or as dispatch.WARP_MMA_K_CTA says, unsplit where K is one CTA's; none
+    above WARP_MMA_M, for the packed order or a K not a multiple of 128."""
+    c = dispatch.warp_mma_config
+    assert (c("down", 8, 4096, 14336, True).n8, c("down", 9, 4096, 14336, True).n8) == (1, 2)
+    assert [c("down", 1, 4096, k, True).k_cta for k in (4096, 14336, 384, 768)] == [512, 1024, 128, 256]
+    assert not c("down", 1, 4096, 512, True).split_k and c("down", 1, 4096, 1024, True).split_k
+    assert c("down", dispatch.WARP_MMA_M + 1, 4096, 4096, True) is None
+    assert c("down", 1, 4096, 4096, False) is None and c("down", 1, 4096, 576, True) is None
+
+
+def test_a_cuda_graph_replays_the_same_bits():
+    """Captured with its partials' buffer and a counter buffer of the capture's own (kept at zero:
+    the conftest checks it after the test), replayed twice with new inputs."""
+    x, w, ws, gs = gate_up_operands(16, 2048, 8192, seed=11)
+    tw, ts = nvfp4_layout.to_tile_major(w, ws)
+    h, w2, ws2, gs2 = down_operands(16, 2048, 8192, seed=12)
+    tw2, ts2 = nvfp4_layout.to_tile_major(w2, ws2)
+
+    def run():
+        hh = ops.gate_up(x, tw, ts, None, gs, interleave=128, h_format="bf16", tile_major=True)[0]
+        return hh, ops.down(h, tw2, ts2, None, gs2, tile_major=True)
+
+    run()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = run()
+    for seed in (1, 2):
+        x.copy_(torch.randn(x.shape, device="cuda", generator=torch.Generator("cuda").manual_seed(seed)))
+        graph.replay()
+        want = run()
+        assert torch.equal(out[0], want[0]) and torch.equal(out[1], want[1])
+
+
+@pytest.mark.parametrize("m", [1, 16])
+def test_the_module_runs_them_and_matches_the_reference(m, monkeypatch):
+    from swiglu_fused.kernels.sm90 import warp_mma
+
+    launched = []
+    launch = warp_mma._launch
+    monkeypatch.setattr(warp_mma, "_launch", lambda config, *a: launched.append(config.epilogue) or launch(config, *a))
+    mlp = _mlp()
+    x = torch.randn(m, 2048, device="cuda").to(torch.bfloat16)
+    assert_bf16_close(mlp(x), _cpu_reference(mlp, x).cuda(), 1e-2)
+    assert {"gate_up", "down"} <= set(launched)
