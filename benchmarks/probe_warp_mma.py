@@ -187,6 +187,27 @@ __device__ __forceinline__ void mma(float (&c)[4], const u32 (&a)[4], const u32 
                : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
 }
 
+// The C fragments (rows g, g + 8 of row block rb0 + r; tokens 8n + 2t, + 1) added to y[token, row].
+template <int RB, int NT>
+__device__ __forceinline__ void add_to_y(const float (&acc)[RB][NT][4], float* y, int rb0, int lane, int M, int N) {
+  const int g = lane >> 2, t = lane & 3;
+#pragma unroll
+  for (int r = 0; r < RB; ++r) {
+    const int row = (rb0 + r) * 16 + g;
+#pragma unroll
+    for (int n = 0; n < NT; ++n) {
+#pragma unroll
+      for (int v = 0; v < 2; ++v) {
+        const int tok = n * 8 + 2 * t + v;
+        if (tok < M) {
+          atomicAdd(y + (size_t)tok * N + row, acc[r][n][v]);
+          atomicAdd(y + (size_t)tok * N + row + 8, acc[r][n][2 + v]);
+        }
+      }
+    }
+  }
+}
+
 // y[M, N] += x[M, K] @ W^T over this CTA's K range (fp32 atomics), times 2^-62.
 // Grid (N / (16 * RB * WARPS), K / KC); NT n8 token tiles (M <= 8 * NT).
 template <int NT, int WARPS, int RB, int KC, int DEPTH>
@@ -229,13 +250,7 @@ __global__ void __launch_bounds__(WARPS * 32) w4a16_warp_mma(
   }
   __syncthreads();
 
-  float acc[RB][NT][4];
-#pragma unroll
-  for (int r = 0; r < RB; ++r)
-#pragma unroll
-    for (int n = 0; n < NT; ++n)
-#pragma unroll
-      for (int i = 0; i < 4; ++i) acc[r][n][i] = 0.f;
+  float acc[RB][NT][4] = {};
 
   const int lrow = (lane & 7) + ((lane >> 4) << 3), lcol = ((lane >> 3) & 1) * 8;
   const u32 xaddr = (u32)__cvta_generic_to_shared(xs) + (u32)(lrow * XS + lcol) * 2u;
@@ -271,23 +286,7 @@ __global__ void __launch_bounds__(WARPS * 32) w4a16_warp_mma(
     }
   }
 
-  const int g = lane >> 2, t = lane & 3;
-#pragma unroll
-  for (int r = 0; r < RB; ++r) {
-    const int row = (rb0 + r) * 16 + g;
-#pragma unroll
-    for (int n = 0; n < NT; ++n) {
-      const int tok = n * 8 + 2 * t;
-      if (tok < M) {
-        atomicAdd(y + (size_t)tok * N + row, acc[r][n][0]);
-        atomicAdd(y + (size_t)tok * N + row + 8, acc[r][n][2]);
-      }
-      if (tok + 1 < M) {
-        atomicAdd(y + (size_t)(tok + 1) * N + row, acc[r][n][1]);
-        atomicAdd(y + (size_t)(tok + 1) * N + row + 8, acc[r][n][3]);
-      }
-    }
-  }
+  add_to_y<RB, NT>(acc, y, rb0, lane, M, N);
 }
 
 // The same product on the modules' tile-major weight (kernels/nvfp4_layout.py: codes
@@ -351,13 +350,7 @@ __global__ void __launch_bounds__(WARPS * 32) w4a16_warp_mma_tm(
   }
   __syncthreads();
 
-  float acc[RB][NT][4];
-#pragma unroll
-  for (int r = 0; r < RB; ++r)
-#pragma unroll
-    for (int n = 0; n < NT; ++n)
-#pragma unroll
-      for (int i = 0; i < 4; ++i) acc[r][n][i] = 0.f;
+  float acc[RB][NT][4] = {};
 
   const int lrow = (lane & 7) + ((lane >> 4) << 3), lcol = ((lane >> 3) & 1) * 8;
   const u32 xaddr = (u32)__cvta_generic_to_shared(xs) + (u32)(lrow * XS + lcol) * 2u;
@@ -403,22 +396,7 @@ __global__ void __launch_bounds__(WARPS * 32) w4a16_warp_mma_tm(
     }
   }
 
-#pragma unroll
-  for (int r = 0; r < RB; ++r) {
-    const int row = (rb0 + r) * 16 + g;
-#pragma unroll
-    for (int n = 0; n < NT; ++n) {
-      const int tok = n * 8 + 2 * t;
-      if (tok < M) {
-        atomicAdd(y + (size_t)tok * N + row, acc[r][n][0]);
-        atomicAdd(y + (size_t)tok * N + row + 8, acc[r][n][2]);
-      }
-      if (tok + 1 < M) {
-        atomicAdd(y + (size_t)(tok + 1) * N + row, acc[r][n][1]);
-        atomicAdd(y + (size_t)(tok + 1) * N + row + 8, acc[r][n][3]);
-      }
-    }
-  }
+  add_to_y<RB, NT>(acc, y, rb0, lane, M, N);
 }
 """
 
