@@ -316,6 +316,9 @@ def _shipped():
         + [("down", c, down.compile_down) for c in dispatch.down_shipped()]
         + [("gate_up_split", c, split.compile_split) for c in dispatch.split_shipped()]
         + [("nvfp4_warp_mma", c, warp_mma.compile_warp_mma) for c in dispatch.warp_mma_shipped()]
+        # the warp-MMA kernels with programmatic dependent launch (dispatch.WARP_MMA_PDL: measured)
+        + [("nvfp4_warp_mma", warp_mma.WarpMmaConfig(op, n8=2, pdl=True), warp_mma.compile_warp_mma)
+           for op in ("gate_up", "down")]
         # the split GEMM with its pair tiles 128 rows off the 256-row grid (P = 128 mod 256)
         + [("gate_up_split", split.SplitConfig(tile_m=tm, mainloop=ml, h_format="bf16", prefix=384),
             split.compile_split) for tm in (64, 128) for ml in ("fp8_block128", "bf16")]

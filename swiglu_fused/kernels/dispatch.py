@@ -452,6 +452,7 @@ WARP_MMA_M = 16
 WARP_MMA_K_CTA = (512, 1024, 256, 128)
 WARP_MMA_SPLITS = 8
 WARP_MMA_DEPTH = 2  # 128-column blocks of loads ahead (WarpMmaConfig.depth)
+WARP_MMA_PDL = False  # programmatic dependent launch of the warp-MMA kernels (WarpMmaConfig.pdl)
 
 
 def warp_mma_config(op: str, m: int, n: int, k: int, tile_major: bool, act: str = "silu", residual: bool = False):
@@ -465,7 +466,7 @@ def warp_mma_config(op: str, m: int, n: int, k: int, tile_major: bool, act: str 
     fits = [c for c in WARP_MMA_K_CTA if k % c == 0]
     k_cta = next((c for c in fits if k // c <= WARP_MMA_SPLITS), max(fits))
     return warp_mma.WarpMmaConfig(op, n8=1 if m <= 8 else 2, k_cta=k_cta, split_k=k > k_cta, depth=WARP_MMA_DEPTH,
-                                  act=act if op == "gate_up" else "silu", residual=residual)
+                                  act=act if op == "gate_up" else "silu", residual=residual, pdl=WARP_MMA_PDL)
 
 
 def warp_mma_shipped() -> list:
@@ -473,9 +474,9 @@ def warp_mma_shipped() -> list:
     from .sm90 import activations_and_h, warp_mma
 
     shapes = [(n8, k_cta, split) for n8 in (1, 2) for k_cta in WARP_MMA_K_CTA for split in (False, True)]
-    return ([warp_mma.WarpMmaConfig("gate_up", n8=n8, k_cta=c, split_k=s, act=act)
+    return ([warp_mma.WarpMmaConfig("gate_up", n8=n8, k_cta=c, split_k=s, act=act, pdl=WARP_MMA_PDL)
              for act in activations_and_h.ACTIVATIONS for n8, c, s in shapes]
-            + [warp_mma.WarpMmaConfig("down", n8=n8, k_cta=c, split_k=s, residual=r)
+            + [warp_mma.WarpMmaConfig("down", n8=n8, k_cta=c, split_k=s, residual=r, pdl=WARP_MMA_PDL)
                for r in (False, True) for n8, c, s in shapes])
 
 

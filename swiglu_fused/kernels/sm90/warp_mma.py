@@ -63,6 +63,10 @@ class WarpMmaConfig:
     depth: int = 2  # 128-column blocks loaded ahead
     act: str = "silu"  # gate_up
     residual: bool = False  # down
+    # programmatic dependent launch (as TileConfig.pdl, D20): the first blocks' weight loads are
+    # issued before griddepcontrol.wait, which x waits behind; the next kernel may launch once this
+    # one's k loop is done (its loads all landed), under the K shares' sums and the epilogue
+    pdl: bool = False
 
     def __post_init__(self):
         if self.epilogue not in EPILOGUES or self.n8 not in (1, 2) or self.k_cta % BLOCK_K or self.depth < 1:
@@ -99,7 +103,7 @@ class WarpMmaKernel:
                                                             stride=(cfg.values * THREADS, THREADS, 1)))
         mCtr = cute.make_tensor(ctr_ptr, cute.make_layout(tiles))
         self.kernel(w_ptr, s_ptr, x_ptr, mGS, mOut, mRes, mPart, mCtr, m, k, tiles).launch(
-            grid=[tiles, splits, 1], block=[THREADS, 1, 1], stream=stream)
+            grid=[tiles, splits, 1], block=[THREADS, 1, 1], stream=stream, use_pdl=cfg.pdl)
 
     def _storage(self):
         cfg = self.cfg
@@ -118,11 +122,15 @@ class WarpMmaKernel:
         block0 = split * (cfg.k_cta // BLOCK_K)
         lanes = self._lanes(w_ptr, s_ptr, k, tn, tidx)
         ring = [self._load(lanes, block0 + i) for i in range(min(cfg.depth, cfg.k_cta // BLOCK_K))]
+        if cutlass.const_expr(cfg.pdl):
+            cute.arch.griddepcontrol_wait()  # x is the previous kernel's output (the weight is no kernel's)
         self._stage_x(storage, x_ptr, m, k, block0, tidx)
         cute.arch.barrier()
         vals = cute.make_rmem_tensor(cute.make_layout(cfg.values), Float32)
         for i, v in enumerate(self._mainloop(storage, lanes, ring, block0, tidx)):
             vals[i] = v
+        if cutlass.const_expr(cfg.pdl):
+            cute.arch.griddepcontrol_launch_dependents()
         last = Int32(1)
         if cutlass.const_expr(cfg.split_k):
             last = self._reduce(vals, mPart, mCtr, storage, m, tn, split, tiles, tidx)
