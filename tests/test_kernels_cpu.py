@@ -304,6 +304,23 @@ def test_fake_shapes():
         assert q.shape == (7, 576) and s.shape == (7, 5)
 
 
+def test_warp_mma_configs_follow_m_and_k():
+    """nvfp4 at decode sizes (DISPATCH D33): n8 by M, k_cta 512 or as dispatch.WARP_MMA_K_CTA says,
+    unsplit where K is one CTA's, every one compile-checked; none above WARP_MMA_M, for the packed
+    order or a K not a multiple of 128."""
+    pytest.importorskip("cutlass")
+    c = dispatch.warp_mma_config
+    shipped = dispatch.warp_mma_shipped()
+    for m, k in [(1, 4096), (16, 14336), (3, 384), (9, 512), (16, 3584), (1, 8192)]:
+        assert c("gate_up", m, 8192, k, True, "gelu_tanh") in shipped
+        assert c("down", m, 8192, k, True, residual=True) in shipped
+    assert (c("down", 8, 4096, 14336, True).n8, c("down", 9, 4096, 14336, True).n8) == (1, 2)
+    assert [c("down", 1, 4096, k, True).k_cta for k in (4096, 14336, 384, 768)] == [512, 1024, 128, 256]
+    assert not c("down", 1, 4096, 512, True).split_k and c("down", 1, 4096, 1024, True).split_k
+    assert c("down", dispatch.WARP_MMA_M + 1, 4096, 4096, True) is None
+    assert c("down", 1, 4096, 4096, False) is None and c("down", 1, 4096, 576, True) is None
+
+
 # ---------------------------------------------------------------- sm_90a compile check
 def _shipped():
     cutlass = pytest.importorskip("cutlass")  # noqa: F841

@@ -59,17 +59,6 @@ def test_down_matches_the_reference(hidden, inter, m, residual):
     assert torch.equal(ops.down(h, tw, ts, None, gs, residual=res, tile_major=True), y)
 
 
-def test_configs_follow_m_and_k():
-    """n8 by M, k_cta 512 or as dispatch.WARP_MMA_K_CTA says, unsplit where K is one CTA's; none
-    above WARP_MMA_M, for the packed order or a K not a multiple of 128."""
-    c = dispatch.warp_mma_config
-    assert (c("down", 8, 4096, 14336, True).n8, c("down", 9, 4096, 14336, True).n8) == (1, 2)
-    assert [c("down", 1, 4096, k, True).k_cta for k in (4096, 14336, 384, 768)] == [512, 1024, 128, 256]
-    assert not c("down", 1, 4096, 512, True).split_k and c("down", 1, 4096, 1024, True).split_k
-    assert c("down", dispatch.WARP_MMA_M + 1, 4096, 4096, True) is None
-    assert c("down", 1, 4096, 4096, False) is None and c("down", 1, 4096, 576, True) is None
-
-
 def test_a_cuda_graph_replays_the_same_bits():
     """Captured with its partials' buffer and a counter buffer of the capture's own (kept at zero:
     the conftest checks it after the test), replayed twice with new inputs."""
