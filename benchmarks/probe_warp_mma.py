@@ -1,4 +1,4 @@
-"""Probe: nvfp4 W4A16 at decode sizes (M ≤ 16) on warp-level mma.sync, against our wgmma kernels.
+"""Probe: nvfp4 W4A16 at decode sizes (M ≤ 64) on warp-level mma.sync, against our dispatched kernels.
 
 A measurement before a design (issue 22; history/nvfp4.md, "What the decode target needs"). Our
 W4A16 kernels take ~2× the weight floor at M ≤ 16 on the H100 and the same microseconds on the
@@ -12,11 +12,12 @@ fp32 partials meet in y by atomic adds (the probe's shortcut: a kernel to ship w
 in order).
 
 It is a probe, not a kernel to ship: CUDA C++ compiled at run time by CuPy (NVRTC), plain GEMM (no
-epilogue, no global scale), M ≤ 16, N a multiple of the CTA's rows. It checks its y against the
-reference dequantization (relative Frobenius), then times each config and our dispatched nvfp4
-gate_up / down (fused epilogue, bf16 out) on the same shapes, weights rotated past the L2.
+epilogue, no global scale), M ≤ 64 (8, 16, 32 or 64 token columns), N a multiple of the CTA's rows.
+It checks its y against the reference dequantization (relative Frobenius), then times each config
+and our dispatched nvfp4 gate_up / down (fused epilogue, bf16 out; at M ≤ 16 since D33 the
+warp-MMA kernels, above it the 64-token wgmma tile) on the same shapes, weights rotated past L2.
 
-    python -m benchmarks.probe_warp_mma [--shapes 4096x14336,8192x3584] [--m 1,16]
+    python -m benchmarks.probe_warp_mma [--shapes 4096x14336,8192x3584] [--m 1,16,32,64]
 
 The fragment order (``to_fragment_order``) and the decode's arithmetic (``emulate_decode``) are
 plain torch and tested on the CPU (tests/test_probe_warp_mma.py).
@@ -170,13 +171,18 @@ __device__ __forceinline__ uint2 ldg_s(const uint2* p) {
   return v;
 }
 
+// B fragments of NT token tiles (NT = 1 or even): one ldmatrix.x4 per 16 tokens, rows 16 tokens
+// (16 * row_bytes) apart; x2 for one tile.
 template <int NT>
-__device__ __forceinline__ void ldmatrix_b(u32 addr, u32 (&b)[NT][2]) {
+__device__ __forceinline__ void ldmatrix_b(u32 addr, u32 row_bytes, u32 (&b)[NT][2]) {
   if constexpr (NT == 1) {
     asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0, %1}, [%2];" : "=r"(b[0][0]), "=r"(b[0][1]) : "r"(addr));
   } else {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
-                 : "=r"(b[0][0]), "=r"(b[0][1]), "=r"(b[1][0]), "=r"(b[1][1]) : "r"(addr));
+#pragma unroll
+    for (int i = 0; i < NT / 2; ++i)
+      asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
+                   : "=r"(b[2 * i][0]), "=r"(b[2 * i][1]), "=r"(b[2 * i + 1][0]), "=r"(b[2 * i + 1][1])
+                   : "r"(addr + 16u * row_bytes * i));
   }
 }
 
@@ -272,7 +278,7 @@ __global__ void __launch_bounds__(WARPS * 32) w4a16_warp_mma(
 #pragma unroll
     for (int st = 0; st < 4; ++st) {
       u32 b[NT][2];
-      ldmatrix_b<NT>(xaddr + (u32)(it * 64 + st * 16) * 2u, b);
+      ldmatrix_b<NT>(xaddr + (u32)(it * 64 + st * 16) * 2u, 2u * XS, b);
 #pragma unroll
       for (int r = 0; r < RB; ++r) {
         const u32 sw = st < 2 ? s[r].x : s[r].y;
@@ -385,7 +391,7 @@ __global__ void __launch_bounds__(WARPS * 32) w4a16_warp_mma_tm(
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         u32 b[NT][2];
-        ldmatrix_b<NT>(xaddr + (u32)(it * 128 + (2 * q + h) * 16) * 2u, b);
+        ldmatrix_b<NT>(xaddr + (u32)(it * 128 + (2 * q + h) * 16) * 2u, 2u * XS, b);
 #pragma unroll
         for (int r = 0; r < RB; ++r) {
           const u32 frag[4] = {a[r][0][2 * h], a[r][1][2 * h], a[r][0][2 * h + 1], a[r][1][2 * h + 1]};
@@ -406,6 +412,7 @@ CONFIGS = ((8, 1, 512, 4), (8, 1, 1024, 4), (8, 1, 256, 4), (4, 1, 512, 4), (4, 
 TM_CONFIGS = ((8, 1, 512, 2), (8, 1, 512, 4), (8, 1, 1024, 4), (4, 1, 512, 4), (8, 1, 256, 2), (8, 1, 896, 4),
               (4, 2, 512, 2))
 KERNELS = {False: ("w4a16_warp_mma", CONFIGS), True: ("w4a16_warp_mma_tm", TM_CONFIGS)}
+TOKEN_TILES = (1, 2, 4, 8)  # n8 token tiles of a kernel: M ≤ 8, 16, 32, 64
 
 
 def fits(config, n: int, k: int, tile_major: bool = False) -> bool:
@@ -421,7 +428,7 @@ class Probe:
 
         self.cupy = cupy
         self.kernels = {}
-        names = [self._name(tm, nt, c) for tm, (_, configs) in KERNELS.items() for nt in (1, 2) for c in configs]
+        names = [self._name(tm, nt, c) for tm, (_, configs) in KERNELS.items() for nt in TOKEN_TILES for c in configs]
         self.module = cupy.RawModule(code=CUDA_SOURCE, options=("-std=c++17", "--gpu-architecture=sm_90a"),
                                      name_expressions=names)
 
@@ -448,7 +455,7 @@ class Probe:
 
         m, k = x.shape
         n = y.shape[1]
-        nt = 1 if m <= 8 else 2
+        nt = next(t for t in TOKEN_TILES if m <= 8 * t)
         warps, rb, kc, _ = config
         fn = self.kernel(tile_major, nt, config)
         cp = self.cupy
