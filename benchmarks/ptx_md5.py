@@ -68,10 +68,11 @@ os.environ["CUTE_DSL_DUMP_DIR"] = _DUMP
 def configurations():
     """(family, config) for every configuration to check, in a fixed order."""
     from swiglu_fused.kernels import dispatch
-    from swiglu_fused.kernels.sm90 import down, gate_up, nvfp4_dequant, quant_x, split
+    from swiglu_fused.kernels.sm90 import down, gate_up, nvfp4_dequant, quant_x, split, warp_mma
 
     G, D = gate_up.GateUpConfig, down.DownConfig
     out = [("quant_x", c) for c in quant_x.shipped_configs()]
+    out += [("nvfp4_warp_mma", c) for c in dispatch.warp_mma_shipped()]
     out += [("nvfp4_dequant", c) for c in nvfp4_dequant.shipped_configs()]
     out += [("gate_up", c) for c in gate_up.shipped_configs()]
     out += [("down", c) for c in down.shipped_configs()]
@@ -81,6 +82,12 @@ def configurations():
             ("quant_x", quant_x.QuantXConfig(pdl=True))]
     out += [("gate_up", G(tile_m=128, stages=4, tma_store=True, h_format=f)) for f in ("fp8_group128", "bf16")]
     out += [("gate_up", G(tile_m=64, stages=3, cluster_k=2))]
+    out += [("gate_up", G(tile_m=16, stages=6, mainloop="nvfp4", swap_ab=True, tile_major=True, decode_buffers=1,
+                          h_format="bf16", pdl=True)),
+            ("down", D(**dispatch._nvfp4_prefill_tile(2048), pdl=True)),
+            ("down", D(tile_m=16, stages=6, mainloop="nvfp4", swap_ab=True, tile_major=True, decode_buffers=1,
+                       pdl=True, ctas_per_sm=1))]
+    out += [("nvfp4_warp_mma", warp_mma.WarpMmaConfig(op, n8=2, pdl=True)) for op in ("gate_up", "down")]
     out += [("gate_up", G(tile_m=16, stages=5, swap_ab=True, cluster_k=4, mainloop=ml))
             for ml in ("fp8_block128", "bf16")]
     # code paths no shipped configuration reaches
@@ -120,11 +127,11 @@ def normalize(ptx: str, names) -> str:
 
 
 def _compile(family, cfg, names=()):
-    from swiglu_fused.kernels.sm90 import down, gate_up, nvfp4_dequant, quant_x, split
+    from swiglu_fused.kernels.sm90 import down, gate_up, nvfp4_dequant, quant_x, split, warp_mma
 
     fn = {"quant_x": quant_x.compile_quant_x, "gate_up": gate_up.compile_gate_up,
           "gate_up_split": split.compile_split, "down": down.compile_down,
-          "nvfp4_dequant": nvfp4_dequant.compile_dequant}[family](cfg)
+          "nvfp4_dequant": nvfp4_dequant.compile_dequant, "nvfp4_warp_mma": warp_mma.compile_warp_mma}[family](cfg)
     ptx = fn.__ptx__
     if ptx is None:
         raise RuntimeError(f"{family} {cfg!r}: no PTX kept (is CUTE_DSL_KEEP=ptx honoured?)")
