@@ -734,9 +734,7 @@ class GemmKernel(MainloopMixin, Nvfp4Mixin, StreamKMixin, EpilogueMixin):
         early = cutlass.min(Int32(self.cfg.stages), sched.cursor_end)
         cursor = Int32(0)
         while cursor < early:
-            tile, kb0, kb1 = self._segment(cursor, sched)
-            _, tn = self._tile_mn(tile, sched.tiling)
-            kb1 = cutlass.min(kb1, kb0 + early - cursor)
+            tn, kb0, kb1 = self._early_segment(cursor, early, sched)
             cursor += kb1 - kb0
             for kt in cutlass.range(kb0, kb1, unroll=1):
                 mainloop.producer_acquire(state)
@@ -745,6 +743,14 @@ class GemmKernel(MainloopMixin, Nvfp4Mixin, StreamKMixin, EpilogueMixin):
                 self._load_b(loads, tn, kt, state.index, bar, hint_b)
                 state.advance()
         return early
+
+    @cute.jit
+    def _early_segment(self, cursor, early, sched: Schedule):
+        """(tn, kb0, kb1): the segment at this CTA's cursor, cut at its first ``early`` k iterations
+        (the weight k tiles TileConfig.pdl loads or prefetches before griddepcontrol.wait)."""
+        tile, kb0, kb1 = self._segment(cursor, sched)
+        _, tn = self._tile_mn(tile, sched.tiling)
+        return tn, kb0, cutlass.min(kb1, kb0 + early - cursor)
 
     def _load_w_scales(self, gmem: Gmem, storage, tn, kt, lane, stage, bar):
         """nvfp4: the producer's copy of tile tn's k tile kt's e4m3 scales (the decode's) into

@@ -128,9 +128,7 @@ class Nvfp4Mixin:
         ahead = cutlass.min(Int32(PDL_PREFETCH_STAGES * cfg.stages), sched.cursor_end)
         cursor = Int32(0)
         while cursor < ahead:
-            tile, kb0, kb1 = self._segment(cursor, sched)
-            _, tn = self._tile_mn(tile, sched.tiling)
-            kb1 = cutlass.min(kb1, kb0 + ahead - cursor)
+            tn, kb0, kb1 = self._early_segment(cursor, ahead, sched)
             cursor += kb1 - kb0
             if lane == 0:
                 for kt in cutlass.range(kb0, kb1, unroll=1):
