@@ -25,6 +25,11 @@ def _asm(result_type, operands, asm: str, constraints: str):
                            is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT)
 
 
+def _words(res, n: int, loc=None, ip=None) -> tuple:
+    """The n 32-bit results of an inline-PTX sequence (a literal struct) as Int32 values."""
+    return tuple(Int32(llvm.extractvalue(T.i32(), res, [i], loc=loc, ip=ip)) for i in range(n))
+
+
 @dsl_user_op
 def div_rn(a: Float32, b: Float32, *, loc=None, ip=None) -> Float32:
     return Float32(
@@ -166,7 +171,7 @@ def ld_shared_v4(addr: Int32, *, loc=None, ip=None) -> tuple:
     words = llvm.StructType.get_literal([T.i32()] * 4)
     res = _asm_volatile(words, [Int32(addr).ir_value(loc=loc, ip=ip)],
                         "ld.shared.v4.b32 {$0, $1, $2, $3}, [$4];", "=r,=r,=r,=r,r")
-    return tuple(Int32(llvm.extractvalue(T.i32(), res, [i], loc=loc, ip=ip)) for i in range(4))
+    return _words(res, 4, loc, ip)
 
 
 @dsl_user_op
@@ -208,7 +213,7 @@ def e4m3x4_to_bf16x2(word: Int32, *, loc=None, ip=None) -> tuple:
         "prmt.b32 $3, p23, p23, 0x3232;\n\t}",
         "=r,=r,=r,=r,r",
     )
-    return tuple(Int32(llvm.extractvalue(T.i32(), res, [i], loc=loc, ip=ip)) for i in range(4))
+    return _words(res, 4, loc, ip)
 
 
 @dsl_user_op
@@ -271,14 +276,10 @@ def e2m1x8_to_bf16x2x4(word: Int32, scale2: Int32, *, loc=None, ip=None) -> tupl
         "{\n\t.reg .b32 " + regs + ", t, u, z;\n\t" + "\n\t".join(body) + "\n\t}",
         "=r,=r,=r,=r,r,r",
     )
-    return tuple(Int32(llvm.extractvalue(T.i32(), res, [i], loc=loc, ip=ip)) for i in range(4))
+    return _words(res, 4, loc, ip)
 
 
 # ---------------------------------------------------------------- warp-level W4A16 (warp_mma.py)
-def _words(res, n, loc=None, ip=None) -> tuple:
-    return tuple(Int32(llvm.extractvalue(T.i32(), res, [i], loc=loc, ip=ip)) for i in range(n))
-
-
 @dsl_user_op
 def ld_global_nc_v4(addr, *, loc=None, ip=None) -> tuple:
     """16 bytes at 16-byte aligned global address ``addr`` (Int64) of memory no thread writes
