@@ -485,7 +485,7 @@ def copy_rate(nbytes: int = 2 << 30) -> float:
 def run(shapes, ms, iters: int = 50):
     from benchmarks import bench_nvfp4 as bn
     from swiglu_fused import quant
-    from swiglu_fused.bench import graph_time_us
+    from swiglu_fused.bench import cycling, graph_time_us
     from swiglu_fused.kernels import ops
 
     probe = Probe()
@@ -502,20 +502,12 @@ def run(shapes, ms, iters: int = 50):
             for m in ms:
                 x = torch.randn(m, k, device="cuda").to(torch.bfloat16)
                 ref = x.float() @ ref_w.T
-                it = {"i": 0}
-
-                def step(fn, sets):
-                    def call():
-                        it["i"] = (it["i"] + 1) % len(sets)
-                        return fn(sets[it["i"]])
-                    return call
-
                 y = torch.empty(m, n, device="cuda")
                 if name == "gate_up":
-                    ours = step(lambda w: ops.gate_up(x, w[0], w[1], None, w[2], interleave=128, h_format="bf16",
-                                                      tile_major=True), tm)
+                    ours = cycling(lambda w, s, gs: ops.gate_up(x, w, s, None, gs, interleave=128, h_format="bf16",
+                                                                tile_major=True), tm)
                 else:
-                    ours = step(lambda w: ops.down(x, w[0], w[1], None, w[2], tile_major=True), tm)
+                    ours = cycling(lambda w, s, gs: ops.down(x, w, s, None, gs, tile_major=True), tm)
                 times = {"ours (dispatched, fused)": graph_time_us(ours, iters)}
                 for tile_major, (_, configs) in KERNELS.items():
                     sets = [(t[0], t[1]) for t in tm] if tile_major else frag
@@ -528,7 +520,7 @@ def run(shapes, ms, iters: int = 50):
                         err = ((y * 2.0 ** Y_SHIFT - ref).norm() / ref.norm()).item()
                         label = f"{'tile-major' if tile_major else 'fragment'} {config} (err {err:.1e})"
                         times[label] = graph_time_us(
-                            step(lambda f, c=config, tmj=tile_major: probe(c, f[0], f[1], x, y, tmj), sets), iters)
+                            cycling(lambda w, s, c=config, tmj=tile_major: probe(c, w, s, x, y, tmj), sets), iters)
                 floor = nbytes / rate
                 print(f"{name} {hidden}x{inter} (N {n}, K {k}) M={m}: floor {floor:.1f} µs; "
                       + "; ".join(f"{key} {v:.1f}" for key, v in times.items()), flush=True)
