@@ -79,16 +79,21 @@ def parse_variant(text: str) -> tuple[str, dict]:
     return name, out
 
 
+FAMILIES = ("gate_up", "down", "quant_x", "warp_mma_gate_up", "warp_mma_down")
+
+
 def parse_ab(spec: str) -> dict:
     """"gate_up:l2_hint=w_first,down:pdl=True" → {"gate_up": {"l2_hint": "w_first"}, "down": {"pdl": True}}
-    (kernel families gate_up, down, quant_x; values as Python literals, else strings). The field
+    (kernel families gate_up, down, quant_x, and warp_mma_gate_up / warp_mma_down for nvfp4's
+    warp-MMA kernels at decode sizes; values as Python literals, else strings). The field
     "down:kernel=True" is not a config field: it runs the sm90 down kernel where cuBLAS would run."""
     out = {}
     for item in filter(None, spec.split(",")):
         family, _, assignment = item.partition(":")
         field, _, value = assignment.partition("=")
-        if family not in ("gate_up", "down", "quant_x") or not field or not value:
-            raise SystemExit(f"--ab: expected FAMILY:FIELD=VALUE items (FAMILY gate_up, down or quant_x), got {item!r}")
+        if family not in FAMILIES or not field or not value:
+            raise SystemExit(f"--ab: expected FAMILY:FIELD=VALUE items (FAMILY one of {', '.join(FAMILIES)}), "
+                             f"got {item!r}")
         try:
             value = ast.literal_eval(value)
         except (ValueError, SyntaxError):
@@ -115,14 +120,15 @@ def with_configs(mlp, fields: dict):
         @functools.wraps(select)
         def pick(*a, **kw):
             c = select(*a, **kw)
-            return c and dataclasses.replace(c, **fields.get(family, {}))
+            fam = family if family != "warp_mma" else f"warp_mma_{a[0]}"  # warp_mma_config(op, ...)
+            return c and dataclasses.replace(c, **fields.get(fam, {}))
         return pick
 
     fields = {fam: dict(f) for fam, f in fields.items()}
     force_down = fields.get("down", {}).pop("kernel", False)
     if dispatch is not None:
         targets = [(dispatch, "gate_up_config", "gate_up"), (dispatch, "down_config", "down"),
-                   (kq, "select_config", "quant_x")]
+                   (kq, "select_config", "quant_x"), (dispatch, "warp_mma_config", "warp_mma")]
         beats = (dispatch, "beats_cublas")
     else:
         targets = [(mod, "select_config", fam) for mod, fam in ((kg, "gate_up"), (kd, "down"), (kq, "quant_x"))]

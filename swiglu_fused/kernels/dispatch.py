@@ -136,7 +136,10 @@ def gate_up_backend(x, weight, weight_scale, x_scale, global_scale, interleave, 
     if cfg is None or not rows_16_bytes("gate_up", x=x, weight=weight):
         return REFERENCE, None
     if nvfp4:
-        warp = warp_mma_config("gate_up", x.shape[0], weight.shape[0], x.shape[1], tile_major, act)
+        from .sm90.schedule import sm_count
+
+        warp = warp_mma_config("gate_up", x.shape[0], weight.shape[0], x.shape[1], tile_major, act,
+                               sms=sm_count(x.device))
         cfg = cfg if warp is None else warp
     return SM90, cfg
 
@@ -161,7 +164,7 @@ def down_backend(h, weight, weight_scale, h_scale, global_scale, residual, out_d
                                                                schedule.sm_count(h.device))):
             if weight.dtype == torch.uint8:
                 warp = warp_mma_config("down", h.shape[0], weight.shape[0], h.shape[1], tile_major,
-                                       residual=residual is not None)
+                                       residual=residual is not None, sms=schedule.sm_count(h.device))
                 cfg = cfg if warp is None else warp
             return SM90, cfg
     return (CUBLAS, None) if takes else (REFERENCE, None)
@@ -444,7 +447,9 @@ def nvfp4_wide_on(device: torch.device, m: int, n: int) -> bool:
 
 # nvfp4 at decode sizes on warp-level mma.sync (kernels/sm90/warp_mma.py, D33): a tile-major weight
 # (the modules' order on the GPU), M ≤ WARP_MMA_M, K a multiple of its 128-column step. 0: the
-# swap-AB wgmma tiles above run these M too (what launch_ab --set dispatch.WARP_MMA_M=0 compares).
+# swap-AB wgmma tiles above run these M too (what launch_ab --set dispatch.WARP_MMA_M=0 compares). The
+# kernel takes up to 32 (four token tiles a warp), but there its 146 registers a thread cost more
+# than the 64-token wgmma tile's time (history/nvfp4.md v22).
 WARP_MMA_M = 16
 # columns a CTA: the first of these that divides K into at most WARP_MMA_SPLITS CTAs a tile, else the
 # one that divides it into the fewest (512: the probe's best; 1024 where K is long: the tile's last
@@ -452,12 +457,19 @@ WARP_MMA_M = 16
 WARP_MMA_K_CTA = (512, 1024, 256, 128)
 WARP_MMA_SPLITS = 8
 WARP_MMA_DEPTH = 2  # 128-column blocks of loads ahead (WarpMmaConfig.depth)
+# warps a CTA (WarpMmaConfig.warps): 8 (a whole 256-row tile) where the grid of such CTAs fits in one
+# wave of WARP_MMA_CTAS_PER_SM an SM (their ~100 registers a thread), else 4 (half a tile: the last
+# wave finer). 0: by that rule; 4 or 8: always (history/nvfp4.md v22)
+WARP_MMA_WARPS = 0
+WARP_MMA_CTAS_PER_SM = 2
 WARP_MMA_PDL = False  # programmatic dependent launch of the warp-MMA kernels (WarpMmaConfig.pdl)
 
 
-def warp_mma_config(op: str, m: int, n: int, k: int, tile_major: bool, act: str = "silu", residual: bool = False):
-    """The WarpMmaConfig of an nvfp4 ``op`` (gate_up or down) of M rows, N weight rows and K columns,
-    or None where the warp-MMA kernel does not take it (the swap-AB wgmma tiles do)."""
+def warp_mma_config(op: str, m: int, n: int, k: int, tile_major: bool, act: str = "silu", residual: bool = False,
+                    sms: int = 132):
+    """The WarpMmaConfig of an nvfp4 ``op`` (gate_up or down) of M rows, N weight rows and K columns
+    on a GPU of ``sms`` SMs, or None where the warp-MMA kernel does not take it (the swap-AB wgmma
+    tiles do)."""
     from .sm90 import warp_mma
 
     if not (tile_major and 0 < m <= min(WARP_MMA_M, warp_mma.MAX_TOKENS) and n % warp_mma.ROWS == 0
@@ -465,19 +477,24 @@ def warp_mma_config(op: str, m: int, n: int, k: int, tile_major: bool, act: str 
         return None
     fits = [c for c in WARP_MMA_K_CTA if k % c == 0]
     k_cta = next((c for c in fits if k // c <= WARP_MMA_SPLITS), max(fits))
-    return warp_mma.WarpMmaConfig(op, n8=1 if m <= 8 else 2, k_cta=k_cta, split_k=k > k_cta, depth=WARP_MMA_DEPTH,
-                                  act=act if op == "gate_up" else "silu", residual=residual, pdl=WARP_MMA_PDL)
+    warps = WARP_MMA_WARPS or (8 if n // warp_mma.ROWS * (k // k_cta) <= WARP_MMA_CTAS_PER_SM * sms else 4)
+    return warp_mma.WarpMmaConfig(op, warps=warps, n8=next(n for n in (1, 2, 4) if m <= 8 * n), k_cta=k_cta, split_k=k > k_cta,
+                                  depth=WARP_MMA_DEPTH, act=act if op == "gate_up" else "silu", residual=residual,
+                                  pdl=WARP_MMA_PDL)
 
 
 def warp_mma_shipped() -> list:
     """Every WarpMmaConfig warp_mma_config can return (what CI compile-checks)."""
     from .sm90 import activations_and_h, warp_mma
 
-    shapes = [(n8, k_cta, split) for n8 in (1, 2) for k_cta in WARP_MMA_K_CTA for split in (False, True)]
-    return ([warp_mma.WarpMmaConfig("gate_up", n8=n8, k_cta=c, split_k=s, act=act, pdl=WARP_MMA_PDL)
-             for act in activations_and_h.ACTIVATIONS for n8, c, s in shapes]
-            + [warp_mma.WarpMmaConfig("down", n8=n8, k_cta=c, split_k=s, residual=r, pdl=WARP_MMA_PDL)
-               for r in (False, True) for n8, c, s in shapes])
+    n8s = [n8 for n8 in (1, 2, 4) if 4 * n8 < min(WARP_MMA_M, warp_mma.MAX_TOKENS)]  # M ≤ 8, ≤ 16, ≤ 32
+    shapes = [(w, n8, k_cta, split) for w in ((WARP_MMA_WARPS,) if WARP_MMA_WARPS else (4, 8)) for n8 in n8s
+              for k_cta in WARP_MMA_K_CTA for split in (False, True)]
+    common = {"depth": WARP_MMA_DEPTH, "pdl": WARP_MMA_PDL}
+    return ([warp_mma.WarpMmaConfig("gate_up", warps=w, n8=n8, k_cta=c, split_k=s, act=act, **common)
+             for act in activations_and_h.ACTIVATIONS for w, n8, c, s in shapes]
+            + [warp_mma.WarpMmaConfig("down", warps=w, n8=n8, k_cta=c, split_k=s, residual=r, **common)
+               for r in (False, True) for w, n8, c, s in shapes])
 
 
 def _nvfp4_tile(tile: tuple[int, int, int]) -> dict:

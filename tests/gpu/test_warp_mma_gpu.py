@@ -1,4 +1,4 @@
-"""The nvfp4 warp-MMA kernels (kernels/sm90/warp_mma.py, DISPATCH D33: tile-major weights at M ≤ 16)
+"""The nvfp4 warp-MMA kernels (kernels/sm90/warp_mma.py, DISPATCH D33: tile-major weights at M ≤ 32)
 against the reference: gate_up with both activations and unequal gate/up global scales, down with
 and without a residual, K split over CTAs or not, outputs poisoned first (their blocks filled with
 NaN before the op allocates them); bit-identical on a second call and in a CUDA graph; the module
@@ -14,10 +14,25 @@ from .tolerance import assert_bf16_close
 
 pytest.importorskip("cutlass")
 
-M_DECODE = [1, 3, 8, 9, 16]
+M_DECODE = [1, 3, 8, 9, 16, 17, 32]
 # (H, I): gate_up's K = H and down's K = I; 512 runs unsplit (k_cta 512), 384 in three 128-column
 # CTAs, 768 in three of 256
 SHAPES = [(4096, 14336), (8192, 3584), (2048, 8192), (512, 384), (768, 1536)]
+
+
+@pytest.fixture(autouse=True)
+def every_m_the_kernel_takes(monkeypatch):
+    """Up to its 32 tokens, where the dispatch stops at 16 (dispatch.WARP_MMA_M: measured)."""
+    from swiglu_fused.kernels.sm90 import warp_mma
+
+    monkeypatch.setattr(dispatch, "WARP_MMA_M", warp_mma.MAX_TOKENS)
+
+
+@pytest.fixture(params=[8, 4], ids=["warps8", "warps4"])
+def warps(request, monkeypatch):
+    """Both CTA sizes (WarpMmaConfig.warps), whichever the dispatch picks."""
+    monkeypatch.setattr(dispatch, "WARP_MMA_WARPS", request.param)
+    return request.param
 
 
 def _poisoned(*shape):
@@ -29,7 +44,7 @@ def _poisoned(*shape):
 @pytest.mark.parametrize("hidden,inter", SHAPES)
 @pytest.mark.parametrize("m", M_DECODE)
 @pytest.mark.parametrize("act", ACTS)
-def test_gate_up_matches_the_reference(hidden, inter, m, act):
+def test_gate_up_matches_the_reference(hidden, inter, m, act, warps):
     x, w, ws, gs = gate_up_operands(m, hidden, inter, seed=m + hidden + inter)
     tw, ts = nvfp4_layout.to_tile_major(w, ws)
     backend, cfg = dispatch.gate_up_backend(x, tw, ts, None, gs, 128, act, "bf16", True)
@@ -46,7 +61,7 @@ def test_gate_up_matches_the_reference(hidden, inter, m, act):
 @pytest.mark.parametrize("hidden,inter", SHAPES)
 @pytest.mark.parametrize("m", M_DECODE)
 @pytest.mark.parametrize("residual", [False, True])
-def test_down_matches_the_reference(hidden, inter, m, residual):
+def test_down_matches_the_reference(hidden, inter, m, residual, warps):
     h, w, ws, gs = down_operands(m, hidden, inter, seed=5 * m + inter)
     res = torch.randn(m, hidden, device="cuda").to(torch.bfloat16) if residual else None
     tw, ts = nvfp4_layout.to_tile_major(w, ws)
@@ -59,12 +74,13 @@ def test_down_matches_the_reference(hidden, inter, m, residual):
     assert torch.equal(ops.down(h, tw, ts, None, gs, residual=res, tile_major=True), y)
 
 
-def test_a_cuda_graph_replays_the_same_bits():
+@pytest.mark.parametrize("m", [16, 32])
+def test_a_cuda_graph_replays_the_same_bits(m):
     """Captured with its partials' buffer and a counter buffer of the capture's own (kept at zero:
     the conftest checks it after the test), replayed twice with new inputs."""
-    x, w, ws, gs = gate_up_operands(16, 2048, 8192, seed=11)
+    x, w, ws, gs = gate_up_operands(m, 2048, 8192, seed=11)
     tw, ts = nvfp4_layout.to_tile_major(w, ws)
-    h, w2, ws2, gs2 = down_operands(16, 2048, 8192, seed=12)
+    h, w2, ws2, gs2 = down_operands(m, 2048, 8192, seed=12)
     tw2, ts2 = nvfp4_layout.to_tile_major(w2, ws2)
 
     def run():
@@ -82,7 +98,7 @@ def test_a_cuda_graph_replays_the_same_bits():
         assert torch.equal(out[0], want[0]) and torch.equal(out[1], want[1])
 
 
-@pytest.mark.parametrize("m", [1, 16])
+@pytest.mark.parametrize("m", [1, 16, 32])
 def test_the_module_runs_them_and_matches_the_reference(m, monkeypatch):
     from swiglu_fused.kernels.sm90 import warp_mma
 

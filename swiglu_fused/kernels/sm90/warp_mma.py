@@ -1,4 +1,4 @@
-"""nvfp4 W4A16 at decode sizes (M ≤ 16) on warp-level mma.sync (DISPATCH D33): gate_up with its
+"""nvfp4 W4A16 at decode sizes (M ≤ 32) on warp-level mma.sync (DISPATCH D33): gate_up with its
 act·up epilogue and down, on the modules' tile-major weight (kernels/nvfp4_layout.py).
 
 Why not the wgmma kernels (gemm.py with nvfp4.py's mainloop): at M ≤ 16 they decode each weight k
@@ -8,11 +8,13 @@ v18-v20). Here every warp loads its weight straight into registers, decodes it t
 mma.sync, with no barrier in the k loop, so the warps of an SM run out of step and their loads
 stay in flight (benchmarks.probe_warp_mma measured the design: 1.8-2.2× faster at M = 1).
 
-Work: a CTA takes one 256-row weight tile (the tile-major n tile: for gate_up 128 gate rows, then
-the 128 up rows of the same h columns) and k_cta of its columns; eight warps, warp w the 16-row
-blocks 16w and 128 + 16w, so that a thread holds a gate value and its up value. The K splits of a
-tile meet through fp32 partials: the last CTA of a tile to arrive (a kept-zero counter,
-schedule.stream_k_counters) sums them in split order (deterministic) and runs the epilogue.
+Work: a CTA takes ``warps`` pairs of 16-row blocks of one 256-row weight tile (the tile-major n
+tile: for gate_up 128 gate rows, then the 128 up rows of the same h columns) and k_cta of its
+columns: with eight warps the whole tile, with four one of its halves (CTA part p, 8 // warps of
+them a tile). Warp w of part p takes the blocks 16v and 128 + 16v, v = warps · p + w, so that a
+thread holds a gate value and its up value. The K splits of a CTA's rows meet through fp32
+partials: the last CTA to arrive (a kept-zero counter, schedule.stream_k_counters) sums them in
+split order (deterministic) and runs the epilogue.
 
 A lane's data (lane = 4g + t): each 128-column block, 16 bytes of rows g and g + 8 of each block
 (chunk t: k tile t / 2, half t % 2, i.e. columns 32t … 32t + 31; word q of it columns 32t + 8q …
@@ -41,14 +43,13 @@ from .ptx import (
     mma_bf16_m16n8k16, prmt, st_shared_b32,
 )
 
-WARPS = 8
-THREADS = 32 * WARPS
 ROWS = nvfp4_layout.ROWS  # a CTA's weight rows: one tile-major n tile
 HALF = ROWS // 2  # gate_up: the tile's gate rows, then its up rows (the interleave)
 BLOCK_K = 128  # columns of one step of the k loop (a lane's 16-byte loads: two k tiles)
-MAX_TOKENS = 16
+MAX_TOKENS = 32
 K_TILE_BYTES = ROWS * nvfp4_layout.K_TILE // 2  # a tile-major k tile's codes (8 KB)
 EPILOGUES = ("gate_up", "down")
+STAGE_LOADS = 8  # 16-byte loads of x a thread issues at once when it stages x
 RED_LOADS = 64  # partial values a thread loads at once when the last CTA of a tile sums the splits
 
 
@@ -57,7 +58,8 @@ class WarpMmaConfig:
     """Compile-time configuration (the cache key)."""
 
     epilogue: str  # "gate_up" (h = act(gate) · up, bf16) or "down" (bf16 y, + residual)
-    n8: int = 1  # token tiles of 8: M ≤ 8 · n8
+    warps: int = 8  # 8: a CTA takes a whole 256-row tile; 4: half of one (twice the CTAs, half the threads)
+    n8: int = 1  # token tiles of 8: M ≤ 8 · n8 (1, 2 or 4)
     k_cta: int = 512  # columns a CTA (a multiple of BLOCK_K dividing K)
     split_k: bool = True  # K > k_cta: the K / k_cta CTAs of a tile meet through fp32 partials
     depth: int = 2  # 128-column blocks loaded ahead
@@ -69,8 +71,18 @@ class WarpMmaConfig:
     pdl: bool = False
 
     def __post_init__(self):
-        if self.epilogue not in EPILOGUES or self.n8 not in (1, 2) or self.k_cta % BLOCK_K or self.depth < 1:
+        if (self.epilogue not in EPILOGUES or self.warps not in (4, 8) or self.n8 not in (1, 2, 4)
+                or self.k_cta % BLOCK_K or self.depth < 1):
             raise ValueError(f"WarpMmaConfig: not a config of the warp-MMA kernel: {self}")
+
+    @property
+    def threads(self) -> int:
+        return 32 * self.warps
+
+    @property
+    def parts(self) -> int:
+        """CTAs a 256-row tile."""
+        return 8 // self.warps
 
     @property
     def values(self) -> int:
@@ -93,17 +105,17 @@ class WarpMmaKernel:
                  out_ptr: cute.Pointer, res_ptr: cute.Pointer, part_ptr: cute.Pointer, ctr_ptr: cute.Pointer,
                  m: Int32, n: Int32, k: Int32, stream: cuda.CUstream):
         cfg = self.cfg
-        tiles = n // ROWS
+        ctas = n // ROWS * cfg.parts  # along n
         splits = k // cfg.k_cta
         out_cols = n // 2 if cutlass.const_expr(cfg.epilogue == "gate_up") else n
         mOut = cute.make_tensor(out_ptr, cute.make_layout((m, out_cols), stride=(out_cols, 1)))
         mRes = cute.make_tensor(res_ptr, cute.make_layout((m, n), stride=(n, 1)))
         mGS = cute.make_tensor(gs_ptr, cute.make_layout(2))
-        mPart = cute.make_tensor(part_ptr, cute.make_layout((splits * tiles, cfg.values, THREADS),
-                                                            stride=(cfg.values * THREADS, THREADS, 1)))
-        mCtr = cute.make_tensor(ctr_ptr, cute.make_layout(tiles))
-        self.kernel(w_ptr, s_ptr, x_ptr, mGS, mOut, mRes, mPart, mCtr, m, k, tiles).launch(
-            grid=[tiles, splits, 1], block=[THREADS, 1, 1], stream=stream, use_pdl=cfg.pdl)
+        mPart = cute.make_tensor(part_ptr, cute.make_layout((splits * ctas, cfg.values, cfg.threads),
+                                                            stride=(cfg.values * cfg.threads, cfg.threads, 1)))
+        mCtr = cute.make_tensor(ctr_ptr, cute.make_layout(ctas))
+        self.kernel(w_ptr, s_ptr, x_ptr, mGS, mOut, mRes, mPart, mCtr, m, k, ctas).launch(
+            grid=[ctas, splits, 1], block=[cfg.threads, 1, 1], stream=stream, use_pdl=cfg.pdl)
 
     def _storage(self):
         cfg = self.cfg
@@ -114,39 +126,42 @@ class WarpMmaKernel:
     @cute.kernel
     def kernel(self, w_ptr: cute.Pointer, s_ptr: cute.Pointer, x_ptr: cute.Pointer, mGS: cute.Tensor,
                mOut: cute.Tensor, mRes: cute.Tensor, mPart: cute.Tensor, mCtr: cute.Tensor, m: Int32, k: Int32,
-               tiles: Int32):
+               ctas: Int32):
         cfg = self.cfg
         tidx, _, _ = cute.arch.thread_idx()
-        tn, split, _ = cute.arch.block_idx()
+        cta, split, _ = cute.arch.block_idx()
         storage = cutlass.utils.SmemAllocator().allocate(self._storage())
         block0 = split * (cfg.k_cta // BLOCK_K)
-        lanes = self._lanes(w_ptr, s_ptr, k, tn, tidx)
+        tn, v = cta, tidx // 32  # the CTA's tile, this warp's row block pair (module docstring)
+        if cutlass.const_expr(cfg.parts > 1):
+            tn, v = cta // cfg.parts, cta % cfg.parts * cfg.warps + tidx // 32
+        lanes = self._lanes(w_ptr, s_ptr, k, tn, v, tidx)
         ring = [self._load(lanes, block0 + i) for i in range(min(cfg.depth, cfg.k_cta // BLOCK_K))]
         if cutlass.const_expr(cfg.pdl):
             cute.arch.griddepcontrol_wait()  # x is the previous kernel's output (the weight is no kernel's)
         self._stage_x(storage, x_ptr, m, k, block0, tidx)
         cute.arch.barrier()
         vals = cute.make_rmem_tensor(cute.make_layout(cfg.values), Float32)
-        for i, v in enumerate(self._mainloop(storage, lanes, ring, block0, tidx)):
-            vals[i] = v
+        for i, value in enumerate(self._mainloop(storage, lanes, ring, block0, tidx)):
+            vals[i] = value
         if cutlass.const_expr(cfg.pdl):
             cute.arch.griddepcontrol_launch_dependents()
         last = Int32(1)
         if cutlass.const_expr(cfg.split_k):
-            last = self._reduce(vals, mPart, mCtr, storage, m, tn, split, tiles, tidx)
+            last = self._reduce(vals, mPart, mCtr, storage, m, cta, split, ctas, tidx)
         if last == 1:
-            self._epilogue(vals, mGS, mOut, mRes, m, tn, tidx)
+            self._epilogue(vals, mGS, mOut, mRes, m, tn, v, tidx)
 
     # ------------------------------------------------------------------ the k loop (plain Python:
     # every loop is unrolled at trace time)
-    def _lanes(self, w_ptr, s_ptr, k, tn, tidx):
+    def _lanes(self, w_ptr, s_ptr, k, tn, v, tidx):
         """This lane's constants: (its tile's first code byte and scale word, its rows in the tile
-        (row blocks 0 and 1, row g; g + 8 is 8 rows on), its chunk t)."""
-        warp, lane = tidx // 32, tidx % 32
+        (row blocks 16v and 128 + 16v, row g; g + 8 is 8 rows on), its chunk t)."""
+        lane = tidx % 32
         k_tiles = k // nvfp4_layout.K_TILE
         codes = w_ptr.toint() + cutlass.Int64(tn) * k_tiles * K_TILE_BYTES
         scales = s_ptr.toint() + cutlass.Int64(tn) * k_tiles * (ROWS * 4)
-        rows = tuple(HALF * r + 16 * warp + lane // 4 for r in range(2))
+        rows = tuple(HALF * r + 16 * v + lane // 4 for r in range(2))
         return codes, scales, rows, lane % 4
 
     def _load(self, lanes, block):
@@ -177,21 +192,39 @@ class WarpMmaKernel:
             data = ring[i % cfg.depth]
             if i + cfg.depth < blocks:
                 ring[i % cfg.depth] = self._load(lanes, block0 + i + cfg.depth)
+            scales = [self._scales(data[r], sel) for r in range(2)]
             for q in range(4):  # word q: columns 32t + 8q … of each row, scale group 2(t % 2) + q // 2
                 pairs = []
                 for r in range(2):
-                    codes_g, codes_g8, scale_g, scale_g8 = data[r]
-                    sc = e4m3x2_to_bf16x2(prmt(scale_g, scale_g8, sel + (0x11 if q >= 2 else 0)))
-                    pairs.append((e2m1x8_to_bf16x2x4(codes_g[q], prmt(sc, sc, Int32(0x1010))),
-                                  e2m1x8_to_bf16x2x4(codes_g8[q], prmt(sc, sc, Int32(0x3232)))))
+                    sg, sg8 = scales[r][q // 2]
+                    pairs.append((e2m1x8_to_bf16x2x4(data[r][0][q], sg), e2m1x8_to_bf16x2x4(data[r][1][q], sg8)))
                 for h in range(2):  # k16 step 2q + h: pairs 2h and 2h + 1 of the two rows' words
-                    b = ldmatrix_b(x_lane + (i * BLOCK_K + (2 * q + h) * 16) * 2, 2 * cfg.n8)
+                    b = self._b(x_lane + (i * BLOCK_K + (2 * q + h) * 16) * 2)
                     for r in range(2):
                         pg, pg8 = pairs[r]
                         a = (pg[2 * h], pg8[2 * h], pg[2 * h + 1], pg8[2 * h + 1])
                         for j in range(cfg.n8):
                             acc[r][j] = mma_bf16_m16n8k16(a, (b[2 * j], b[2 * j + 1]), acc[r][j])
         return [acc[r][j][v] for r in range(2) for j in range(cfg.n8) for v in range(4)]
+
+    def _b(self, addr):
+        """The B fragments of one k16 step, two words a token tile: one ldmatrix of its 16 tokens'
+        rows (x2 for 8 tokens), a second 16 rows on for 32 tokens."""
+        n8 = self.cfg.n8
+        if n8 <= 2:
+            return ldmatrix_b(addr, 2 * n8)
+        return ldmatrix_b(addr, 4) + ldmatrix_b(addr + 16 * self.cfg.x_words * 4, 4)
+
+    @staticmethod
+    def _scales(data, sel):
+        """A row block's scales for its two groups of the block's chunk (words 0-1, words 2-3): each
+        (row g's, row g + 8's) as bf16x2 broadcasts, converted once a block, not once a word."""
+        _, _, scale_g, scale_g8 = data
+        out = []
+        for half in range(2):
+            sc = e4m3x2_to_bf16x2(prmt(scale_g, scale_g8, sel + 0x11 * half))
+            out.append((prmt(sc, sc, Int32(0x1010)), prmt(sc, sc, Int32(0x3232))))
+        return out
 
     def _token(self, i, t):
         """The token of value i (row block r, token tile j, value v): 8j + 2t + v % 2."""
@@ -203,34 +236,36 @@ class WarpMmaKernel:
     def _stage_x(self, storage, x_ptr, m, k, block0, tidx):
         """x[:M, this CTA's columns] into shared memory in the mma's k order (module docstring), rows
         M … 8 · n8 - 1 zero: 16-byte loads of pairs p … p + 3 (one chunk t and word q, (h, b) = 00,
-        01, 10, 11), each word to its position; every load of a thread issued before its stores."""
+        01, 10, 11), each word to its position; a thread's loads issued STAGE_LOADS at a time, each
+        round before its stores (more would hold more registers than the k loop needs)."""
         cfg = self.cfg
         chunks = cfg.k_cta // 8  # 16-byte chunks of a row
         total = 8 * cfg.n8 * chunks
-        per_thread = (total + THREADS - 1) // THREADS
+        per_thread = (total + cfg.threads - 1) // cfg.threads
         x_base = storage.x.data_ptr().toint()
-        got = cute.make_rmem_tensor(cute.make_layout(4 * per_thread), Int32)
-        got.fill(0)
-        for j in cutlass.range_constexpr(per_thread):
-            idx = tidx + j * THREADS
-            row, c = idx // chunks, idx % chunks
-            if idx < total:
-                if row < m:
-                    v = ld_global_v4(x_ptr.toint() + (cutlass.Int64(row) * k + block0 * BLOCK_K + c * 8) * 2)
+        got = cute.make_rmem_tensor(cute.make_layout(4 * min(per_thread, STAGE_LOADS)), Int32)
+        for j0 in cutlass.range_constexpr(0, per_thread, STAGE_LOADS):
+            got.fill(0)
+            for j in cutlass.range_constexpr(j0, min(j0 + STAGE_LOADS, per_thread)):
+                idx = tidx + j * cfg.threads
+                row, c = idx // chunks, idx % chunks
+                if idx < total:
+                    if row < m:
+                        v = ld_global_v4(x_ptr.toint() + (cutlass.Int64(row) * k + block0 * BLOCK_K + c * 8) * 2)
+                        for e in cutlass.range_constexpr(4):
+                            got[4 * (j - j0) + e] = v[e]
+            for j in cutlass.range_constexpr(j0, min(j0 + STAGE_LOADS, per_thread)):
+                idx = tidx + j * cfg.threads
+                row, c = idx // chunks, idx % chunks
+                pb = 4 * c % 64  # the chunk's first pair within its 128 columns: 16t + 4q
+                dst = x_base + (row * cfg.x_words + (4 * c - pb) + 16 * (pb // 4 % 4) + pb // 16) * 4
+                if idx < total:
                     for e in cutlass.range_constexpr(4):
-                        got[4 * j + e] = v[e]
-        for j in cutlass.range_constexpr(per_thread):
-            idx = tidx + j * THREADS
-            row, c = idx // chunks, idx % chunks
-            pb = 4 * c % 64  # the chunk's first pair within its 128 columns: 16t + 4q
-            dst = x_base + (row * cfg.x_words + (4 * c - pb) + 16 * (pb // 4 % 4) + pb // 16) * 4
-            if idx < total:
-                for e in cutlass.range_constexpr(4):
-                    st_shared_b32(dst + 16 * e, got[4 * j + e])
+                        st_shared_b32(dst + 16 * e, got[4 * (j - j0) + e])
 
     @cute.jit
-    def _reduce(self, vals, mPart, mCtr, storage, m, tn, split, tiles, tidx):
-        """This CTA's values → its partial (tokens < M only); the tile's last CTA to arrive sums
+    def _reduce(self, vals, mPart, mCtr, storage, m, cta, split, ctas, tidx):
+        """This CTA's values → its partial (tokens < M only); the last CTA of its rows to arrive sums
         every split's in split order into ``vals`` (deterministic whatever the arrival order),
         re-zeroes the counter (schedule.stream_k_counters keeps them at zero between launches) and
         returns 1; the others return 0. Memory order as stream_k._fixup: the barrier orders the
@@ -238,14 +273,14 @@ class WarpMmaKernel:
         orders the loads after it."""
         cfg = self.cfg
         t = tidx % 4
-        splits = mPart.shape[0] // tiles
+        splits = mPart.shape[0] // ctas
         for i in cutlass.range_constexpr(cfg.values):
             if self._token(i, t) < m:
-                mPart[split * tiles + tn, i, tidx] = vals[i]
+                mPart[split * ctas + cta, i, tidx] = vals[i]
         cute.arch.barrier()
         sFlag = storage.flag.get_tensor(cute.make_layout(4))
         if tidx == 0:
-            sFlag[0] = cute.arch.atomic_add(mCtr.iterator + tn, Int32(1), sem="acq_rel", scope="gpu")
+            sFlag[0] = cute.arch.atomic_add(mCtr.iterator + cta, Int32(1), sem="acq_rel", scope="gpu")
         cute.arch.barrier()
         last = Int32(0)
         if sFlag[0] == splits - 1:
@@ -260,21 +295,21 @@ class WarpMmaKernel:
                         got[u * cfg.values + i] = Float32(0.0)
                         if s0 + u < splits:
                             if self._token(i, t) < m:
-                                got[u * cfg.values + i] = mPart[(s0 + u) * tiles + tn, i, tidx]
+                                got[u * cfg.values + i] = mPart[(s0 + u) * ctas + cta, i, tidx]
                 for u in cutlass.range_constexpr(batch):  # (in split order)
                     for i in cutlass.range_constexpr(cfg.values):
                         vals[i] = vals[i] + got[u * cfg.values + i]
             if tidx == 0:
-                mCtr[tn] = Int32(0)
+                mCtr[cta] = Int32(0)
         return last
 
     @cute.jit
-    def _epilogue(self, vals, mGS, mOut, mRes, m, tn, tidx):
-        """gate_up: h[token, 128·tn + 16w + g (+ 8)] = act(gate · gs[0]) · up · gs[1] (each also ·
-        2^UNSHIFT), bf16. down: y[token, 256·tn + 128r + 16w + g (+ 8)] = value · gs[0] · 2^UNSHIFT
-        (+ residual), bf16. Value (r, j, v): row g + 8 (v // 2) of row block r, token 8j + 2t + v % 2."""
+    def _epilogue(self, vals, mGS, mOut, mRes, m, tn, v, tidx):
+        """gate_up: h[token, 128·tn + 16v + g (+ 8)] = act(gate · gs[0]) · up · gs[1] (each also ·
+        2^UNSHIFT), bf16. down: y[token, 256·tn + 128r + 16v + g (+ 8)] = value · gs[0] · 2^UNSHIFT
+        (+ residual), bf16. Value (r, j, e): row g + 8 (e // 2) of row block r, token 8j + 2t + e % 2."""
         cfg = self.cfg
-        warp, g, t = tidx // 32, tidx % 32 // 4, tidx % 4
+        g, t = tidx % 32 // 4, tidx % 4
         unshift = float(2 ** UNSHIFT)
         per_r = cfg.n8 * 4
         if cutlass.const_expr(cfg.epilogue == "gate_up"):
@@ -284,13 +319,13 @@ class WarpMmaKernel:
                 tok = self._token(i, t)
                 if tok < m:
                     h = act(vals[i] * g0) * (vals[per_r + i] * g1)
-                    mOut[tok, HALF * tn + 16 * warp + g + 8 * (i % 4 // 2)] = h.to(cutlass.BFloat16)
+                    mOut[tok, HALF * tn + 16 * v + g + 8 * (i % 4 // 2)] = h.to(cutlass.BFloat16)
         else:
             g0 = mGS[0] * unshift
             for i in cutlass.range_constexpr(cfg.values):
                 tok = self._token(i, t)
                 if tok < m:
-                    col = ROWS * tn + HALF * (i // per_r) + 16 * warp + g + 8 * (i % 4 // 2)
+                    col = ROWS * tn + HALF * (i // per_r) + 16 * v + g + 8 * (i % 4 // 2)
                     y = vals[i] * g0
                     if cutlass.const_expr(cfg.residual):
                         y = y + mRes[tok, col].to(Float32)
@@ -339,10 +374,10 @@ def _launch(config, a, weight, weight_scale, gs, out, residual):
     n = weight.shape[0]
     a = a.contiguous()
     stream = torch.cuda.current_stream(a.device)
-    tiles, splits = n // ROWS, k // config.k_cta
+    ctas, splits = n // ROWS * config.parts, k // config.k_cta
     if config.split_k:
-        part = torch.empty(splits * tiles * config.values * THREADS, dtype=torch.float32, device=a.device)
-        ctr = schedule.stream_k_counters(a.device, tiles, stream)
+        part = torch.empty(splits * ctas * config.values * config.threads, dtype=torch.float32, device=a.device)
+        ctr = schedule.stream_k_counters(a.device, ctas, stream)
     else:  # (never dereferenced)
         part, ctr = gs, gs
     res = out if residual is None else residual.contiguous()
