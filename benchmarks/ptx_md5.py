@@ -88,7 +88,8 @@ def configurations():
             ("down", D(tile_m=16, stages=6, mainloop="nvfp4", swap_ab=True, tile_major=True, decode_buffers=1,
                        pdl=True, ctas_per_sm=1))]
     out += [("nvfp4_warp_mma", warp_mma.WarpMmaConfig(op, n8=2, pdl=True)) for op in ("gate_up", "down")]
-    out += [("nvfp4_warp_mma", warp_mma.WarpMmaConfig(op, warps=w, n8=4)) for op in ("gate_up", "down") for w in (4, 8)]
+    out += [("nvfp4_warp_mma", warp_mma.WarpMmaConfig(op, warps=w, n8=4, ctas_per_sm=c))
+            for op in ("gate_up", "down") for w in (4, 8) for c in (0, 16 // w)]
     out += [("gate_up", G(tile_m=16, stages=5, swap_ab=True, cluster_k=4, mainloop=ml))
             for ml in ("fp8_block128", "bf16")]
     # code paths no shipped configuration reaches

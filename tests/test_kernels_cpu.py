@@ -306,8 +306,9 @@ def test_fake_shapes():
 
 def test_warp_mma_configs_follow_m_and_k(monkeypatch):
     """nvfp4 at decode sizes (DISPATCH D33): n8 by M, k_cta 512 or as dispatch.WARP_MMA_K_CTA says,
-    unsplit where K is one CTA's, every one compile-checked; none above WARP_MMA_M, for the packed
-    order or a K not a multiple of 128."""
+    unsplit where K is one CTA's, half-tile CTAs where whole-tile ones exceed a wave, 32 tokens only
+    in whole-tile CTAs (capped to 16 warps an SM), every one compile-checked; none above
+    WARP_MMA_M, for the packed order or a K not a multiple of 128."""
     pytest.importorskip("cutlass")
     c = dispatch.warp_mma_config
     shipped = dispatch.warp_mma_shipped()
@@ -318,15 +319,19 @@ def test_warp_mma_configs_follow_m_and_k(monkeypatch):
     assert [c("down", 1, 4096, k, True).k_cta for k in (4096, 14336, 384, 768)] == [512, 1024, 128, 256]
     assert not c("down", 1, 4096, 512, True).split_k and c("down", 1, 4096, 1024, True).split_k
     assert c("down", dispatch.WARP_MMA_M + 1, 4096, 4096, True) is None
+    assert c("gate_up", 32, 28672, 4096, True) is None  # 32 tokens in half-tile CTAs: the wgmma tile
     assert c("down", 1, 4096, 4096, False) is None and c("down", 1, 4096, 576, True) is None
     # half-tile CTAs where whole-tile ones would take more than one wave of two an SM
     assert c("gate_up", 1, 28672, 4096, True).warps == 4  # 112 tiles × 8 K shares = 896 > 264
     assert c("down", 1, 4096, 14336, True).warps == 8  # 16 × 14 = 224
     assert c("down", 1, 4096, 14336, True, sms=100).warps == 4
-    # up to 32 tokens (four token tiles) where WARP_MMA_M lets it
-    monkeypatch.setattr(dispatch, "WARP_MMA_M", 32)
+    # 32 tokens (four token tiles) in whole-tile CTAs, 16 warps an SM
     assert [c("down", m, 4096, 14336, True).n8 for m in (16, 17, 32)] == [2, 4, 4]
-    assert c("gate_up", 32, 8192, 4096, True) in dispatch.warp_mma_shipped()
+    assert [c("down", m, 4096, 14336, True).ctas_per_sm for m in (16, 32)] == [0, 2]  # 16 warps an SM
+    assert c("gate_up", 32, 8192, 4096, True) in shipped
+    assert not [cfg for cfg in shipped if cfg.n8 == 4 and cfg.warps == 4]
+    monkeypatch.setattr(dispatch, "WARP_MMA_M", 16)
+    assert c("down", 17, 4096, 14336, True) is None and all(cfg.n8 < 4 for cfg in dispatch.warp_mma_shipped())
 
 
 # ---------------------------------------------------------------- sm_90a compile check
@@ -344,9 +349,9 @@ def _shipped():
         # the warp-MMA kernels with programmatic dependent launch (dispatch.WARP_MMA_PDL: measured)
         + [("nvfp4_warp_mma", warp_mma.WarpMmaConfig(op, n8=2, pdl=True), warp_mma.compile_warp_mma)
            for op in ("gate_up", "down")]
-        # the warp-MMA kernels' 32 tokens (dispatch.WARP_MMA_M: measured, slower than the wgmma tile)
-        + [("nvfp4_warp_mma", warp_mma.WarpMmaConfig(op, warps=w, n8=4), warp_mma.compile_warp_mma)
-           for op in ("gate_up", "down") for w in (4, 8)]
+        # the warp-MMA kernels' 32 tokens (dispatch.WARP_MMA_M), uncapped and capped
+        + [("nvfp4_warp_mma", warp_mma.WarpMmaConfig(op, warps=w, n8=4, ctas_per_sm=c), warp_mma.compile_warp_mma)
+           for op in ("gate_up", "down") for w in (4, 8) for c in (0, 16 // w)]
         # the split GEMM with its pair tiles 128 rows off the 256-row grid (P = 128 mod 256)
         + [("gate_up_split", split.SplitConfig(tile_m=tm, mainloop=ml, h_format="bf16", prefix=384),
             split.compile_split) for tm in (64, 128) for ml in ("fp8_block128", "bf16")]

@@ -447,10 +447,10 @@ def nvfp4_wide_on(device: torch.device, m: int, n: int) -> bool:
 
 # nvfp4 at decode sizes on warp-level mma.sync (kernels/sm90/warp_mma.py, D33): a tile-major weight
 # (the modules' order on the GPU), M ≤ WARP_MMA_M, K a multiple of its 128-column step. 0: the
-# swap-AB wgmma tiles above run these M too (what launch_ab --set dispatch.WARP_MMA_M=0 compares). The
-# kernel takes up to 32 (four token tiles a warp), but there its 146 registers a thread cost more
-# than the 64-token wgmma tile's time (history/nvfp4.md v22).
-WARP_MMA_M = 16
+# swap-AB wgmma tiles above run these M too (what launch_ab --set dispatch.WARP_MMA_M=0 compares). Above
+# 16 tokens (four token tiles a warp) only in whole-tile CTAs: in half tiles the 64-token wgmma tile
+# was faster there (4096×14336's gate_up at M = 32: 49.0 against 43.5 µs; history/nvfp4.md v22).
+WARP_MMA_M = 32
 # columns a CTA: the first of these that divides K into at most WARP_MMA_SPLITS CTAs a tile, else the
 # one that divides it into the fewest (512: the probe's best; 1024 where K is long: the tile's last
 # CTA then sums fewer partials; history/nvfp4.md v21)
@@ -462,6 +462,9 @@ WARP_MMA_DEPTH = 2  # 128-column blocks of loads ahead (WarpMmaConfig.depth)
 # wave finer). 0: by that rule; 4 or 8: always (history/nvfp4.md v22)
 WARP_MMA_WARPS = 0
 WARP_MMA_CTAS_PER_SM = 2
+# 32 tokens (n8 = 4) take 146 registers a thread uncapped (one 8-warp CTA an SM); capped to keep
+# this many warps an SM, as the 8- and 16-token configs have (128 registers, a few bytes spilled)
+WARP_MMA_WARPS_PER_SM = 16
 WARP_MMA_PDL = False  # programmatic dependent launch of the warp-MMA kernels (WarpMmaConfig.pdl)
 
 
@@ -478,9 +481,17 @@ def warp_mma_config(op: str, m: int, n: int, k: int, tile_major: bool, act: str 
     fits = [c for c in WARP_MMA_K_CTA if k % c == 0]
     k_cta = next((c for c in fits if k // c <= WARP_MMA_SPLITS), max(fits))
     warps = WARP_MMA_WARPS or (8 if n // warp_mma.ROWS * (k // k_cta) <= WARP_MMA_CTAS_PER_SM * sms else 4)
-    return warp_mma.WarpMmaConfig(op, warps=warps, n8=next(n for n in (1, 2, 4) if m <= 8 * n), k_cta=k_cta, split_k=k > k_cta,
-                                  depth=WARP_MMA_DEPTH, act=act if op == "gate_up" else "silu", residual=residual,
-                                  pdl=WARP_MMA_PDL)
+    n8 = next(n8 for n8 in (1, 2, 4) if m <= 8 * n8)
+    if n8 == 4 and warps == 4 and not WARP_MMA_WARPS:
+        return None
+    return warp_mma.WarpMmaConfig(op, warps=warps, n8=n8, k_cta=k_cta, split_k=k > k_cta, depth=WARP_MMA_DEPTH,
+                                  act=act if op == "gate_up" else "silu", residual=residual, pdl=WARP_MMA_PDL,
+                                  ctas_per_sm=_warp_mma_cap(warps, n8))
+
+
+def _warp_mma_cap(warps: int, n8: int) -> int:
+    """WarpMmaConfig.ctas_per_sm: WARP_MMA_WARPS_PER_SM for 32 tokens, else none."""
+    return WARP_MMA_WARPS_PER_SM // warps if n8 == 4 else 0
 
 
 def warp_mma_shipped() -> list:
@@ -489,11 +500,13 @@ def warp_mma_shipped() -> list:
 
     n8s = [n8 for n8 in (1, 2, 4) if 4 * n8 < min(WARP_MMA_M, warp_mma.MAX_TOKENS)]  # M ≤ 8, ≤ 16, ≤ 32
     shapes = [(w, n8, k_cta, split) for w in ((WARP_MMA_WARPS,) if WARP_MMA_WARPS else (4, 8)) for n8 in n8s
-              for k_cta in WARP_MMA_K_CTA for split in (False, True)]
+              for k_cta in WARP_MMA_K_CTA for split in (False, True) if WARP_MMA_WARPS or w == 8 or n8 < 4]
     common = {"depth": WARP_MMA_DEPTH, "pdl": WARP_MMA_PDL}
-    return ([warp_mma.WarpMmaConfig("gate_up", warps=w, n8=n8, k_cta=c, split_k=s, act=act, **common)
+    return ([warp_mma.WarpMmaConfig("gate_up", warps=w, n8=n8, k_cta=c, split_k=s, act=act,
+                                    ctas_per_sm=_warp_mma_cap(w, n8), **common)
              for act in activations_and_h.ACTIVATIONS for w, n8, c, s in shapes]
-            + [warp_mma.WarpMmaConfig("down", warps=w, n8=n8, k_cta=c, split_k=s, residual=r, **common)
+            + [warp_mma.WarpMmaConfig("down", warps=w, n8=n8, k_cta=c, split_k=s, residual=r,
+                                      ctas_per_sm=_warp_mma_cap(w, n8), **common)
                for r in (False, True) for w, n8, c, s in shapes])
 
 

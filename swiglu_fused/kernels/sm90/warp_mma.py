@@ -1,7 +1,7 @@
 """nvfp4 W4A16 at decode sizes (M ≤ 32) on warp-level mma.sync (DISPATCH D33): gate_up with its
 act·up epilogue and down, on the modules' tile-major weight (kernels/nvfp4_layout.py).
 
-Why not the wgmma kernels (gemm.py with nvfp4.py's mainloop): at M ≤ 16 they decode each weight k
+Why not the wgmma kernels (gemm.py with nvfp4.py's mainloop): at decode sizes they decode each weight k
 tile into shared memory, fence, meet at a barrier and issue one wgmma a tile; that chain, not HBM,
 sets their time (the same microseconds on the H200 as on the H100; benchmarks/history/nvfp4.md
 v18-v20). Here every warp loads its weight straight into registers, decodes it there and feeds
@@ -69,10 +69,12 @@ class WarpMmaConfig:
     # issued before griddepcontrol.wait, which x waits behind; the next kernel may launch once this
     # one's k loop is done (its loads all landed), under the K shares' sums and the epilogue
     pdl: bool = False
+    # CTAs an SM the registers must allow (ptxas caps them at 65536 / (threads · this)); 0: no cap
+    ctas_per_sm: int = 0
 
     def __post_init__(self):
         if (self.epilogue not in EPILOGUES or self.warps not in (4, 8) or self.n8 not in (1, 2, 4)
-                or self.k_cta % BLOCK_K or self.depth < 1):
+                or self.k_cta % BLOCK_K or self.depth < 1 or self.ctas_per_sm < 0):
             raise ValueError(f"WarpMmaConfig: not a config of the warp-MMA kernel: {self}")
 
     @property
@@ -114,8 +116,11 @@ class WarpMmaKernel:
         mPart = cute.make_tensor(part_ptr, cute.make_layout((splits * ctas, cfg.values, cfg.threads),
                                                             stride=(cfg.values * cfg.threads, cfg.threads, 1)))
         mCtr = cute.make_tensor(ctr_ptr, cute.make_layout(ctas))
+        # (a carveout given, -1 = the driver's default, keeps the DSL from asking a GPU for its
+        # shared memory at compile time)
+        extra = {"min_blocks_per_mp": cfg.ctas_per_sm, "preferred_smem_carveout": -1} if cfg.ctas_per_sm else {}
         self.kernel(w_ptr, s_ptr, x_ptr, mGS, mOut, mRes, mPart, mCtr, m, k, ctas).launch(
-            grid=[ctas, splits, 1], block=[cfg.threads, 1, 1], stream=stream, use_pdl=cfg.pdl)
+            grid=[ctas, splits, 1], block=[cfg.threads, 1, 1], stream=stream, use_pdl=cfg.pdl, **extra)
 
     def _storage(self):
         cfg = self.cfg
