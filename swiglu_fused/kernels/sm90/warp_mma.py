@@ -43,7 +43,7 @@ from .ptx import (
     mma_bf16_m16n8k16, prmt, st_shared_b32,
 )
 
-ROWS = nvfp4_layout.ROWS  # a CTA's weight rows: one tile-major n tile
+ROWS = nvfp4_layout.ROWS  # a tile-major n tile's weight rows (a CTA's with 8 warps, half with 4)
 HALF = ROWS // 2  # gate_up: the tile's gate rows, then its up rows (the interleave)
 BLOCK_K = 128  # columns of one step of the k loop (a lane's 16-byte loads: two k tiles)
 MAX_TOKENS = 32
@@ -184,7 +184,7 @@ class WarpMmaKernel:
 
     def _mainloop(self, storage, lanes, ring, block0, tidx):
         """The CTA's columns: decode and mma, ``depth`` blocks of loads ahead → this thread's fp32
-        values, (row block r, token tile j, value v) in that order."""
+        values, (row block r, token tile j, value e) in that order."""
         cfg = self.cfg
         t = lanes[3]
         lane = tidx % 32
@@ -232,9 +232,9 @@ class WarpMmaKernel:
         return out
 
     def _token(self, i, t):
-        """The token of value i (row block r, token tile j, value v): 8j + 2t + v % 2."""
-        j, v = i % (self.cfg.n8 * 4) // 4, i % 4
-        return 8 * j + 2 * t + v % 2
+        """The token of value i (row block r, token tile j, value e): 8j + 2t + e % 2."""
+        j, e = i % (self.cfg.n8 * 4) // 4, i % 4
+        return 8 * j + 2 * t + e % 2
 
     # ------------------------------------------------------------------ traced control flow
     @cute.jit
