@@ -482,11 +482,17 @@ def warp_mma_config(op: str, m: int, n: int, k: int, tile_major: bool, act: str 
     k_cta = next((c for c in fits if k // c <= WARP_MMA_SPLITS), max(fits))
     warps = WARP_MMA_WARPS or (8 if n // warp_mma.ROWS * (k // k_cta) <= WARP_MMA_CTAS_PER_SM * sms else 4)
     n8 = next(n8 for n8 in (1, 2, 4) if m <= 8 * n8)
-    if n8 == 4 and warps == 4 and not WARP_MMA_WARPS:
+    if not _warp_mma_takes(warps, n8):
         return None
     return warp_mma.WarpMmaConfig(op, warps=warps, n8=n8, k_cta=k_cta, split_k=k > k_cta, depth=WARP_MMA_DEPTH,
                                   act=act if op == "gate_up" else "silu", residual=residual, pdl=WARP_MMA_PDL,
                                   ctas_per_sm=_warp_mma_cap(warps, n8))
+
+
+def _warp_mma_takes(warps: int, n8: int) -> bool:
+    """32 tokens only in whole-tile CTAs (WARP_MMA_M's comment), unless WARP_MMA_WARPS forces the
+    CTA size (a measurement, a test)."""
+    return bool(WARP_MMA_WARPS) or warps == 8 or n8 < 4
 
 
 def _warp_mma_cap(warps: int, n8: int) -> int:
@@ -500,7 +506,7 @@ def warp_mma_shipped() -> list:
 
     n8s = [n8 for n8 in (1, 2, 4) if 4 * n8 < min(WARP_MMA_M, warp_mma.MAX_TOKENS)]  # M ≤ 8, ≤ 16, ≤ 32
     shapes = [(w, n8, k_cta, split) for w in ((WARP_MMA_WARPS,) if WARP_MMA_WARPS else (4, 8)) for n8 in n8s
-              for k_cta in WARP_MMA_K_CTA for split in (False, True) if WARP_MMA_WARPS or w == 8 or n8 < 4]
+              for k_cta in WARP_MMA_K_CTA for split in (False, True) if _warp_mma_takes(w, n8)]
     common = {"depth": WARP_MMA_DEPTH, "pdl": WARP_MMA_PDL}
     return ([warp_mma.WarpMmaConfig("gate_up", warps=w, n8=n8, k_cta=c, split_k=s, act=act,
                                     ctas_per_sm=_warp_mma_cap(w, n8), **common)
