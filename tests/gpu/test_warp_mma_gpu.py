@@ -22,7 +22,7 @@ SHAPES = [(4096, 14336), (8192, 3584), (2048, 8192), (512, 384), (768, 1536)]
 
 @pytest.fixture(autouse=True)
 def every_m_the_kernel_takes(monkeypatch):
-    """Up to its 32 tokens, where the dispatch stops at 16 (dispatch.WARP_MMA_M: measured)."""
+    """Up to its 32 tokens, whatever dispatch.WARP_MMA_M (a measured bound) says."""
     from swiglu_fused.kernels.sm90 import warp_mma
 
     monkeypatch.setattr(dispatch, "WARP_MMA_M", warp_mma.MAX_TOKENS)
