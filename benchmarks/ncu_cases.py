@@ -44,6 +44,13 @@ CASES = {
     "nvfp4_8b_1": ("nvfp4", 4096, 14336, 1, [("ours", None)]),
     "nvfp4_8b_256": ("nvfp4", 4096, 14336, 256, [("ours", None)]),
 }
+# nvfp4 at decode sizes on the warp-MMA kernels (D33), gate_up and down through ops as the modules
+# call them (the dispatched WarpMmaConfig): name: (hidden, inter, M)
+WARP_MMA_CASES = {
+    "nvfp4_wm_8b_1": (4096, 14336, 1),
+    "nvfp4_wm_8b_16": (4096, 14336, 16),
+    "nvfp4_wm_70b_1": (8192, 3584, 1),
+}
 
 
 def operands(mainloop, m, hidden, inter):
@@ -61,7 +68,37 @@ def operands(mainloop, m, hidden, inter):
     return b.operands(m, hidden, inter)
 
 
+def run_warp_mma_case(name):
+    from benchmarks.bench_nvfp4 import _nvfp4_down, nvfp4_gate_up
+    from swiglu_fused.kernels import nvfp4_layout, ops
+
+    hidden, inter, m = WARP_MMA_CASES[name]
+    gw, gs, ggs = nvfp4_gate_up(hidden, inter, 0)
+    dw, ds, dgs = _nvfp4_down(hidden, inter, 1)
+    gw, gs = nvfp4_layout.to_tile_major(gw, gs)
+    dw, ds = nvfp4_layout.to_tile_major(dw, ds)
+    x = torch.randn(m, hidden, device="cuda").to(torch.bfloat16)
+    h = torch.randn(m, inter, device="cuda").to(torch.bfloat16)
+    calls = [("gate_up", lambda: ops.gate_up(x, gw, gs, None, ggs, interleave=128, h_format="bf16", tile_major=True)),
+             ("down", lambda: ops.down(h, dw, ds, None, dgs, tile_major=True))]
+    _profile(name, f"{hidden}x{inter} M={m}", calls)
+
+
+def _profile(name, what, calls):
+    for _, fn in calls:  # compile, pick cuBLAS's kernel
+        fn(), fn()
+    torch.cuda.synchronize()
+    for label, fn in calls:
+        print(f"{name} {what}: {label}", flush=True)
+        torch.cuda.nvtx.range_push("prof")
+        fn()
+        torch.cuda.nvtx.range_pop()
+        torch.cuda.synchronize()
+
+
 def run_case(name):
+    if name in WARP_MMA_CASES:
+        return run_warp_mma_case(name)
     mainloop, hidden, inter, m, variants = CASES[name]
     x, xs, w, ws = operands(mainloop, m, hidden, inter)
     calls = []
@@ -94,25 +131,18 @@ def run_case(name):
         if dg is not None:  # where importable (a peer, issue 25)
             dg_gemm = b.deep_gemm_block_gemm(dg)
             calls.append(("DeepGEMM fp8 block GEMM", lambda: dg_gemm(*peer)))
-    for _, fn in calls:  # compile, pick cuBLAS's kernel
-        fn(), fn()
-    torch.cuda.synchronize()
-    for label, fn in calls:
-        print(f"{name} {hidden}x{inter} M={m}: {label}", flush=True)
-        torch.cuda.nvtx.range_push("prof")
-        fn()
-        torch.cuda.nvtx.range_pop()
-        torch.cuda.synchronize()
+    _profile(name, f"{hidden}x{inter} M={m}", calls)
 
 
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--cases", default=",".join(CASES), help=f"comma-separated, from {', '.join(CASES)}")
+    names = [*CASES, *WARP_MMA_CASES]
+    p.add_argument("--cases", default=",".join(CASES), help=f"comma-separated, from {', '.join(names)}")
     a = p.parse_args()
     torch.manual_seed(0)
     for name in a.cases.split(","):
-        if name not in CASES:
-            p.error(f"--cases: unknown case {name!r}; choose from {', '.join(CASES)}")
+        if name not in names:
+            p.error(f"--cases: unknown case {name!r}; choose from {', '.join(names)}")
         run_case(name)
 
 

@@ -9,6 +9,7 @@ from torch import nn
 
 from . import eager_graphs, formats, interleave as il
 from .kernels import dispatch, nvfp4_layout, ops, reference
+from .kernels.pipeline import held_multiplier
 
 
 class _PackedProjection(nn.Module):
@@ -25,11 +26,15 @@ class _PackedProjection(nn.Module):
     """
 
     def __init__(self, tensors: Mapping[str, torch.Tensor], weight_format: str | None = None,
-                 kernel_ready: bool = True):
+                 kernel_ready: bool = True, global_scale_kind: str | None = None):
         super().__init__()
         for suffix, t in tensors.items():
             self.register_buffer(suffix, t)
         fmt = formats.weight_format(weight_format) if weight_format else None
+        # the per-tensor scale's buffer name and kind, and its fp32 multiplier (_settle_multiplier)
+        self._global_scale = (fmt.global_scale_name, global_scale_kind) if fmt and fmt.global_scale_name else None
+        self._multiplier: torch.Tensor | None = None
+        self._multiplier_of: torch.Tensor | None = None  # the buffer it was made from
         # (weight, scale) buffer names of a weight that has a tile-major order, else None
         self._reorderable = ((fmt.weight_name, fmt.scale_name) if fmt and fmt.tile_major_order and kernel_ready
                              else None)
@@ -39,6 +44,18 @@ class _PackedProjection(nn.Module):
     def kernel_tensors(self) -> dict[str, torch.Tensor]:
         """The tensors as held: what the ops read, an nvfp4 weight in the order ``tile_major`` says."""
         return dict(self.named_buffers())
+
+    def op_tensors(self) -> dict[str, torch.Tensor]:
+        """kernel_tensors with the per-tensor scale (if any) as its fp32 multiplier: pass them to
+        the ops with global_scale_kind formats.MULTIPLIER."""
+        out = self.kernel_tensors()
+        if self._global_scale is not None:
+            name = self._global_scale[0]
+            gs = out[name]
+            if not torch.compiler.is_compiling() and self._multiplier_of is not gs:
+                self._settle_multiplier()  # (a buffer assigned without settle_layout)
+            out[name] = self._multiplier
+        return out
 
     def tensors(self) -> dict[str, torch.Tensor]:
         """The packed format's tensors (a tile-major nvfp4 weight and scales: copies in the packed order)."""
@@ -54,9 +71,18 @@ class _PackedProjection(nn.Module):
 
     def settle_layout(self) -> None:
         """Put an nvfp4 weight in the order its device's kernels read (tile-major where
-        dispatch.nvfp4_tile_major says so, else the packed order)."""
+        dispatch.nvfp4_tile_major says so, else the packed order), and make its per-tensor scale's
+        multiplier (op_tensors)."""
         if self._reorderable is not None:
             self._set_tile_major(dispatch.nvfp4_tile_major(self._buffers[self._reorderable[0]]))
+        if self._global_scale is not None:
+            self._settle_multiplier()
+
+    def _settle_multiplier(self) -> None:
+        """The per-tensor scale as the ops take it (pipeline.held_multiplier)."""
+        gs = self._buffers[self._global_scale[0]]
+        self._multiplier = held_multiplier(self._multiplier, self._multiplier_of, gs, self._global_scale[1])
+        self._multiplier_of = gs
 
     def _set_tile_major(self, want: bool) -> None:
         if want == self.tile_major:
@@ -116,8 +142,9 @@ class FusedSwiGLUMLP(nn.Module):
         # = formats.GATE_UP: state_dict keys are the checkpoint's; an nvfp4 gate_up is tile-major
         # only with the kernels' interleave
         self.gate_up_interleaved = _PackedProjection(gate_up, fmt.name,
-                                                     kernel_ready=dispatch.format_has_kernels(fmt.name, interleave))
-        self.down_proj = _PackedProjection(down, fmt.name)
+                                                     kernel_ready=dispatch.format_has_kernels(fmt.name, interleave),
+                                                     global_scale_kind=self.global_scale_kind)
+        self.down_proj = _PackedProjection(down, fmt.name, global_scale_kind=self.global_scale_kind)
         w = gate_up[fmt.weight_name]
         self.hidden_size, self.intermediate_size = fmt.cols_of(w), w.shape[0] // 2  # (load_state_dict keeps shapes)
         self.eager_graph_rows = eager_graphs.MAX_ROWS if dispatch.format_has_kernels(fmt.name, interleave) else 0
@@ -199,9 +226,9 @@ class FusedSwiGLUMLP(nn.Module):
             raise ValueError(f"x: last dimension is {x.shape[-1]}, but this MLP's hidden size is {self.hidden_size}")
 
     def _ops_forward(self, x: torch.Tensor) -> torch.Tensor:
-        return ops.mlp(x, self.gate_up_interleaved.kernel_tensors(), self.down_proj.kernel_tensors(),
+        return ops.mlp(x, self.gate_up_interleaved.op_tensors(), self.down_proj.op_tensors(),
                        weight_format=self.weight_format, interleave=self.interleave, act=self.activation,
-                       global_scale_kind=self.global_scale_kind,
+                       global_scale_kind=formats.MULTIPLIER if self.global_scale_kind else None,
                        tile_major=(self.gate_up_interleaved.tile_major, self.down_proj.tile_major))
 
     def extra_repr(self) -> str:

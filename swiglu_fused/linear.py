@@ -35,7 +35,8 @@ class PackedLinear(_PackedProjection):
         problems = formats.linear_problems(given, "m", cfg)
         if problems:
             raise formats.FormatError("PackedLinear: " + "; ".join(str(p).replace("m.", "", 1) for p in problems))
-        super().__init__({**tensors, **({"bias": bias} if bias is not None else {})}, fmt.name)
+        super().__init__({**tensors, **({"bias": bias} if bias is not None else {})}, fmt.name,
+                         global_scale_kind=global_scale_kind)
         self.weight_format = fmt.name
         self.global_scale_kind = global_scale_kind if fmt.global_scale_name else None
         w = tensors[fmt.weight_name]
@@ -71,7 +72,7 @@ class PackedLinear(_PackedProjection):
         if x.numel() == 0:
             return x.new_empty((*lead, self.out_features))
         fmt = formats.weight_format(self.weight_format)
-        weight, scale, gs = operands(fmt, self.kernel_tensors(), self.global_scale_kind)
+        weight, scale, gs = operands(fmt, self.op_tensors(), formats.MULTIPLIER if self.global_scale_kind else None)
         x2, x_scale = activation_operand(ops, fmt, x.reshape(-1, self.in_features))
         y = ops.down(x2, weight, scale, x_scale, gs, out_dtype=x.dtype, tile_major=self.tile_major)
         bias = self._buffers.get("bias")

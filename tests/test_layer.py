@@ -87,3 +87,32 @@ def test_backward_says_the_module_is_inference_only():
     y = _mlp("fp8_block128")(x)
     with pytest.raises(RuntimeError, match="has no gradient: FusedSwiGLUMLP and its ops are inference-only"):
         y.sum().backward()
+
+
+def _nvfp4_mlp(kind):
+    """_mlp("nvfp4") with its per-tensor scales stored as ``kind`` (from_linear stores divisors)."""
+    src = _mlp("nvfp4")
+
+    def stored(t):
+        return {k: (1.0 / v if k == "weight_global_scale" and kind == "multiplier" else v).clone() for k, v in t.items()}
+    return FusedSwiGLUMLP(stored(src.gate_up_interleaved.tensors()), stored(src.down_proj.tensors()),
+                          weight_format="nvfp4", global_scale_kind=kind)
+
+
+@pytest.mark.parametrize("kind", ["divisor", "multiplier"])
+def test_global_scale_multiplier_follows_reloads_and_reassigned_buffers(kind):
+    """The module turns nvfp4's per-tensor scales into the ops' fp32 multipliers once (not a kernel
+    launch a call); a state dict loaded in place and a buffer assigned directly must reach forward,
+    for both kinds (a multiplier stored as fp32 is the buffer itself)."""
+    mlp, other = _nvfp4_mlp(kind), _nvfp4_mlp(kind)
+    with torch.no_grad():  # the same weights, other per-tensor scales
+        for p in (other.gate_up_interleaved, other.down_proj):
+            p.weight_global_scale.mul_(1.5)
+            p.settle_layout()
+    x = torch.randn(3, 256, generator=torch.Generator().manual_seed(3)).to(torch.bfloat16)
+    assert torch.equal(mlp(x), _expected(mlp, x)) and not torch.equal(mlp(x), other(x))
+    mlp.load_state_dict(other.state_dict())  # copies into the buffers in place
+    assert torch.equal(mlp(x), _expected(other, x)) and torch.equal(mlp(x), other(x))
+    new = mlp.down_proj.weight_global_scale * 2  # a new tensor assigned, settle_layout not called
+    mlp.down_proj.weight_global_scale = new
+    assert torch.equal(mlp(x), _expected(mlp, x)) and not torch.equal(mlp(x), other(x))

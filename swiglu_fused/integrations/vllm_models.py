@@ -17,7 +17,7 @@ from torch.nn import Parameter
 
 from .. import formats
 from ..formats import FormatError
-from ..kernels import dispatch, nvfp4_layout, ops
+from ..kernels import dispatch, nvfp4_layout, ops, pipeline
 from .vllm_config import SwigluFusedConfig
 from .vllm_layout import ARCHITECTURES, check_tensor_parallel
 from .vllm_linear import load_slice
@@ -50,6 +50,9 @@ class FusedMLP(nn.Module):
         self.gate_up_interleaved = _Projection(fmt.tensors(2 * local, hidden, 2))  # = formats.GATE_UP
         self.down_proj = _Projection(fmt.tensors(hidden, local, 1))
         self.tile_major = (False, False)  # whether gate_up's / down's nvfp4 weight is held tile-major
+        # gate_up's / down's per-tensor scale as the ops take it: (multiplier, the parameter it was
+        # made from), made by settle_layout (pipeline.held_multiplier); None: converted each call
+        self._multipliers: list | None = None
 
     def _projections(self):
         """(gate_up, down) and whether the kernels could read each tile-major (gate_up: at g = 128)."""
@@ -74,6 +77,24 @@ class FusedMLP(nn.Module):
         fmt = formats.weight_format(self.packed.weight_format)
         self._reorder([ready and dispatch.nvfp4_tile_major(getattr(proj, fmt.weight_name))
                        for proj, ready in self._projections()])
+        if fmt.global_scale_name:  # and each per-tensor scale's multiplier, once, not a launch a call
+            held = self._multipliers or [(None, None)] * 2
+            self._multipliers = []
+            for (proj, _), (mult, source) in zip(self._projections(), held):
+                gs = getattr(proj, fmt.global_scale_name)
+                self._multipliers.append((pipeline.held_multiplier(mult, source, gs, self.packed.global_scale_kind),
+                                          gs))
+
+    def _op_tensors(self) -> tuple[dict, dict, str | None]:
+        """(gate_up's tensors, down's, their global_scale_kind) as ops.mlp takes them."""
+        fmt = formats.weight_format(self.packed.weight_format)
+        out = [dict(proj.named_parameters()) for proj, _ in self._projections()]
+        if self._multipliers is None or any(t[fmt.global_scale_name] is not source
+                                            for t, (_, source) in zip(out, self._multipliers)):
+            return *out, self.packed.global_scale_kind
+        for t, (mult, _) in zip(out, self._multipliers):
+            t[fmt.global_scale_name] = mult
+        return *out, formats.MULTIPLIER
 
     def load_weights(self, weights) -> set[str]:
         """vLLM's loader hands us (name under this module, full tensor) pairs; keep this rank's part."""
@@ -104,10 +125,9 @@ class FusedMLP(nn.Module):
         return loaded
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = ops.mlp(x, dict(self.gate_up_interleaved.named_parameters()), dict(self.down_proj.named_parameters()),
-                    weight_format=self.packed.weight_format, interleave=self.packed.interleave,
-                    act=self.packed.activation, global_scale_kind=self.packed.global_scale_kind,
-                    tile_major=self.tile_major)
+        gate_up, down, kind = self._op_tensors()
+        y = ops.mlp(x, gate_up, down, weight_format=self.packed.weight_format, interleave=self.packed.interleave,
+                    act=self.packed.activation, global_scale_kind=kind, tile_major=self.tile_major)
         if self.reduce_results and self.tp_size > 1:
             from vllm.distributed import tensor_model_parallel_all_reduce
 

@@ -24,6 +24,20 @@ def runtime_global_scale(t: torch.Tensor | None, kind: str | None) -> torch.Tens
     return 1.0 / t.float() if kind == formats.DIVISOR else t.float()
 
 
+def held_multiplier(held: torch.Tensor | None, source: torch.Tensor | None, t: torch.Tensor,
+                    kind: str | None) -> torch.Tensor:
+    """runtime_global_scale(t, kind) for a module to hold and pass to the ops (as formats.MULTIPLIER),
+    made when its tensors load or move instead of by a kernel launch a call (at decode sizes such a
+    launch costs as much as a projection's tail: history/nvfp4.md v23). Written into ``held``, the
+    multiplier it holds (made from ``source``), where it can be, so that a CUDA graph reading it
+    sees a reloaded value; a multiplier stored as fp32 is ``t`` itself, never written."""
+    value = runtime_global_scale(t, kind)
+    if (value is not t and held is not None and held is not source and held.device == value.device
+            and held.shape == value.shape):
+        return held.copy_(value)
+    return value
+
+
 def operands(fmt, tensors: Mapping[str, torch.Tensor], global_scale_kind: str | None) -> tuple:
     """One projection's packed tensors → (weight, its scales or None, its per-tensor multipliers or
     None): the arguments the ops take after x (``fmt``: the formats.WeightFormat)."""

@@ -834,11 +834,13 @@ def operand_dtypes(config: TileConfig) -> tuple:
 
 def nvfp4_global_scales(global_scale, count: int = 2):
     """An nvfp4 weight's global scale multipliers ([1], or [2]: gate, up; the split projection's
-    [3]) as the kernel reads them: ``count`` fp32 values (one repeated where there is one). Device
-    ops only (CUDA-graph capturable)."""
+    [3]) as the kernel reads them: ``count`` fp32 values (one repeated where there is one). A view
+    where the tensor has them (a copy is a kernel launch, at decode the length of a projection's
+    tail). Device ops only (CUDA-graph capturable)."""
     import torch
 
-    return global_scale.to(torch.float32).reshape(-1).expand(count).contiguous()
+    gs = global_scale.to(torch.float32).reshape(-1)
+    return gs[:count] if gs.numel() >= count else gs.expand(count).contiguous()
 
 
 def weight_operands(config: TileConfig, weight, weight_scale, a_scale, global_scale, tile_major: bool = False):

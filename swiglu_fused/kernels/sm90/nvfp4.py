@@ -247,9 +247,10 @@ class Nvfp4Mixin:
             st_shared_v4(dst + ((c ^ sw) << 4), *pairs)
 
     def _nvfp4_scale(self, acc, mGS, tn):
-        """The row tiles' global scales: half 0 (gate) by mGS[0], half 1 (up) by mGS[1] (plain
-        Python, inlined; split.py picks the prefix's or the pairs' by tile)."""
-        self._scale_halves(acc, mGS, lambda b, half: half)
+        """The row tiles' global scales: half 0 (gate) by mGS[0], half 1 (up) by mGS[1]; down's
+        both by its one, mGS[0] (plain Python, inlined; split.py picks the prefix's or the pairs'
+        by tile)."""
+        self._scale_halves(acc, mGS, lambda b, half: half, index=(0, 0) if self.cfg.global_scales == 1 else (0, 1))
 
     def _scale_halves(self, acc, mGS, half_of, index=(0, 1)):
         """acc value i ·= global scale of its weight half · 2^UNSHIFT (plain Python, inlined):

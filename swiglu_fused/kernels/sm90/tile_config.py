@@ -230,8 +230,8 @@ class TileConfig:
     @property
     def global_scales(self) -> int:
         """nvfp4 (and dequantized): fp32 global scale multipliers the kernel reads (gate and up;
-        down: one twice)."""
-        return 2
+        down: its one, as the ops get it: repeating it would be a copy, a kernel launch a call)."""
+        return 1 if self.epilogue == "linear" else 2
 
     @property
     def nvfp4_weight(self) -> bool:

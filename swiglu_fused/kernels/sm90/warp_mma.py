@@ -112,7 +112,7 @@ class WarpMmaKernel:
         out_cols = n // 2 if cutlass.const_expr(cfg.epilogue == "gate_up") else n
         mOut = cute.make_tensor(out_ptr, cute.make_layout((m, out_cols), stride=(out_cols, 1)))
         mRes = cute.make_tensor(res_ptr, cute.make_layout((m, n), stride=(n, 1)))
-        mGS = cute.make_tensor(gs_ptr, cute.make_layout(2))
+        mGS = cute.make_tensor(gs_ptr, cute.make_layout(2))  # (down reads [0] only: one value will do)
         mPart = cute.make_tensor(part_ptr, cute.make_layout((splits * ctas, cfg.values, cfg.threads),
                                                             stride=(cfg.values * cfg.threads, cfg.threads, 1)))
         mCtr = cute.make_tensor(ctr_ptr, cute.make_layout(ctas))
@@ -356,7 +356,7 @@ def gate_up(config: WarpMmaConfig, x, weight, weight_scale, global_scale):
     import torch
 
     h = torch.empty((x.shape[0], weight.shape[0] // 2), dtype=torch.bfloat16, device=x.device)
-    _launch(config, x, weight, weight_scale, global_scale.float().reshape(-1).expand(2).contiguous(), h, None)
+    _launch(config, x, weight, weight_scale, _global_scales(global_scale, 2), h, None)
     return h
 
 
@@ -365,9 +365,18 @@ def down(config: WarpMmaConfig, h, weight, weight_scale, global_scale, residual=
     import torch
 
     y = torch.empty((h.shape[0], weight.shape[0]), dtype=torch.bfloat16, device=h.device)
-    _launch(config, h, weight, weight_scale, global_scale.float().reshape(-1)[:1].expand(2).contiguous(), y,
-            residual)
+    _launch(config, h, weight, weight_scale, _global_scales(global_scale, 1), y, residual)
     return y
+
+
+def _global_scales(global_scale, used: int):
+    """The fp32 multipliers as the kernel reads them: ``used`` values (gate_up: gate, up; down: the
+    first), one repeated where there is one. A view of the tensor where it has them (the modules'
+    own multipliers): a copy is a kernel launch, at decode sizes the length of a projection's tail."""
+    import torch
+
+    gs = global_scale.to(torch.float32).reshape(-1)
+    return gs[:used] if gs.numel() >= used else gs.expand(used).contiguous()
 
 
 def _launch(config, a, weight, weight_scale, gs, out, residual):
