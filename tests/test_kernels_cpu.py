@@ -316,14 +316,17 @@ def test_warp_mma_configs_follow_m_and_k(monkeypatch):
         assert c("gate_up", m, 8192, k, True, "gelu_tanh") in shipped
         assert c("down", m, 8192, k, True, residual=True) in shipped
     assert [c("down", m, 4096, 14336, True).n8 for m in (8, 9, 16)] == [1, 2, 2]
-    assert [c("down", 1, 4096, k, True).k_cta for k in (4096, 14336, 384, 768)] == [512, 1024, 128, 256]
+    assert [c("down", 1, 4096, k, True).k_cta for k in (4096, 14336, 384, 768)] == [512, 896, 128, 256]
+    # K in more than 8 shares: the largest grid in one wave of two an SM (16 × 16 shares of 896 = 256
+    # CTAs), else the fewest CTAs (32 tiles × 28 shares of 1024)
+    assert c("down", 1, 4096, 14336, True, sms=120).k_cta == 1024 and c("down", 1, 8192, 28672, True).k_cta == 1024
     assert not c("down", 1, 4096, 512, True).split_k and c("down", 1, 4096, 1024, True).split_k
     assert c("down", dispatch.WARP_MMA_M + 1, 4096, 4096, True) is None
     assert c("gate_up", 32, 28672, 4096, True) is None  # 32 tokens in half-tile CTAs: the wgmma tile
     assert c("down", 1, 4096, 4096, False) is None and c("down", 1, 4096, 576, True) is None
     # half-tile CTAs where whole-tile ones would take more than one wave of two an SM
     assert c("gate_up", 1, 28672, 4096, True).warps == 4  # 112 tiles × 8 K shares = 896 > 264
-    assert c("down", 1, 4096, 14336, True).warps == 8  # 16 × 14 = 224
+    assert c("down", 1, 4096, 14336, True).warps == 8  # 16 × 16 = 256
     assert c("down", 1, 4096, 14336, True, sms=100).warps == 4
     # 32 tokens (four token tiles) in whole-tile CTAs, 16 warps an SM
     assert [c("down", m, 4096, 14336, True).n8 for m in (16, 17, 32)] == [2, 4, 4]
@@ -421,7 +424,7 @@ def test_eager_calls_skip_the_dispatcher_only_when_safe():
     assert torch.equal(xq.view(torch.uint8), xq2.view(torch.uint8)) and torch.equal(xs, xs2)
 
 
-@pytest.mark.parametrize("fmt", ["fp8_block128", "bf16"])
+@pytest.mark.parametrize("fmt", ["fp8_block128", "bf16", "nvfp4"])
 def test_layer_traces_whole_under_torch_compile(fmt):
     """fullgraph=True: nothing on the forward path (eager-call checks included) breaks the graph;
     the eager backend keeps this a tracing test, cheap enough for CI."""

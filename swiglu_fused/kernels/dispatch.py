@@ -451,10 +451,12 @@ def nvfp4_wide_on(device: torch.device, m: int, n: int) -> bool:
 # 16 tokens (four token tiles a warp) only in whole-tile CTAs: in half tiles the 64-token wgmma tile
 # was faster there (4096×14336's gate_up at M = 32: 49.0 against 43.5 µs; history/nvfp4.md v22).
 WARP_MMA_M = 32
-# columns a CTA: the first of these that divides K into at most WARP_MMA_SPLITS CTAs a tile, else the
-# one that divides it into the fewest (512: the probe's best; 1024 where K is long: the tile's last
-# CTA then sums fewer partials; history/nvfp4.md v21)
-WARP_MMA_K_CTA = (512, 1024, 256, 128)
+# columns a CTA: the first of these that divides K into at most WARP_MMA_SPLITS CTAs a tile (512: the
+# probe's best; 1024 where K is long: the tile's last CTA then sums fewer partials; history/nvfp4.md
+# v21); where none does, the one whose whole-tile grid is the largest that fits in WARP_MMA_CTAS_PER_SM
+# an SM (the SMs' loads most even: 4096×14336's down in 16 shares of 896, 256 CTAs, 2 % faster than 14
+# of 1024, 224; v23), else the one of fewest CTAs
+WARP_MMA_K_CTA = (512, 1024, 896, 256, 128)
 WARP_MMA_SPLITS = 8
 WARP_MMA_DEPTH = 2  # 128-column blocks of loads ahead (WarpMmaConfig.depth)
 # warps a CTA (WarpMmaConfig.warps): 8 (a whole 256-row tile) where the grid of such CTAs fits in one
@@ -479,7 +481,10 @@ def warp_mma_config(op: str, m: int, n: int, k: int, tile_major: bool, act: str 
             and k % warp_mma.BLOCK_K == 0):
         return None
     fits = [c for c in WARP_MMA_K_CTA if k % c == 0]
-    k_cta = next((c for c in fits if k // c <= WARP_MMA_SPLITS), max(fits))
+    k_cta = next((c for c in fits if k // c <= WARP_MMA_SPLITS), None)
+    if k_cta is None:
+        wave = [c for c in fits if n // warp_mma.ROWS * (k // c) <= WARP_MMA_CTAS_PER_SM * sms]
+        k_cta = min(wave) if wave else max(fits)
     warps = WARP_MMA_WARPS or (8 if n // warp_mma.ROWS * (k // k_cta) <= WARP_MMA_CTAS_PER_SM * sms else 4)
     n8 = next(n8 for n8 in (1, 2, 4) if m <= 8 * n8)
     if not _warp_mma_takes(warps, n8):
