@@ -148,7 +148,8 @@ def with_configs(mlp, fields: dict):
     return run
 
 
-ALL_PDL = {"gate_up": {"pdl": True}, "down": {"pdl": True}, "quant_x": {"pdl": True}}
+ALL_PDL = {"gate_up": {"pdl": True}, "down": {"pdl": True}, "quant_x": {"pdl": True},
+           "warp_mma_gate_up": {"pdl": True}, "warp_mma_down": {"pdl": True}}
 
 
 # ---------------------------------------------------------------------------------------------

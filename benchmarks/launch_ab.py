@@ -3,7 +3,7 @@ one process (DISPATCH D20: programmatic dependent launch of the fp8 MLP at M ≤
 Variants, each its own module (its eager CUDA graphs are captured with its launches):
 
   shipped   as dispatched
-  no_pdl    no PDL (every config's pdl off: what dispatch.PDL_M = 0 picks)
+  no_pdl    no PDL (every config's pdl off: what dispatch.PDL_M = 0 and WARP_MMA_PDL = False pick)
   memset    a zeroed stream-K counter tensor a launch (schedule.REUSE_COUNTERS off), not one buffer
   ab<i>     with --ab SPEC: the dispatched configs with those fields changed (bench_mlp's form,
             e.g. "gate_up:pdl=True,gate_up:ctas_per_sm=1,down:pdl=True,down:ctas_per_sm=1";

@@ -349,8 +349,8 @@ def _shipped():
         + [("down", c, down.compile_down) for c in dispatch.down_shipped()]
         + [("gate_up_split", c, split.compile_split) for c in dispatch.split_shipped()]
         + [("nvfp4_warp_mma", c, warp_mma.compile_warp_mma) for c in dispatch.warp_mma_shipped()]
-        # the warp-MMA kernels with programmatic dependent launch (dispatch.WARP_MMA_PDL: measured)
-        + [("nvfp4_warp_mma", warp_mma.WarpMmaConfig(op, n8=2, pdl=True), warp_mma.compile_warp_mma)
+        # the warp-MMA kernels without programmatic dependent launch (dispatch.WARP_MMA_PDL: measured)
+        + [("nvfp4_warp_mma", warp_mma.WarpMmaConfig(op, n8=2, pdl=False), warp_mma.compile_warp_mma)
            for op in ("gate_up", "down")]
         # the warp-MMA kernels' 32 tokens (dispatch.WARP_MMA_M), uncapped and capped
         + [("nvfp4_warp_mma", warp_mma.WarpMmaConfig(op, warps=w, n8=4, ctas_per_sm=c), warp_mma.compile_warp_mma)

@@ -467,7 +467,11 @@ WARP_MMA_CTAS_PER_SM = 2
 # 32 tokens (n8 = 4) take 146 registers a thread uncapped (one 8-warp CTA an SM); capped to keep
 # this many warps an SM, as the 8- and 16-token configs have (128 registers, a few bytes spilled)
 WARP_MMA_WARPS_PER_SM = 16
-WARP_MMA_PDL = False  # programmatic dependent launch of the warp-MMA kernels (WarpMmaConfig.pdl)
+# programmatic dependent launch of the warp-MMA kernels (WarpMmaConfig.pdl): down's launch and first
+# weight loads under gate_up's K-share sums. Off while one-value global-scale ops ran between the
+# two (2-3 % slower at M = 16); since they are gone (v23) 2-7 % faster at M ≤ 32, except 4096×14336
+# at 32 tokens, where gate_up is the wgmma tile (0-1.3 % slower; history/nvfp4.md v23)
+WARP_MMA_PDL = True
 
 
 def warp_mma_config(op: str, m: int, n: int, k: int, tile_major: bool, act: str = "silu", residual: bool = False,
