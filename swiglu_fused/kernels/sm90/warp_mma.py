@@ -37,6 +37,7 @@ from cutlass import Float32, Int32
 
 from .. import nvfp4_layout
 from .activations_and_h import activation
+from .gemm import nvfp4_global_scales
 from .nvfp4 import UNSHIFT
 from .ptx import (
     e2m1x8_to_bf16x2x4, e4m3x2_to_bf16x2, ld_global_nc_b32, ld_global_nc_v4, ld_global_v4, ldmatrix_b,
@@ -356,7 +357,7 @@ def gate_up(config: WarpMmaConfig, x, weight, weight_scale, global_scale):
     import torch
 
     h = torch.empty((x.shape[0], weight.shape[0] // 2), dtype=torch.bfloat16, device=x.device)
-    _launch(config, x, weight, weight_scale, _global_scales(global_scale, 2), h, None)
+    _launch(config, x, weight, weight_scale, nvfp4_global_scales(global_scale, 2), h, None)
     return h
 
 
@@ -365,18 +366,8 @@ def down(config: WarpMmaConfig, h, weight, weight_scale, global_scale, residual=
     import torch
 
     y = torch.empty((h.shape[0], weight.shape[0]), dtype=torch.bfloat16, device=h.device)
-    _launch(config, h, weight, weight_scale, _global_scales(global_scale, 1), y, residual)
+    _launch(config, h, weight, weight_scale, nvfp4_global_scales(global_scale, 1), y, residual)  # ([0] only)
     return y
-
-
-def _global_scales(global_scale, used: int):
-    """The fp32 multipliers as the kernel reads them: ``used`` values (gate_up: gate, up; down: the
-    first), one repeated where there is one. A view of the tensor where it has them (the modules'
-    own multipliers): a copy is a kernel launch, at decode sizes the length of a projection's tail."""
-    import torch
-
-    gs = global_scale.to(torch.float32).reshape(-1)
-    return gs[:used] if gs.numel() >= used else gs.expand(used).contiguous()
 
 
 def _launch(config, a, weight, weight_scale, gs, out, residual):
