@@ -377,6 +377,22 @@ def _shipped():
     )
 
 
+def test_warp_mma_refuses_a_config_that_does_not_fit_the_operands():
+    """A forced WarpMmaConfig (a harness A/B) whose k_cta does not divide K would sum part of K:
+    the launcher refuses it before any GPU work."""
+    pytest.importorskip("cutlass")
+    from swiglu_fused.kernels.sm90 import warp_mma
+
+    w, s = torch.zeros(512, 1792, dtype=torch.uint8), torch.zeros(512, 224, dtype=torch.uint8)
+    gs = torch.ones(1)
+    for cfg, m, k in [(warp_mma.WarpMmaConfig("down", k_cta=1024), 1, 3584),
+                      (warp_mma.WarpMmaConfig("down", k_cta=512, split_k=False), 1, 3584),
+                      (warp_mma.WarpMmaConfig("down", k_cta=512, n8=1), 9, 3584)]:
+        h = torch.zeros(m, k, dtype=torch.bfloat16)
+        with pytest.raises(ValueError, match="does not fit"):
+            warp_mma.down(cfg, h, w[:, : k // 2], s[:, : k // 16], gs)
+
+
 def test_every_shipped_sm90_config_compiles():
     """Every configuration the dispatch can pick compiles for sm_90a (ptxas included)."""
     for family, cfg, compile_fn in _shipped():

@@ -377,6 +377,11 @@ def _launch(config, a, weight, weight_scale, gs, out, residual):
 
     m, k = a.shape
     n = weight.shape[0]
+    if k % config.k_cta or config.split_k != (k > config.k_cta) or n % ROWS or m > 8 * config.n8:
+        # (dispatch.warp_mma_config never picks such a config; a forced one, a harness A/B, would
+        # sum part of K or of the rows and return a wrong result without a word)
+        raise ValueError(f"{config} does not fit M = {m}, N = {n}, K = {k}: K must be a multiple of k_cta "
+                         f"(split_k: K > k_cta), N of {ROWS}, M at most {8 * config.n8}")
     a = a.contiguous()
     stream = torch.cuda.current_stream(a.device)
     ctas, splits = n // ROWS * config.parts, k // config.k_cta
