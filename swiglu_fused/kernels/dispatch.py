@@ -484,12 +484,14 @@ def warp_mma_config(op: str, m: int, n: int, k: int, tile_major: bool, act: str 
     if not (tile_major and 0 < m <= min(WARP_MMA_M, warp_mma.MAX_TOKENS) and n % warp_mma.ROWS == 0
             and k % warp_mma.BLOCK_K == 0):
         return None
+    def one_wave(c):  # the whole-tile CTAs of shares of c columns fit in one wave
+        return n // warp_mma.ROWS * (k // c) <= WARP_MMA_CTAS_PER_SM * sms
+
     fits = [c for c in WARP_MMA_K_CTA if k % c == 0]
     k_cta = next((c for c in fits if k // c <= WARP_MMA_SPLITS), None)
     if k_cta is None:
-        wave = [c for c in fits if n // warp_mma.ROWS * (k // c) <= WARP_MMA_CTAS_PER_SM * sms]
-        k_cta = min(wave) if wave else max(fits)
-    warps = WARP_MMA_WARPS or (8 if n // warp_mma.ROWS * (k // k_cta) <= WARP_MMA_CTAS_PER_SM * sms else 4)
+        k_cta = min(filter(one_wave, fits), default=max(fits))
+    warps = WARP_MMA_WARPS or (8 if one_wave(k_cta) else 4)
     n8 = next(n8 for n8 in (1, 2, 4) if m <= 8 * n8)
     if not _warp_mma_takes(warps, n8):
         return None
