@@ -48,6 +48,7 @@ CASES = {
 # call them (the dispatched WarpMmaConfig): name: (hidden, inter, M)
 WARP_MMA_CASES = {
     "nvfp4_wm_8b_1": (4096, 14336, 1),
+    "nvfp4_wm_8b_8": (4096, 14336, 8),
     "nvfp4_wm_8b_16": (4096, 14336, 16),
     "nvfp4_wm_70b_1": (8192, 3584, 1),
 }

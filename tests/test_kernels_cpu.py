@@ -325,7 +325,15 @@ def test_warp_mma_configs_follow_m_and_k(monkeypatch):
     assert c("gate_up", 32, 28672, 4096, True) is None  # 32 tokens in half-tile CTAs: the wgmma tile
     assert c("down", 1, 4096, 4096, False) is None and c("down", 1, 4096, 576, True) is None
     # half-tile CTAs where whole-tile ones would take more than one wave of two an SM
-    assert c("gate_up", 1, 28672, 4096, True).warps == 4  # 112 tiles × 8 K shares = 896 > 264
+    assert c("gate_up", 1, 28672, 4096, True).warps == 4  # 112 tiles × 4 K shares = 448 > 264
+    # where the whole-tile grid takes more than a wave at any width, the share whose half-tile grid
+    # fills its last wave best, the widest of equals: 896 CTAs (1.7 waves of 528) against 1792 (3.4);
+    # 4096×11008 keeps 8 of 512 (1376 CTAs, 2.6 waves, against 688, 1.3); one wave at 1024: as before
+    assert c("gate_up", 1, 28672, 4096, True).k_cta == 1024 and c("gate_up", 1, 22016, 4096, True).k_cta == 512
+    assert c("gate_up", 1, 16384, 2048, True).k_cta == 512 and c("down", 1, 8192, 28672, True).k_cta == 1024
+    monkeypatch.setattr(dispatch, "WARP_MMA_WIDE", False)
+    assert c("gate_up", 1, 28672, 4096, True).k_cta == 512
+    monkeypatch.setattr(dispatch, "WARP_MMA_WIDE", True)
     assert c("down", 1, 4096, 14336, True).warps == 8  # 16 × 16 = 256
     assert c("down", 1, 4096, 14336, True, sms=100).warps == 4
     # 32 tokens (four token tiles) in whole-tile CTAs, 16 warps an SM

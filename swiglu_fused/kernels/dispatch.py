@@ -458,6 +458,12 @@ WARP_MMA_M = 32
 # of 1024, 224; v23), else the one of fewest CTAs
 WARP_MMA_K_CTA = (512, 1024, 896, 256, 128)
 WARP_MMA_SPLITS = 8
+# but where even the widest share's whole-tile grid takes more than one wave, the share of at most
+# WARP_MMA_SPLITS whose half-tile grid fills its last wave best, the widest of equals (fewer CTAs and
+# partials): 4096×14336's gate_up in 4 shares of 1024 (896 CTAs, 1.7 waves of 528) is 1-3 % faster than
+# 8 of 512 (3.4 waves); 4096×11008's keeps 8 of 512 (2.6 waves), its 4 of 1024 (1.3) 2-4 % slower
+# (history/nvfp4.md v25). False: the rule above alone (what launch_ab compares)
+WARP_MMA_WIDE = True
 WARP_MMA_DEPTH = 2  # 128-column blocks of loads ahead (WarpMmaConfig.depth)
 # warps a CTA (WarpMmaConfig.warps): 8 (a whole 256-row tile) where the grid of such CTAs fits in one
 # wave of WARP_MMA_CTAS_PER_SM an SM (their ~100 registers a thread), else 4 (half a tile: the last
@@ -489,7 +495,10 @@ def warp_mma_config(op: str, m: int, n: int, k: int, tile_major: bool, act: str 
 
     fits = [c for c in WARP_MMA_K_CTA if k % c == 0]
     k_cta = next((c for c in fits if k // c <= WARP_MMA_SPLITS), None)
-    if k_cta is None:
+    if WARP_MMA_WIDE and not one_wave(max(fits)):
+        k_cta = max((c for c in fits if k // c <= WARP_MMA_SPLITS), default=max(fits),
+                    key=lambda c: (_last_wave_fill(2 * n // warp_mma.ROWS * (k // c), 2 * WARP_MMA_CTAS_PER_SM * sms), c))
+    elif k_cta is None:
         k_cta = min(filter(one_wave, fits), default=max(fits))
     warps = WARP_MMA_WARPS or (8 if one_wave(k_cta) else 4)
     n8 = next(n8 for n8 in (1, 2, 4) if m <= 8 * n8)
@@ -498,6 +507,11 @@ def warp_mma_config(op: str, m: int, n: int, k: int, tile_major: bool, act: str 
     return warp_mma.WarpMmaConfig(op, warps=warps, n8=n8, k_cta=k_cta, split_k=k > k_cta, depth=WARP_MMA_DEPTH,
                                   act=act if op == "gate_up" else "silu", residual=residual, pdl=WARP_MMA_PDL,
                                   ctas_per_sm=_warp_mma_cap(warps, n8))
+
+
+def _last_wave_fill(ctas: int, slots: int) -> float:
+    """The grid's waves over the whole waves it takes (1: its last wave full)."""
+    return ctas / (-(-ctas // slots) * slots)
 
 
 def _warp_mma_takes(warps: int, n8: int) -> bool:
