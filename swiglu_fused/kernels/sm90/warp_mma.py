@@ -155,11 +155,9 @@ class WarpMmaKernel:
         self._stage_x(storage, x_ptr, m, k, block0, tidx)
         cute.arch.barrier()
         vals = cute.make_rmem_tensor(cute.make_layout(cfg.values), Float32)
-        arrive = [mCtr, cta, tidx] if cfg.split_k and cfg.early_arrival else None
+        arrive = (mCtr, storage, cta, tidx) if cfg.split_k and cfg.early_arrival else None
         for i, value in enumerate(self._mainloop(storage, lanes, ring, block0, tidx, arrive)):
             vals[i] = value
-        if cutlass.const_expr(cfg.split_k and cfg.early_arrival):
-            self._publish(arrive[-1], storage, tidx)  # (after the k loop: its wait for the count is here)
         if cutlass.const_expr(cfg.pdl):
             cute.arch.griddepcontrol_launch_dependents()
         last = Int32(1)
@@ -207,7 +205,7 @@ class WarpMmaKernel:
         blocks = cfg.k_cta // BLOCK_K
         for i in range(blocks):
             if arrive is not None and i == blocks - 1:
-                arrive.append(self._arrive(*arrive))
+                self._arrive(*arrive)
             data = ring[i % cfg.depth]
             if i + cfg.depth < blocks:
                 ring[i % cfg.depth] = self._load(lanes, block0 + i + cfg.depth)
@@ -283,20 +281,12 @@ class WarpMmaKernel:
                         st_shared_b32(dst + 16 * e, got[4 * (j - j0) + e])
 
     @cute.jit
-    def _arrive(self, mCtr, cta, tidx):
-        """early_arrival: thread 0 counts the CTA in on its rows' arrival counter (mCtr[cta]) and
-        returns the count before it (others: 0); nothing waits for it until _publish."""
-        old = Int32(0)
-        if tidx == 0:
-            old = cute.arch.atomic_add(mCtr.iterator + cta, Int32(1), sem="relaxed", scope="gpu")
-        return old
-
-    @cute.jit
-    def _publish(self, old, storage, tidx):
-        """_arrive's count into shared memory, for every thread after _reduce's barrier."""
+    def _arrive(self, mCtr, storage, cta, tidx):
+        """early_arrival: thread 0 counts the CTA in on its rows' arrival counter (mCtr[cta]); the
+        count before it lands in shared memory, read after the k loop's barrier."""
         sFlag = storage.flag.get_tensor(cute.make_layout(4))
         if tidx == 0:
-            sFlag[0] = old
+            sFlag[0] = cute.arch.atomic_add(mCtr.iterator + cta, Int32(1), sem="relaxed", scope="gpu")
 
     @cute.jit
     def _reduce(self, vals, mPart, mCtr, storage, m, cta, split, ctas, tidx):
