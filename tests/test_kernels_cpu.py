@@ -321,8 +321,6 @@ def test_warp_mma_configs_follow_m_and_k(monkeypatch):
     # CTAs), else the fewest CTAs (32 tiles × 28 shares of 1024)
     assert c("down", 1, 4096, 14336, True, sms=120).k_cta == 1024 and c("down", 1, 8192, 28672, True).k_cta == 1024
     assert not c("down", 1, 4096, 512, True).split_k and c("down", 1, 4096, 1024, True).split_k
-    # the last CTA known early wherever K is split (nothing to count where it is not)
-    assert not c("down", 1, 4096, 512, True).early_arrival and c("down", 1, 4096, 1024, True).early_arrival
     assert c("down", dispatch.WARP_MMA_M + 1, 4096, 4096, True) is None
     assert c("gate_up", 32, 28672, 4096, True) is None  # 32 tokens in half-tile CTAs: the wgmma tile
     assert c("down", 1, 4096, 4096, False) is None and c("down", 1, 4096, 576, True) is None
@@ -359,9 +357,6 @@ def _shipped():
         + [("down", c, down.compile_down) for c in dispatch.down_shipped()]
         + [("gate_up_split", c, split.compile_split) for c in dispatch.split_shipped()]
         + [("nvfp4_warp_mma", c, warp_mma.compile_warp_mma) for c in dispatch.warp_mma_shipped()]
-        # the warp-MMA kernels counting in after their partial (dispatch.WARP_MMA_EARLY_ARRIVAL: measured)
-        + [("nvfp4_warp_mma", warp_mma.WarpMmaConfig(op, n8=2, k_cta=512, early_arrival=False), warp_mma.compile_warp_mma)
-           for op in ("gate_up", "down")]
         # the warp-MMA kernels without programmatic dependent launch (dispatch.WARP_MMA_PDL: measured)
         + [("nvfp4_warp_mma", warp_mma.WarpMmaConfig(op, n8=2, pdl=False), warp_mma.compile_warp_mma)
            for op in ("gate_up", "down")]

@@ -478,9 +478,6 @@ WARP_MMA_WARPS_PER_SM = 16
 # two (2-3 % slower at M = 16); since they are gone (v23) 2-7 % faster at M ≤ 32, except 4096×14336
 # at 32 tokens, where gate_up is the wgmma tile (0-1.3 % slower; history/nvfp4.md v23)
 WARP_MMA_PDL = True
-# WarpMmaConfig.early_arrival: a share's CTA counts itself in as its last block starts, so that the
-# CTAs that are not last leave after their partial without waiting for an atomic's answer
-WARP_MMA_EARLY_ARRIVAL = True
 
 
 def warp_mma_config(op: str, m: int, n: int, k: int, tile_major: bool, act: str = "silu", residual: bool = False,
@@ -509,8 +506,7 @@ def warp_mma_config(op: str, m: int, n: int, k: int, tile_major: bool, act: str 
         return None
     return warp_mma.WarpMmaConfig(op, warps=warps, n8=n8, k_cta=k_cta, split_k=k > k_cta, depth=WARP_MMA_DEPTH,
                                   act=act if op == "gate_up" else "silu", residual=residual, pdl=WARP_MMA_PDL,
-                                  ctas_per_sm=_warp_mma_cap(warps, n8),
-                                  early_arrival=WARP_MMA_EARLY_ARRIVAL and k > k_cta)
+                                  ctas_per_sm=_warp_mma_cap(warps, n8))
 
 
 def _last_wave_fill(ctas: int, slots: int) -> float:
@@ -538,12 +534,10 @@ def warp_mma_shipped() -> list:
               for k_cta in WARP_MMA_K_CTA for split in (False, True) if _warp_mma_takes(w, n8)]
     common = {"depth": WARP_MMA_DEPTH, "pdl": WARP_MMA_PDL}
     return ([warp_mma.WarpMmaConfig("gate_up", warps=w, n8=n8, k_cta=c, split_k=s, act=act,
-                                    ctas_per_sm=_warp_mma_cap(w, n8), early_arrival=WARP_MMA_EARLY_ARRIVAL and s,
-                                    **common)
+                                    ctas_per_sm=_warp_mma_cap(w, n8), **common)
              for act in activations_and_h.ACTIVATIONS for w, n8, c, s in shapes]
             + [warp_mma.WarpMmaConfig("down", warps=w, n8=n8, k_cta=c, split_k=s, residual=r,
-                                      ctas_per_sm=_warp_mma_cap(w, n8), early_arrival=WARP_MMA_EARLY_ARRIVAL and s,
-                                      **common)
+                                      ctas_per_sm=_warp_mma_cap(w, n8), **common)
                for r in (False, True) for w, n8, c, s in shapes])
 
 

@@ -126,35 +126,3 @@ def test_programmatic_dependent_launch_gives_the_same_bits(monkeypatch):
         out = pdl(x)
     graph.replay()
     assert torch.equal(out, want)
-
-
-@pytest.mark.parametrize("hidden,inter", [(4096, 14336), (8192, 3584), (2048, 8192), (768, 1536)])
-@pytest.mark.parametrize("m", [1, 9, 16, 32])
-def test_early_arrival_gives_the_same_bits(hidden, inter, m, warps, monkeypatch):
-    """WarpMmaConfig.early_arrival (dispatch.WARP_MMA_EARLY_ARRIVAL): the last CTA known before the
-    k loop ends, the others leaving without waiting, gives the bits of counting in after the partial
-    (the same sums in the same order), gate_up and down with a residual, eagerly, twice in a row and
-    in a CUDA graph replayed twice (the counters left at zero: the autouse check in conftest)."""
-    x, w, ws, gs = gate_up_operands(m, hidden, inter, seed=m + 5)
-    gw, gsc = nvfp4_layout.to_tile_major(w, ws)
-    h, w, ws, dgs = down_operands(m, hidden, inter, seed=m + 6)
-    dw, dsc = nvfp4_layout.to_tile_major(w, ws)
-    res = torch.randn(m, hidden, device="cuda").to(torch.bfloat16)
-
-    def both():
-        return (ops.gate_up(x, gw, gsc, None, gs, interleave=128, h_format="bf16", tile_major=True)[0],
-                ops.down(h, dw, dsc, None, dgs, residual=res, tile_major=True))
-    monkeypatch.setattr(dispatch, "WARP_MMA_EARLY_ARRIVAL", False)
-    want = both()
-    monkeypatch.setattr(dispatch, "WARP_MMA_EARLY_ARRIVAL", True)
-    cfg = dispatch.warp_mma_config("down", m, hidden, inter, True)
-    assert cfg.early_arrival == cfg.split_k
-    for _ in range(2):
-        got = both()
-        assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = both()
-    for _ in range(2):
-        graph.replay()
-        assert torch.equal(out[0], want[0]) and torch.equal(out[1], want[1])

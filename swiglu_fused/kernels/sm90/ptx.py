@@ -306,23 +306,6 @@ def ld_global_v4(addr, *, loc=None, ip=None) -> tuple:
 
 
 @dsl_user_op
-def red_release_add(addr, v: Int32, *, loc=None, ip=None) -> None:
-    """Adds ``v`` to the int32 at global address ``addr`` (Int64), gpu scope, with release semantics
-    (the writes this thread made or observed, e.g. through a barrier, are visible first); no value
-    comes back, so the thread does not wait for the round trip."""
-    _asm_volatile(None, [cutlass.Int64(addr).ir_value(loc=loc, ip=ip), Int32(v).ir_value(loc=loc, ip=ip)],
-                  "red.release.gpu.global.add.s32 [$0], $1;", "l,r,~{memory}")
-
-
-@dsl_user_op
-def ld_acquire_b32(addr, *, loc=None, ip=None) -> Int32:
-    """The int32 at global address ``addr`` (Int64), gpu scope, with acquire semantics (what was
-    released before the value it reads is visible to this thread's later accesses)."""
-    return Int32(_asm_volatile(T.i32(), [cutlass.Int64(addr).ir_value(loc=loc, ip=ip)],
-                               "ld.acquire.gpu.global.b32 $0, [$1];", "=r,l,~{memory}"))
-
-
-@dsl_user_op
 def st_shared_b32(addr: Int32, a: Int32, *, loc=None, ip=None) -> None:
     """One word into shared memory at byte address ``addr``."""
     _asm_volatile(None, [Int32(addr).ir_value(loc=loc, ip=ip), Int32(a).ir_value(loc=loc, ip=ip)],

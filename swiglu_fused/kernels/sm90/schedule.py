@@ -140,8 +140,8 @@ def launch_plan(config: TileConfig, m: int, n: int, k: int, device, stream=None)
 # capture cannot allocate, so it takes a slice made ready by an eager launch; where none is left (a
 # capture before any eager launch), a launch gets a zeroed tensor of its own, as before.
 REUSE_COUNTERS = True  # False: a zeroed tensor a launch (what the A/B in benchmarks.launch_ab compares)
-COUNTER_WORDS = 1024  # one buffer's size: sk_tiles + 1 ≤ SMs / 2 + 1 (plan); warp_mma: 2 a CTA of a share
-SLAB_BUFFERS = 1024  # buffers a driver allocation (4 MB)
+COUNTER_WORDS = 256  # one buffer's size: sk_tiles + 1 ≤ SMs / 2 + 1 (plan)
+SLAB_BUFFERS = 1024  # buffers a driver allocation (1 MB)
 SPARE_BUFFERS = 256  # kept ready by eager launches for the captures after them (1 a capture and stream;
 #   vLLM captures a piece a layer after one warm-up of the whole model)
 _EAGER_COUNTERS: dict = {}  # (device index, raw stream) → int32 [COUNTER_WORDS], zero between launches

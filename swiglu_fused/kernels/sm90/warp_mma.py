@@ -40,8 +40,8 @@ from .activations_and_h import activation
 from .gemm import nvfp4_global_scales
 from .nvfp4 import UNSHIFT
 from .ptx import (
-    e2m1x8_to_bf16x2x4, e4m3x2_to_bf16x2, ld_acquire_b32, ld_global_nc_b32, ld_global_nc_v4, ld_global_v4,
-    ldmatrix_b, mma_bf16_m16n8k16, prmt, red_release_add, st_shared_b32,
+    e2m1x8_to_bf16x2x4, e4m3x2_to_bf16x2, ld_global_nc_b32, ld_global_nc_v4, ld_global_v4, ldmatrix_b,
+    mma_bf16_m16n8k16, prmt, st_shared_b32,
 )
 
 ROWS = nvfp4_layout.ROWS  # a tile-major n tile's weight rows (a CTA's with 8 warps, half with 4)
@@ -72,13 +72,6 @@ class WarpMmaConfig:
     pdl: bool = False
     # CTAs an SM the registers must allow (ptxas caps them at 65536 / (threads · this)); 0: no cap
     ctas_per_sm: int = 0
-    # split_k: a CTA counts itself in when its last block of columns starts (a relaxed atomic whose
-    # round trip hides under that block), so that the tile's last CTA is known when the k loop ends:
-    # the others store their partial, signal it (a release add, no answer awaited) and leave; the
-    # last waits for those signals and sums. It waits only for CTAs that have counted themselves in,
-    # i.e. that run, so nothing depends on the order CTAs start in. False: each CTA counts itself in
-    # after storing its partial and every CTA waits for the count (history/nvfp4.md v26)
-    early_arrival: bool = False
 
     def __post_init__(self):
         if (self.epilogue not in EPILOGUES or self.warps not in (4, 8) or self.n8 not in (1, 2, 4)
@@ -155,8 +148,7 @@ class WarpMmaKernel:
         self._stage_x(storage, x_ptr, m, k, block0, tidx)
         cute.arch.barrier()
         vals = cute.make_rmem_tensor(cute.make_layout(cfg.values), Float32)
-        arrive = (mCtr, storage, cta, tidx) if cfg.split_k and cfg.early_arrival else None
-        for i, value in enumerate(self._mainloop(storage, lanes, ring, block0, tidx, arrive)):
+        for i, value in enumerate(self._mainloop(storage, lanes, ring, block0, tidx)):
             vals[i] = value
         if cutlass.const_expr(cfg.pdl):
             cute.arch.griddepcontrol_launch_dependents()
@@ -191,10 +183,9 @@ class WarpMmaKernel:
                         ld_global_nc_b32(scale), ld_global_nc_b32(scale + 8 * 4)))
         return out
 
-    def _mainloop(self, storage, lanes, ring, block0, tidx, arrive=None):
+    def _mainloop(self, storage, lanes, ring, block0, tidx):
         """The CTA's columns: decode and mma, ``depth`` blocks of loads ahead → this thread's fp32
-        values, (row block r, token tile j, value e) in that order. ``arrive``: _arrive's arguments,
-        called as the last block starts (early_arrival)."""
+        values, (row block r, token tile j, value e) in that order."""
         cfg = self.cfg
         t = lanes[3]
         lane = tidx % 32
@@ -204,8 +195,6 @@ class WarpMmaKernel:
         sel = (2 * (t % 2)) | ((4 + 2 * (t % 2)) << 4)  # byte 2(t % 2) of row g's scale word, of row g + 8's
         blocks = cfg.k_cta // BLOCK_K
         for i in range(blocks):
-            if arrive is not None and i == blocks - 1:
-                self._arrive(*arrive)
             data = ring[i % cfg.depth]
             if i + cfg.depth < blocks:
                 ring[i % cfg.depth] = self._load(lanes, block0 + i + cfg.depth)
@@ -281,25 +270,13 @@ class WarpMmaKernel:
                         st_shared_b32(dst + 16 * e, got[4 * (j - j0) + e])
 
     @cute.jit
-    def _arrive(self, mCtr, storage, cta, tidx):
-        """early_arrival: thread 0 counts the CTA in on its rows' arrival counter (mCtr[cta]); the
-        count before it lands in shared memory, read after the k loop's barrier."""
-        sFlag = storage.flag.get_tensor(cute.make_layout(4))
-        if tidx == 0:
-            sFlag[0] = cute.arch.atomic_add(mCtr.iterator + cta, Int32(1), sem="relaxed", scope="gpu")
-
-    @cute.jit
     def _reduce(self, vals, mPart, mCtr, storage, m, cta, split, ctas, tidx):
-        """This CTA's values → its partial (tokens < M only); the last CTA of its rows sums every
-        split's in split order into ``vals`` (deterministic whatever the arrival order), re-zeroes
-        the counters (schedule.stream_k_counters keeps them at zero between launches) and returns 1;
-        the others return 0. Memory order as stream_k._fixup: the barrier orders the stores before
-        thread 0's release (cumulative), whose acquire on the last CTA, then the barrier, orders the
-        loads after it.
-
-        Which CTA is last: early_arrival, the one whose _arrive counted S - 1 before it (known before
-        the k loop ended); it waits for the others' release adds on mCtr[ctas + cta] ("stored").
-        Otherwise the one whose count after its partial is S - 1 (every CTA waits for its count)."""
+        """This CTA's values → its partial (tokens < M only); the last CTA of its rows to arrive sums
+        every split's in split order into ``vals`` (deterministic whatever the arrival order),
+        re-zeroes the counter (schedule.stream_k_counters keeps them at zero between launches) and
+        returns 1; the others return 0. Memory order as stream_k._fixup: the barrier orders the
+        stores before thread 0's acq_rel atomic, whose acquire on the last CTA, then the barrier,
+        orders the loads after it."""
         cfg = self.cfg
         t = tidx % 4
         splits = mPart.shape[0] // ctas
@@ -308,51 +285,29 @@ class WarpMmaKernel:
                 mPart[split * ctas + cta, i, tidx] = vals[i]
         cute.arch.barrier()
         sFlag = storage.flag.get_tensor(cute.make_layout(4))
+        if tidx == 0:
+            sFlag[0] = cute.arch.atomic_add(mCtr.iterator + cta, Int32(1), sem="acq_rel", scope="gpu")
+        cute.arch.barrier()
         last = Int32(0)
-        if cutlass.const_expr(cfg.early_arrival):
-            stored = (mCtr.iterator + ctas + cta).toint()
-            if sFlag[0] == splits - 1:
-                last = Int32(1)
-                if tidx == 0:
-                    seen = ld_acquire_b32(stored)
-                    while seen != splits - 1:
-                        seen = ld_acquire_b32(stored)
-                    mCtr[cta] = Int32(0)
-                    mCtr[ctas + cta] = Int32(0)
-                cute.arch.barrier()
-                self._sum_partials(vals, mPart, m, cta, ctas, splits, tidx)
-            elif tidx == 0:
-                red_release_add(stored, Int32(1))
-        else:
+        if sFlag[0] == splits - 1:
+            last = Int32(1)
+            vals.fill(0.0)
+            # RED_LOADS partial values in flight a thread: a round trip for every few splits, not each
+            batch = max(1, RED_LOADS // cfg.values)
+            got = cute.make_rmem_tensor(cute.make_layout(batch * cfg.values), Float32)
+            for s0 in cutlass.range(0, splits, batch, unroll=1):
+                for u in cutlass.range_constexpr(batch):
+                    for i in cutlass.range_constexpr(cfg.values):
+                        got[u * cfg.values + i] = Float32(0.0)
+                        if s0 + u < splits:
+                            if self._token(i, t) < m:
+                                got[u * cfg.values + i] = mPart[(s0 + u) * ctas + cta, i, tidx]
+                for u in cutlass.range_constexpr(batch):  # (in split order)
+                    for i in cutlass.range_constexpr(cfg.values):
+                        vals[i] = vals[i] + got[u * cfg.values + i]
             if tidx == 0:
-                sFlag[0] = cute.arch.atomic_add(mCtr.iterator + cta, Int32(1), sem="acq_rel", scope="gpu")
-            cute.arch.barrier()
-            if sFlag[0] == splits - 1:
-                last = Int32(1)
-                self._sum_partials(vals, mPart, m, cta, ctas, splits, tidx)
-                if tidx == 0:
-                    mCtr[cta] = Int32(0)
+                mCtr[cta] = Int32(0)
         return last
-
-    @cute.jit
-    def _sum_partials(self, vals, mPart, m, cta, ctas, splits, tidx):
-        """vals = 0 + every split's partial, in split order, RED_LOADS values in flight a thread (a
-        round trip for every few splits, not each)."""
-        cfg = self.cfg
-        t = tidx % 4
-        vals.fill(0.0)
-        batch = max(1, RED_LOADS // cfg.values)
-        got = cute.make_rmem_tensor(cute.make_layout(batch * cfg.values), Float32)
-        for s0 in cutlass.range(0, splits, batch, unroll=1):
-            for u in cutlass.range_constexpr(batch):
-                for i in cutlass.range_constexpr(cfg.values):
-                    got[u * cfg.values + i] = Float32(0.0)
-                    if s0 + u < splits:
-                        if self._token(i, t) < m:
-                            got[u * cfg.values + i] = mPart[(s0 + u) * ctas + cta, i, tidx]
-            for u in cutlass.range_constexpr(batch):  # (in split order)
-                for i in cutlass.range_constexpr(cfg.values):
-                    vals[i] = vals[i] + got[u * cfg.values + i]
 
     @cute.jit
     def _epilogue(self, vals, mGS, mOut, mRes, m, tn, v, tidx):
@@ -432,7 +387,7 @@ def _launch(config, a, weight, weight_scale, gs, out, residual):
     ctas, splits = n // ROWS * config.parts, k // config.k_cta
     if config.split_k:
         part = torch.empty(splits * ctas * config.values * config.threads, dtype=torch.float32, device=a.device)
-        ctr = schedule.stream_k_counters(a.device, 2 * ctas if config.early_arrival else ctas, stream)
+        ctr = schedule.stream_k_counters(a.device, ctas, stream)
     else:  # (never dereferenced)
         part, ctr = gs, gs
     res = out if residual is None else residual.contiguous()
