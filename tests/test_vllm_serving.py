@@ -42,7 +42,8 @@ def _checkpoint(root: Path, family: str, fmt: str, inter: int = 384) -> Path:
     return dst
 
 
-def _serve(model: Path, tp: int = 1, eager: bool = True, tile_major_anywhere: bool = False) -> tuple[dict | None, str]:
+def _serve(model: Path, tp: int = 1, eager: bool = True, tile_major_anywhere: bool = False,
+           reload: Path | None = None) -> tuple[dict | None, str]:
     """(the helper's RESULT, its output); removes the shared-memory segments a TP run leaves."""
     env = dict(os.environ)
     if tp > 1:  # one OpenMP thread per rank, one core each (else "Not enough allowed NUMA nodes")
@@ -50,7 +51,8 @@ def _serve(model: Path, tp: int = 1, eager: bool = True, tile_major_anywhere: bo
     before = set(SHM.glob("vllm_*"))
     try:
         proc = subprocess.run([sys.executable, str(HERE / "vllm_serve_tokens.py"), str(model), str(tp)]
-                              + (["--eager"] if eager else []) + (["--tile-major-anywhere"] if tile_major_anywhere else []),
+                              + (["--eager"] if eager else []) + (["--tile-major-anywhere"] if tile_major_anywhere else [])
+                              + (["--reload", str(reload)] if reload else []),
                               capture_output=True, text=True, env=env,
                               timeout=400)
     finally:
@@ -151,6 +153,33 @@ def test_nvfp4_weights_held_tile_major_serve_the_same_tokens(root):
     plain, out = _serve(dst)
     assert plain is not None, out[-4000:]
     assert tiled["tokens"] == plain["tokens"] == _transformers_tokens(dst)
+
+
+@pytest.mark.parametrize("tile_major", [False, True], ids=["packed_order", "tile_major"])
+def test_reload_weights_in_place_serves_the_new_weights(root, tile_major):
+    """vLLM's reload_weights (what RL trainers call to sync weights), on compressed-tensors NVFP4
+    models (the MLPs and the attention's packed linears, divisor global scales): an engine of one
+    checkpoint, reloaded in place from another of the same architecture, serves that one's tokens,
+    as a fresh engine of it does; the packed linears keep their multiplier tensors (a CUDA graph
+    captured before the reload reads the new values). Tile-major: the weights held in the kernels'
+    order (see above), in that order again after the reload. (Before this test, the reload left
+    every MLP's weights as they were: vLLM loads into fresh parameters through their weight
+    loaders, which the MLP's did not use.)"""
+    models = []
+    for seed in (0, 1):
+        src, dst = root / f"reload-src-{seed}", root / f"reload-{seed}"
+        if not dst.exists():
+            torch.manual_seed(seed)
+            make_ct_nvfp4(src, _causal_lm("llama", 256, 384))
+            swiglu_fused.convert(src, dst, progress=False)
+        models.append(dst)
+    reloaded, out = _serve(models[0], tile_major_anywhere=tile_major, reload=models[1])
+    assert reloaded is not None, out[-4000:]
+    fresh, out = _serve(models[1], tile_major_anywhere=tile_major)
+    assert fresh is not None, out[-4000:]
+    assert reloaded["tokens"] != fresh["tokens"]  # (the two models differ)
+    assert reloaded["reloaded_tokens"] == fresh["tokens"]
+    assert reloaded["multipliers"] == 8 and reloaded["new_multipliers"] == 0, reloaded  # (2 layers × q, k, v, o)
 
 
 @pytest.mark.parametrize("tp", [1, 2])

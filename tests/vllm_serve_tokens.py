@@ -1,7 +1,7 @@
 """Serve a packed checkpoint with vLLM and print the greedy tokens as JSON (run as a script by
 test_vllm_serving.py: vLLM runs one engine per process, and its engine needs a __main__ guard).
 
-    python vllm_serve_tokens.py MODEL_DIR TENSOR_PARALLEL_SIZE [--eager] [--tile-major-anywhere]
+    python vllm_serve_tokens.py MODEL_DIR TENSOR_PARALLEL_SIZE [--eager] [--tile-major-anywhere] [--reload DIR]
 
 Prints one line ``RESULT {"tokens": [[...], ...], "gate_up_calls": N, "down_calls": D, "tile_major_weights": W}``: N and D
 count the calls of our gate_up and down dispatch (swiglu_fused.kernels.dispatch.gate_up_backend /
@@ -11,6 +11,11 @@ per forward, each shard of a packed linear (q, k, v, o) one down (with T > 1 the
 worker processes: nothing is then counted). ``--tile-major-anywhere`` tells the plugin that the
 kernels read nvfp4 tile-major on this device too (dispatch.nvfp4_tile_major without its sm90
 condition: on the CPU the reference reads that order), and W counts the weights it reordered.
+``--reload DIR``: after generating, reload the weights in place from DIR (a packed checkpoint of the
+same model: vLLM's ``reload_weights``, what RL trainers use to sync weights) and generate again:
+``reloaded_tokens``; ``new_multipliers`` counts the packed linears' per-tensor multipliers (those
+made from a divisor) that are not the tensors held before the reload (a CUDA graph captured before
+it would read those).
 """
 
 import json
@@ -34,7 +39,7 @@ def prompts():
     return torch.randint(0, VOCAB, (PROMPTS, PROMPT_LEN), generator=torch.Generator().manual_seed(0))
 
 
-def main(model: str, tp: int, eager: bool, tile_major_anywhere: bool = False) -> None:
+def main(model: str, tp: int, eager: bool, tile_major_anywhere: bool = False, reload: str | None = None) -> None:
     import torch
     from vllm import LLM, SamplingParams
 
@@ -61,9 +66,27 @@ def main(model: str, tp: int, eager: bool, tile_major_anywhere: bool = False) ->
     llm = LLM(model=model, skip_tokenizer_init=True, dtype="float32", tensor_parallel_size=tp,
               enforce_eager=eager, max_model_len=64, seed=0)
     params = SamplingParams(max_tokens=NEW_TOKENS, temperature=0, ignore_eos=True)
-    out = llm.generate([{"prompt_token_ids": p.tolist()} for p in prompts()], params, use_tqdm=False)
-    print("RESULT " + json.dumps({"tokens": [list(o.outputs[0].token_ids) for o in out], **calls}), flush=True)
+    def tokens():
+        out = llm.generate([{"prompt_token_ids": p.tolist()} for p in prompts()], params, use_tqdm=False)
+        return [list(o.outputs[0].token_ids) for o in out]
+    result = {"tokens": tokens(), **calls}
+    if reload:
+        held = _multipliers(llm)
+        llm.collective_rpc("reload_weights", kwargs={"weights_path": reload})
+        result["reloaded_tokens"] = tokens()
+        after = _multipliers(llm)
+        result["multipliers"] = len(after)
+        result["new_multipliers"] = sum(a is not b for a, b in zip(held, after)) + abs(len(held) - len(after))
+    print("RESULT " + json.dumps(result), flush=True)
+
+
+def _multipliers(llm) -> list:
+    """The packed linears' per-tensor multipliers that are tensors of their own (made from a divisor)."""
+    model = llm.llm_engine.model_executor.driver_worker.worker.model_runner.get_model()
+    return [mult for m in model.modules() for mult in getattr(m, "swiglu_multipliers", ()) if mult is not None]
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], int(sys.argv[2]), "--eager" in sys.argv[3:], "--tile-major-anywhere" in sys.argv[3:])
+    flags = sys.argv[3:]
+    main(sys.argv[1], int(sys.argv[2]), "--eager" in flags, "--tile-major-anywhere" in flags,
+         flags[flags.index("--reload") + 1] if "--reload" in flags else None)

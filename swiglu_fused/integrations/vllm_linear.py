@@ -22,7 +22,7 @@ from vllm.model_executor.layers.linear import LinearMethodBase, QKVParallelLinea
 from .. import formats
 from ..formats import FormatError
 from ..kernels import dispatch, nvfp4_layout, ops
-from ..kernels.pipeline import runtime_global_scale
+from ..kernels.pipeline import held_multiplier
 from .vllm_layout import granule, shard_range
 
 _QKV = {"q": 0, "k": 1, "v": 2}
@@ -146,7 +146,7 @@ class PackedLinearMethod(LinearMethodBase):
             start += rows
 
     def _shards(self, layer):
-        """Per logical shard: (weight, scale, global scale as multiplier) views, in the packed order."""
+        """Per logical shard: (weight, scale, global scale) views, in the packed order."""
         fmt, out, rows = self.fmt, [], {}
         for s, n in enumerate(layer.swiglu_rows):
             t = {}
@@ -161,26 +161,39 @@ class PackedLinearMethod(LinearMethodBase):
                 rows[suffix] = r0 + m
             scale = t[fmt.scale_name] if fmt.scale_name else None
             gs = t.get(fmt.global_scale_name) if fmt.global_scale_name else None
-            out.append((t[fmt.weight_name], scale, runtime_global_scale(gs, self.packed.global_scale_kind)))
+            out.append((t[fmt.weight_name], scale, gs))
         return out
 
     def process_weights_after_loading(self, layer) -> None:
         # each nvfp4 shard in the order its device's kernels read (tile-major on an sm90 GPU where
-        # its tiles are whole: DESIGN §3.3), in place: vLLM keeps the parameters
-        shards = []
-        for w, scale, gs in self._shards(layer):
-            major = dispatch.nvfp4_tile_major(w) and w.is_contiguous()
-            if major:
+        # its tiles are whole: DESIGN §3.3), in place: vLLM keeps the parameters. Each global scale's
+        # multiplier is made here, not a launch a call (pipeline.held_multiplier), and on a reload
+        # written into the one made before, so that CUDA graphs captured before it read the new value.
+        # Nothing else is kept: apply takes its views of the parameters each call, since vLLM's
+        # in-place reload runs this on fresh parameters and then copies them into the layer's own
+        # (views kept from here would keep the fresh ones alive: a second copy of the weights)
+        majors, mults = [], []
+        held = getattr(layer, "swiglu_multipliers", None)
+        for i, (w, scale, gs) in enumerate(self._shards(layer)):
+            majors.append(dispatch.nvfp4_tile_major(w) and w.is_contiguous())
+            if majors[-1]:
                 nvfp4_layout.reorder_in_place(w, scale, True)
-            shards.append((w, scale, gs, major))
-        layer.swiglu_shards = shards
+            mult = None
+            if gs is not None:
+                mult = held_multiplier(held[i] if held else None, None, gs, self.packed.global_scale_kind)
+                mult = None if mult is gs else mult  # (a stored fp32 multiplier: the parameter itself)
+            mults.append(mult)
+        layer.swiglu_majors, layer.swiglu_multipliers = tuple(majors), mults
 
     def _restore_packed(self, layer) -> None:
-        """The packed order back in every tile-major shard (before a reload writes into them)."""
-        for w, scale, _, major in getattr(layer, "swiglu_shards", ()):
+        """The packed order back in every tile-major shard (before a reload writes into them; vLLM's
+        in-place reload loads into fresh parameters, on the meta device first: nothing to do there)."""
+        if getattr(layer, self.fmt.weight_name).is_meta or not any(getattr(layer, "swiglu_majors", ())):
+            return
+        for (w, scale, _), major in zip(self._shards(layer), layer.swiglu_majors):
             if major:
                 nvfp4_layout.reorder_in_place(w, scale, False)
-        layer.swiglu_shards = []
+        layer.swiglu_majors = (False,) * len(layer.swiglu_majors)
 
     def apply(self, layer, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         lead = x.shape[:-1]
@@ -188,8 +201,9 @@ class PackedLinearMethod(LinearMethodBase):
         x_scale = None
         if self.fmt.quantizes_x:
             x2, x_scale = ops.quant_x(x2)
-        ys = [ops.down(x2, w, scale, x_scale, gs, out_dtype=x.dtype, tile_major=major)
-              for w, scale, gs, major in layer.swiglu_shards]
+        ys = [ops.down(x2, w, scale, x_scale, gs if mult is None else mult, out_dtype=x.dtype, tile_major=major)
+              for (w, scale, gs), mult, major in zip(self._shards(layer), layer.swiglu_multipliers,
+                                                     layer.swiglu_majors)]
         y = ys[0] if len(ys) == 1 else torch.cat(ys, dim=-1)
         if bias is not None:
             y = y + bias.to(y.dtype)

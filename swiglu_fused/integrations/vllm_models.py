@@ -25,12 +25,22 @@ from .vllm_linear import load_slice
 
 class _Projection(nn.Module):
     """One packed projection's tensors of this rank, as parameters named by the format's suffixes
-    (so vLLM's loader reports any it did not fill)."""
+    (so vLLM's loader reports any it did not fill), each with a ``weight_loader(param, loaded)``
+    that keeps this rank's part of the checkpoint's tensor (``part``). vLLM's in-place reload
+    (``reload_weights``) swaps the parameters for fresh ones while it loads, calls these loaders on
+    them and copies the result into the originals; a loader that wrote elsewhere would leave the
+    originals as they were."""
 
-    def __init__(self, tensors: dict):
+    def __init__(self, tensors: dict, part):
         super().__init__()
         for suffix, (dtype, shape) in tensors.items():
-            self.register_parameter(suffix, Parameter(torch.empty(shape, dtype=dtype), requires_grad=False))
+            param = Parameter(torch.empty(shape, dtype=dtype), requires_grad=False)
+
+            def weight_loader(param, loaded_weight, suffix=suffix):
+                part_ = part(suffix, param, loaded_weight)
+                param.data.copy_(part_)
+            param.weight_loader = weight_loader
+            self.register_parameter(suffix, param)
 
 
 class FusedMLP(nn.Module):
@@ -47,8 +57,10 @@ class FusedMLP(nn.Module):
         self.packed, self.prefix = packed, prefix
         self.hidden, self.intermediate, self.tp_rank, self.tp_size = hidden, intermediate, tp_rank, tp_size
         self.reduce_results = reduce_results
-        self.gate_up_interleaved = _Projection(fmt.tensors(2 * local, hidden, 2))  # = formats.GATE_UP
-        self.down_proj = _Projection(fmt.tensors(hidden, local, 1))
+        self.gate_up_interleaved = _Projection(fmt.tensors(2 * local, hidden, 2),  # = formats.GATE_UP
+                                               lambda suffix, p, t: self._part(formats.GATE_UP, suffix, p, t))
+        self.down_proj = _Projection(fmt.tensors(hidden, local, 1),
+                                     lambda suffix, p, t: self._part(formats.DOWN, suffix, p, t))
         self.tile_major = (False, False)  # whether gate_up's / down's nvfp4 weight is held tile-major
         # gate_up's / down's per-tensor scale as the ops take it: (multiplier, the parameter it was
         # made from), made by settle_layout (pipeline.held_multiplier); None: converted each call
@@ -97,10 +109,16 @@ class FusedMLP(nn.Module):
         return *out, formats.MULTIPLIER
 
     def load_weights(self, weights) -> set[str]:
-        """vLLM's loader hands us (name under this module, full tensor) pairs; keep this rank's part."""
+        """vLLM's loader hands us (name under this module, full tensor) pairs: each goes through its
+        parameter's weight_loader (_Projection), as vLLM's own loaders and its in-place reload expect."""
         fmt = formats.weight_format(self.packed.weight_format)
-        self._reorder((False, False))  # (a reload: the checkpoint's bytes are in the packed order)
-        local, loaded = self.intermediate // self.tp_size, set()
+        # a reload: the checkpoint's bytes are in the packed order (vLLM's in-place reload holds fresh
+        # parameters meanwhile, on the meta device, and copies the loaded ones into these)
+        if any(p.is_meta for p in self.parameters()):
+            self.tile_major = (False, False)
+        else:
+            self._reorder((False, False))
+        loaded = set()
         for name, tensor in weights:
             proj, _, suffix = name.partition(".")
             owner = getattr(self, proj) if proj in (formats.GATE_UP, formats.DOWN) else None
@@ -108,21 +126,27 @@ class FusedMLP(nn.Module):
             if not isinstance(param, Parameter):
                 raise FormatError(f"{self.prefix}.{name}: not a tensor of a packed {fmt.name} MLP "
                                   f"({formats.GATE_UP}.*, {formats.DOWN}.*)")
-            part = tensor
-            if param.dim() == 2 and proj == formats.GATE_UP:
-                part = load_slice(fmt, suffix, tensor, 0, 2 * local * self.tp_rank, 2 * local, 2 * self.intermediate,
-                                  f"{self.prefix}.{proj}")
-            elif param.dim() == 2:
-                part = load_slice(fmt, suffix, tensor, 1, local * self.tp_rank, local, self.intermediate,
-                                  f"{self.prefix}.{proj}")
-            if tuple(part.shape) != tuple(param.shape) or tensor.dtype != param.dtype:
-                raise FormatError(f"{self.prefix}.{name}: the checkpoint holds {tensor.dtype} {list(tensor.shape)}, "
-                                  f"this rank needs {param.dtype} {list(param.shape)} of it (hidden {self.hidden}, "
-                                  f"intermediate {self.intermediate}, T = {self.tp_size}); config.json and the "
-                                  "packed tensors are not from the same model")
-            param.data.copy_(part)
+            param.weight_loader(param, tensor)
             loaded.add(name)
         return loaded
+
+    def _part(self, proj: str, suffix: str, param, tensor) -> torch.Tensor:
+        """This rank's part of the checkpoint's ``tensor`` for ``param`` (``proj``.``suffix``)."""
+        fmt = formats.weight_format(self.packed.weight_format)
+        local = self.intermediate // self.tp_size
+        part = tensor
+        if param.dim() == 2 and proj == formats.GATE_UP:
+            part = load_slice(fmt, suffix, tensor, 0, 2 * local * self.tp_rank, 2 * local, 2 * self.intermediate,
+                              f"{self.prefix}.{proj}")
+        elif param.dim() == 2:
+            part = load_slice(fmt, suffix, tensor, 1, local * self.tp_rank, local, self.intermediate,
+                              f"{self.prefix}.{proj}")
+        if tuple(part.shape) != tuple(param.shape) or tensor.dtype != param.dtype:
+            raise FormatError(f"{self.prefix}.{proj}.{suffix}: the checkpoint holds {tensor.dtype} "
+                              f"{list(tensor.shape)}, this rank needs {param.dtype} {list(param.shape)} of it (hidden "
+                              f"{self.hidden}, intermediate {self.intermediate}, T = {self.tp_size}); config.json "
+                              "and the packed tensors are not from the same model")
+        return part
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate_up, down, kind = self._op_tensors()
