@@ -146,23 +146,38 @@ class PackedLinearMethod(LinearMethodBase):
             start += rows
 
     def _shards(self, layer):
-        """Per logical shard: (weight, scale, global scale) views, in the packed order."""
-        fmt, out, rows = self.fmt, [], {}
-        for s, n in enumerate(layer.swiglu_rows):
-            t = {}
-            for suffix in fmt.tensors(1, 1, 1):
-                p = getattr(layer, suffix)
-                if p.dim() == 1:
-                    t[suffix] = p[s:s + 1]
+        """Per logical shard: (weight, scale, global scale) views, in the packed order (apply makes
+        them every call: _slices keeps only their rows, so that the views cost ~a µs each)."""
+        fmt, out = self.fmt, []
+        names = (fmt.weight_name, fmt.scale_name, fmt.global_scale_name)
+        for slices in self._slices(layer):
+            views = []
+            for name in names:
+                if name is None:
+                    views.append(None)
                     continue
-                r0 = rows.get(suffix, 0)
-                m = fmt.tensors(n, 1, 1)[suffix][1][0]
-                t[suffix] = p.narrow(0, r0, m)
-                rows[suffix] = r0 + m
-            scale = t[fmt.scale_name] if fmt.scale_name else None
-            gs = t.get(fmt.global_scale_name) if fmt.global_scale_name else None
-            out.append((t[fmt.weight_name], scale, gs))
+                p, (r0, m) = getattr(layer, name), slices[name]
+                views.append(p.narrow(0, r0, m))
+            out.append(tuple(views))
         return out
+
+    def _slices(self, layer) -> list:
+        """Per logical shard: {tensor suffix: (first row, rows)} of the layer's parameters (a per-tensor
+        scale: one value a shard); fixed by swiglu_rows, so made once."""
+        slices = getattr(layer, "swiglu_slices", None)
+        if slices is None:
+            rows, slices = {}, []
+            for s, n in enumerate(layer.swiglu_rows):
+                shard = {}
+                for suffix, (_, shape) in self.fmt.tensors(n, 1, 1).items():
+                    if len(shape) == 1:  # (one value a shard)
+                        shard[suffix] = (s, 1)
+                        continue
+                    shard[suffix] = (rows.get(suffix, 0), shape[0])
+                    rows[suffix] = shard[suffix][0] + shape[0]
+                slices.append(shard)
+            layer.swiglu_slices = slices
+        return slices
 
     def process_weights_after_loading(self, layer) -> None:
         # each nvfp4 shard in the order its device's kernels read (tile-major on an sm90 GPU where

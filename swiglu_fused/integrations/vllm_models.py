@@ -37,8 +37,7 @@ class _Projection(nn.Module):
             param = Parameter(torch.empty(shape, dtype=dtype), requires_grad=False)
 
             def weight_loader(param, loaded_weight, suffix=suffix):
-                part_ = part(suffix, param, loaded_weight)
-                param.data.copy_(part_)
+                param.data.copy_(part(suffix, param, loaded_weight))
             param.weight_loader = weight_loader
             self.register_parameter(suffix, param)
 

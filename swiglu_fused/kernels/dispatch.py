@@ -494,11 +494,13 @@ def warp_mma_config(op: str, m: int, n: int, k: int, tile_major: bool, act: str 
         return n // warp_mma.ROWS * (k // c) <= WARP_MMA_CTAS_PER_SM * sms
 
     fits = [c for c in WARP_MMA_K_CTA if k % c == 0]
-    k_cta = next((c for c in fits if k // c <= WARP_MMA_SPLITS), None)
+    few = [c for c in fits if k // c <= WARP_MMA_SPLITS]  # (at most WARP_MMA_SPLITS shares a tile)
     if WARP_MMA_WIDE and not one_wave(max(fits)):
-        k_cta = max((c for c in fits if k // c <= WARP_MMA_SPLITS), default=max(fits),
+        k_cta = max(few, default=max(fits),
                     key=lambda c: (_last_wave_fill(2 * n // warp_mma.ROWS * (k // c), 2 * WARP_MMA_CTAS_PER_SM * sms), c))
-    elif k_cta is None:
+    elif few:
+        k_cta = few[0]
+    else:
         k_cta = min(filter(one_wave, fits), default=max(fits))
     warps = WARP_MMA_WARPS or (8 if one_wave(k_cta) else 4)
     n8 = next(n8 for n8 in (1, 2, 4) if m <= 8 * n8)
