@@ -161,6 +161,21 @@ def test_gate_up_errors_name_the_argument():
         ops.gate_up(args["x"], args["weight"], args["weight_scale"], args["x_scale"].to("meta"))
 
 
+def test_static_stages_take_only_whole_rings_of_k():
+    """TileConfig.static_stages (the fp8 128-row tile with smem_scales only) steps K a ring of stages at
+    a time: a K that is not whole rings is refused by name before any GPU work."""
+    pytest.importorskip("cutlass")
+    from swiglu_fused.kernels.sm90 import gate_up as kg
+
+    with pytest.raises(ValueError, match="static_stages: the fp8 128-row tile with smem_scales only"):
+        kg.GateUpConfig(tile_m=128, stages=4, static_stages=True)
+    cfg = kg.GateUpConfig(tile_m=128, stages=4, smem_scales=True, static_stages=True)
+    assert cfg.whole_tiles
+    args = _fp8_operands(m=5, hidden=576, inter=256)
+    with pytest.raises(ValueError, match="gate_up: .* K = 576 is not a multiple of that; use static_stages = False"):
+        kg.gate_up(cfg, args["x"], args["weight"], args["weight_scale"], args["x_scale"])
+
+
 def test_down_errors_name_the_argument():
     with pytest.raises(ValueError, match="^h: "):
         ops.down(torch.randn(2, 100).bfloat16(), torch.randn(64, 256).bfloat16())

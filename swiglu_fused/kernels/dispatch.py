@@ -334,6 +334,23 @@ def gate_up_l2_hint(tile_m: int, swap_ab: bool) -> str:
     return "w_first" if tile_m == 64 and not swap_ab else ""
 
 
+STATIC_STAGES = True  # (D34; launch_ab --set dispatch.STATIC_STAGES=False measures without it)
+
+
+def with_static_stages(config, m: int, n: int, k: int, device):
+    """``config`` with TileConfig.static_stages where it applies (D34): the fp8 128-row tile with
+    smem_scales, K a whole number of rings of stages, and whole tiles (where plan() would split them
+    stream-K, or K does not fit, ``config`` as it is)."""
+    if not STATIC_STAGES or not config.smem_scales or k % (config.stages * config.tile_k):
+        return config
+    if config.cluster_m == 1 and device.type == "cuda":
+        from .sm90.schedule import schedule, sm_count
+
+        if schedule(config, m, n, k, sm_count(device))[1]:
+            return config
+    return dataclasses.replace(config, static_stages=True)
+
+
 def smem_scales_apply(tile_m: int, swap_ab: bool, mainloop: str, h_format: str) -> bool:
     """TileConfig.smem_scales for the fp8 128-row tile with fp8 h (D13; bf16 h leaves no smem for it)."""
     from .sm90 import activations_and_h
@@ -375,10 +392,11 @@ def gate_up_config(x, weight, weight_scale, x_scale, *, act: str, h_format: str,
         tile_n = granule_tile_n(m, n, sms) or tile_n
     split = split_n_applies(tile_m, swap, mainloop)
     pipe = split_n_pipeline(split_n_deep(n), h_format) if split else dict(stages=stages)
-    return GateUpConfig(tile_m=tile_m, tile_n=tile_n, act=act, h_format=h_format, mainloop=mainloop, swap_ab=swap,
-                        cluster_k=ck, cluster_m=cluster_m_for(m, tile_m, tile_n),
-                        smem_scales=smem_scales_apply(tile_m, swap, mainloop, h_format),
-                        split_n=split, l2_hint=gate_up_l2_hint(tile_m, swap), pdl=pdl_applies(m, mainloop), **pipe)
+    cfg = GateUpConfig(tile_m=tile_m, tile_n=tile_n, act=act, h_format=h_format, mainloop=mainloop, swap_ab=swap,
+                       cluster_k=ck, cluster_m=cluster_m_for(m, tile_m, tile_n),
+                       smem_scales=smem_scales_apply(tile_m, swap, mainloop, h_format),
+                       split_n=split, l2_hint=gate_up_l2_hint(tile_m, swap), pdl=pdl_applies(m, mainloop), **pipe)
+    return with_static_stages(cfg, m, n, k, x.device)
 
 
 # ---------------------------------------------------------------- nvfp4 (W4A16)
@@ -645,7 +663,7 @@ def gate_up_shipped() -> list:
                 if mainloop == BF16_MAINLOOP and not activations_and_h.h_spec(h_format).scaled:  # granule_tile_n
                     out.extend(GateUpConfig(tile_m=128, tile_n=tile_n, stages=4, act=act, h_format=h_format,
                                             mainloop=mainloop) for tile_n in TILE_N_GRANULES)
-    return out
+    return out + [dataclasses.replace(c, static_stages=True) for c in out if c.smem_scales]  # (with_static_stages)
 
 
 # ================================================================ the split projection (Flux.2)

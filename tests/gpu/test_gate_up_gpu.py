@@ -376,6 +376,39 @@ def test_smem_scales_are_the_global_loads_bit_for_bit(hidden, inter, m, monkeypa
     assert_matches_reference(h, hs, args, "silu", "fp8_group128")
 
 
+@pytest.mark.parametrize("cluster_m", [1, 2])
+@pytest.mark.parametrize("hidden,inter,m", [(4096, 14336, 1024), (2048, 8192, 300), (8192, 3584, 4097), (512, 1536, 77)])
+def test_static_stages_are_the_dynamic_k_loop_bit_for_bit(hidden, inter, m, cluster_m):
+    """TileConfig.static_stages (the k loop a ring of stages at a time, stage indices compile-time
+    constants; whole tiles): h and h_scale equal the dynamic loop's, every element written
+    (poisoned outputs), over several tiles a CTA (the phase carried from tile to tile), a ragged
+    M, cluster pairs and a K of one ring (512)."""
+    from swiglu_fused.kernels.sm90 import gate_up as k
+
+    args = make_operands(m, hidden, inter, "fp8_block128", seed=m + 29)
+    cfg = k.GateUpConfig(tile_m=128, stages=4, smem_scales=True, cluster_m=cluster_m, static_stages=True)
+    h, hs = run_kernel(cfg, args)
+    h2, hs2 = run_kernel(dataclasses.replace(cfg, static_stages=False), args)
+    assert torch.equal(h.view(torch.uint8), h2.view(torch.uint8)) and torch.equal(hs, hs2)
+    assert_matches_reference(h, hs, args, "silu", "fp8_group128")
+
+
+def test_dispatch_takes_static_stages_where_k_is_whole_rings():
+    """with_static_stages (D34): the dispatched fp8 prefill tile runs static_stages where K is whole rings
+    of its stages and the tiles run whole, not at a K of 576, nor the decode tiles."""
+    from swiglu_fused.kernels import dispatch
+
+    def cfg(m, hidden, inter, mainloop):
+        a = make_operands(m, hidden, inter, mainloop, seed=1)
+        return dispatch.gate_up_config(a["x"], a["weight"], a.get("weight_scale"), a.get("x_scale"), act="silu",
+                                       h_format="fp8_group128" if mainloop == "fp8_block128" else "bf16")
+
+    assert cfg(1024, 4096, 14336, "fp8_block128").static_stages and cfg(4096, 8192, 3584, "fp8_block128").static_stages
+    assert not cfg(1024, 576, 1536, "fp8_block128").static_stages  # K = 576: not whole rings of 512
+    assert not cfg(16, 4096, 14336, "fp8_block128").static_stages  # the swap-AB tile
+    assert not cfg(1024, 4096, 14336, "bf16").static_stages  # (the bf16 mainloop has no static form)
+
+
 @pytest.mark.parametrize("mainloop,h_format", [("fp8_block128", "fp8_group128"), ("fp8_block128", "bf16"),
                                                ("bf16", "bf16"), ("bf16", "fp8_group128")])
 @pytest.mark.parametrize("m", [3, 300])

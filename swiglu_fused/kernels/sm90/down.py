@@ -53,6 +53,7 @@ def down(config: DownConfig, h, weight, weight_scale=None, h_scale=None, residua
     n = weight.shape[0]
     if (residual is not None) != config.residual:
         raise ValueError(f"residual: {config} was compiled {'with' if config.residual else 'without'} a residual")
+    config.check_k(h.shape[1], "down")
     y = torch.empty((m, n), dtype=torch.bfloat16, device=h.device) if out is None else out
     if m == 0:
         return y

@@ -64,6 +64,7 @@ def gate_up(config: GateUpConfig, x, weight, weight_scale=None, x_scale=None, gl
     if config.granules and i_cols % (config.tile_n // 2):
         raise ValueError(f"gate_up: {config} takes {config.tile_n // 2} h columns a tile, and I = {i_cols} is not a "
                          f"multiple of that; use tile_n = 256 (dispatch.gate_up_config does)")
+    config.check_k(x.shape[1], "gate_up")
     fmt = config.h_spec
     if out is None:
         h = torch.empty((m, i_cols), dtype=getattr(torch, fmt.torch_dtype), device=x.device)

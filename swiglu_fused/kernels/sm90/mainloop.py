@@ -10,7 +10,7 @@ k tiles [kb0, kb1) between the producer's TMA loads and the epilogue, one method
       _mainloop_fp8_halves     per B half, chain then promotion (the 128-row tile, whose other
                                warpgroup's wgmma runs under this one's promotion; the 64-row tile
                                with overlap off); smem_scales reads the scales the producer staged
-                               beside the stage
+                               beside the stage; static_stages (_static) a ring of stages at a time
       _mainloop_fp8_quarters   one warpgroup (TileConfig.overlap): 64-column quarter chains into
                                two temps, quarter c promoted while c + 1 runs
       _mainloop_fp8_split_n    two warpgroups, one per B half (TileConfig.split_n), k tiles in runs
@@ -43,7 +43,7 @@ from typing import Any, NamedTuple
 
 import cutlass
 import cutlass.cute as cute
-from cutlass import Float32
+from cutlass import Float32, Int32, pipeline
 
 from .tile_config import BF16_MAINLOOP, HALF_N
 
@@ -105,6 +105,8 @@ class MainloopMixin:
             return self._mainloop_fp8_quarters(mainloop, state, release, ops, acc, work)
         if cfg.split_n:
             return self._mainloop_fp8_split_n(mainloop, state, release, ops, acc, work)
+        if cfg.static_stages:
+            return self._mainloop_fp8_halves_static(mainloop, state, release, ops, acc, work)
         return self._mainloop_fp8_halves(mainloop, state, release, ops, acc, work)
 
     # ------------------------------------------------------------------ bf16
@@ -141,8 +143,6 @@ class MainloopMixin:
     def _mainloop_fp8_halves(self, mainloop, state, release, ops: RowOperands, acc, work: TileWork):
         """Per k tile and per B half: the chain into temp (promote_k at a time), then its promotion."""
         cfg = self.cfg
-        tiled_mma, tCrA, tCrB_half, temp = ops.tiled_mma, ops.tCrA, ops.tCrB_half, ops.temp
-        num_k_blocks, mmas_per_promotion = ops.num_k_blocks, ops.mmas_per_promotion
         mAS, mWS, m, ws_last, r0 = ops.mAS, ops.mWS, ops.m, ops.ws_last, ops.r0
         storage = ops.storage
         tn, kb0, kb1, row_a, row_b = work.tn, work.kb0, work.kb1, work.row_a, work.row_b
@@ -180,28 +180,35 @@ class MainloopMixin:
                 as_b = sScl[state.index, r0 + 8]
                 ws_0 = sScl[state.index, cfg.tile_m]
                 ws_1 = sScl[state.index, cfg.tile_m + 1]
-            for half in cutlass.range_constexpr(2):
-                ws = ws_0 if half == 0 else ws_1
-                sc_a = as_a * ws
-                sc_b = as_b * ws
-                for grp in cutlass.range_constexpr(num_k_blocks // mmas_per_promotion):
-                    cute.nvgpu.warpgroup.fence()
-                    tiled_mma.set(cute.nvgpu.warpgroup.Field.ACCUMULATE, False)
-                    for j in cutlass.range_constexpr(mmas_per_promotion):
-                        kk = grp * mmas_per_promotion + j
-                        cute.gemm(
-                            tiled_mma, temp,
-                            tCrA[(None, None, kk, state.index)],
-                            tCrB_half[half][(None, None, kk, state.index)],
-                            temp,
-                        )
-                        tiled_mma.set(cute.nvgpu.warpgroup.Field.ACCUMULATE, True)
-                    cute.nvgpu.warpgroup.commit_group()
-                    cute.nvgpu.warpgroup.wait_group(0)
-                    self._promote_half(acc, temp, half, sc_a, sc_b)
+            self._halves(ops, acc, state.index, (as_a, as_b), (ws_0, ws_1))
             mainloop.consumer_release(state)
             state.advance()
         return state, release
+
+    @cute.jit
+    def _mainloop_fp8_halves_static(self, mainloop, state, release, ops: RowOperands, acc, work: TileWork):
+        """_mainloop_fp8_halves (smem_scales) where every segment starts at stage 0 and spans a whole
+        number of rings (TileConfig.static_stages): the k loop steps a ring at a time and unrolls its
+        stages, so each k tile's stage is a compile-time constant: its wgmma descriptors, barrier and
+        scale addresses are fixed offsets from the ring's base, and only the phase is carried."""
+        cfg = self.cfg
+        r0 = ops.r0
+        sScl = ops.storage.scl.get_tensor(self._scale_layout())
+        phase = state.phase
+        for kt in cutlass.range(work.kb0, work.kb1, cfg.stages, unroll=1):
+            for s in cutlass.range_constexpr(cfg.stages):
+                stage = pipeline.PipelineState(cfg.stages, state.count, Int32(s), phase)
+                mainloop.consumer_wait(stage)
+                self._halves(ops, acc, s, (sScl[s, r0], sScl[s, r0 + 8]), (sScl[s, cfg.tile_m], sScl[s, cfg.tile_m + 1]))
+                mainloop.consumer_release(stage)
+            phase = phase ^ 1
+        return self._after_rings(state, work.kb1 - work.kb0), release
+
+    def _after_rings(self, state, k_tiles):
+        """``state`` advanced by k_tiles, a whole number of rings (static_stages): the same stage, the
+        phase flipped once a ring (plain Python, inlined)."""
+        rings = k_tiles // self.cfg.stages
+        return pipeline.PipelineState(self.cfg.stages, state.count + k_tiles, state.index, state.phase ^ (rings % 2))
 
     @cute.jit
     def _mainloop_fp8_quarters(self, mainloop, state, release, ops: RowOperands, acc, work: TileWork):
@@ -314,6 +321,26 @@ class MainloopMixin:
         return state, release
 
     # trace-time helpers of the fp8 mainloops (plain Python, inlined where called)
+    def _halves(self, ops: RowOperands, acc, stage, a_scales, w_scales):
+        """The halves schedule's k tile in ``stage``: per B half, its chain into temp (promote_k at a
+        time), then its promotion with (row a, row b) x scales times that half's weight scale."""
+        tiled_mma, tCrA, tCrB_half, temp = ops.tiled_mma, ops.tCrA, ops.tCrB_half, ops.temp
+        num_k_blocks, mmas_per_promotion = ops.num_k_blocks, ops.mmas_per_promotion
+        for half in range(2):
+            sc_a = a_scales[0] * w_scales[half]
+            sc_b = a_scales[1] * w_scales[half]
+            for grp in range(num_k_blocks // mmas_per_promotion):
+                cute.nvgpu.warpgroup.fence()
+                tiled_mma.set(cute.nvgpu.warpgroup.Field.ACCUMULATE, False)
+                for j in range(mmas_per_promotion):
+                    kk = grp * mmas_per_promotion + j
+                    cute.gemm(tiled_mma, temp, tCrA[(None, None, kk, stage)], tCrB_half[half][(None, None, kk, stage)],
+                              temp)
+                    tiled_mma.set(cute.nvgpu.warpgroup.Field.ACCUMULATE, True)
+                cute.nvgpu.warpgroup.commit_group()
+                cute.nvgpu.warpgroup.wait_group(0)
+                self._promote_half(acc, temp, half, sc_a, sc_b)
+
     def _issue(self, tiled_mma, temp, tCrA, tCrB, stage, num_k_blocks):
         """One k tile's wgmma chain into temp (the first wgmma overwrites it), committed as one
         group. tiled_mma.set rebinds the atom's IR value; inside the branches that call this (in

@@ -122,6 +122,7 @@ def gate_up_split(config: SplitConfig, x, weight, weight_scale=None, x_scale=Non
         out = torch.empty((m, cols), dtype=torch.bfloat16, device=x.device)
     if m == 0:
         return out
+    config.check_k(x.shape[1], "gate_up_split")
     fn = compile_cache.get("gate_up_split", config, lambda: compile_split(config))
     weight, scales = weight_operands(config, weight, weight_scale, x_scale, global_scale)
     launch(fn, config, x, weight, *scales, out, cutlass.BFloat16, None, Float32, 4)

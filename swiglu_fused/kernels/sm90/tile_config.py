@@ -130,6 +130,12 @@ class TileConfig:
     # before it decodes tile kt + 1, and the two warpgroups, no longer in step, decode in turn
     # (the 16-token tile: 1-7 % faster, DISPATCH D30)
     decode_buffers: int = 2
+    # the fp8 128-row tile with smem_scales, as whole tiles whose k tiles are a whole number of rings
+    # of stages (check_k refuses other K): the k loop steps a ring at a time with its stages
+    # unrolled, so every stage index, barrier and wgmma descriptor is a compile-time offset
+    # (mainloop._mainloop_fp8_halves_static; DeepGEMM's k loop is unrolled this way:
+    # history/deepgemm.md; DISPATCH D34). The bf16 mainloop's form measured level and was taken out.
+    static_stages: bool = False
 
     # the epilogue and the bytes per element of the staged output (set by subclasses)
     epilogue = "gated"
@@ -177,6 +183,8 @@ class TileConfig:
             raise ValueError(f"{name}.split_unroll: expected 1, 2, 3, 4, 6 or 8 k tiles, got {self.split_unroll}")
         if self.smem_scales and (not self.fp8 or self.tile_m != 128 or self.swap_ab):
             raise ValueError(f"{name}.smem_scales: the fp8 mainloop's 128-row tile only; got {self}")
+        if self.static_stages and not self.smem_scales:
+            raise ValueError(f"{name}.static_stages: the fp8 128-row tile with smem_scales only; got {self}")
         if self.tile_major and not self.nvfp4:
             raise ValueError(f"{name}.tile_major: the nvfp4 mainloop's weight layout only; got {self}")
         if self.decode_buffers not in DECODE_BUFFERS or (self.decode_buffers == 1 and not (self.nvfp4 and self.swap_ab)):
@@ -210,12 +218,20 @@ class TileConfig:
             return self.stages * self.tile_n
         return self.stages * (self.tile_m + 2) if self.smem_scales else 4
 
+    def check_k(self, k: int, op: str) -> None:
+        """Refuses a K this config cannot run, before any GPU work: static_stages steps K a ring of
+        stages at a time."""
+        ring = self.stages * self.tile_k
+        if self.static_stages and k % ring:
+            raise ValueError(f"{op}: {self} steps K a ring of {ring} columns at a time, and K = {k} is not a "
+                             f"multiple of that; use static_stages = False (kernels/dispatch.py does)")
+
     @property
     def whole_tiles(self) -> bool:
         """Whether the tiles run whole (no stream-K: their epilogues have no fix-up)."""
         # (nvfp4's 192-token swap-AB tile: its 192 accumulator values a thread exceed the stream-K
         # partials' ACC_VALUES slots)
-        return self.granules or self.split_n or self.tile_m == TILE_M_WG3
+        return self.granules or self.split_n or self.tile_m == TILE_M_WG3 or self.static_stages
 
     @property
     def granules(self) -> bool:
