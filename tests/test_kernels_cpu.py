@@ -176,6 +176,33 @@ def test_static_stages_take_only_whole_rings_of_k():
         kg.gate_up(cfg, args["x"], args["weight"], args["weight_scale"], args["x_scale"])
 
 
+def test_static_stages_follow_k_and_the_stream_k_plan(monkeypatch):
+    """with_static_stages (DISPATCH D34): the fp8 128-row tile with smem_scales takes static_stages
+    where K is whole rings of its stages and the tiles run whole: not at K = 576, not where plan()
+    splits the tiles stream-K (cluster pairs never are), not without smem_scales, and not with the
+    switch off."""
+    pytest.importorskip("cutlass")
+    from swiglu_fused.kernels.sm90 import schedule
+    from swiglu_fused.kernels.sm90.tile_config import GateUpConfig
+
+    class Cuda:  # the rule asks the stream-K plan only for a CUDA device
+        type = "cuda"
+
+    split = {"on": False}
+    monkeypatch.setattr(schedule, "sm_count", lambda device: 132)
+    monkeypatch.setattr(schedule, "schedule", lambda cfg, m, n, k, sms: (264, 132) if split["on"] else (132, 0))
+    tile = GateUpConfig(tile_m=128, stages=4, smem_scales=True)
+    assert dispatch.with_static_stages(tile, 1024, 28672, 4096, Cuda()).static_stages
+    assert not dispatch.with_static_stages(tile, 1024, 3072, 576, Cuda()).static_stages
+    assert not dispatch.with_static_stages(GateUpConfig(tile_m=128, stages=4), 1024, 28672, 4096, Cuda()).static_stages
+    split["on"] = True
+    assert not dispatch.with_static_stages(tile, 256, 28672, 4096, Cuda()).static_stages
+    pair = GateUpConfig(tile_m=128, stages=4, smem_scales=True, cluster_m=2)
+    assert dispatch.with_static_stages(pair, 4096, 28672, 4096, Cuda()).static_stages
+    monkeypatch.setattr(dispatch, "STATIC_STAGES", False)
+    assert not dispatch.with_static_stages(pair, 4096, 28672, 4096, Cuda()).static_stages
+
+
 def test_down_errors_name_the_argument():
     with pytest.raises(ValueError, match="^h: "):
         ops.down(torch.randn(2, 100).bfloat16(), torch.randn(64, 256).bfloat16())
