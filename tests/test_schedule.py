@@ -2,6 +2,7 @@
 checked on the host: the kernel evaluates the same integer formulas in Int32, and walks the
 segments that `segments` below lists (GemmKernel._segment)."""
 
+import dataclasses
 import itertools
 
 import pytest
@@ -200,6 +201,11 @@ def test_cluster_pairs_launch_whole_tiles_in_pairs(m, n):
     ctas, sk_tiles = g.schedule(gate_up.CLUSTER_PAIR, m, n, 4096, 132)
     tiles = -(-m // 256) * 2 * -(-n // 256)
     assert sk_tiles == 0 and ctas % 2 == 0 and ctas == min(tiles, 132)
+    # with static_stages too (whole tiles by itself), and on a GPU of an odd number of SMs
+    static = dataclasses.replace(gate_up.CLUSTER_PAIR, static_stages=True)
+    assert g.schedule(static, m, n, 4096, 132) == (ctas, 0)
+    assert g.schedule(static, m, n, 4096, 131) == g.schedule(gate_up.CLUSTER_PAIR, m, n, 4096, 131)
+    assert g.schedule(static, m, n, 4096, 131)[0] % 2 == 0
 
 
 @settings(max_examples=200, deadline=None)

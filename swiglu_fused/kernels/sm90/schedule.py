@@ -81,10 +81,10 @@ def schedule(config: TileConfig, m: int, n: int, k: int, sms: int) -> tuple[int,
     cl = config.cluster_m
     grid_m = cdiv(m, config.tile_m * cl) * cl
     tiles = grid_m * cdiv(n, config.tile_n)
+    if cl > 1:  # whole tiles, whole clusters
+        return max(cl, min(tiles, sms) // cl * cl), 0
     if config.whole_tiles:  # (their epilogues have no stream-K fix-up)
         return max(1, min(tiles, sms)), 0
-    if cl > 1:
-        return max(cl, min(tiles, sms) // cl * cl), 0
     if config.cluster_k > 1:  # every tile split over the CTAs of a cluster; one tile per cluster
         ck = config.cluster_k
         if ck * tiles > sms:
