@@ -68,7 +68,8 @@ def run_demo(formats_to_run=tuple(formats.WEIGHT_FORMATS), seed: int = 0, workdi
         src = Path(tmp) / "tiny-llama"
         _save_quietly(model, src)
         echo(f"tiny LLaMA: hidden {TINY_LLAMA['hidden_size']}, intermediate {TINY_LLAMA['intermediate_size']}, "
-             f"{TINY_LLAMA['num_hidden_layers']} layers, random weights, saved to {src}")
+             f"{TINY_LLAMA['num_hidden_layers']} layers, random weights, saved to {src} (a temporary directory, "
+             f"removed when the demo ends)")
         for fmt in formats_to_run:
             dst = Path(tmp) / f"tiny-llama-{fmt}"
             report = convert(src, dst, weight_format=fmt, progress=progress)

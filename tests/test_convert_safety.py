@@ -178,6 +178,66 @@ def test_force_replaces_a_previous_packed_output_and_says_so(tmp_path, tiny_llam
     assert [r.getMessage() for r in caplog.records] == [f"replaced the previous packed checkpoint at {dst}"]
 
 
+def test_force_keeps_what_a_user_added_to_a_previous_packed_output(tmp_path, tiny_llama, capsys):
+    """A previous packed output that holds anything a conversion does not write (a user's notes, a
+    folder) is not replaced: the run says which entries and leaves all of it as it was. Stale shards
+    of another conversion are not the user's and go."""
+    src, _ = tiny_llama
+    dst = tmp_path / "out"
+    convert(src, dst, weight_format="nvfp4", progress=False)
+    (dst / "NOTES.md").write_text("my only copy")
+    (dst / "sub").mkdir()
+    (dst / "sub" / "f").write_text("mine")
+    before = _state(tmp_path)
+    code, err = _cli(capsys, src, dst, "--format", "bf16", "--force")
+    line = _one_error_line(err)
+    assert code == 2 and f"{dst} holds what a conversion does not write (NOTES.md, sub/)" in line, line
+    assert "nothing was written" in line and _state(tmp_path) == before and _hidden(tmp_path) == []
+    shutil.rmtree(dst / "sub")
+    (dst / "NOTES.md").unlink()
+    (dst / "model-00009-of-00009.safetensors").write_bytes(b"stale shard of another conversion")
+    code, err = _cli(capsys, src, dst, "--format", "bf16", "--force")
+    assert code == 0 and not (dst / "model-00009-of-00009.safetensors").exists() and verify(dst, against=src).ok
+
+
+def test_force_into_the_working_directory_reports_success(tmp_path, tiny_llama, capsys, monkeypatch):
+    """DST spelled "." (the shell inside it): the commit replaces the working directory, and the run
+    still reports what it wrote, with exit status 0 (it used to re-read "." after the swap and fail)."""
+    src, _ = tiny_llama
+    dst = tmp_path / "out"
+    dst.mkdir()
+    monkeypatch.chdir(dst)
+    code, err = _cli(capsys, src, ".", "--format", "bf16", "--force")
+    assert code == 0 and "replaced the empty directory at ." in err, err
+    assert verify(dst, against=src).ok
+
+
+def test_an_output_under_a_file_is_refused_by_name(tmp_path, tiny_llama, capsys):
+    src, _ = tiny_llama
+    (tmp_path / "afile").write_text("x")
+    code, err = _cli(capsys, src, tmp_path / "afile" / "sub")
+    line = _one_error_line(err)
+    assert code == 2 and f"{tmp_path / 'afile'} is a file, not a directory; choose another output" in line, line
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["afile", "llama"] and (tmp_path / "afile").is_file()
+
+
+def test_a_full_disk_names_the_output(tmp_path, tiny_llama, capsys, monkeypatch):
+    """ENOSPC names no file: the error still names DST and the fix, and nothing is left behind."""
+    import errno
+
+    src, _ = tiny_llama
+    dst = tmp_path / "out"
+
+    def full(*a, **kw):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(convert_mod, "_verify_partial", full)
+    code, err = _cli(capsys, src, dst)
+    line = _one_error_line(err)
+    assert code == 2 and f"cannot write {dst}: No space left on device (nothing was left behind" in line, line
+    assert not dst.exists() and _hidden(tmp_path) == []
+
+
 def _packed_elsewhere(tmp_path, src) -> Path:
     other = tmp_path / "packed-elsewhere"
     convert(src, other, weight_format="bf16", progress=False)

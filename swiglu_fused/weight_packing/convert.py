@@ -17,7 +17,8 @@ What a user can rely on (destination.py implements the file-system side):
 - ``force`` replaces only a previous packed output or an empty directory, the very one that was
   there when the run started, swapped atomically, and says so (a warning on the
   ``swiglu_fused`` logger: "replaced the previous packed checkpoint at DST"). A file, a symlink
-  or any other directory at DST is refused: the user removes it.
+  or any other directory at DST is refused: the user removes it. So is a previous packed output
+  that holds anything a conversion does not write (a user's notes, a folder): they are listed.
 - One run at a time per DST: a lock file ``.DST.lock`` beside DST (``flock``, released by the
   kernel if the process dies; removed when the run ends). A second run is refused at once with
   the first one's pid and host.
@@ -29,6 +30,7 @@ What a user can rely on (destination.py implements the file-system side):
 """
 from __future__ import annotations
 
+import errno
 import json
 import os
 import re
@@ -410,8 +412,9 @@ def convert(
         split_projections=plan.splits)
     report = ConvertReport(dst, weight_format, interleave, plan.activation, plan.adapter.name, plan.source_format,
                            src_bytes=sum(h.data_bytes for h in plan.headers))
+    written = Path(os.path.abspath(dst))  # (DST may be the working directory, which the commit replaces)
     _write_atomically(src, dst, force, plan, cfg, kind, report, progress)
-    report.dst_bytes = sum(sio.read_header(f).data_bytes for f in sio.checkpoint_files(dst))
+    report.dst_bytes = sum(sio.read_header(f).data_bytes for f in sio.checkpoint_files(written))
     return report
 
 
@@ -446,7 +449,8 @@ def _write_atomically(src: Path, dst: Path, force: bool, plan: _Plan, cfg: forma
                 interrupts.defer()  # from here a signal waits: DST is complete or untouched, never half
                 target.commit()
         except OSError as e:
-            if e.filename is not None and target.owns(Path(os.fsdecode(e.filename))):
+            ours = e.filename is not None and target.owns(Path(os.fsdecode(e.filename)))
+            if ours or e.errno in (errno.ENOSPC, errno.EDQUOT):  # (a full disk's error names no file)
                 raise OutputError(e.errno, f"cannot write {dst}: {e.strerror} (nothing was left behind; "
                                            f"choose a writable directory with enough free space)") from e
             raise

@@ -122,6 +122,20 @@ def _describe(path: Path) -> tuple[str, os.stat_result] | None:
     return "packed", st
 
 
+def _foreign_entries(old: Path, new: Path) -> list[str]:
+    """What a previous packed output ``old`` holds beyond what a conversion writes: entries that are
+    neither in the new output ``new`` nor checkpoint files (shards, their index, config.json), e.g. a
+    user's notes or folders, which --force must not delete. Sorted, directories with a trailing /."""
+    def ours(name: str) -> bool:
+        return (name.endswith(".safetensors") or name in (formats.CONFIG_FILE, "model.safetensors.index.json",
+                                                          "generation_config.json"))
+
+    made = {e.name for e in os.scandir(new)}
+    with os.scandir(old) as entries:
+        return sorted(e.name + ("/" if e.is_dir(follow_symlinks=False) else "") for e in entries
+                      if e.name not in made and not (e.is_file(follow_symlinks=False) and ours(e.name)))
+
+
 def _identity(st: os.stat_result) -> tuple[int, int]:
     return st.st_dev, st.st_ino
 
@@ -215,6 +229,10 @@ class Destination:
 
     def __enter__(self) -> Destination:
         try:
+            blocker = next((p for p in self.path.parents if p.exists() and not p.is_dir()), None)
+            if blocker is not None:
+                raise DestinationError(f"{self.shown}: {blocker} is a file, not a directory; choose another output "
+                                       f"directory")
             self.made_parents = [p for p in self.path.parents if not p.exists()]  # nearest first
             self.path.parent.mkdir(parents=True, exist_ok=True)
             self._lock()
@@ -328,6 +346,12 @@ class Destination:
         now = _describe(self.path)
         if now is None or now[0] != self.seen[0] or _identity(now[1]) != _identity(self.seen[1]):
             raise self._changed(now)
+        foreign = _foreign_entries(self.path, self.partial) if self.seen[0] == "packed" else []
+        if foreign:
+            listed = ", ".join(foreign[:5]) + (f" and {len(foreign) - 5} more" if len(foreign) > 5 else "")
+            raise DestinationError(f"{self.shown} holds what a conversion does not write ({listed}); {REPLACE_RULE}, "
+                                   f"holding nothing else: move those elsewhere or choose another output directory "
+                                   f"(nothing was written)")
         if _rename2(self.partial, self.path, RENAME_EXCHANGE):
             try:
                 moved = os.lstat(self.partial)  # what we swapped out: must be what we inspected

@@ -101,7 +101,8 @@ def declared_source_format(config: Mapping, src: Path) -> str:
             return "nvfp4"
         raise FormatError(f"{where}.quant_algo is {algo!r:.100}; only ModelOpt NVFP4 is supported")
     if method == formats.QUANT_METHOD:
-        raise FormatError(f"{src}: already a swiglu-fused packed checkpoint")
+        raise FormatError(f"{src}: already a swiglu-fused packed checkpoint (an output of convert, not a source): "
+                          f"pass the original checkpoint it was converted from, or load this one as it is")
     raise FormatError(f"{where}.quant_method {method!r:.100} is not supported; expected fp8 (fine-grained), "
                       "compressed-tensors (nvfp4-pack-quantized, or float-quantized FP8 128x128 blocks) or modelopt "
                       "(NVFP4)")
