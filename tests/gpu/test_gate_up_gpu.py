@@ -393,6 +393,35 @@ def test_static_stages_are_the_dynamic_k_loop_bit_for_bit(hidden, inter, m, clus
     assert_matches_reference(h, hs, args, "silu", "fp8_group128")
 
 
+UNIFORM_CASES = [  # (config fields, mainloop, h_format)
+    (dict(tile_m=128, stages=4, smem_scales=True, static_stages=True), "fp8_block128", "fp8_group128"),
+    (dict(tile_m=128, stages=4, smem_scales=True, cluster_m=2), "fp8_block128", "fp8_group128"),
+    (dict(tile_m=64, stages=4, split_n=True), "fp8_block128", "fp8_group128"),
+    (dict(tile_m=64, stages=5), "fp8_block128", "fp8_group128"),
+    (dict(tile_m=16, stages=5, swap_ab=True), "fp8_block128", "fp8_group128"),
+    (dict(tile_m=128, stages=4, mainloop="bf16"), "bf16", "bf16"),
+    (dict(tile_m=192, stages=3, mainloop="bf16"), "bf16", "bf16"),
+]
+
+
+@pytest.mark.parametrize("fields,mainloop,h_format", UNIFORM_CASES)
+@pytest.mark.parametrize("hidden,inter,m", [(4096, 14336, 1024), (576, 1536, 77)])
+def test_uniform_descriptors_are_the_per_thread_ones_bit_for_bit(hidden, inter, m, fields, mainloop, h_format):
+    """TileConfig.uniform_ab (WIP): the wgmma operands sliced by the warpgroup's first thread give h
+    (and h_scale) bit-identical to slicing by each thread's own index."""
+    from swiglu_fused.kernels.sm90 import gate_up as k
+
+    if fields.get("static_stages") and hidden % 512:
+        pytest.skip("K is not whole rings")
+    args = make_operands(m, hidden, inter, mainloop, seed=m + 31)
+    cfg = k.GateUpConfig(h_format=h_format, **fields)
+    h, hs = run_kernel(cfg, args)
+    h2, hs2 = run_kernel(dataclasses.replace(cfg, uniform_ab=False), args)
+    view = torch.uint8 if h_format == "fp8_group128" else torch.int16
+    assert torch.equal(h.view(view), h2.view(view)) and (hs is None or torch.equal(hs, hs2))
+    assert_matches_reference(h, hs, args, "silu", h_format, mainloop)
+
+
 def test_dispatch_takes_static_stages_where_k_is_whole_rings():
     """with_static_stages (D34): the dispatched fp8 prefill tile runs static_stages where K is whole rings
     of its stages and the tiles run whole, not at a K of 576, nor the decode tiles."""

@@ -465,19 +465,22 @@ class GemmKernel(MainloopMixin, Nvfp4Mixin, StreamKMixin, EpilogueMixin):
         split = cfg.split_n
         t_mma = (tidx - 128) % 128 if split else tidx - 128  # (split_n: each warpgroup its own MMA)
         thr_mma = tiled_mma.get_slice(t_mma)
-        tCsA = thr_mma.partition_A(sA)
+        # the wgmma's smem operands depend only on the warpgroup, not the lane: sliced by a warp-uniform
+        # index, their descriptors are built in uniform registers (no R2UR before every QGMMA)
+        thr_ab = tiled_mma.get_slice(0 if split else (wg_idx - 1) * 128) if cfg.uniform_ab else thr_mma
+        tCsA = thr_ab.partition_A(sA)
         tCrA = tiled_mma.make_fragment_A(tCsA)  # (MMA, 1, MMA_K, STAGES)
         dec = None
         if cfg.nvfp4:  # the wgmma reads the weight from the decode buffers (decode_buffers k tiles, not STAGES)
             d_layout = self._decode_layout()
-            tCrB = tiled_mma.make_fragment_B(thr_mma.partition_B(storage.sD.get_tensor(d_layout.outer,
+            tCrB = tiled_mma.make_fragment_B(thr_ab.partition_B(storage.sD.get_tensor(d_layout.outer,
                                                                                        swizzle=d_layout.inner)))
             dec = self._decode_operands(storage, gmem, tidx - 128)
         else:
-            tCrB = tiled_mma.make_fragment_B(thr_mma.partition_B(sB))
+            tCrB = tiled_mma.make_fragment_B(thr_ab.partition_B(sB))
         tCrB_half = [
             tiled_mma.make_fragment_B(
-                thr_mma.partition_B(cute.local_tile(sB, (HALF_N, cfg.tile_k, cfg.stages), (h, 0, 0)))
+                thr_ab.partition_B(cute.local_tile(sB, (HALF_N, cfg.tile_k, cfg.stages), (h, 0, 0)))
             )
             for h in range(2 if cfg.fp8 else 0)
         ]

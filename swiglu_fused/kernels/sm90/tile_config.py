@@ -136,6 +136,11 @@ class TileConfig:
     # (mainloop._mainloop_fp8_halves_static; DeepGEMM's k loop is unrolled this way:
     # history/deepgemm.md; DISPATCH D34). The bf16 mainloop's form measured level and was taken out.
     static_stages: bool = False
+    # WIP (branch wip/uniform-descriptors, not measured): the wgmma's smem operands sliced by a
+    # warp-uniform index (the warpgroup's first thread), so that their descriptors are built in
+    # uniform registers: no R2UR before each QGMMA (SASS: the static fp8 k tile 196 -> 172
+    # instructions; nvfp4's 128-token tile 36 -> 5 R2UR). False: sliced by the thread's own index.
+    uniform_ab: bool = True
 
     # the epilogue and the bytes per element of the staged output (set by subclasses)
     epilogue = "gated"
