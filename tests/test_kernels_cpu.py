@@ -167,7 +167,7 @@ def test_static_stages_take_only_whole_rings_of_k():
     pytest.importorskip("cutlass")
     from swiglu_fused.kernels.sm90 import gate_up as kg
 
-    with pytest.raises(ValueError, match="static_stages: the fp8 128-row tile with smem_scales only"):
+    with pytest.raises(ValueError, match="static_stages: the fp8 128-row tile with smem_scales, or the nvfp4"):
         kg.GateUpConfig(tile_m=128, stages=4, static_stages=True)
     cfg = kg.GateUpConfig(tile_m=128, stages=4, smem_scales=True, static_stages=True)
     assert cfg.whole_tiles

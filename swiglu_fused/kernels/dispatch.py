@@ -341,7 +341,7 @@ def with_static_stages(config, m: int, n: int, k: int, device):
     """``config`` with TileConfig.static_stages where it applies (D34): the fp8 128-row tile with
     smem_scales, K a whole number of rings of stages, and whole tiles (where plan() would split them
     stream-K, or K does not fit, ``config`` as it is)."""
-    if not STATIC_STAGES or not config.smem_scales or k % (config.stages * config.tile_k):
+    if not STATIC_STAGES or not config.static_stages_fit or k % (config.stages * config.tile_k):
         return config
     if config.cluster_m == 1 and device.type == "cuda":
         from .sm90.schedule import schedule, sm_count
@@ -592,8 +592,9 @@ def _nvfp4_gate_up_config(x, weight, weight_scale, act: str, h_format: str, tile
     m = x.shape[0]
     if nvfp4_dequantizes(m):
         return GateUpConfig(act=act, h_format=h_format, **_nvfp4_prefill_tile(m, wg3_on(x.device, m, weight.shape[0])))
-    return GateUpConfig(act=act, h_format=h_format, mainloop=NVFP4_MAINLOOP, tile_major=tile_major,
-                        **nvfp4_tile_for(m, wide=nvfp4_wide_on(x.device, m, weight.shape[0])))
+    cfg = GateUpConfig(act=act, h_format=h_format, mainloop=NVFP4_MAINLOOP, tile_major=tile_major,
+                       **nvfp4_tile_for(m, wide=nvfp4_wide_on(x.device, m, weight.shape[0])))
+    return with_static_stages(cfg, m, weight.shape[0], x.shape[1], x.device)
 
 
 def _nvfp4_down_config(h, weight, weight_scale, residual, tile_major: bool):
@@ -608,8 +609,9 @@ def _nvfp4_down_config(h, weight, weight_scale, residual, tile_major: bool):
         m = h.shape[0]
         return DownConfig(residual=residual is not None,
                           **_nvfp4_prefill_tile(m, wg3_on(h.device, m, weight.shape[0]), clusters=False))
-    return DownConfig(mainloop=NVFP4_MAINLOOP, residual=residual is not None, tile_major=tile_major,
-                      **nvfp4_tile_for(h.shape[0], "down"))
+    cfg = DownConfig(mainloop=NVFP4_MAINLOOP, residual=residual is not None, tile_major=tile_major,
+                     **nvfp4_tile_for(h.shape[0], "down"))
+    return with_static_stages(cfg, h.shape[0], weight.shape[0], h.shape[1], h.device)
 
 
 def nvfp4_shipped(config_cls, variants) -> list:
@@ -663,7 +665,7 @@ def gate_up_shipped() -> list:
                 if mainloop == BF16_MAINLOOP and not activations_and_h.h_spec(h_format).scaled:  # granule_tile_n
                     out.extend(GateUpConfig(tile_m=128, tile_n=tile_n, stages=4, act=act, h_format=h_format,
                                             mainloop=mainloop) for tile_n in TILE_N_GRANULES)
-    return out + [dataclasses.replace(c, static_stages=True) for c in out if c.smem_scales]  # (with_static_stages)
+    return out + [dataclasses.replace(c, static_stages=True) for c in out if c.static_stages_fit]  # (with_static_stages)
 
 
 # ================================================================ the split projection (Flux.2)
@@ -845,7 +847,7 @@ def down_shipped() -> list:
     """Every DownConfig down_config can return (what CI compile-checks)."""
     from .sm90.tile_config import DownConfig
 
-    return nvfp4_shipped(DownConfig, [dict(residual=r) for r in (False, True)]) + [
+    out = nvfp4_shipped(DownConfig, [dict(residual=r) for r in (False, True)]) + [
         DownConfig(tile_m=tile_m, stages=stages, mainloop=mainloop, residual=residual, swap_ab=swap,
                    l2_hint=down_l2_hint(tile_m, swap, mainloop), pdl=pdl)
         for mainloop in (FP8_MAINLOOP, BF16_MAINLOOP)
@@ -855,6 +857,7 @@ def down_shipped() -> list:
         for pdl in _pdl_variants(tile_m, swap, mainloop)
     ] + [DownConfig(tile_m=DOWN_SWAP_TILES[0][0], stages=DOWN_SWAP_TILES[0][1], residual=residual, swap_ab=True,
                     cluster_k=2, pdl=True) for residual in (False, True)]  # down_cluster_k (fp8)
+    return out + [dataclasses.replace(c, static_stages=True) for c in out if c.static_stages_fit]  # (with_static_stages)
 
 
 def fills_gpu(config, m: int, n: int, sms: int) -> bool:
