@@ -407,14 +407,14 @@ UNIFORM_CASES = [  # (config fields, mainloop, h_format)
 @pytest.mark.parametrize("fields,mainloop,h_format", UNIFORM_CASES)
 @pytest.mark.parametrize("hidden,inter,m", [(4096, 14336, 1024), (576, 1536, 77)])
 def test_uniform_descriptors_are_the_per_thread_ones_bit_for_bit(hidden, inter, m, fields, mainloop, h_format):
-    """TileConfig.uniform_ab (WIP): the wgmma operands sliced by the warpgroup's first thread give h
-    (and h_scale) bit-identical to slicing by each thread's own index."""
+    """TileConfig.uniform_ab (not dispatched): the wgmma operands sliced by the warpgroup's first thread
+    give h (and h_scale) bit-identical to slicing by each thread's own index."""
     from swiglu_fused.kernels.sm90 import gate_up as k
 
     if fields.get("static_stages") and hidden % 512:
         pytest.skip("K is not whole rings")
     args = make_operands(m, hidden, inter, mainloop, seed=m + 31)
-    cfg = k.GateUpConfig(h_format=h_format, **fields)
+    cfg = k.GateUpConfig(h_format=h_format, uniform_ab=True, **fields)
     h, hs = run_kernel(cfg, args)
     h2, hs2 = run_kernel(dataclasses.replace(cfg, uniform_ab=False), args)
     view = torch.uint8 if h_format == "fp8_group128" else torch.int16

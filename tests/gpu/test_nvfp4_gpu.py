@@ -304,7 +304,7 @@ def test_192_token_tile_is_the_128_token_tile_bit_for_bit(hidden, inter, m, act)
                                                    (8192, 3584, 640, 128), (1536, 1536, 64, 64), (1536, 1536, 40, 64)])
 def test_static_stages_are_the_dynamic_k_loop_bit_for_bit(hidden, inter, m, tokens, tile_major, monkeypatch):
     """TileConfig.static_stages on the nvfp4 swap-AB tiles with two decode buffers (the 128- and the
-    64-token tile; WIP): h equals the dynamic loop's bit for bit (both as whole tiles), every element
+    64-token tile; not dispatched: dispatch.NVFP4_STATIC_STAGES): h equals the dynamic loop's bit for bit (both as whole tiles), every element
     written (poisoned outputs), over several tiles a CTA, a partial last M tile, both weight orders."""
     from swiglu_fused.kernels import nvfp4_layout
     from swiglu_fused.kernels.sm90 import gate_up as kg, schedule

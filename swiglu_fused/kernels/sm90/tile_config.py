@@ -130,18 +130,19 @@ class TileConfig:
     # before it decodes tile kt + 1, and the two warpgroups, no longer in step, decode in turn
     # (the 16-token tile: 1-7 % faster, DISPATCH D30)
     decode_buffers: int = 2
-    # the fp8 128-row tile with smem_scales (and, WIP, the nvfp4 mainloop with two decode buffers),
+    # the fp8 128-row tile with smem_scales (and the nvfp4 mainloop with two decode buffers: not yet
+    # run on a GPU, not dispatched: dispatch.NVFP4_STATIC_STAGES),
     # as whole tiles whose k tiles are a whole number of rings of stages (check_k refuses other K):
     # the k loop steps a ring at a time with its stages unrolled, so every stage index, barrier and
     # wgmma descriptor is a compile-time offset (mainloop._mainloop_fp8_halves_static,
     # nvfp4._mainloop_nvfp4_static; DeepGEMM's k loop is unrolled this way: history/deepgemm.md;
     # DISPATCH D34). The bf16 mainloop's form measured level and was taken out.
     static_stages: bool = False
-    # WIP (branch wip/uniform-descriptors, not measured): the wgmma's smem operands sliced by a
-    # warp-uniform index (the warpgroup's first thread), so that their descriptors are built in
-    # uniform registers: no R2UR before each QGMMA (SASS: the static fp8 k tile 196 -> 172
-    # instructions; nvfp4's 128-token tile 36 -> 5 R2UR). False: sliced by the thread's own index.
-    uniform_ab: bool = True
+    # the wgmma's smem operands sliced by a warp-uniform index (the warpgroup's first thread), so that
+    # their descriptors are built in uniform registers: no R2UR before each QGMMA (SASS: the static
+    # fp8 k tile 196 -> 172 instructions; nvfp4's 128-token tile 36 -> 5 R2UR). Not yet run on a GPU
+    # (history/deepgemm.md says what to measure), so off; False: sliced by the thread's own index.
+    uniform_ab: bool = False
 
     # the epilogue and the bytes per element of the staged output (set by subclasses)
     epilogue = "gated"
