@@ -50,6 +50,18 @@ def test_truncated_file(tmp_path, tiny_llama):
     _convert_fails(src, tmp_path, sio.CheckpointError, r"model\.safetensors: tensor .* run past the data section")
 
 
+def test_verify_of_a_truncated_packed_file_names_it_once(tmp_path, tiny_llama):
+    """verify on a packed checkpoint whose shard lost its tail: one violation, naming the file once,
+    and not its tensors as "missing" (they are in the header; the file is the problem)."""
+    src, _ = tiny_llama
+    dst = tmp_path / "packed"
+    convert(src, dst, weight_format="bf16", progress=False)
+    f = _one_file(dst)
+    f.write_bytes(f.read_bytes()[: f.stat().st_size // 2])
+    lines = [str(v) for v in verify(dst).violations]
+    assert len(lines) == 1 and lines[0].count(str(f)) == 1 and "truncated or corrupt" in lines[0], lines
+
+
 def test_file_too_short_for_a_header(tmp_path, tiny_llama):
     src, _ = tiny_llama
     _one_file(src).write_bytes(b"\x01\x02")
