@@ -348,8 +348,9 @@ def _static_form(config) -> bool:
 
 def with_static_stages(config, m: int, n: int, k: int, device):
     """``config`` with TileConfig.static_stages where it applies (D34): the fp8 128-row tile with
-    smem_scales, K a whole number of rings of stages, and whole tiles (where plan() would split them
-    stream-K, or K does not fit, ``config`` as it is)."""
+    smem_scales (nvfp4's two-buffer tiles only with NVFP4_STATIC_STAGES), K a whole number of rings of
+    stages, and whole tiles (where plan() would split them stream-K, or K does not fit, ``config`` as
+    it is)."""
     if not STATIC_STAGES or not _static_form(config) or k % (config.stages * config.tile_k):
         return config
     if config.cluster_m == 1 and device.type == "cuda":

@@ -32,6 +32,7 @@ from pathlib import Path
 
 from .. import formats
 from ..formats import FormatError
+from . import safetensors_io as sio
 
 try:
     import fcntl
@@ -127,8 +128,7 @@ def _foreign_entries(old: Path, new: Path) -> list[str]:
     neither in the new output ``new`` nor checkpoint files (shards, their index, config.json), e.g. a
     user's notes or folders, which --force must not delete. Sorted, directories with a trailing /."""
     def ours(name: str) -> bool:
-        return (name.endswith(".safetensors") or name in (formats.CONFIG_FILE, "model.safetensors.index.json",
-                                                          "generation_config.json"))
+        return name.endswith(".safetensors") or name in (formats.CONFIG_FILE, "generation_config.json", *sio.INDEX_NAMES)
 
     made = {e.name for e in os.scandir(new)}
     with os.scandir(old) as entries:

@@ -411,13 +411,11 @@ def validate(path: str | Path) -> list[formats.Violation]:
     file_of: dict[str, str] = {}
     stored: dict[str, list[str]] = {}  # file name → its tensors (readable files only)
     out: list[formats.Violation] = []
-    unreadable = False
     for f in files:
         try:
             header = sio.read_header(f)
         except sio.CheckpointError as e:  # (its message names the file already)
             out.append(formats.Violation(None if str(e).startswith(str(f)) else str(f), None, None, str(e)))
-            unreadable = True
             continue
         out += formats.file_metadata_problems(header.metadata, cfg, str(f))
         stored[f.relative_to(path).as_posix()] = list(header.entries)
@@ -427,8 +425,6 @@ def validate(path: str | Path) -> list[formats.Violation]:
                 out.append(formats.Violation(str(f), name, None, f"also stored in {file_of[name]}: a loader reads only one"))
             tensors[name] = t
             file_of[name] = str(f)
-    if unreadable:  # its tensors would all read as missing: the file itself is the problem to report
-        return out
     index = sio.index_file(path)
     if index is not None:
         single = path / formats.SINGLE_FILE
@@ -445,6 +441,8 @@ def validate(path: str | Path) -> list[formats.Violation]:
                 pass
         out += index_problems(index, sio.index_weight_map(index), stored,
                               unreadable={f.relative_to(path).as_posix() for f in files} - stored.keys(), extra=extra)
+    if len(stored) < len(files):  # an unreadable file: the model's check would call its tensors missing
+        return out
     out += formats.validate_state_dict(tensors, cfg, file_of)
     return out
 
