@@ -244,7 +244,8 @@ def test_cluster_k_where_few_swap_tiles_leave_hbm_idle():
     assert not dispatch.gate_up_cluster_k(32, 7168, 132, "fp8_block128")  # 56 tiles
     assert not dispatch.gate_up_cluster_k(16, 16384, 132, "fp8_block128")  # 2048×8192: 64 tiles
     assert dispatch.gate_up_cluster_k(16, 7168, 132, "bf16")  # measured 1.02-1.05× there too
-    cfg = gate_up.GateUpConfig(tile_m=16, stages=5, swap_ab=True, cluster_k=2, pdl=True)  # (fp8 decode: D20)
+    cfg = gate_up.GateUpConfig(tile_m=16, stages=5, swap_ab=True, cluster_k=2, pdl=True,  # (fp8 decode: D20)
+                               uniform_ab=True)  # (D35)
     assert cfg in dispatch.gate_up_shipped()
     assert g.schedule(cfg, 16, 7168, 8192, 132) == (56, 28)
     import torch
@@ -352,7 +353,8 @@ def test_gate_up_cluster_pairs_from_m_4096(m, tile_m, tile_n, expect):
     for mainloop in (tile_config.FP8_MAINLOOP, tile_config.BF16_MAINLOOP):  # (nvfp4 has no clusters)
         for h_format in ("fp8_group128", "bf16"):
             cfg = gate_up.GateUpConfig(tile_m=128, stages=4, cluster_m=2, mainloop=mainloop, h_format=h_format,
-                                       smem_scales=dispatch.smem_scales_apply(128, False, mainloop, h_format))
+                                       smem_scales=dispatch.smem_scales_apply(128, False, mainloop, h_format),
+                                       uniform_ab=dispatch.uniform_ab_applies(mainloop))
             assert cfg in dispatch.gate_up_shipped()
 
 
@@ -366,11 +368,12 @@ def test_gate_up_fp8_64_row_tile_on_two_warpgroups():
     assert not dispatch.split_n_applies(64, False, "bf16") and not dispatch.split_n_applies(128, False, "fp8_block128")
     assert not dispatch.split_n_applies(16, True, "fp8_block128")
     shipped = dispatch.gate_up_shipped()
-    assert gate_up.GateUpConfig(tile_m=64, stages=4, split_n=True, l2_hint="w_first") in shipped
-    assert gate_up.GateUpConfig(tile_m=64, stages=5, split_n=True, xacc_parts=2, l2_hint="w_first") in shipped
+    assert gate_up.GateUpConfig(tile_m=64, stages=4, split_n=True, l2_hint="w_first", uniform_ab=True) in shipped
+    assert gate_up.GateUpConfig(tile_m=64, stages=5, split_n=True, xacc_parts=2, l2_hint="w_first",
+                                uniform_ab=True) in shipped
     assert gate_up.GateUpConfig(tile_m=64, stages=5, split_n=True, xacc_parts=4, h_format="bf16",
-                                l2_hint="w_first") in shipped
-    assert gate_up.GateUpConfig(tile_m=64, stages=5) not in shipped
+                                l2_hint="w_first", uniform_ab=True) in shipped
+    assert gate_up.GateUpConfig(tile_m=64, stages=5, uniform_ab=True) not in shipped
     assert gate_up.GateUpConfig(tile_m=64, stages=5, mainloop="bf16", l2_hint="w_first") in shipped
     for bad in (dict(tile_m=128), dict(mainloop="bf16"), dict(cluster_k=2, stages=3)):
         with pytest.raises(ValueError, match="split_n"):
@@ -392,7 +395,8 @@ def test_gate_up_split_n_fifth_stage_where_the_weight_has_few_tiles(inter, stage
     for h_format in ("fp8_group128", "bf16"):
         pipe = dispatch.split_n_pipeline(dispatch.split_n_deep(2 * inter), h_format)
         assert pipe["stages"] == stages
-        cfg = gate_up.GateUpConfig(tile_m=64, split_n=True, h_format=h_format, l2_hint="w_first", **pipe)
+        cfg = gate_up.GateUpConfig(tile_m=64, split_n=True, h_format=h_format, l2_hint="w_first", uniform_ab=True,
+                                   **pipe)
         assert cfg in dispatch.gate_up_shipped()
 
 
@@ -417,12 +421,33 @@ def test_smem_scales_only_where_they_fit():
     assert not dispatch.smem_scales_apply(128, False, "fp8_block128", "bf16")
     assert not dispatch.smem_scales_apply(64, False, "fp8_block128", "fp8_group128")
     assert not dispatch.smem_scales_apply(128, False, "bf16", "bf16")
-    assert gate_up.GateUpConfig(tile_m=128, stages=4, smem_scales=True) in dispatch.gate_up_shipped()
+    assert gate_up.GateUpConfig(tile_m=128, stages=4, smem_scales=True, uniform_ab=True) in dispatch.gate_up_shipped()
     with pytest.raises(ValueError, match="stages"):
         gate_up.GateUpConfig(tile_m=128, stages=4, h_format="bf16", smem_scales=True)
     with pytest.raises(ValueError, match="smem_scales"):
         gate_up.GateUpConfig(tile_m=64, stages=5, smem_scales=True)
 
+
+
+def test_uniform_operand_slices_on_the_fp8_gate_up_tiles_only():
+    """D35: the fp8 mainloop's gate_up tiles slice their wgmma operands by a warp-uniform index (1-2 %
+    faster); the bf16 mainloop's were level and nvfp4's slower, and down was level: they keep the
+    per-thread slices."""
+    import torch
+    from unittest import mock
+
+    shipped = dispatch.gate_up_shipped()
+    assert {c.uniform_ab for c in shipped if c.fp8} == {True}
+    assert {c.uniform_ab for c in shipped if not c.fp8} == {False}
+    assert not any(c.uniform_ab for c in dispatch.down_shipped())
+    for mainloop, dtype, h_format in (("fp8_block128", torch.float8_e4m3fn, "fp8_group128"),
+                                      ("bf16", torch.bfloat16, "bf16")):
+        for m in (1, 64, 1024):
+            x, w = torch.empty(m, 4096, dtype=dtype, device="meta"), torch.empty(28672, 4096, dtype=dtype, device="meta")
+            scales = (torch.empty(1, device="meta"),) * 2 if dtype != torch.bfloat16 else (None, None)
+            with mock.patch.object(g, "sm_count", lambda device: 132):
+                cfg = dispatch.gate_up_config(x, w, *scales, act="silu", h_format=h_format)
+            assert cfg.uniform_ab == (mainloop == "fp8_block128") and cfg in shipped
 
 @pytest.mark.parametrize("tile_m,swap_ab,expect", [
     (64, False, "w_first"),  # the MLP 2-5 % faster at M = 64-256 (fp8), bf16 gate_up 9 % at 8192×3584 M = 128

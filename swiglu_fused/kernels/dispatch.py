@@ -335,23 +335,19 @@ def gate_up_l2_hint(tile_m: int, swap_ab: bool) -> str:
 
 
 STATIC_STAGES = True  # (D34; launch_ab --set dispatch.STATIC_STAGES=False measures without it)
-# the nvfp4 two-buffer swap-AB tiles' static form: not yet run on a GPU (history/nvfp4.md says what
-# to measure), so not dispatched; `--set dispatch.NVFP4_STATIC_STAGES=True` times it
-NVFP4_STATIC_STAGES = False
 
 
-def _static_form(config) -> bool:
-    """Whether the dispatch may give ``config`` its static_stages form (TileConfig.static_stages_fit;
-    nvfp4's only with NVFP4_STATIC_STAGES)."""
-    return config.static_stages_fit and (not config.nvfp4 or NVFP4_STATIC_STAGES)
+def uniform_ab_applies(mainloop: str) -> bool:
+    """TileConfig.uniform_ab for gate_up's tiles: the fp8 mainloop's (D35: the whole MLP 1 % faster at
+    M = 256-4096; the bf16 mainloop's was level, nvfp4's gate_up 8-17 % slower)."""
+    return mainloop == FP8_MAINLOOP
 
 
 def with_static_stages(config, m: int, n: int, k: int, device):
     """``config`` with TileConfig.static_stages where it applies (D34): the fp8 128-row tile with
-    smem_scales (nvfp4's two-buffer tiles only with NVFP4_STATIC_STAGES), K a whole number of rings of
-    stages, and whole tiles (where plan() would split them stream-K, or K does not fit, ``config`` as
-    it is)."""
-    if not STATIC_STAGES or not _static_form(config) or k % (config.stages * config.tile_k):
+    smem_scales, K a whole number of rings of stages, and whole tiles (where plan() would split them
+    stream-K, or K does not fit, ``config`` as it is)."""
+    if not STATIC_STAGES or not config.smem_scales or k % (config.stages * config.tile_k):
         return config
     if config.cluster_m == 1 and device.type == "cuda":
         from .sm90.schedule import schedule, sm_count
@@ -405,7 +401,8 @@ def gate_up_config(x, weight, weight_scale, x_scale, *, act: str, h_format: str,
     cfg = GateUpConfig(tile_m=tile_m, tile_n=tile_n, act=act, h_format=h_format, mainloop=mainloop, swap_ab=swap,
                        cluster_k=ck, cluster_m=cluster_m_for(m, tile_m, tile_n),
                        smem_scales=smem_scales_apply(tile_m, swap, mainloop, h_format),
-                       split_n=split, l2_hint=gate_up_l2_hint(tile_m, swap), pdl=pdl_applies(m, mainloop), **pipe)
+                       split_n=split, l2_hint=gate_up_l2_hint(tile_m, swap), pdl=pdl_applies(m, mainloop),
+                       uniform_ab=uniform_ab_applies(mainloop), **pipe)
     return with_static_stages(cfg, m, n, k, x.device)
 
 
@@ -602,9 +599,8 @@ def _nvfp4_gate_up_config(x, weight, weight_scale, act: str, h_format: str, tile
     m = x.shape[0]
     if nvfp4_dequantizes(m):
         return GateUpConfig(act=act, h_format=h_format, **_nvfp4_prefill_tile(m, wg3_on(x.device, m, weight.shape[0])))
-    cfg = GateUpConfig(act=act, h_format=h_format, mainloop=NVFP4_MAINLOOP, tile_major=tile_major,
-                       **nvfp4_tile_for(m, wide=nvfp4_wide_on(x.device, m, weight.shape[0])))
-    return with_static_stages(cfg, m, weight.shape[0], x.shape[1], x.device)
+    return GateUpConfig(act=act, h_format=h_format, mainloop=NVFP4_MAINLOOP, tile_major=tile_major,
+                        **nvfp4_tile_for(m, wide=nvfp4_wide_on(x.device, m, weight.shape[0])))
 
 
 def _nvfp4_down_config(h, weight, weight_scale, residual, tile_major: bool):
@@ -619,9 +615,8 @@ def _nvfp4_down_config(h, weight, weight_scale, residual, tile_major: bool):
         m = h.shape[0]
         return DownConfig(residual=residual is not None,
                           **_nvfp4_prefill_tile(m, wg3_on(h.device, m, weight.shape[0]), clusters=False))
-    cfg = DownConfig(mainloop=NVFP4_MAINLOOP, residual=residual is not None, tile_major=tile_major,
-                     **nvfp4_tile_for(h.shape[0], "down"))
-    return with_static_stages(cfg, h.shape[0], weight.shape[0], h.shape[1], h.device)
+    return DownConfig(mainloop=NVFP4_MAINLOOP, residual=residual is not None, tile_major=tile_major,
+                      **nvfp4_tile_for(h.shape[0], "down"))
 
 
 def nvfp4_shipped(config_cls, variants) -> list:
@@ -665,17 +660,17 @@ def gate_up_shipped() -> list:
                                                     swap_ab=swap, cluster_m=cl, split_n=split,
                                                     l2_hint=gate_up_l2_hint(tile_m, swap),
                                                     smem_scales=smem_scales_apply(tile_m, swap, mainloop, h_format),
-                                                    pdl=pdl, **pipe))
+                                                    pdl=pdl, uniform_ab=uniform_ab_applies(mainloop), **pipe))
                 out.append(GateUpConfig(tile_m=swap_tm, stages=swap_stages, act=act,  # gate_up_cluster_k
                                         h_format=h_format, mainloop=mainloop, swap_ab=True, cluster_k=2,
-                                        pdl=pdl_applies(0, mainloop)))
+                                        pdl=pdl_applies(0, mainloop), uniform_ab=uniform_ab_applies(mainloop)))
                 if mainloop == BF16_MAINLOOP:  # wg3_applies
                     out.append(GateUpConfig(tile_m=TILE_M_WG3, stages=WG3_STAGES, act=act, h_format=h_format,
                                             mainloop=mainloop))
                 if mainloop == BF16_MAINLOOP and not activations_and_h.h_spec(h_format).scaled:  # granule_tile_n
                     out.extend(GateUpConfig(tile_m=128, tile_n=tile_n, stages=4, act=act, h_format=h_format,
                                             mainloop=mainloop) for tile_n in TILE_N_GRANULES)
-    return out + [dataclasses.replace(c, static_stages=True) for c in out if _static_form(c)]  # (with_static_stages)
+    return out + [dataclasses.replace(c, static_stages=True) for c in out if c.smem_scales]  # (with_static_stages)
 
 
 # ================================================================ the split projection (Flux.2)
@@ -857,7 +852,7 @@ def down_shipped() -> list:
     """Every DownConfig down_config can return (what CI compile-checks)."""
     from .sm90.tile_config import DownConfig
 
-    out = nvfp4_shipped(DownConfig, [dict(residual=r) for r in (False, True)]) + [
+    return nvfp4_shipped(DownConfig, [dict(residual=r) for r in (False, True)]) + [
         DownConfig(tile_m=tile_m, stages=stages, mainloop=mainloop, residual=residual, swap_ab=swap,
                    l2_hint=down_l2_hint(tile_m, swap, mainloop), pdl=pdl)
         for mainloop in (FP8_MAINLOOP, BF16_MAINLOOP)
@@ -867,7 +862,6 @@ def down_shipped() -> list:
         for pdl in _pdl_variants(tile_m, swap, mainloop)
     ] + [DownConfig(tile_m=DOWN_SWAP_TILES[0][0], stages=DOWN_SWAP_TILES[0][1], residual=residual, swap_ab=True,
                     cluster_k=2, pdl=True) for residual in (False, True)]  # down_cluster_k (fp8)
-    return out + [dataclasses.replace(c, static_stages=True) for c in out if _static_form(c)]  # (with_static_stages)
 
 
 def fills_gpu(config, m: int, n: int, sms: int) -> bool:

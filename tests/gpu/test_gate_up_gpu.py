@@ -407,7 +407,7 @@ UNIFORM_CASES = [  # (config fields, mainloop, h_format)
 @pytest.mark.parametrize("fields,mainloop,h_format", UNIFORM_CASES)
 @pytest.mark.parametrize("hidden,inter,m", [(4096, 14336, 1024), (576, 1536, 77)])
 def test_uniform_descriptors_are_the_per_thread_ones_bit_for_bit(hidden, inter, m, fields, mainloop, h_format):
-    """TileConfig.uniform_ab (not dispatched): the wgmma operands sliced by the warpgroup's first thread
+    """TileConfig.uniform_ab (dispatched for fp8 gate_up, D35): the wgmma operands sliced by its first thread
     give h (and h_scale) bit-identical to slicing by each thread's own index."""
     from swiglu_fused.kernels.sm90 import gate_up as k
 

@@ -292,36 +292,8 @@ def test_192_token_tile_is_the_128_token_tile_bit_for_bit(hidden, inter, m, act)
     wt, wst = nvfp4_layout.to_tile_major(w, ws)
     h = {}
     for wide in (False, True):
-        c = dataclasses.replace(cfg, static_stages=False, **dispatch.nvfp4_tile_for(m, wide=wide))
+        c = dataclasses.replace(cfg, **dispatch.nvfp4_tile_for(m, wide=wide))
         h[wide] = torch.full((m, inter), float("nan"), dtype=torch.bfloat16, device="cuda")
         kg.gate_up(c, x, wt, wst, None, gs, out=(h[wide], None), tile_major=True)
     assert torch.equal(h[True], h[False])
     assert_bf16_close(h[True], reference.gate_up(x, w, ws, None, gs, interleave=128, act=act, h_format="bf16")[0], TOL)
-
-
-@pytest.mark.parametrize("tile_major", [False, True])
-@pytest.mark.parametrize("hidden,inter,m,tokens", [(4096, 14336, 1024, 128), (2048, 8192, 300, 128),
-                                                   (8192, 3584, 640, 128), (1536, 1536, 64, 64), (1536, 1536, 40, 64)])
-def test_static_stages_are_the_dynamic_k_loop_bit_for_bit(hidden, inter, m, tokens, tile_major, monkeypatch):
-    """TileConfig.static_stages on the nvfp4 swap-AB tiles with two decode buffers (the 128- and the
-    64-token tile; not dispatched: dispatch.NVFP4_STATIC_STAGES): h equals the dynamic loop's bit for bit (both as whole tiles), every element
-    written (poisoned outputs), over several tiles a CTA, a partial last M tile, both weight orders."""
-    from swiglu_fused.kernels import nvfp4_layout
-    from swiglu_fused.kernels.sm90 import gate_up as kg, schedule
-
-    monkeypatch.setattr(schedule, "plan", lambda tiles, k_tiles, sms, *a, **kw: (max(1, min(tiles, sms)), 0))
-    x, w, ws, gs = gate_up_operands(m, hidden, inter, seed=m + 7)
-    if tile_major:
-        w, ws = nvfp4_layout.to_tile_major(w, ws)
-    tile = next(t for t in dispatch.NVFP4_SWAP_TILES["gate_up"] if t[0] == tokens)
-    cfg = kg.GateUpConfig(mainloop="nvfp4", h_format="bf16", tile_major=tile_major, static_stages=True,
-                          **dispatch._nvfp4_tile(tile))
-    h = {}
-    for static in (True, False):
-        h[static] = torch.full((m, inter), float("nan"), dtype=torch.bfloat16, device="cuda")
-        kg.gate_up(dataclasses.replace(cfg, static_stages=static), x, w, ws, None, gs, out=(h[static], None),
-                   tile_major=tile_major)
-    assert torch.equal(h[True].view(torch.int16), h[False].view(torch.int16))
-    xr, wr, wsr, _ = gate_up_operands(m, hidden, inter, seed=m + 7)
-    assert_bf16_close(h[True], reference.gate_up(xr, wr, wsr, None, gs, interleave=128, act="silu", h_format="bf16")[0],
-                      TOL)

@@ -151,8 +151,6 @@ class Nvfp4Mixin:
         tiled_mma.set(cute.nvgpu.warpgroup.Field.ACCUMULATE, True)
         mma = (tiled_mma, acc, tW, tX, num_k_blocks)
         regs = cute.make_rmem_tensor(cute.make_layout(9), Int32)  # 8 packed words, the scale word
-        if cutlass.const_expr(self.cfg.static_stages):
-            return self._mainloop_nvfp4_static(mainloop, state, release, mma, bar, dec, regs, kb0, kb1)
         mainloop.consumer_wait(state)
         self._load_packed(dec, state.index, regs)
         if cutlass.const_expr(self.cfg.decode_buffers == 1):
@@ -181,39 +179,6 @@ class Nvfp4Mixin:
         mainloop.consumer_release(release)
         release.advance()
         return state, release
-
-    @cute.jit
-    def _mainloop_nvfp4_static(self, mainloop, state, release, mma, bar, dec: DecodeOperands, regs, kb0, kb1):
-        """_mainloop_nvfp4's two-buffer loop a ring of stages at a time (TileConfig.static_stages: every
-        segment starts at stage 0 and spans whole rings of an even number of stages): stage s and
-        decode buffer s % 2 are compile-time constants, so the packed-tile, scale and decode-buffer
-        addresses and the wgmma descriptors are fixed offsets; only the phase is carried. The same
-        order as there: decode tile kt, load tile kt + 1's words, wait for wgmma kt - 1, release its
-        stage, issue wgmma kt."""
-        stages = self.cfg.stages
-        phase = state.phase
-        mainloop.consumer_wait(pipeline.PipelineState(stages, state.count, Int32(0), phase))
-        self._load_packed(dec, 0, regs)
-        for kt in cutlass.range(kb0, kb1, stages, unroll=1):
-            for s in cutlass.range_constexpr(stages):
-                self._decode_regs(dec, regs, s % 2)
-                if cutlass.const_expr(s + 1 < stages):
-                    mainloop.consumer_wait(pipeline.PipelineState(stages, state.count, Int32(s + 1), phase))
-                    self._load_packed(dec, s + 1, regs)
-                elif kt + stages < kb1:  # the next ring's first tile
-                    mainloop.consumer_wait(pipeline.PipelineState(stages, state.count, Int32(0), phase ^ 1))
-                    self._load_packed(dec, 0, regs)
-                cute.nvgpu.warpgroup.wait_group(0)  # wgmma kt + s - 1: done with its decode buffer and stage
-                before = pipeline.PipelineState(stages, state.count, Int32((s - 1) % stages), phase)
-                if cutlass.const_expr(s > 0):
-                    mainloop.consumer_release(before)
-                elif kt > kb0:
-                    mainloop.consumer_release(before)
-                self._issue_decoded(mma, bar, s, s % 2)
-            phase = phase ^ 1
-        cute.nvgpu.warpgroup.wait_group(0)
-        mainloop.consumer_release(pipeline.PipelineState(stages, state.count, Int32(stages - 1), phase))
-        return self._after_rings(state, kb1 - kb0), self._after_rings(release, kb1 - kb0)
 
     @cute.jit
     def _mainloop_one_buffer(self, mainloop, state, release, mma, bar, dec: DecodeOperands, regs, kb0, kb1):

@@ -130,18 +130,16 @@ class TileConfig:
     # before it decodes tile kt + 1, and the two warpgroups, no longer in step, decode in turn
     # (the 16-token tile: 1-7 % faster, DISPATCH D30)
     decode_buffers: int = 2
-    # the fp8 128-row tile with smem_scales (and the nvfp4 mainloop with two decode buffers: not yet
-    # run on a GPU, not dispatched: dispatch.NVFP4_STATIC_STAGES),
-    # as whole tiles whose k tiles are a whole number of rings of stages (check_k refuses other K):
-    # the k loop steps a ring at a time with its stages unrolled, so every stage index, barrier and
-    # wgmma descriptor is a compile-time offset (mainloop._mainloop_fp8_halves_static,
-    # nvfp4._mainloop_nvfp4_static; DeepGEMM's k loop is unrolled this way: history/deepgemm.md;
-    # DISPATCH D34). The bf16 mainloop's form measured level and was taken out.
+    # the fp8 128-row tile with smem_scales, as whole tiles whose k tiles are a whole number of rings
+    # of stages (check_k refuses other K): the k loop steps a ring at a time with its stages
+    # unrolled, so every stage index, barrier and wgmma descriptor is a compile-time offset
+    # (mainloop._mainloop_fp8_halves_static; DeepGEMM's k loop is unrolled this way:
+    # history/deepgemm.md; DISPATCH D34). The bf16 mainloop's form measured level and was taken out.
     static_stages: bool = False
     # the wgmma's smem operands sliced by a warp-uniform index (the warpgroup's first thread), so that
     # their descriptors are built in uniform registers: no R2UR before each QGMMA (SASS: the static
-    # fp8 k tile 196 -> 172 instructions; nvfp4's 128-token tile 36 -> 5 R2UR). Not yet run on a GPU
-    # (history/deepgemm.md says what to measure), so off; False: sliced by the thread's own index.
+    # fp8 k tile 196 -> 172 instructions; nvfp4's 128-token tile 36 -> 5 R2UR). Dispatched for the fp8
+    # mainloop's gate_up (dispatch.uniform_ab_applies, D35); False: sliced by the thread's own index.
     uniform_ab: bool = False
 
     # the epilogue and the bytes per element of the staged output (set by subclasses)
@@ -190,9 +188,8 @@ class TileConfig:
             raise ValueError(f"{name}.split_unroll: expected 1, 2, 3, 4, 6 or 8 k tiles, got {self.split_unroll}")
         if self.smem_scales and (not self.fp8 or self.tile_m != 128 or self.swap_ab):
             raise ValueError(f"{name}.smem_scales: the fp8 mainloop's 128-row tile only; got {self}")
-        if self.static_stages and not self.static_stages_fit:
-            raise ValueError(f"{name}.static_stages: the fp8 128-row tile with smem_scales, or the nvfp4 mainloop "
-                             f"with two decode buffers and an even number of stages; got {self}")
+        if self.static_stages and not self.smem_scales:
+            raise ValueError(f"{name}.static_stages: the fp8 128-row tile with smem_scales only; got {self}")
         if self.tile_major and not self.nvfp4:
             raise ValueError(f"{name}.tile_major: the nvfp4 mainloop's weight layout only; got {self}")
         if self.decode_buffers not in DECODE_BUFFERS or (self.decode_buffers == 1 and not (self.nvfp4 and self.swap_ab)):
@@ -225,12 +222,6 @@ class TileConfig:
         if self.nvfp4:
             return self.stages * self.tile_n
         return self.stages * (self.tile_m + 2) if self.smem_scales else 4
-
-    @property
-    def static_stages_fit(self) -> bool:
-        """Whether this tile has a static_stages form: the fp8 128-row tile with smem_scales, or the
-        nvfp4 mainloop with two decode buffers (each stage's buffer is then fixed) and even stages."""
-        return self.smem_scales or (self.nvfp4 and self.decode_buffers == 2 and self.stages % 2 == 0)
 
     def check_k(self, k: int, op: str) -> None:
         """Refuses a K this config cannot run, before any GPU work: static_stages steps K a ring of
