@@ -378,11 +378,24 @@ def intermediate_problem(intermediate: int, fmt: WeightFormat) -> str | None:
         return f"the intermediate size I must be a positive integer, found {intermediate!r:.60}"
     problem = fmt.size_problem("I", intermediate)
     if problem:
-        return f"{problem} (down_proj's columns); choose --format fp8_block128 or bf16"
+        return f"{problem} (down_proj's columns); choose {_formats_that_hold(intermediate, fmt)}"
     if intermediate % fmt.interleave_multiple:
         return (f"I = {intermediate} is not a multiple of {fmt.interleave_multiple}, which format {fmt.name} "
-                "needs for whole 128-row scale blocks; choose --format bf16 or nvfp4")
+                f"needs for whole 128-row scale blocks; choose {_formats_that_hold(intermediate, fmt)}")
     return None
+
+
+def _formats_that_hold(intermediate: int, fmt: WeightFormat) -> str:
+    """The flags of every other format that can hold I, each with the interleave it needs when the
+    default does not divide I ("--format bf16 --interleave 100 or --format nvfp4 --interleave 100"),
+    so that one run of the suggestion converts."""
+    flags = []
+    for other in WEIGHT_FORMATS.values():
+        if other is fmt or other.size_problem("I", intermediate) or intermediate % other.interleave_multiple:
+            continue
+        g = suggest_interleaves(intermediate, other.interleave_multiple)[0]
+        flags.append(f"--format {other.name}" + ("" if g == DEFAULT_INTERLEAVE else f" --interleave {g}"))
+    return " or ".join(flags) or "another model: no format holds it"
 
 
 def suggest_interleaves(intermediate: int, multiple: int | WeightFormat = 1) -> list[int]:

@@ -162,6 +162,23 @@ def test_intermediate_not_a_multiple_of_g_names_a_g_that_works(tmp_path):
     convert(src, tmp_path / "ok", weight_format="bf16", interleave=64, progress=False)
 
 
+def test_a_format_that_cannot_hold_i_names_whole_flags_that_convert(tmp_path, capsys):
+    """fp8_block128 cannot hold I = 320: the refusal names each other format with the interleave it
+    needs, and each suggestion converts in one run (it used to name the formats only, and the run
+    with one of them was refused again for the interleave)."""
+    import re
+
+    from swiglu_fused.cli import main
+
+    src = tmp_path / "src"
+    make_causal_lm(src, inter=320)
+    assert main(["convert", str(src), str(tmp_path / "dst"), "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert "choose --format bf16 --interleave 160 or --format nvfp4 --interleave 160" in err, err
+    for i, flags in enumerate(re.search(r"choose (.*)$", err.strip()).group(1).split(" or ")):
+        assert main(["convert", str(src), str(tmp_path / f"ok{i}"), "--no-progress", *flags.split()]) == 0
+
+
 def test_fp8_source_with_other_block_size(tmp_path):
     import shutil
 

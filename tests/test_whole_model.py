@@ -163,6 +163,32 @@ def test_a_source_tensor_without_a_home_fails_verify(tmp_path, capsys, stray):
     assert not (tmp_path / "again").exists()
 
 
+@pytest.mark.parametrize("stray", ["model.layers.0.self_attn.q_proj.weight_zero_point",  # beside a packed linear
+                                   "model.extra_head.weight",  # a module the source never had
+                                   "model.layers.1.mlp.down_proj.bias"])  # beside a packed MLP projection
+def test_a_packed_tensor_the_source_never_had_fails_verify(tmp_path, capsys, stray):
+    """The other direction of the test above: a tensor in the packed checkpoint that is neither a
+    source tensor's home nor a packed projection's (added after the conversion, or left by another
+    tool) fails verify --against, named with its file."""
+    dst = tmp_path / "dst"
+    convert(FP8_DATA, dst, progress=False)
+    shard = sio.checkpoint_files(dst)[-1]
+    tensors = {k: v.clone() for k, v in sio.load_file(shard).items()}
+    tensors[stray] = torch.tensor(0.5)
+    sio.write_file(tensors, shard, sio.read_header(shard).metadata)
+    index = dst / "model.safetensors.index.json"
+    if index.exists():
+        body = json.loads(index.read_text())
+        body["weight_map"][stray] = shard.name
+        index.write_text(json.dumps(body))
+    checked = verify(dst, against=FP8_DATA)
+    assert not checked.ok and any(v.tensor == stray and "not from the source" in v.message
+                                  for v in checked.violations), checked.summary()
+    assert main(["verify", str(dst), "--against", str(FP8_DATA)]) == 1
+    out = capsys.readouterr().out
+    assert stray in out and shard.name in out and "Traceback" not in out
+
+
 def test_a_copied_tensor_that_changed_fails_verify(tmp_path):
     """Tensors the source left unquantized must be bit-equal in the packed checkpoint."""
     dst = tmp_path / "dst"

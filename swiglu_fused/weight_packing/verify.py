@@ -183,9 +183,11 @@ def _check_rest(report: VerifyReport, ckpt: PackedCheckpoint, src_file_of: Mappi
     the packed format (``linears``; bit-exact where bytes were moved, else within the format's
     bound; a plain bf16 weight when the format is bf16), minus the activation scales the
     weight-only format drops. Anything else is a violation naming the source tensor; so is a
-    tensor of the MLPs' projections that their producer's layout does not know."""
+    tensor of the MLPs' projections that their producer's layout does not know, and a packed tensor
+    that is none of these homes (_foreign)."""
     cfg, dst = ckpt.config, ckpt.path
     fmt = formats.weight_format(cfg.weight_format)
+    homes = {n for n in src_file_of if n.rsplit(".", 1)[0] not in mlp_projections}  # (copied, or a linear's)
     by_prefix: dict[str, list[str]] = {}
     for n in src_file_of:
         by_prefix.setdefault(n.rsplit(".", 1)[0], []).append(n)
@@ -217,6 +219,7 @@ def _check_rest(report: VerifyReport, ckpt: PackedCheckpoint, src_file_of: Mappi
                     report.checks.append(Check(n, "copied", "bit-exact", float("nan"), 0.0, False))
             continue
         known = {*layout.names.values(), *layout.dropped, "bias"}
+        homes |= {f"{prefix}.{suffix}" for suffix in fmt.tensors(1, 2, 1)}
         for n in sorted(names):
             if n.rsplit(".", 1)[1] not in known:
                 homeless(n, f"a tensor of the {layout.producer} quantized linear {prefix} that no format uses")
@@ -240,6 +243,27 @@ def _check_rest(report: VerifyReport, ckpt: PackedCheckpoint, src_file_of: Mappi
                 homeless(f"{prefix}.bias", "missing from the packed checkpoint")
             elif not _same_bytes(got, bias):
                 report.checks.append(Check(prefix, "bias", "bit-exact", float("nan"), 0.0, False))
+    _foreign(report, ckpt, homes)
+
+
+def _foreign(report: VerifyReport, ckpt: PackedCheckpoint, homes: set[str]) -> None:
+    """A packed tensor that is neither a home of a source tensor (``homes``: the copies and the
+    linears' packed tensors) nor one of its format's tensors of a listed packed MLP or split
+    projection came from somewhere else (added after the conversion, or by another tool): a
+    violation naming it and its file. (validate checks that the format's tensors are there, not
+    that nothing else is.)"""
+    cfg = ckpt.config
+    fmt = formats.weight_format(cfg.weight_format)
+    suffixes = {f"{m}.{p}": fmt.tensors(256, 256, halves) for m in cfg.modules
+                for p, halves in ((formats.GATE_UP, 2), (formats.DOWN, 1))}
+    suffixes.update({f"{s}.{formats.SPLIT}": fmt.tensors(256, 256, len(formats.SPLIT_SEGMENTS))
+                     for s in cfg.split_projections})
+    for n in sorted(ckpt.file_of):
+        prefix, _, suffix = n.rpartition(".")
+        if n not in homes and suffix not in suffixes.get(prefix, {}):
+            report.violations.append(formats.Violation(str(ckpt.file_of[n]), n, None,
+                                                       "is not from the source: neither one of its tensors nor "
+                                                       "one of the packed projections' tensors"))
 
 
 def _value_problems(ckpt: PackedCheckpoint) -> list[formats.Violation]:
