@@ -143,15 +143,9 @@ class MainloopMixin:
     def _mainloop_fp8_halves(self, mainloop, state, release, ops: RowOperands, acc, work: TileWork):
         """Per k tile and per B half: the chain into temp (promote_k at a time), then its promotion."""
         cfg = self.cfg
-        mAS, mWS, m, ws_last, r0 = ops.mAS, ops.mWS, ops.m, ops.ws_last, ops.r0
-        storage = ops.storage
-        tn, kb0, kb1, row_a, row_b = work.tn, work.kb0, work.kb1, work.row_a, work.row_b
-        # rows past M read the last row's scale (their A rows are TMA zero-fill)
-        arow_a = cutlass.min(row_a, m - 1)
-        arow_b = cutlass.min(row_b, m - 1)
-        # weight rows past N (partial last tile) read the last scale row (their B rows are zero-fill)
-        wrow_0 = cutlass.min(self._w_block(tn), ws_last)
-        wrow_1 = cutlass.min(self._w_block(tn) + 1, ws_last)
+        mAS, mWS, r0, storage = ops.mAS, ops.mWS, ops.r0, ops.storage
+        kb0, kb1 = work.kb0, work.kb1
+        arow_a, arow_b, wrow_0, wrow_1 = self._scale_rows(ops, work)
         # scales of k block kt are loaded one iteration ahead (global-load latency), or
         # (smem_scales) read from the stage once it is full: the producer staged them
         na_a = na_b = nw_0 = nw_1 = Float32(0.0)
@@ -187,11 +181,14 @@ class MainloopMixin:
 
     @cute.jit
     def _mainloop_fp8_halves_static(self, mainloop, state, release, ops: RowOperands, acc, work: TileWork):
-        """_mainloop_fp8_halves (smem_scales) where every segment starts at stage 0 and spans a whole
-        number of rings (TileConfig.static_stages): the k loop steps a ring at a time and unrolls its
-        stages, so each k tile's stage is a compile-time constant: its wgmma descriptors, barrier and
-        scale addresses are fixed offsets from the ring's base, and only the phase is carried."""
+        """_mainloop_fp8_halves where every segment starts at stage 0 and spans a whole number of
+        rings (TileConfig.static_stages): the k loop steps a ring at a time and unrolls its stages,
+        so each k tile's stage is a compile-time constant: its wgmma descriptors, barrier and
+        scale addresses are fixed offsets from the ring's base, and only the phase is carried. The
+        scales staged beside the stage (smem_scales), or loaded from global memory (_static_global)."""
         cfg = self.cfg
+        if cutlass.const_expr(not cfg.smem_scales):
+            return self._mainloop_fp8_halves_static_global(mainloop, state, release, ops, acc, work)
         r0 = ops.r0
         sScl = ops.storage.scl.get_tensor(self._scale_layout())
         phase = state.phase
@@ -200,6 +197,28 @@ class MainloopMixin:
                 stage = pipeline.PipelineState(cfg.stages, state.count, Int32(s), phase)
                 mainloop.consumer_wait(stage)
                 self._halves(ops, acc, s, (sScl[s, r0], sScl[s, r0 + 8]), (sScl[s, cfg.tile_m], sScl[s, cfg.tile_m + 1]))
+                mainloop.consumer_release(stage)
+            phase = phase ^ 1
+        return self._after_rings(state, work.kb1 - work.kb0), release
+
+    @cute.jit
+    def _mainloop_fp8_halves_static_global(self, mainloop, state, release, ops: RowOperands, acc, work: TileWork):
+        """_mainloop_fp8_halves_static without smem_scales (down's tile: its y staging leaves no smem
+        for the scales; not dispatched, history/down.md): each k tile's scales loaded from global
+        memory before its stage's wait; its first chain runs before the promotion needs them.
+        (Loaded a k tile ahead, as _mainloop_fp8_halves does, the unrolled ring spills; so does this
+        one without TileConfig.uniform_ab.)"""
+        cfg = self.cfg
+        mAS, mWS = ops.mAS, ops.mWS
+        arow_a, arow_b, wrow_0, wrow_1 = self._scale_rows(ops, work)
+        phase = state.phase
+        for kt in cutlass.range(work.kb0, work.kb1, cfg.stages, unroll=1):
+            for s in cutlass.range_constexpr(cfg.stages):
+                a_scales = (mAS[arow_a, kt + s], mAS[arow_b, kt + s])
+                w_scales = (mWS[wrow_0, kt + s], mWS[wrow_1, kt + s])
+                stage = pipeline.PipelineState(cfg.stages, state.count, Int32(s), phase)
+                mainloop.consumer_wait(stage)
+                self._halves(ops, acc, s, a_scales, w_scales)
                 mainloop.consumer_release(stage)
             phase = phase ^ 1
         return self._after_rings(state, work.kb1 - work.kb0), release
@@ -321,6 +340,14 @@ class MainloopMixin:
         return state, release
 
     # trace-time helpers of the fp8 mainloops (plain Python, inlined where called)
+    def _scale_rows(self, ops: RowOperands, work: TileWork):
+        """(x scale row of row a, of row b, weight scale row of half 0, of half 1) for this thread's
+        rows of the tile: rows past M read the last row's scale (their A rows are TMA zero-fill),
+        weight rows past N (a partial last tile) the last scale row (their B rows are zero-fill)."""
+        m, ws_last, tn = ops.m, ops.ws_last, work.tn
+        return (cutlass.min(work.row_a, m - 1), cutlass.min(work.row_b, m - 1),
+                cutlass.min(self._w_block(tn), ws_last), cutlass.min(self._w_block(tn) + 1, ws_last))
+
     def _halves(self, ops: RowOperands, acc, stage, a_scales, w_scales):
         """The halves schedule's k tile in ``stage``: per B half, its chain into temp (promote_k at a
         time), then its promotion with (row a, row b) x scales times that half's weight scale."""
