@@ -376,12 +376,19 @@ def intermediate_problem(intermediate: int, fmt: WeightFormat) -> str | None:
     """Why no interleave at all can hold an intermediate size I in this format, or None."""
     if not _is_positive_int(intermediate):
         return f"the intermediate size I must be a positive integer, found {intermediate!r:.60}"
+    problem = _holding_problem(intermediate, fmt)
+    return problem and f"{problem}; choose {_formats_that_hold(intermediate, fmt)}"
+
+
+def _holding_problem(intermediate: int, fmt: WeightFormat) -> str | None:
+    """Why this format cannot hold a positive I at any interleave (intermediate_problem without its
+    suggestion), or None."""
     problem = fmt.size_problem("I", intermediate)
     if problem:
-        return f"{problem} (down_proj's columns); choose {_formats_that_hold(intermediate, fmt)}"
+        return f"{problem} (down_proj's columns)"
     if intermediate % fmt.interleave_multiple:
         return (f"I = {intermediate} is not a multiple of {fmt.interleave_multiple}, which format {fmt.name} "
-                f"needs for whole 128-row scale blocks; choose {_formats_that_hold(intermediate, fmt)}")
+                "needs for whole 128-row scale blocks")
     return None
 
 
@@ -391,7 +398,7 @@ def _formats_that_hold(intermediate: int, fmt: WeightFormat) -> str:
     so that one run of the suggestion converts."""
     flags = []
     for other in WEIGHT_FORMATS.values():
-        if other is fmt or other.size_problem("I", intermediate) or intermediate % other.interleave_multiple:
+        if other is fmt or _holding_problem(intermediate, other):
             continue
         g = suggest_interleaves(intermediate, other.interleave_multiple)[0]
         flags.append(f"--format {other.name}" + ("" if g == DEFAULT_INTERLEAVE else f" --interleave {g}"))

@@ -253,14 +253,12 @@ def _foreign(report: VerifyReport, ckpt: PackedCheckpoint, homes: set[str]) -> N
     violation naming it and its file. (validate checks that the format's tensors are there, not
     that nothing else is.)"""
     cfg = ckpt.config
-    fmt = formats.weight_format(cfg.weight_format)
-    suffixes = {f"{m}.{p}": fmt.tensors(256, 256, halves) for m in cfg.modules
-                for p, halves in ((formats.GATE_UP, 2), (formats.DOWN, 1))}
-    suffixes.update({f"{s}.{formats.SPLIT}": fmt.tensors(256, 256, len(formats.SPLIT_SEGMENTS))
-                     for s in cfg.split_projections})
+    suffixes = set(formats.weight_format(cfg.weight_format).tensors(2, 2, 1))  # (the same names for every projection)
+    packed = ({f"{m}.{p}" for m in cfg.modules for p in (formats.GATE_UP, formats.DOWN)}
+              | {f"{s}.{formats.SPLIT}" for s in cfg.split_projections})
     for n in sorted(ckpt.file_of):
         prefix, _, suffix = n.rpartition(".")
-        if n not in homes and suffix not in suffixes.get(prefix, {}):
+        if n not in homes and not (prefix in packed and suffix in suffixes):
             report.violations.append(formats.Violation(str(ckpt.file_of[n]), n, None,
                                                        "is not from the source: neither one of its tensors nor "
                                                        "one of the packed projections' tensors"))

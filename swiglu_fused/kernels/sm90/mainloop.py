@@ -345,6 +345,8 @@ class MainloopMixin:
         rows of the tile: rows past M read the last row's scale (their A rows are TMA zero-fill),
         weight rows past N (a partial last tile) the last scale row (their B rows are zero-fill)."""
         m, ws_last, tn = ops.m, ops.ws_last, work.tn
+        # (_w_block called twice, as the loop this came from did: the shipped configs' PTX stays as
+        # it was, benchmarks/ptx_md5)
         return (cutlass.min(work.row_a, m - 1), cutlass.min(work.row_b, m - 1),
                 cutlass.min(self._w_block(tn), ws_last), cutlass.min(self._w_block(tn) + 1, ws_last))
 
