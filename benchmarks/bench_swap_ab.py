@@ -22,7 +22,7 @@ import torch
 from benchmarks import harness as b
 from swiglu_fused import quant
 from swiglu_fused.kernels import cublas, reference
-from swiglu_fused.kernels.sm90 import down as kd, gate_up as kg, gemm, schedule
+from swiglu_fused.kernels.sm90 import down as kd, gate_up as kg, schedule
 
 
 def forced(split):
@@ -117,13 +117,13 @@ def main():
             try:
                 psets = sets
                 if gu and bf16:
-                    gemm = lambda x, xs, w, ws: x @ w.t()  # noqa: E731
+                    peer = lambda x, xs, w, ws: x @ w.t()  # noqa: E731
                 elif gu:
-                    gemm, _ = b.cublas_gemm(*sets[0])
+                    peer, _ = b.cublas_gemm(*sets[0])
                     psets = b.peer_sets(sets)
                 else:
-                    gemm = lambda hq, hs, wq, ws: cublas.down(hq, wq, ws, hs, None, torch.bfloat16)  # noqa: E731
-                t_cublas = b.graph_time_us(b.cycling(gemm, psets), a.iters)
+                    peer = lambda hq, hs, wq, ws: cublas.down(hq, wq, ws, hs, None, torch.bfloat16)  # noqa: E731
+                t_cublas = b.graph_time_us(b.cycling(peer, psets), a.iters)
                 del psets
             except RuntimeError:  # cuBLAS's block-scaled GEMM takes no M = 1
                 t_cublas = None
@@ -142,7 +142,7 @@ def main():
                     else:
                         err = y_error(cfg, sets[0])
                         fn = b.cycling(lambda h, hs_, w, ws_, c=cfg: kd.down(c, h, w, ws_, hs_), sets)
-                    ctas, sk, _, _ = gemm.launch_plan(cfg, m, n, k, sets[0][0].device)
+                    ctas, sk, _, _ = schedule.launch_plan(cfg, m, n, k, sets[0][0].device)
                     runs.append((name, cfg, err, b.capture(fn), ctas, sk))
             # then timed in turn, --rounds times, so that drift reaches every variant alike
             times = {name: [] for name, *_ in runs}

@@ -162,13 +162,14 @@ def test_gate_up_errors_name_the_argument():
 
 
 def test_static_stages_take_only_whole_rings_of_k():
-    """TileConfig.static_stages (the fp8 mainloop's 128-row tile only) steps K a ring of stages at a
-    time: a K that is not whole rings is refused by name before any GPU work."""
+    """TileConfig.static_stages (the fp8 128-row tile with smem_scales only) steps K a ring of stages at
+    a time: a K that is not whole rings is refused by name before any GPU work."""
     pytest.importorskip("cutlass")
     from swiglu_fused.kernels.sm90 import gate_up as kg
 
-    for fields in (dict(tile_m=64), dict(tile_m=16, swap_ab=True), dict(tile_m=128, mainloop="bf16")):
-        with pytest.raises(ValueError, match="static_stages: the fp8 mainloop's 128-row tile only"):
+    for fields in (dict(tile_m=64), dict(tile_m=16, swap_ab=True), dict(tile_m=128, mainloop="bf16"),
+                   dict(tile_m=128)):
+        with pytest.raises(ValueError, match="static_stages: the fp8 128-row tile with smem_scales only"):
             kg.GateUpConfig(stages=4, static_stages=True, **fields)
     cfg = kg.GateUpConfig(tile_m=128, stages=4, smem_scales=True, static_stages=True)
     assert cfg.whole_tiles
@@ -202,18 +203,6 @@ def test_static_stages_follow_k_and_the_stream_k_plan(monkeypatch):
     assert dispatch.with_static_stages(pair, 4096, 28672, 4096, Cuda()).static_stages
     monkeypatch.setattr(dispatch, "STATIC_STAGES", False)
     assert not dispatch.with_static_stages(pair, 4096, 28672, 4096, Cuda()).static_stages
-
-
-def test_static_stages_without_smem_scales_need_uniform_operand_slices():
-    """The static form of down's fp8 128-row tile, its scales from global memory (not dispatched:
-    history/down.md), needs uniform_ab: without it the unrolled ring spills registers."""
-    pytest.importorskip("cutlass")
-    from swiglu_fused.kernels.sm90.tile_config import DownConfig
-
-    assert DownConfig(tile_m=128, stages=4, static_stages=True, uniform_ab=True).whole_tiles
-    with pytest.raises(ValueError, match="static_stages without smem_scales needs uniform_ab"):
-        DownConfig(tile_m=128, stages=4, static_stages=True)
-    assert not any(c.static_stages and not c.smem_scales for c in dispatch.gate_up_shipped() + dispatch.down_shipped())
 
 
 def test_down_errors_name_the_argument():
@@ -429,10 +418,6 @@ def _shipped():
         # the register count fixed at entry (TileConfig.ctas_per_sm; to be measured): nvfp4 down with PDL
         + [("down", down.DownConfig(tile_m=16, stages=6, mainloop="nvfp4", swap_ab=True, tile_major=True,
                                     decode_buffers=1, pdl=True, ctas_per_sm=1), down.compile_down)]
-        # not yet run on a GPU, not dispatched: the static k loop of down's fp8 128-row tile, its scales
-        # from global memory (history/down.md)
-        + [("down", down.DownConfig(tile_m=128, stages=4, residual=True, static_stages=True, uniform_ab=True),
-            down.compile_down)]
         # measured, not dispatched: the wgmma operands sliced by a warp-uniform index (TileConfig.uniform_ab)
         # on the bf16 and nvfp4 mainloops (D35)
         + [("gate_up", gate_up.GateUpConfig(uniform_ab=True, **f), gate_up.compile_gate_up) for f in (

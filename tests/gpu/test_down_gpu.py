@@ -188,25 +188,3 @@ def test_l2_hint_changes_no_bit(hidden, inter, m):
         ys.append(k.down(c, args["h"], args["weight"], args["weight_scale"], args["h_scale"], None, out=y))
     assert torch.equal(ys[0], ys[1])
     assert_bf16_close(ys[0], reference.down(**args))
-
-
-@pytest.mark.parametrize("residual", [False, True])
-@pytest.mark.parametrize("hidden,inter,m", [(4096, 14336, 1024), (8192, 3584, 4097), (2048, 8192, 300), (576, 512, 77)])
-def test_static_stages_with_global_scales_are_the_dynamic_k_loop_bit_for_bit(hidden, inter, m, residual, monkeypatch):
-    """TileConfig.static_stages on down's fp8 128-row tile, whose scales come from global memory (no
-    smem_scales; with uniform_ab; not dispatched: history/down.md): y equals the dynamic
-    loop's bit for bit (both as whole tiles), every element written (poisoned outputs), over several
-    tiles a CTA, a ragged M, the residual, and a K of one ring (512)."""
-    import dataclasses
-
-    from swiglu_fused.kernels.sm90 import down as k, schedule
-
-    monkeypatch.setattr(schedule, "plan", lambda tiles, k_tiles, sms, *a, **kw: (max(1, min(tiles, sms)), 0))
-    args = make_operands(m, hidden, inter, "fp8_block128", residual, seed=m + 41)
-    cfg = k.DownConfig(tile_m=128, stages=4, residual=residual, static_stages=True, uniform_ab=True)
-    ys = []
-    for c in (cfg, dataclasses.replace(cfg, static_stages=False)):
-        y = torch.full((m, hidden), float("nan"), dtype=torch.bfloat16, device="cuda")
-        ys.append(k.down(c, args["h"], args["weight"], args["weight_scale"], args["h_scale"], args["residual"], out=y))
-    assert torch.equal(ys[0].view(torch.int16), ys[1].view(torch.int16))
-    assert_bf16_close(ys[0], reference.down(**args))

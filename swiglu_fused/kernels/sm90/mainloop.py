@@ -181,14 +181,11 @@ class MainloopMixin:
 
     @cute.jit
     def _mainloop_fp8_halves_static(self, mainloop, state, release, ops: RowOperands, acc, work: TileWork):
-        """_mainloop_fp8_halves where every segment starts at stage 0 and spans a whole number of
-        rings (TileConfig.static_stages): the k loop steps a ring at a time and unrolls its stages,
-        so each k tile's stage is a compile-time constant: its wgmma descriptors, barrier and
-        scale addresses are fixed offsets from the ring's base, and only the phase is carried. The
-        scales staged beside the stage (smem_scales), or loaded from global memory (_static_global)."""
+        """_mainloop_fp8_halves (smem_scales) where every segment starts at stage 0 and spans a whole
+        number of rings (TileConfig.static_stages): the k loop steps a ring at a time and unrolls its
+        stages, so each k tile's stage is a compile-time constant: its wgmma descriptors, barrier and
+        scale addresses are fixed offsets from the ring's base, and only the phase is carried."""
         cfg = self.cfg
-        if cutlass.const_expr(not cfg.smem_scales):
-            return self._mainloop_fp8_halves_static_global(mainloop, state, release, ops, acc, work)
         r0 = ops.r0
         sScl = ops.storage.scl.get_tensor(self._scale_layout())
         phase = state.phase
@@ -197,28 +194,6 @@ class MainloopMixin:
                 stage = pipeline.PipelineState(cfg.stages, state.count, Int32(s), phase)
                 mainloop.consumer_wait(stage)
                 self._halves(ops, acc, s, (sScl[s, r0], sScl[s, r0 + 8]), (sScl[s, cfg.tile_m], sScl[s, cfg.tile_m + 1]))
-                mainloop.consumer_release(stage)
-            phase = phase ^ 1
-        return self._after_rings(state, work.kb1 - work.kb0), release
-
-    @cute.jit
-    def _mainloop_fp8_halves_static_global(self, mainloop, state, release, ops: RowOperands, acc, work: TileWork):
-        """_mainloop_fp8_halves_static without smem_scales (down's tile: its y staging leaves no smem
-        for the scales; not dispatched, history/down.md): each k tile's scales loaded from global
-        memory before its stage's wait; its first chain runs before the promotion needs them.
-        (Loaded a k tile ahead, as _mainloop_fp8_halves does, the unrolled ring spills; so does this
-        one without TileConfig.uniform_ab.)"""
-        cfg = self.cfg
-        mAS, mWS = ops.mAS, ops.mWS
-        arow_a, arow_b, wrow_0, wrow_1 = self._scale_rows(ops, work)
-        phase = state.phase
-        for kt in cutlass.range(work.kb0, work.kb1, cfg.stages, unroll=1):
-            for s in cutlass.range_constexpr(cfg.stages):
-                a_scales = (mAS[arow_a, kt + s], mAS[arow_b, kt + s])
-                w_scales = (mWS[wrow_0, kt + s], mWS[wrow_1, kt + s])
-                stage = pipeline.PipelineState(cfg.stages, state.count, Int32(s), phase)
-                mainloop.consumer_wait(stage)
-                self._halves(ops, acc, s, a_scales, w_scales)
                 mainloop.consumer_release(stage)
             phase = phase ^ 1
         return self._after_rings(state, work.kb1 - work.kb0), release

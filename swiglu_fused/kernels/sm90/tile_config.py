@@ -130,15 +130,12 @@ class TileConfig:
     # before it decodes tile kt + 1, and the two warpgroups, no longer in step, decode in turn
     # (the 16-token tile: 1-7 % faster, DISPATCH D30)
     decode_buffers: int = 2
-    # the fp8 128-row tile, as whole tiles whose k tiles are a whole number of rings of stages
-    # (check_k refuses other K): the k loop steps a ring at a time with its stages unrolled, so
-    # every stage index, barrier and wgmma descriptor is a compile-time offset
+    # the fp8 128-row tile with smem_scales, as whole tiles whose k tiles are a whole number of rings
+    # of stages (check_k refuses other K): the k loop steps a ring at a time with its stages
+    # unrolled, so every stage index, barrier and wgmma descriptor is a compile-time offset
     # (mainloop._mainloop_fp8_halves_static; DeepGEMM's k loop is unrolled this way:
-    # history/deepgemm.md; DISPATCH D34: gate_up's tile with smem_scales). Without smem_scales (down's
-    # tile, whose y staging leaves no room for them) the scales come from global memory, and
-    # uniform_ab is needed; not yet run on a GPU, and cuBLAS takes down's 128-row tile anyway
-    # (DISPATCH D15), so not dispatched: history/down.md says what to measure.
-    # The bf16 mainloop's form measured level and was taken out.
+    # history/deepgemm.md; DISPATCH D34). The bf16 mainloop's form measured level and was taken out,
+    # and so was down's tile with its scales from global memory (history/down.md).
     static_stages: bool = False
     # the wgmma's smem operands sliced by a warp-uniform index (the warpgroup's first thread), so that
     # their descriptors are built in uniform registers: no R2UR before each QGMMA (SASS: the static
@@ -192,11 +189,8 @@ class TileConfig:
             raise ValueError(f"{name}.split_unroll: expected 1, 2, 3, 4, 6 or 8 k tiles, got {self.split_unroll}")
         if self.smem_scales and (not self.fp8 or self.tile_m != 128 or self.swap_ab):
             raise ValueError(f"{name}.smem_scales: the fp8 mainloop's 128-row tile only; got {self}")
-        if self.static_stages and not self.static_stages_fit:
-            raise ValueError(f"{name}.static_stages: the fp8 mainloop's 128-row tile only; got {self}")
-        if self.static_stages and not self.smem_scales and not self.uniform_ab:
-            raise ValueError(f"{name}.static_stages without smem_scales needs uniform_ab (the unrolled ring spills "
-                             f"registers without it); got {self}")
+        if self.static_stages and not self.smem_scales:
+            raise ValueError(f"{name}.static_stages: the fp8 128-row tile with smem_scales only; got {self}")
         if self.tile_major and not self.nvfp4:
             raise ValueError(f"{name}.tile_major: the nvfp4 mainloop's weight layout only; got {self}")
         if self.decode_buffers not in DECODE_BUFFERS or (self.decode_buffers == 1 and not (self.nvfp4 and self.swap_ab)):
@@ -229,12 +223,6 @@ class TileConfig:
         if self.nvfp4:
             return self.stages * self.tile_n
         return self.stages * (self.tile_m + 2) if self.smem_scales else 4
-
-    @property
-    def static_stages_fit(self) -> bool:
-        """Whether this tile has a static_stages form: the fp8 mainloop's 128-row tile (the halves
-        schedule), its scales staged in smem or loaded from global memory."""
-        return self.fp8 and self.tile_m == 128 and not self.swap_ab
 
     def check_k(self, k: int, op: str) -> None:
         """Refuses a K this config cannot run, before any GPU work: static_stages steps K a ring of
