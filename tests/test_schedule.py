@@ -163,15 +163,25 @@ def test_launch_plan_meets_the_kernels_preconditions(m, k, n, op, mainloop):
     (16, 8192, 3584, True),  # swap-AB tile, whole tiles (K = 3584): 1.00 (M = 1: 1.50, cuBLAS pads)
     (64, 8192, 3584, True),  # 0.97
     (128, 8192, 3584, False),  # 64-row tile, whole tiles: 0.88
-    (256, 4096, 14336, False),  # 128-row tile: 0.85
-    (1024, 4096, 14336, False),  # a full wave of 128-row tiles: 0.81-0.91
-    (4096, 8192, 3584, False),  # 0.90-0.96
+    (256, 4096, 14336, False),  # 128-row tile, stream-K (no static k loop): 0.85
+    # the static 128-row tile (D36, H200): where its rounds of waves beat cuBLAS's 128 × 128 tiles'
+    (1024, 4096, 14336, True),  # one wave against cuBLAS's two: 1.05
+    (4096, 8192, 3584, True),  # 1.09
+    (384, 8192, 3584, True),  # 96 tiles: 1.07-1.22
+    (512, 4096, 14336, False),  # 64 tiles, half a wave, against cuBLAS's one: 0.48
+    (1152, 4096, 14336, False),  # a wave and 16 tiles: 0.80
+    (640, 8192, 3584, False),  # a wave and 28 tiles: 0.85
+    (1024, 4096, 5504, False),  # K not whole rings of 512: no static k loop, cuBLAS
 ])
 def test_down_runs_the_kernel_where_it_was_measured_faster(m, hidden, inter, expect):
-    from swiglu_fused.kernels.sm90 import down
+    import torch
 
-    tile_m, stages, swap = dispatch.down_tile_for(m, "fp8_block128")
-    cfg = down.DownConfig(tile_m=tile_m, stages=stages, swap_ab=swap)
+    fp8 = torch.float8_e4m3fn
+    h, w = torch.empty(m, inter, dtype=fp8), torch.empty(hidden, inter, dtype=fp8)
+    hs, ws = torch.empty(m, inter // 128), torch.empty(hidden // 128, inter // 128)
+    cfg = dispatch.down_config(h, w, ws, hs, None, torch.bfloat16)
+    if m > 128 and (m + 127) // 128 <= 2:  # (with_static_stages leaves a tile stream-K may split on the GPU)
+        cfg = dataclasses.replace(cfg, static_stages=False)
     assert dispatch.beats_cublas(cfg, m, hidden, inter, 132) == expect
 
 
@@ -431,15 +441,16 @@ def test_smem_scales_only_where_they_fit():
 
 def test_uniform_operand_slices_on_the_fp8_gate_up_tiles_only():
     """D35: the fp8 mainloop's gate_up tiles slice their wgmma operands by a warp-uniform index (1-2 %
-    faster); the bf16 mainloop's were level and nvfp4's slower, and down was level: they keep the
-    per-thread slices."""
+    faster); the bf16 mainloop's were level and nvfp4's slower, and down was level alone: they keep the
+    per-thread slices, but for down's fp8 128-row tile with staged scales (D36)."""
     import torch
     from unittest import mock
 
     shipped = dispatch.gate_up_shipped()
     assert {c.uniform_ab for c in shipped if c.fp8} == {True}
     assert {c.uniform_ab for c in shipped if not c.fp8} == {False}
-    assert not any(c.uniform_ab for c in dispatch.down_shipped())
+    assert {c.uniform_ab for c in dispatch.down_shipped()} == {True, False}
+    assert all(c.uniform_ab == (c.fp8 and c.tile_m == 128 and not c.swap_ab) for c in dispatch.down_shipped())
     for mainloop, dtype, h_format in (("fp8_block128", torch.float8_e4m3fn, "fp8_group128"),
                                       ("bf16", torch.bfloat16, "bf16")):
         for m in (1, 64, 1024):

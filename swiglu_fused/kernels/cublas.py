@@ -19,6 +19,11 @@ FP8 = torch.float8_e4m3fn
 # cuBLAS' block-scaled heuristics reject some row counts (M = 1 and M = 10 seen on the H100, while
 # 16, 64 and 300 run); rows are padded to a multiple of this, which costs a copy of h only then.
 ROWS = 16
+# The 128×128 weight scales reach cuBLAS transposed, K/128 floats apart: with K/128 not a multiple of
+# this (16-byte strides) torch._scaled_mm accepts them and returns wrong values (H200, torch 2.11:
+# K = 1664, relative error ~1e3), and it refuses them padded to that stride; such K (I % 512 ≠ 0,
+# e.g. 11008) run on the sm90 kernel, or the reference.
+SCALE_STRIDE_BLOCKS = 4
 
 
 def _pad_rows(h: torch.Tensor, h_scale: torch.Tensor, pad: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -39,8 +44,8 @@ def supports_down(h: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Ten
         return h.dtype == torch.bfloat16
     n, k = weight.shape
     return (weight.dtype == FP8 and h.dtype == FP8 and weight_scale is not None and h_scale is not None
-            and weight_scale.dtype == torch.float32 and n % formats.FP8_BLOCK == 0 and k % formats.FP8_BLOCK == 0
-            and torch.cuda.get_device_capability(h.device) >= (9, 0))
+            and weight_scale.dtype == torch.float32 and n % formats.FP8_BLOCK == 0
+            and k % (formats.FP8_BLOCK * SCALE_STRIDE_BLOCKS) == 0 and torch.cuda.get_device_capability(h.device) >= (9, 0))
 
 
 def down(h, weight, weight_scale, h_scale, residual, out_dtype):

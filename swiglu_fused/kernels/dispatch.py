@@ -806,6 +806,19 @@ def down_cluster_k(config, m: int, n: int, k: int, sms: int) -> bool:
     return 0 < sk_tiles <= 0.25 * sms and ctas == 2 * sk_tiles
 
 
+DOWN_STAGED_SCALES = True  # (D36; launch_ab --set dispatch.DOWN_STAGED_SCALES=False measures without it)
+
+
+def down_row_tile_fields(tile_m: int, swap_ab: bool, mainloop: str) -> dict:
+    """The fp8 128-row down tile stages y 64 columns at a time (TileConfig.y_slab_cols), so that its
+    promotion scales fit staged in smem beside four stages (smem_scales, as gate_up's: D13), and with
+    them D34's static k loop (where K is whole rings: with_static_stages) and D35's uniform
+    descriptors (D36: 5-11 % faster than cuBLAS at M = 1024-4096 where K is whole rings)."""
+    if DOWN_STAGED_SCALES and mainloop == FP8_MAINLOOP and tile_m == 128 and not swap_ab:
+        return dict(y_slab_cols=64, smem_scales=True, uniform_ab=True)
+    return {}
+
+
 def down_l2_hint(tile_m: int, swap_ab: bool, mainloop: str) -> str:
     """TileConfig.l2_hint for down's tile: the fp8 64-row tile evicts weight k tiles first, as
     gate_up's does (h was just written by gate_up and every CTA reads it; D18)."""
@@ -839,7 +852,10 @@ def down_config(h, weight, weight_scale, h_scale, residual, out_dtype, tile_majo
         return None
     tile_m, stages, swap = down_tile_for(h.shape[0], mainloop)
     cfg = DownConfig(tile_m=tile_m, stages=stages, mainloop=mainloop, residual=residual is not None, swap_ab=swap,
-                     l2_hint=down_l2_hint(tile_m, swap, mainloop), pdl=pdl_applies(h.shape[0], mainloop))
+                     l2_hint=down_l2_hint(tile_m, swap, mainloop), pdl=pdl_applies(h.shape[0], mainloop),
+                     **down_row_tile_fields(tile_m, swap, mainloop))
+    if cfg.smem_scales:
+        return with_static_stages(cfg, h.shape[0], weight.shape[0], h.shape[1], h.device)
     if h.is_cuda:
         from .sm90.schedule import sm_count
 
@@ -852,16 +868,17 @@ def down_shipped() -> list:
     """Every DownConfig down_config can return (what CI compile-checks)."""
     from .sm90.tile_config import DownConfig
 
-    return nvfp4_shipped(DownConfig, [dict(residual=r) for r in (False, True)]) + [
-        DownConfig(tile_m=tile_m, stages=stages, mainloop=mainloop, residual=residual, swap_ab=swap,
-                   l2_hint=down_l2_hint(tile_m, swap, mainloop), pdl=pdl)
-        for mainloop in (FP8_MAINLOOP, BF16_MAINLOOP)
-        for residual in (False, True)
-        for tile_m, stages, swap in [(128, 4, False), (64, 5, False)]
-        + ([(t, s, True) for t, s in DOWN_SWAP_TILES] if mainloop == FP8_MAINLOOP else [])
-        for pdl in _pdl_variants(tile_m, swap, mainloop)
-    ] + [DownConfig(tile_m=DOWN_SWAP_TILES[0][0], stages=DOWN_SWAP_TILES[0][1], residual=residual, swap_ab=True,
-                    cluster_k=2, pdl=True) for residual in (False, True)]  # down_cluster_k (fp8)
+    out = nvfp4_shipped(DownConfig, [dict(residual=r) for r in (False, True)])
+    for mainloop in (FP8_MAINLOOP, BF16_MAINLOOP):
+        swap_tiles = [(t, s, True) for t, s in DOWN_SWAP_TILES] if mainloop == FP8_MAINLOOP else []
+        for tile_m, stages, swap in [(128, 4, False), (64, 5, False), *swap_tiles]:
+            fields = down_row_tile_fields(tile_m, swap, mainloop)
+            statics = (False, True) if fields.get("smem_scales") else (False,)  # (with_static_stages)
+            out += [DownConfig(tile_m=tile_m, stages=stages, mainloop=mainloop, residual=residual, swap_ab=swap,
+                               l2_hint=down_l2_hint(tile_m, swap, mainloop), pdl=pdl, static_stages=static, **fields)
+                    for residual in (False, True) for pdl in _pdl_variants(tile_m, swap, mainloop) for static in statics]
+    return out + [DownConfig(tile_m=DOWN_SWAP_TILES[0][0], stages=DOWN_SWAP_TILES[0][1], residual=residual,
+                             swap_ab=True, cluster_k=2, pdl=True) for residual in (False, True)]  # down_cluster_k (fp8)
 
 
 def fills_gpu(config, m: int, n: int, sms: int) -> bool:
@@ -870,13 +887,34 @@ def fills_gpu(config, m: int, n: int, sms: int) -> bool:
     return tiles >= MIN_WAVE * sms
 
 
+# The static 128-row fp8 down tile against cuBLAS's 128 × 128 one (D36), by rounds of whole waves: a
+# wave of tiles filling f of the SMs takes (DOWN_WAVE_BASE + f) · a tile's work (each tile runs
+# longer with more beside it: bandwidth and the power cap), and cuBLAS's tile does half of ours in
+# CUBLAS_HALF_TILE of our tile's time (fitted to bench_down on the H200, M = 384-8192 on both shapes).
+DOWN_WAVE_BASE = 2.0
+CUBLAS_HALF_TILE = 0.53
+
+
+def _rounds(tiles: int, sms: int) -> float:
+    """The waves of ``tiles`` equal tiles on ``sms`` SMs, in units of a tile's work (D36's model)."""
+    full, rest = divmod(tiles, sms)
+    return full * (DOWN_WAVE_BASE + 1) + (DOWN_WAVE_BASE + rest / sms if rest else 0.0)
+
+
+def static_down_rounds_win(m: int, n: int, sms: int) -> bool:
+    """Whether the static 128-row fp8 down tile's rounds are predicted shorter than cuBLAS's (D36)."""
+    ours = cdiv(m, 128) * cdiv(n, 256)
+    return _rounds(ours, sms) < CUBLAS_HALF_TILE * _rounds(cdiv(m, 128) * cdiv(n, 128), sms)
+
+
 def beats_cublas(config, m: int, n: int, k: int, sms: int) -> bool:
     """Where the down kernel was measured faster than cuBLAS: fp8 with the swap-AB tile or with the
-    64-row tile where stream-K shares K out, elsewhere cuBLAS (D15); bf16 from MIN_WAVE of a wave
-    of tiles up to MAX_M, or where stream-K shares K out (D16)."""
+    64-row tile where stream-K shares K out (D15), or with the static 128-row tile where its rounds
+    of waves are predicted shorter (D36), elsewhere cuBLAS; bf16 from MIN_WAVE of a wave of tiles up
+    to MAX_M, or where stream-K shares K out (D16)."""
     from .sm90.schedule import schedule
 
     shares_k = config.tile_m == 64 and schedule(config, m, n, k, sms)[1] > 0
     if config.fp8:
-        return config.swap_ab or shares_k
+        return config.swap_ab or shares_k or (config.static_stages and static_down_rounds_win(m, n, sms))
     return (fills_gpu(config, m, n, sms) and m <= MAX_M) or shares_k

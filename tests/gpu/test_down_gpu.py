@@ -94,10 +94,12 @@ def test_down_does_not_write_past_h():
 
 
 def test_ops_down_dispatch(monkeypatch):
-    """ops.down runs the fp8 kernel with the swap-AB tile (M ≤ 64) and where its 64-row tile shares a
-    long K out by stream-K (H = 4096, I = 14336, M = 128), the bf16 kernel also when its tiles fill
-    the SMs (M = 1024, H = 4096), and otherwise only where cuBLAS does not take the shape (H = 576);
-    cuBLAS keeps the other shapes it supports (as fast or faster there, dispatch.beats_cublas)."""
+    """ops.down runs the fp8 kernel with the swap-AB tile (M ≤ 64), where its 64-row tile shares a
+    long K out by stream-K (H = 4096, I = 14336, M = 128) and where its static 128-row tile's waves
+    beat cuBLAS's (M = 1024, H = 4096, K whole rings of 512: D36), the bf16 kernel also when its tiles
+    fill the SMs (M = 1024, H = 4096), and otherwise only where cuBLAS does not take the shape
+    (H = 576; K/128 not a multiple of 4, where cuBLAS would return wrong values: cublas.py); cuBLAS
+    keeps the other shapes it supports (as fast or faster there, dispatch.beats_cublas)."""
     def no_fallback(*a, **kw):
         raise AssertionError("ops.down did not run the sm90 kernel on an sm_90 GPU")
 
@@ -107,6 +109,8 @@ def test_ops_down_dispatch(monkeypatch):
         make_operands(1024, 4096, 1536, "bf16", False, seed=2),
         make_operands(16, 4096, 14336, "fp8_block128", True, seed=8),  # swap-AB tile, stream-K
         make_operands(128, 4096, 14336, "fp8_block128", False, seed=9),  # 64-row tile, stream-K
+        make_operands(1024, 4096, 1536, "fp8_block128", True, seed=6),  # the static 128-row tile (D36)
+        make_operands(1024, 4096, 1664, "fp8_block128", False, seed=7),  # K/128 odd: cuBLAS would be wrong
     ]
     monkeypatch.setattr(ops.reference, "down", no_fallback)
     monkeypatch.setattr(ops.cublas, "down", no_fallback)
@@ -122,7 +126,7 @@ def test_ops_down_dispatch(monkeypatch):
     y16 = ops.down(bf16["h"], bf16["weight"], out_dtype=torch.float16)
     dec = make_operands(256, 4096, 1536, "fp8_block128", False, seed=5)
     yd = ops.down(dec["h"], dec["weight"], dec["weight_scale"], dec["h_scale"])
-    full = make_operands(1024, 4096, 1536, "fp8_block128", True, seed=6)  # a full wave: cuBLAS for fp8
+    full = make_operands(1152, 4096, 1536, "fp8_block128", True, seed=6)  # a wave and 16 tiles: cuBLAS for fp8
     yf = ops.down(full["h"], full["weight"], full["weight_scale"], full["h_scale"], residual=full["residual"])
     assert len(calls) == 3 and y16.dtype == torch.float16
     assert_bf16_close(y16, reference.down(**bf16, out_dtype=torch.float16))
@@ -188,3 +192,39 @@ def test_l2_hint_changes_no_bit(hidden, inter, m):
         ys.append(k.down(c, args["h"], args["weight"], args["weight_scale"], args["h_scale"], None, out=y))
     assert torch.equal(ys[0], ys[1])
     assert_bf16_close(ys[0], reference.down(**args))
+
+
+
+@pytest.mark.parametrize("residual", [False, True])
+@pytest.mark.parametrize("hidden,inter,m,plan", [(4096, 14336, 1024, "whole"), (8192, 3584, 4097, "whole"),
+                                                 (2048, 8192, 300, "whole"), (576, 512, 77, "whole"),
+                                                 (4096, 14336, 256, "stream-K"), (8192, 3584, 100, "stream-K")])
+def test_y_slabs_of_any_width_store_the_same_bits(hidden, inter, m, plan, residual, monkeypatch):
+    """TileConfig.y_slab_cols: y staged 64 columns at a time equals the 128-column slabs' y bit for bit,
+    every element written (poisoned outputs): on the 128-row tile with the slab's room taken by staged
+    scales, the static k loop and cluster pairs (DISPATCH D36), and on the 64-row tile; as whole tiles,
+    and under a stream-K plan (the last CTA's epilogue)."""
+    import dataclasses
+
+    from swiglu_fused.kernels.sm90 import down as k, schedule
+
+    if plan == "whole":
+        monkeypatch.setattr(schedule, "plan", lambda tiles, k_tiles, sms, *a, **kw: (max(1, min(tiles, sms)), 0))
+    else:
+        monkeypatch.setattr(schedule, "plan", lambda tiles, k_tiles, sms, *a, **kw: (2 * tiles, tiles))
+    args = make_operands(m, hidden, inter, "fp8_block128", residual, seed=m + 57)
+    fast = dict(smem_scales=True, uniform_ab=True)
+    cases = [(k.DownConfig(tile_m=64, stages=5, residual=residual), {})]
+    if plan == "whole":
+        staged = k.DownConfig(tile_m=128, stages=4, residual=residual)
+        cases += [(staged, dict(static_stages=True, **fast)), (dataclasses.replace(staged, cluster_m=2), fast)]
+    else:
+        cases += [(k.DownConfig(tile_m=128, stages=4, residual=residual), {})]
+    for base, fields in cases:
+        ys = []
+        for c in (base, dataclasses.replace(base, y_slab_cols=64, **fields)):
+            y = torch.full((m, hidden), float("nan"), dtype=torch.bfloat16, device="cuda")
+            ys.append(k.down(c, args["h"], args["weight"], args["weight_scale"], args["h_scale"], args["residual"],
+                             out=y))
+        assert torch.equal(ys[0].view(torch.int16), ys[1].view(torch.int16)), (base, fields)
+        assert_bf16_close(ys[1], reference.down(**args))

@@ -15,7 +15,7 @@ import cutlass.pipeline as pipeline
 from cutlass import Float32, Int32
 
 from .ptx import bf16_hi_to_f32, bf16_lo_to_f32, cvt_bf16x2, div_rn
-from .tile_config import N_ALIGN
+from .tile_config import HALF_N, N_ALIGN
 
 
 class EpilogueMixin:
@@ -130,33 +130,39 @@ class EpilogueMixin:
 
     @cute.jit
     def _epilogue_linear(self, acc, n_vals: cutlass.Constexpr, r0, col0, tm, tn, m, n, sY, mY, mR, wg, tid):
-        """y = acc (+ residual) rounded once to bf16, half by half: output columns
-        [256·tn + 128·half, +128), staged through the slab and copied out masked at M and N. The
-        residual slab is first copied into the same smem slab (16-byte coalesced loads, same mask),
-        then each thread adds the pairs it is about to overwrite (fragment order, no race)."""
+        """y = acc (+ residual) rounded once to bf16, slab by slab: output columns [256·tn + c·w, +w)
+        for w = y_slab_cols (a half or a quarter of the tile), staged through the slab and copied out
+        masked at M and N. The residual slab is first copied into the same smem slab (16-byte
+        coalesced loads, same mask), then each thread adds the pairs it is about to overwrite
+        (fragment order, no race)."""
+        cfg = self.cfg
         ra = r0
         rb = r0 + 8
         n_chunks = n // N_ALIGN
+        per_half = HALF_N // cfg.y_slab_cols  # slabs a tile half
+        v_slab = n_vals // per_half  # a thread's values of one slab, one half
         bar = pipeline.NamedBarrier(barrier_id=1 + wg, num_threads=128)
         for half in cutlass.range_constexpr(2):
-            bar.arrive_and_wait()  # the previous copy-out of this slab is done
-            if cutlass.const_expr(self.cfg.residual):
-                self._copy_slab(sY, mR, tm, 2 * tn + half, m, n_chunks, wg, tid, True)
-                bar.arrive_and_wait()  # the residual slab is in smem
-            for v in cutlass.range_constexpr(0, n_vals, 2):
-                c2 = (col0 + 8 * (v // 4)) // 2  # 32-bit word (bf16 pair) in the slab row
-                r = rb
-                if cutlass.const_expr((v // 2) % 2 == 0):
-                    r = ra
-                lo = acc[(v, 0, half)]
-                hi = acc[(v + 1, 0, half)]
-                if cutlass.const_expr(self.cfg.residual):
-                    res = sY[r, c2]
-                    lo = lo + bf16_lo_to_f32(res)
-                    hi = hi + bf16_hi_to_f32(res)
-                sY[r, c2] = cvt_bf16x2(lo, hi)
-            bar.arrive_and_wait()
-            self._copy_slab(sY, mY, tm, 2 * tn + half, m, n_chunks, wg, tid, False)
+            for q in cutlass.range_constexpr(per_half):
+                slab = (2 * tn + half) * per_half + q  # global columns [slab · w, slab · w + w)
+                bar.arrive_and_wait()  # the previous copy-out of this slab is done
+                if cutlass.const_expr(cfg.residual):
+                    self._copy_slab(sY, mR, tm, slab, m, n_chunks, wg, tid, True)
+                    bar.arrive_and_wait()  # the residual slab is in smem
+                for v in cutlass.range_constexpr(q * v_slab, (q + 1) * v_slab, 2):
+                    c2 = (col0 + 8 * (v // 4)) // 2 - q * (cfg.y_slab_cols // 2)  # bf16-pair word in the slab row
+                    r = rb
+                    if cutlass.const_expr((v // 2) % 2 == 0):
+                        r = ra
+                    lo = acc[(v, 0, half)]
+                    hi = acc[(v + 1, 0, half)]
+                    if cutlass.const_expr(cfg.residual):
+                        res = sY[r, c2]
+                        lo = lo + bf16_lo_to_f32(res)
+                        hi = hi + bf16_hi_to_f32(res)
+                    sY[r, c2] = cvt_bf16x2(lo, hi)
+                bar.arrive_and_wait()
+                self._copy_slab(sY, mY, tm, slab, m, n_chunks, wg, tid, False)
 
     @cute.jit
     def _copy_slab(self, sO, mO, tm, slab, m, n_chunks, wg, tid, into_smem: cutlass.Constexpr,

@@ -29,6 +29,7 @@ MAINLOOPS = (FP8_MAINLOOP, BF16_MAINLOOP, NVFP4_MAINLOOP)
 NVFP4_GROUP = formats.NVFP4_GROUP  # K columns per e4m3 weight scale of an nvfp4 weight
 NVFP4_K_ALIGN = 64  # nvfp4's K: a multiple of its k tile (a row's scales of a k tile: one 32-bit word)
 DECODE_BUFFERS = (1, 2)  # nvfp4: bf16 weight k tiles in smem (TileConfig.decode_buffers)
+Y_SLAB_COLS = (128, 64)  # down: y columns a staging slab holds (TileConfig.y_slab_cols)
 N_ALIGN = 8  # weight rows (N) must be a multiple of this: 16-byte rows of a bf16 output
 # TMA cache_policy operands (CUTLASS's CacheHintSm90 encodings) and TileConfig.l2_hint's values
 EVICT_FIRST = 0x12F0000000000000
@@ -142,6 +143,12 @@ class TileConfig:
     # fp8 k tile 196 -> 172 instructions; nvfp4's 128-token tile 36 -> 5 R2UR). Dispatched for the fp8
     # mainloop's gate_up (dispatch.uniform_ab_applies, D35); False: sliced by the thread's own index.
     uniform_ab: bool = False
+    # the linear epilogue (down) of the 64/128-row tiles: the y columns a warpgroup stages through
+    # its smem slab at a time: 128 (a tile half: the 128-row tile's slab is 34 KB) or 64 (a quarter:
+    # 18 KB). With 64 the slab's room holds the 128-row tile's staged scales (smem_scales) beside four
+    # stages, and so its static k loop (DISPATCH D36). (Storing y straight from registers, no slab,
+    # measured slower where K is short: history/down.md.)
+    y_slab_cols: int = HALF_N
 
     # the epilogue and the bytes per element of the staged output (set by subclasses)
     epilogue = "gated"
@@ -191,6 +198,10 @@ class TileConfig:
             raise ValueError(f"{name}.smem_scales: the fp8 mainloop's 128-row tile only; got {self}")
         if self.static_stages and not self.smem_scales:
             raise ValueError(f"{name}.static_stages: the fp8 128-row tile with smem_scales only; got {self}")
+        if self.y_slab_cols not in Y_SLAB_COLS or (self.y_slab_cols != HALF_N and (self.epilogue != "linear"
+                                                                                 or self.swap_ab)):
+            raise ValueError(f"{name}.y_slab_cols: expected one of {Y_SLAB_COLS}, other than {HALF_N} only in the "
+                             f"linear epilogue (down) of the 64/128-row tiles; got {self}")
         if self.tile_major and not self.nvfp4:
             raise ValueError(f"{name}.tile_major: the nvfp4 mainloop's weight layout only; got {self}")
         if self.decode_buffers not in DECODE_BUFFERS or (self.decode_buffers == 1 and not (self.nvfp4 and self.swap_ab)):
@@ -267,8 +278,10 @@ class TileConfig:
 
     @property
     def out_chunks(self) -> int:
-        """16-byte chunks per row of a staged output slab: 128 columns, or the granule tile's tile_n / 2."""
-        return self.tile_n // 2 * self.out_bytes // 16
+        """16-byte chunks per row of a staged output slab: 128 columns, the granule tile's tile_n / 2, or
+        down's y_slab_cols."""
+        cols = self.y_slab_cols if self.epilogue == "linear" else self.tile_n // 2
+        return cols * self.out_bytes // 16
 
     @property
     def h_tma_store(self) -> bool:
@@ -281,7 +294,12 @@ class TileConfig:
         so that a warp's 8 rows × 4 lanes of fragment stores hit distinct banks and rows stay
         16-byte aligned for the vector copy-out. With TMA stores no padding: the slab is 128-byte
         swizzled instead (GemmKernel._h_store_layout), which spreads those stores as well."""
-        return HALF_N * self.out_bytes // 4 if self.h_tma_store else (HALF_N * self.out_bytes + 16) // 4
+        return HALF_N * self.out_bytes // 4 if self.h_tma_store else (self._slab_row_cols * self.out_bytes + 16) // 4
+
+    @property
+    def _slab_row_cols(self) -> int:
+        """Columns a slab row has room for: 128 (the granule tiles' 96 / 112 too), or down's y_slab_cols."""
+        return self.y_slab_cols if self.epilogue == "linear" else HALF_N
 
     @property
     def out_stage_bytes(self) -> int:
