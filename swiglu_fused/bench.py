@@ -45,7 +45,7 @@ from typing import Callable, Iterable, Mapping, Sequence
 import torch
 
 from . import __version__, formats, quant
-from .kernels import deepgemm
+from .kernels import cublas, deepgemm
 
 try:  # the unfused peer's one-pass act·quant; without Triton only the compiled one runs
     import triton
@@ -385,7 +385,12 @@ def quant_x_m_major(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 def cublas_block_gemm(a, a_scale, b, b_scale):
     """a [M, K] @ b [N, K]^T in bf16 by cuBLAS's block-scaled GEMM (a_scale [M, K/128] M-major,
-    b_scale [N/128, K/128])."""
+    b_scale [N/128, K/128]). Refuses a K where it would return wrong values (kernels/cublas.py), so
+    that the unfused peer is reported as not run there instead of timed."""
+    blocks = cublas.SCALE_STRIDE_BLOCKS
+    if a.shape[1] % (GROUP * blocks):
+        raise ValueError(f"cuBLAS's block-scaled GEMM returns wrong values at K = {a.shape[1]}, where K/{GROUP} is "
+                         f"not a multiple of {blocks}")
     return torch._scaled_mm(a, b.t(), scale_a=a_scale, scale_b=b_scale.t(), out_dtype=torch.bfloat16)
 
 

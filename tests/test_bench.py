@@ -223,3 +223,14 @@ def test_a_deepgemm_peer_gets_its_column_and_speed_up():
     header = table.splitlines()[2]
     assert "fp8_unfused_deepgemm µs" in header and "fp8_unfused_deepgemm / ours_fp8_block128" in header
     assert bench.result_pipelines(synthetic_result()) == ["hf_bf16", "fp8_unfused", "ours_bf16", "ours_fp8_block128"]
+
+
+def test_the_cublas_peer_refuses_a_k_it_would_get_wrong():
+    """cuBLAS's block-scaled GEMM returns wrong values where K/128 is not a multiple of 4 (kernels/cublas.py:
+    e.g. I = 11008): the unfused peer's GEMM raises there, before any GPU work, so that the run reports
+    that pipeline as not run (bench._runs) instead of timing wrong numbers."""
+    fp8 = torch.float8_e4m3fn
+    a, b = torch.zeros(16, 11008, dtype=fp8), torch.zeros(4096, 11008, dtype=fp8)
+    with pytest.raises(ValueError, match="wrong values at K = 11008, where K/128 is not a multiple of 4"):
+        bench.cublas_block_gemm(a, torch.ones(16, 86), b, torch.ones(32, 86))
+    assert bench._runs(lambda x: bench.cublas_block_gemm(x, None, b, None), a).startswith("ValueError: cuBLAS")
