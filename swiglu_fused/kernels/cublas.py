@@ -21,8 +21,9 @@ FP8 = torch.float8_e4m3fn
 ROWS = 16
 # The 128×128 weight scales reach cuBLAS transposed, K/128 floats apart: with K/128 not a multiple of
 # this (16-byte strides) torch._scaled_mm accepts them and returns wrong values (H200, torch 2.11:
-# K = 1664, relative error ~1e3), and it refuses them padded to that stride; such K (I % 512 ≠ 0,
-# e.g. 11008) run on the sm90 kernel, or the reference.
+# K = 1664, relative error ~1e3), and it refuses them padded to that stride; such K (down's I or an
+# attention linear's H not a multiple of 512, e.g. I = 11008, H = 896) run on the sm90 kernel, or the
+# reference.
 SCALE_STRIDE_BLOCKS = 4
 
 
