@@ -205,6 +205,26 @@ def test_static_stages_follow_k_and_the_stream_k_plan(monkeypatch):
     assert not dispatch.with_static_stages(pair, 4096, 28672, 4096, Cuda()).static_stages
 
 
+@pytest.mark.parametrize("k,takes", [(512, True), (1536, True), (14336, True), (3584, True),
+                                     (1664, False), (1792, False), (5504, False), (11008, False), (896, False)])
+def test_cublas_takes_fp8_down_only_where_its_weight_scales_are_16_byte_strided(k, takes, monkeypatch):
+    """cuBLAS's block-scaled GEMM returns wrong values where K/128 is not a multiple of 4 (measured on the
+    H200: kernels/cublas.py), so cublas.supports_down refuses those K (the sm90 kernel or the reference
+    runs them); bf16 down is not concerned. (CUDA tensors stood in for by their attributes.)"""
+    from types import SimpleNamespace
+
+    from swiglu_fused.kernels import cublas
+
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+    cuda, fp8 = torch.device("cuda"), torch.float8_e4m3fn
+    h = SimpleNamespace(device=cuda, dtype=fp8)
+    w = SimpleNamespace(shape=(4096, k), dtype=fp8)
+    scale = SimpleNamespace(dtype=torch.float32)
+    assert cublas.supports_down(h, w, scale, scale, None) == takes
+    assert cublas.supports_down(SimpleNamespace(device=cuda, dtype=torch.bfloat16),
+                                SimpleNamespace(shape=(4096, k), dtype=torch.bfloat16), None, None, None)
+
+
 def test_down_errors_name_the_argument():
     with pytest.raises(ValueError, match="^h: "):
         ops.down(torch.randn(2, 100).bfloat16(), torch.randn(64, 256).bfloat16())
