@@ -387,10 +387,9 @@ def cublas_block_gemm(a, a_scale, b, b_scale):
     """a [M, K] @ b [N, K]^T in bf16 by cuBLAS's block-scaled GEMM (a_scale [M, K/128] M-major,
     b_scale [N/128, K/128]). Refuses a K where it would return wrong values (kernels/cublas.py), so
     that the unfused peer is reported as not run there instead of timed."""
-    blocks = cublas.SCALE_STRIDE_BLOCKS
-    if a.shape[1] % (GROUP * blocks):
+    if not cublas.reads_scales_right(a.shape[1]):
         raise ValueError(f"cuBLAS's block-scaled GEMM returns wrong values at K = {a.shape[1]}, where K/{GROUP} is "
-                         f"not a multiple of {blocks}")
+                         f"not a multiple of {cublas.SCALE_STRIDE_BLOCKS}")
     return torch._scaled_mm(a, b.t(), scale_a=a_scale, scale_b=b_scale.t(), out_dtype=torch.bfloat16)
 
 

@@ -27,6 +27,12 @@ ROWS = 16
 SCALE_STRIDE_BLOCKS = 4
 
 
+def reads_scales_right(k: int) -> bool:
+    """Whether cuBLAS's block-scaled GEMM gets a K-column fp8 weight's 128×128 scales right
+    (SCALE_STRIDE_BLOCKS)."""
+    return k % (formats.FP8_BLOCK * SCALE_STRIDE_BLOCKS) == 0
+
+
 def _pad_rows(h: torch.Tensor, h_scale: torch.Tensor, pad: int) -> tuple[torch.Tensor, torch.Tensor]:
     """pad zero rows (scale 1); the scales come out M-major, as cuBLAS reads them."""
     if pad == 0:
@@ -46,7 +52,7 @@ def supports_down(h: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Ten
     n, k = weight.shape
     return (weight.dtype == FP8 and h.dtype == FP8 and weight_scale is not None and h_scale is not None
             and weight_scale.dtype == torch.float32 and n % formats.FP8_BLOCK == 0
-            and k % (formats.FP8_BLOCK * SCALE_STRIDE_BLOCKS) == 0 and torch.cuda.get_device_capability(h.device) >= (9, 0))
+            and reads_scales_right(k) and torch.cuda.get_device_capability(h.device) >= (9, 0))
 
 
 def down(h, weight, weight_scale, h_scale, residual, out_dtype):

@@ -854,8 +854,7 @@ def down_config(h, weight, weight_scale, h_scale, residual, out_dtype, tile_majo
     cfg = DownConfig(tile_m=tile_m, stages=stages, mainloop=mainloop, residual=residual is not None, swap_ab=swap,
                      l2_hint=down_l2_hint(tile_m, swap, mainloop), pdl=pdl_applies(h.shape[0], mainloop),
                      **down_row_tile_fields(tile_m, swap, mainloop))
-    if cfg.smem_scales:
-        return with_static_stages(cfg, h.shape[0], weight.shape[0], h.shape[1], h.device)
+    cfg = with_static_stages(cfg, h.shape[0], weight.shape[0], h.shape[1], h.device)
     if h.is_cuda:
         from .sm90.schedule import sm_count
 
@@ -901,9 +900,10 @@ def _rounds(tiles: int, sms: int) -> float:
     return full * (DOWN_WAVE_BASE + 1) + (DOWN_WAVE_BASE + rest / sms if rest else 0.0)
 
 
-def static_down_rounds_win(m: int, n: int, sms: int) -> bool:
-    """Whether the static 128-row fp8 down tile's rounds are predicted shorter than cuBLAS's (D36)."""
-    ours = cdiv(m, 128) * cdiv(n, 256)
+def static_down_rounds_win(config, m: int, n: int, sms: int) -> bool:
+    """Whether the static 128-row fp8 down tile's rounds are predicted shorter than those of cuBLAS's
+    128 × 128 tiles (D36)."""
+    ours = cdiv(m, config.tile_m) * cdiv(n, config.tile_n)
     return _rounds(ours, sms) < CUBLAS_HALF_TILE * _rounds(cdiv(m, 128) * cdiv(n, 128), sms)
 
 
@@ -916,5 +916,5 @@ def beats_cublas(config, m: int, n: int, k: int, sms: int) -> bool:
 
     shares_k = config.tile_m == 64 and schedule(config, m, n, k, sms)[1] > 0
     if config.fp8:
-        return config.swap_ab or shares_k or (config.static_stages and static_down_rounds_win(m, n, sms))
+        return config.swap_ab or shares_k or (config.static_stages and static_down_rounds_win(config, m, n, sms))
     return (fills_gpu(config, m, n, sms) and m <= MAX_M) or shares_k
