@@ -272,6 +272,25 @@ def test_cluster_k_where_few_swap_tiles_leave_hbm_idle():
         gate_up.GateUpConfig(tile_m=64, stages=4, cluster_k=2)  # the 64 KB accumulator leaves room for 3
 
 
+@pytest.mark.parametrize("m,hidden,inter,ck", [(1, 4096, 14336, 4), (16, 4096, 14336, 4), (64, 4096, 14336, 1),
+                                                 (1, 8192, 3584, 1), (16, 8192, 3584, 1), (16, 2048, 8192, 1)])
+def test_down_k_parts_over_clusters_of_4_without_pdl(m, hidden, inter, ck):
+    """DISPATCH D17, D37: where plan() would split a few fp8 swap-AB down tiles in two (4096×14336
+    at M ≤ 16: 16 tiles), their K runs in four parts over a cluster (64 CTAs, 5 stages), launched
+    without PDL; whole tiles (8192×3584: 32 of them; 2048×8192) and many tiles (M = 64) keep
+    plan()'s schedule and PDL. Every config so picked is one CI compiles."""
+    import torch
+
+    fp8 = torch.float8_e4m3fn
+    h, dw = torch.empty(m, inter, dtype=fp8, device="meta"), torch.empty(hidden, inter, dtype=fp8, device="meta")
+    scale = torch.empty(1, device="meta")
+    cfg = dispatch.down_config(h, dw, scale, scale, None, torch.bfloat16)  # (meta: no cluster picked yet)
+    cfg = dispatch.with_down_cluster_k(cfg, m, hidden, inter, 132)
+    assert cfg.cluster_k == ck and cfg.pdl == (ck == 1) and cfg in dispatch.down_shipped()
+    if ck > 1:
+        assert cfg.stages == 5 and g.schedule(cfg, m, hidden, inter, 132) == (64, 16)
+
+
 @pytest.mark.parametrize("mainloop", [tile_config.FP8_MAINLOOP, tile_config.BF16_MAINLOOP])  # (nvfp4: one tile)
 @pytest.mark.parametrize("m,hidden,inter,ck,stages", [
     (32, 8192, 3584, 1, 6), (64, 8192, 3584, 1, 6),  # a CTA streams all 8192 of K: six stages

@@ -777,6 +777,11 @@ def split_shipped() -> list:
 # ================================================================ down: the tile, and sm90 vs cuBLAS
 DOWN_SWAP_TILES = ((16, 6),)  # the fp8 swap-AB tile (swap_ab.py): (tokens, stages) ...
 DOWN_SWAP_M = 64  # ... for M ≤ this (D14)
+# ... and where plan() would split a few of its tiles in two, their K parts over a cluster instead
+# (D17): (CTAs a cluster, stages, PDL). Since D37 four parts (the three peers' 16 KB accumulator
+# slots leave room for 5 stages), launched without PDL: clusters of 4 placed under gate_up's tail
+# made the MLP slower than launching them all after it. (2, 6, True) until 2026-11-29.
+DOWN_CLUSTER_K = (4, 5, False)
 ROWS_64 = 128  # M ≤ this (above the swap-AB range): the 64-row tile
 MIN_WAVE = 0.9  # bf16: the kernel from this fraction of a wave of tiles ... (D16)
 MAX_M = 4096  # ... up to this M (D16)
@@ -795,15 +800,24 @@ def down_tile_for(m: int, mainloop: str) -> tuple[int, int, bool]:
 
 
 def down_cluster_k(config, m: int, n: int, k: int, sms: int) -> bool:
-    """Whether the fp8 swap-AB tile runs its K halves over cluster pairs (TileConfig.cluster_k = 2,
-    DSMEM) instead of the stream-K split 2 that schedule.plan picks, with few tiles (≤ 0.25 × SMs,
-    as gate_up_cluster_k; D17). Other splits and whole tiles keep plan()'s schedule."""
+    """Whether the fp8 swap-AB tile runs its K parts over a cluster (TileConfig.cluster_k =
+    DOWN_CLUSTER_K, DSMEM) instead of the stream-K split 2 that schedule.plan picks, with few tiles
+    (≤ 0.25 × SMs, as gate_up_cluster_k: so that a cluster of 4 a tile fits; D17, D37). Other splits
+    and whole tiles keep plan()'s schedule."""
     from .sm90.schedule import schedule
 
     if not (config.swap_ab and config.fp8):
         return False
     ctas, sk_tiles = schedule(config, m, n, k, sms)
-    return 0 < sk_tiles <= 0.25 * sms and ctas == 2 * sk_tiles
+    return 0 < sk_tiles <= 0.25 * sms and ctas == 2 * sk_tiles and DOWN_CLUSTER_K[0] * sk_tiles <= sms
+
+
+def with_down_cluster_k(config, m: int, n: int, k: int, sms: int):
+    """config with its K parts over a cluster (DOWN_CLUSTER_K) where down_cluster_k holds, else config."""
+    if not down_cluster_k(config, m, n, k, sms):
+        return config
+    ck, stages, pdl = DOWN_CLUSTER_K
+    return dataclasses.replace(config, cluster_k=ck, stages=stages, pdl=pdl and config.pdl)
 
 
 DOWN_STAGED_SCALES = True  # (D36; launch_ab --set dispatch.DOWN_STAGED_SCALES=False measures without it)
@@ -858,8 +872,7 @@ def down_config(h, weight, weight_scale, h_scale, residual, out_dtype, tile_majo
     if h.is_cuda:
         from .sm90.schedule import sm_count
 
-        if down_cluster_k(cfg, h.shape[0], weight.shape[0], h.shape[1], sm_count(h.device)):
-            return dataclasses.replace(cfg, cluster_k=2)
+        return with_down_cluster_k(cfg, h.shape[0], weight.shape[0], h.shape[1], sm_count(h.device))
     return cfg
 
 
@@ -876,8 +889,9 @@ def down_shipped() -> list:
             out += [DownConfig(tile_m=tile_m, stages=stages, mainloop=mainloop, residual=residual, swap_ab=swap,
                                l2_hint=down_l2_hint(tile_m, swap, mainloop), pdl=pdl, static_stages=static, **fields)
                     for residual in (False, True) for pdl in _pdl_variants(tile_m, swap, mainloop) for static in statics]
-    return out + [DownConfig(tile_m=DOWN_SWAP_TILES[0][0], stages=DOWN_SWAP_TILES[0][1], residual=residual,
-                             swap_ab=True, cluster_k=2, pdl=True) for residual in (False, True)]  # down_cluster_k (fp8)
+    ck, ck_stages, ck_pdl = DOWN_CLUSTER_K
+    return out + [DownConfig(tile_m=DOWN_SWAP_TILES[0][0], stages=ck_stages, residual=residual, swap_ab=True,
+                             cluster_k=ck, pdl=ck_pdl) for residual in (False, True)]  # down_cluster_k (fp8)
 
 
 def fills_gpu(config, m: int, n: int, sms: int) -> bool:

@@ -154,22 +154,27 @@ def test_stream_k_is_repeatable(hidden, inter, m, residual):
 
 
 @pytest.mark.parametrize("residual", [False, True])
-@pytest.mark.parametrize("hidden,inter,m,tile_m", [(8192, 3584, 16, 16), (4096, 14336, 5, 16), (576, 1536, 40, 16),
-                                                   (8192, 3584, 128, 64), (4096, 14336, 77, 64)])
-def test_cluster_k_pairs_match_stream_k_split_2(hidden, inter, m, tile_m, residual, monkeypatch):
-    """cluster_k = 2 (K halves over a cluster pair, the accumulator through DSMEM) gives stream-K
-    split 2's y bit for bit; the residual is added once, by the CTA that runs the epilogue."""
+@pytest.mark.parametrize("hidden,inter,m,tile_m,ck", [(8192, 3584, 16, 16, 2), (4096, 14336, 5, 16, 2),
+                                                      (576, 1536, 40, 16, 2), (8192, 3584, 128, 64, 2),
+                                                      (4096, 14336, 77, 64, 2), (4096, 14336, 1, 16, 4),
+                                                      (4096, 14336, 16, 16, 4), (2048, 8192, 9, 16, 4),
+                                                      (576, 1536, 3, 16, 4)])
+def test_cluster_k_matches_stream_k(hidden, inter, m, tile_m, ck, residual, monkeypatch):
+    """cluster_k = 2 or 4 (K parts over a cluster, the peers' accumulators through DSMEM, added in
+    rank order) gives stream-K split 2's or 4's y bit for bit; the residual is added once, by the
+    CTA that runs the epilogue (I = 1536: 12 k tiles over 4 CTAs)."""
     import dataclasses
 
     from swiglu_fused.kernels.sm90 import down as k, schedule
 
     args = make_operands(m, hidden, inter, "fp8_block128", residual, seed=m + 3)
     swap = tile_m == 16
-    cfg = k.DownConfig(tile_m=tile_m, stages=6 if swap else 3, swap_ab=swap, cluster_k=2, residual=residual)
+    stages = 3 if not swap else 6 if ck == 2 else 5
+    cfg = k.DownConfig(tile_m=tile_m, stages=stages, swap_ab=swap, cluster_k=ck, residual=residual)
     ys = []
     for c in (cfg, dataclasses.replace(cfg, cluster_k=1)):
         if c.cluster_k == 1:
-            monkeypatch.setattr(schedule, "plan", lambda tiles, *a, **kw: (2 * tiles, tiles))
+            monkeypatch.setattr(schedule, "plan", lambda tiles, *a, **kw: (ck * tiles, tiles))
         y = torch.full((m, hidden), float("nan"), dtype=torch.bfloat16, device="cuda")
         ys.append(k.down(c, args["h"], args["weight"], args["weight_scale"], args["h_scale"], args["residual"], out=y))
     assert torch.equal(ys[0], ys[1])

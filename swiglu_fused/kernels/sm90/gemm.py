@@ -25,11 +25,13 @@ dispatch.cluster_m_for): CTAs 2c and 2c + 1 form a cluster and
 take tiles of the same weight tile at adjacent M (grid_m padded to even, whole tiles only); each
 loads its x tile and one half of the weight k tile, TMA-multicast into both CTAs' smem, and a stage
 is free once the consumers of both CTAs have released it. Weight traffic from L2 halves.
-K pairs (TileConfig.cluster_k = 2, swap-AB decode tiles, dispatched by dispatch.gate_up_cluster_k /
-down_cluster_k; the 64-row tile with 3 stages is not dispatched, DISPATCH D23): the stream-K schedule
-with every tile split in two halves, CTAs 2t and 2t + 1 a cluster, and the fix-up through DSMEM
-instead of global memory: the second CTA st.async's its fp32 accumulator into the first's smem
-(completing bytes on its mbarrier), the first adds it and runs the epilogue.
+K pairs (TileConfig.cluster_k = 2, swap-AB decode tiles, dispatched by dispatch.gate_up_cluster_k;
+the 64-row tile with 3 stages is not dispatched, DISPATCH D23): the stream-K schedule with every
+tile split in two halves, CTAs 2t and 2t + 1 a cluster, and the fix-up through DSMEM instead of
+global memory: the second CTA st.async's its fp32 accumulator into the first's smem (completing
+bytes on its mbarrier), the first adds it and runs the epilogue. cluster_k = 4 (swap-AB tiles; fp8
+down's, dispatch.down_cluster_k, D37): four K parts, CTAs 1-3 each into a slot of CTA 0's smem,
+added in rank order.
 A tile's 256 weight rows are two 128-row halves, each with its own 128×128 weight scale per k
 block:
 

@@ -67,12 +67,12 @@ class TileConfig:
     # tile, each loads half of its weight k tiles and TMA multicasts it to both (half the L2
     # traffic for weights). Whole tiles only (no stream-K); the M tiles are padded to a multiple.
     cluster_m: int = 1
-    # CTAs per cluster along K (1 or 2; swap-AB tiles, and the 64-row tile with 3 stages, not
-    # dispatched: DISPATCH D23): every tile is split in two K halves
-    # run by the two CTAs of a cluster, and the second sends its fp32 accumulator into the first's
-    # shared memory (st.async, DSMEM), which adds it and runs the epilogue. Twice the CTAs
-    # streaming weights at decode, without stream-K's global partials, counters and their memset.
-    # One tile per cluster: the grid is exactly 2 · tiles (≤ the SM count; schedule()).
+    # CTAs per cluster along K (1, 2 or 4; 2: swap-AB tiles, and the 64-row tile with 3 stages, not
+    # dispatched: DISPATCH D23; 4: swap-AB tiles, fp8 down's dispatched, D37): every tile is split in
+    # K parts run by the CTAs of a cluster, and the others send their fp32 accumulators into the
+    # first's shared memory (st.async, DSMEM), which adds them in rank order and runs the epilogue.
+    # More CTAs streaming weights at decode, without stream-K's global partials and counters.
+    # One tile per cluster: the grid is exactly cluster_k · tiles (≤ the SM count; schedule()).
     cluster_k: int = 1
     # Programmatic dependent launch (DISPATCH D20): the kernel is launched with the programmatic
     # stream-serialization attribute, so its CTAs may be placed while the previous kernel on the
