@@ -26,7 +26,8 @@ from swiglu_fused.kernels.sm90 import gate_up as kg
 def same_h(cfg_a, cfg_b, ops) -> str:
     x, xs, w, ws = ops
     h_a, hs_a = kg.gate_up(cfg_a, x, w, ws, xs)
-    h_b, hs_b = kg.gate_up(cfg_b, x, w, ws, xs)
+    (x, xs, w, ws), = b.in_weight_order(cfg_b, [ops], 2)
+    h_b, hs_b = kg.gate_up(cfg_b, x, w, ws, xs, tile_major=cfg_b.tile_major)
     if torch.equal(h_a.view(torch.uint8), h_b.view(torch.uint8)) and (hs_a is None or torch.equal(hs_a, hs_b)):
         return "bit-identical"
     return f"max |dh| {(h_a.float() - h_b.float()).abs().max().item():.3g}"
@@ -69,7 +70,8 @@ def main():
                 except ValueError as e:  # e.g. a split_n field where the dispatched tile is not split_n
                     print(f"H={hidden} I={inter} M={m}: variant {n} does not apply ({e})")
             checks = {n: same_h(base, c, sets[0]) for n, c in cfgs.items() if n != "dispatched"}
-            fns = {n: b.cycling(lambda x, xs, w, ws, c=c: kg.gate_up(c, x, w, ws, xs), sets) for n, c in cfgs.items()}
+            fns = {n: b.cycling(lambda x, xs, w, ws, c=c: kg.gate_up(c, x, w, ws, xs, tile_major=c.tile_major),
+                                b.in_weight_order(c, sets, 2)) for n, c in cfgs.items()}
             per_round = b.interleaved_us(fns, a.iters, a.rounds, max(b.REPS, len(sets)))
             med = {n: statistics.median(v) for n, v in per_round.items()}
             ratios = {n: [d / t for d, t in zip(per_round["dispatched"], v)] for n, v in per_round.items()}

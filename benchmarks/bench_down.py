@@ -108,12 +108,15 @@ def interleaved(a):
             cfg = b.down_config(hq0, wq0, ws0, hs0, None, torch.bfloat16)
             variants = {n: dataclasses.replace(cfg, **f) for n, f in map(parse_variant, a.variant)}
             y0 = k.down(cfg, hq0, wq0, ws0, hs0) if variants else None
-            checks = {n: "bit-identical" if torch.equal(k.down(c, hq0, wq0, ws0, hs0), y0) else "differs"
+            vsets = {n: b.in_weight_order(c, sets, 2) for n, c in variants.items()}  # (h, h_scale, w, w_scale)
+            checks = {n: "bit-identical" if torch.equal(y0, k.down(c, hq0, vsets[n][0][2], ws0, hs0,
+                                                                   tile_major=c.tile_major)) else "differs"
                       for n, c in variants.items()}
             t = b.interleaved_us({
                 "kernel": b.cycling(lambda hq, hs, wq, ws: k.down(cfg, hq, wq, ws, hs), sets),
                 "cublas": b.cycling(lambda hq, hs, wq, ws: cublas.down(hq, wq, ws, hs, None, torch.bfloat16), sets),
-                **{n: b.cycling(lambda hq, hs, wq, ws, c=c: k.down(c, hq, wq, ws, hs), sets) for n, c in variants.items()},
+                **{n: b.cycling(lambda hq, hs, wq, ws, c=c: k.down(c, hq, wq, ws, hs, tile_major=c.tile_major),
+                                vsets[n]) for n, c in variants.items()},
                 **({"deepgemm": b.cycling(lambda hq, hs, wq, ws: dg_gemm(hq, hs, wq, ws), sets)}
                    if dg_gemm else {}),
             }, a.iters, a.rounds, max(b.REPS, len(sets)))

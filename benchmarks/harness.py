@@ -79,6 +79,17 @@ def parse_variant(text: str) -> tuple[str, dict]:
     return name, out
 
 
+def in_weight_order(config, sets: list, w_index: int) -> list:
+    """``sets`` with their weight (item ``w_index``) in the order ``config`` reads: tile-major copies
+    (kernels/fp8_layout.py) for an fp8 config with tile_major, else the sets as they are. Pass
+    ``tile_major=config.tile_major`` to the kernel with them."""
+    if not (config.fp8 and config.tile_major):
+        return sets
+    from swiglu_fused.kernels import fp8_layout
+
+    return [s[:w_index] + (fp8_layout.to_tile_major(s[w_index]),) + s[w_index + 1:] for s in sets]
+
+
 FAMILIES = ("gate_up", "down", "quant_x", "warp_mma_gate_up", "warp_mma_down")
 
 

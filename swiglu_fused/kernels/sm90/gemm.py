@@ -207,7 +207,12 @@ class GemmKernel(MainloopMixin, Nvfp4Mixin, StreamKMixin, EpilogueMixin):
                 mWS = cute.make_tensor(cute.recast_ptr(ws_ptr, dtype=Int32),
                                        cute.make_layout((n, kw), stride=(kw, 1)))
         else:
-            mB = cute.make_tensor(w_ptr, cute.make_layout((n, k), stride=(k, 1)))
+            if cutlass.const_expr(cfg.tile_major):  # fp8: [N/256][K/128][256 rows][128 bytes]
+                rows, cols = cfg.tile_n, cfg.tile_k
+                mB = cute.make_tensor(w_ptr, cute.make_layout(
+                    ((rows, n_tiles), (cols, kb)), stride=((cols, kb * rows * cols), (1, rows * cols))))
+            else:
+                mB = cute.make_tensor(w_ptr, cute.make_layout((n, k), stride=(k, 1)))
             # a_scale: gate_up's x_scale as quant_x writes it (row-major); down's h_scale as gate_up
             # writes it, M-major (strides (1, M), the layout cuBLAS's block-scaled GEMM reads)
             if cutlass.const_expr(cfg.dequantized):  # the global scale multipliers, as for nvfp4
@@ -852,13 +857,19 @@ def weight_operands(config: TileConfig, weight, weight_scale, a_scale, global_sc
     """(the weight the kernel reads, (a_scale, w_scale) pointers' tensors) for ``config``: fp8's
     scales; nvfp4's global scale multipliers in a_scale's place (with its e4m3 scales); for
     ``dequantized`` the nvfp4 weight turned into bf16 for this call, and the multipliers.
-    ``tile_major``: the nvfp4 weight's order (nvfp4_layout), which a W4A16 config has compiled in."""
+    ``tile_major``: the weight's order (nvfp4_layout, fp8_layout), which an nvfp4 W4A16 or fp8 config
+    has compiled in."""
+    if (config.fp8 or config.nvfp4) and config.tile_major != tile_major:
+        raise ValueError(f"tile_major: the weight is {'tile-major' if tile_major else 'in packed order'}, "
+                         f"but {config} reads the other order")
     if config.fp8:
+        from .. import fp8_layout
+
+        if tile_major and not fp8_layout.fits(*weight.shape):
+            raise ValueError(f"tile_major: an fp8 weight of shape {tuple(weight.shape)} has no tile-major order "
+                             f"(N a multiple of {fp8_layout.ROWS}, K of {fp8_layout.K_TILE})")
         return weight, (a_scale, weight_scale)
     if config.nvfp4:
-        if config.tile_major != tile_major:
-            raise ValueError(f"tile_major: the weight is {'tile-major' if tile_major else 'in packed order'}, "
-                             f"but {config} reads the other order")
         return weight, (nvfp4_global_scales(global_scale, config.global_scales), weight_scale)
     if config.dequantized:
         from .nvfp4_dequant import dequantize

@@ -124,7 +124,10 @@ class TileConfig:
     # nvfp4: the packed weight and its scale words in tile-major order (nvfp4.tile_major: each
     # 256-row × 64-column k tile's 8 KB of codes and 1 KB of scale words contiguous), so that a k
     # tile is one contiguous TMA box and its scales one contiguous run, instead of 32-byte row
-    # pieces and 4-byte words 2 KB apart (history/nvfp4.md). Measured, not dispatched.
+    # pieces and 4-byte words 2 KB apart (history/nvfp4.md; the modules hold it so: DISPATCH D27).
+    # fp8: the weight's 256-row × 128-column k tiles contiguous (kernels/fp8_layout.py; its scales
+    # keep their order), gate_up's and down's 256-row tiles (not the split projection's): measured,
+    # not dispatched.
     tile_major: bool = False
     # nvfp4: bf16 k tiles the weight is decoded into. 2: tile kt + 1 is decoded while tile kt's
     # wgmma reads the other; 1 (the swap-AB tiles): each warpgroup waits for its wgmma of tile kt
@@ -202,8 +205,10 @@ class TileConfig:
                                                                                  or self.swap_ab)):
             raise ValueError(f"{name}.y_slab_cols: expected one of {Y_SLAB_COLS}, other than {HALF_N} only in the "
                              f"linear epilogue (down) of the 64/128-row tiles; got {self}")
-        if self.tile_major and not self.nvfp4:
-            raise ValueError(f"{name}.tile_major: the nvfp4 mainloop's weight layout only; got {self}")
+        if self.tile_major and not (self.nvfp4 or (self.fp8 and self.tile_n == 2 * HALF_N
+                                                   and self.b_box_rows == self.tile_n)):
+            raise ValueError(f"{name}.tile_major: the nvfp4 mainloop's weight layout, or the fp8 mainloop's on "
+                             f"whole 256-row tiles; got {self}")
         if self.decode_buffers not in DECODE_BUFFERS or (self.decode_buffers == 1 and not (self.nvfp4 and self.swap_ab)):
             raise ValueError(f"{name}.decode_buffers: 2, or 1 on the nvfp4 mainloop's swap-AB tiles; got {self}")
         if self.l2_hint not in L2_HINTS:
@@ -419,9 +424,10 @@ class SplitConfig(GateUpConfig):
         if self.prefix <= 0 or self.prefix % HALF_N:
             raise ValueError(f"{name}.prefix: expected a positive multiple of {HALF_N} rows, got {self.prefix}")
         if (self.out_bytes != 2 or self.h_spec.scaled or self.granules or self.swap_ab or self.split_n
-                or self.cluster_k > 1 or self.tma_store or self.smem_scales):
+                or self.cluster_k > 1 or self.tma_store or self.smem_scales or (self.tile_major and self.fp8)):
             raise ValueError(f"{name}: the split GEMM runs the 64/128-row tiles of 256 weight rows with bf16 h "
-                             f"(no granules, swap_ab, split_n, K pairs, tma_store or smem_scales); got {self}")
+                             f"(no granules, swap_ab, split_n, K pairs, tma_store, smem_scales or a tile-major fp8 "
+                             f"weight); got {self}")
         if self.nvfp4_weight and (self.prefix % self.tile_n or self.tile_m < 128):
             raise ValueError(f"{name}: the nvfp4 split GEMM runs the 128/192-row tiles with the pair tiles on the "
                              f"256-row grid (prefix a multiple of {self.tile_n}); got {self}")
