@@ -114,7 +114,7 @@ def check_formats(weight_formats: Iterable[str], allow_reference: bool = False) 
             raise BenchError(f"format {name!r}: expected one of {', '.join(sorted(formats.WEIGHT_FORMATS))}")
         if not formats.weight_format(name).has_sm90_kernels(GROUP) and not allow_reference:
             raise BenchError(f"format {name!r}: the sm90 kernels do not implement it, so ours would time the "
-                             f"pure-torch reference; add --allow-reference (allow_reference=True) to include it "
+                             f"pure-torch reference; add allow_reference=True to include it "
                              f"anyway")
         if name not in out:
             out.append(name)

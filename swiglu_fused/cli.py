@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import re
 import signal
 import sys
 
@@ -17,6 +18,25 @@ EPILOG = """examples:
   swiglu-fused inspect ./Llama-3-8B-fused
   swiglu-fused bench --out bench-results      # on an H100 / H200
 """
+
+
+# The package's messages name the Python API's keywords (interleave=64, weight_format='bf16',
+# force=True); the command shows them as its flags.
+_KEYWORD = re.compile(r"\b(interleave|weight_format|source_format|allow_reference|force)=('?)([\w.-]+)\2")
+_FLAGS = {"interleave": "--interleave", "weight_format": "--format", "source_format": "--source-format"}
+_SWITCHES = {"allow_reference": "--allow-reference", "force": "--force"}  # (=True)
+
+
+def cli_spelling(message: str) -> str:
+    """``message`` with the Python API's keyword arguments written as this command's flags."""
+    def flag(m: re.Match) -> str:
+        name, value = m.group(1), m.group(3)
+        if name in _SWITCHES:
+            return _SWITCHES[name] if value == "True" else m.group(0)
+        if name == "interleave" and not value.isdigit():  # (a type error's repr: not a flag's value)
+            return m.group(0)
+        return f"{_FLAGS[name]} {value}"
+    return _KEYWORD.sub(flag, message)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -108,7 +128,7 @@ def _bench_type(parse):
         try:
             return getattr(bench, parse)(text)
         except bench.BenchError as e:
-            raise argparse.ArgumentTypeError(str(e)) from None
+            raise argparse.ArgumentTypeError(cli_spelling(str(e))) from None
     convert.__name__ = parse.removeprefix("parse_")
     return convert
 
@@ -144,7 +164,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return _run(args)
     except (FormatError, CheckpointError, OSError) as e:  # OSError: missing paths, permissions, disk space
-        print(f"swiglu-fused {args.command}: error: {e}", file=sys.stderr)
+        print(f"swiglu-fused {args.command}: error: {cli_spelling(str(e))}", file=sys.stderr)
         return 2
     except KeyboardInterrupt as e:  # Ctrl-C; in convert also SIGTERM and SIGHUP (ConvertInterrupted)
         signum = getattr(e, "signum", signal.SIGINT)
@@ -202,7 +222,7 @@ def _run(args) -> int:
                       rounds=args.rounds, iters=args.iters, out=args.out, cuda_graphs=args.cuda_graphs,
                       allow_reference=args.allow_reference)
         except bench.BenchError as e:
-            print(f"swiglu-fused bench: error: {e}", file=sys.stderr)
+            print(f"swiglu-fused bench: error: {cli_spelling(str(e))}", file=sys.stderr)
             return 2
         return 0
     from .demo import run_demo

@@ -251,7 +251,8 @@ class BF16(WeightFormat):
         over = ~torch.isfinite(out)
         if over.any():  # finite fp32 beyond bfloat16's largest value rounds to inf
             raise FormatError(f"{name}: {int(over.sum())} of {w.numel()} weights exceed bfloat16's range (largest "
-                              f"{torch.finfo(torch.bfloat16).max:.3g}); choose --format fp8_block128 or nvfp4, "
+                              f"{torch.finfo(torch.bfloat16).max:.3g}); choose weight_format='fp8_block128' or "
+                              "weight_format='nvfp4', "
                               "which scale each block")
         return {"weight": out}
 
@@ -324,7 +325,8 @@ class NVFP4(WeightFormat):
     def quantize(self, w, name, kind=None):
         if self.size_problem("K", w.shape[1]):
             raise FormatError(f"{name}: nvfp4 packs two values per byte, so it needs an even number of columns; "
-                              f"this projection has {w.shape[1]} (choose --format fp8_block128 or bf16)")
+                              f"this projection has {w.shape[1]} (choose weight_format='fp8_block128' or "
+                              "weight_format='bf16')")
         packed, scale, gs = quant.quantize_nvfp4(w)
         if kind == MULTIPLIER:
             gs = 1.0 / gs
@@ -393,15 +395,15 @@ def _holding_problem(intermediate: int, fmt: WeightFormat) -> str | None:
 
 
 def _formats_that_hold(intermediate: int, fmt: WeightFormat) -> str:
-    """The flags of every other format that can hold I, each with the interleave it needs when the
-    default does not divide I ("--format bf16 --interleave 100 or --format nvfp4 --interleave 100"),
+    """Every other format that can hold I, each with the interleave it needs when the default does
+    not divide I ("weight_format='bf16' interleave=100 or ..."; the CLI shows its flags: cli.py),
     so that one run of the suggestion converts."""
     flags = []
     for other in WEIGHT_FORMATS.values():
         if other is fmt or _holding_problem(intermediate, other):
             continue
         g = suggest_interleaves(intermediate, other.interleave_multiple)[0]
-        flags.append(f"--format {other.name}" + ("" if g == DEFAULT_INTERLEAVE else f" --interleave {g}"))
+        flags.append(f"weight_format='{other.name}'" + ("" if g == DEFAULT_INTERLEAVE else f" interleave={g}"))
     return " or ".join(flags) or "another model: no format holds it"
 
 
@@ -433,13 +435,13 @@ def check_interleave(intermediate: int, g: int, fmt: WeightFormat, where: str = 
     problem = intermediate_problem(intermediate, fmt)
     if problem:
         raise FormatError(f"{at}no interleave works for format {fmt.name}: {problem}")
-    options = " or ".join(map(str, suggest_interleaves(intermediate, fmt)))
+    options = " or ".join(f"interleave={s}" for s in suggest_interleaves(intermediate, fmt))
     problem = interleave_problem(g, fmt)
     if problem:
-        raise FormatError(f"{at}{problem}; use --interleave {options}")
+        raise FormatError(f"{at}{problem}; use {options}")
     if intermediate % g:
-        raise FormatError(f"{at}intermediate size I = {intermediate} is not a multiple of --interleave {g}; "
-                          f"use --interleave {options}")
+        raise FormatError(f"{at}intermediate size I = {intermediate} is not a multiple of interleave={g}; "
+                          f"use {options}")
 
 
 @dataclass(frozen=True)
@@ -676,7 +678,8 @@ def split_shape_problem(rows: int, prefix_rows: int, g: int, fmt: WeightFormat) 
                 "must be positive and even)")
     if prefix_rows % fmt.scale_rows:
         return (f"the prefix of {prefix_rows} rows is not a multiple of {fmt.scale_rows}, so a {fmt.name} scale "
-                "block would straddle the prefix and the gate/up pairs; choose --format bf16 or nvfp4")
+                "block would straddle the prefix and the gate/up pairs; choose weight_format='bf16' or "
+                "weight_format='nvfp4'")
     try:
         check_interleave(pairs // 2, g, fmt)
     except FormatError as e:

@@ -155,7 +155,7 @@ def test_mismatched_gate_and_up_shapes(tmp_path, tiny_llama):
 def test_intermediate_not_a_multiple_of_g_names_a_g_that_works(tmp_path):
     src = tmp_path / "src"
     make_causal_lm(src, inter=320)  # 320 = 2.5 x 128
-    _convert_fails(src, tmp_path, FormatError, r"I = 320 is not a multiple of --interleave 128; use --interleave 160 or 80 or 64",
+    _convert_fails(src, tmp_path, FormatError, "I = 320 is not a multiple of interleave=128; use interleave=160 or interleave=80 or interleave=64",
                    weight_format="bf16")
     _convert_fails(src, tmp_path, FormatError, "no interleave works for format fp8_block128",
                    weight_format="fp8_block128")
@@ -192,7 +192,7 @@ def test_fp8_source_with_other_block_size(tmp_path):
 
 def test_source_format_disagreeing_with_the_checkpoint(tmp_path, tiny_llama):
     src, _ = tiny_llama
-    _convert_fails(src, tmp_path, FormatError, "--source-format nvfp4 but .* describes a dense checkpoint",
+    _convert_fails(src, tmp_path, FormatError, "source_format='nvfp4' but .* describes a dense checkpoint",
                    source_format="nvfp4")
 
 

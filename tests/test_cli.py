@@ -34,7 +34,7 @@ def test_convert_verify_inspect(tmp_path, tiny_llama, capsys):
     assert main(["inspect", str(dst)]) == 0
     assert "model.layers.0.mlp" in capsys.readouterr().out
     assert main(["convert", str(src), str(dst)]) == 2
-    assert "already exists; pass force=True (--force)" in capsys.readouterr().err
+    assert "already exists; pass --force to replace it" in capsys.readouterr().err
 
 
 def test_errors_exit_2_with_the_reason(tmp_path, capsys):

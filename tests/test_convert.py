@@ -136,12 +136,12 @@ def test_existing_destination_is_refused_unless_forced(tmp_path, tiny_llama):
     (dst / "keep.txt").write_text("mine")
     with pytest.raises(FileExistsError, match="already exists and is a directory that is not"):
         convert(src, dst, progress=False)
-    with pytest.raises(FileExistsError, match="--force replaces only"):  # not a packed output: the user's
+    with pytest.raises(FileExistsError, match="force=True replaces only"):  # not a packed output: the user's
         convert(src, dst, force=True, progress=False)
     assert (dst / "keep.txt").read_text() == "mine"
     (dst / "keep.txt").unlink()  # an empty directory, then a packed output, may be replaced
     convert(src, dst, weight_format="nvfp4", force=True, progress=False)
-    with pytest.raises(FileExistsError, match="--force"):
+    with pytest.raises(FileExistsError, match="already exists; pass force=True to replace it"):
         convert(src, dst, progress=False)
     convert(src, dst, weight_format="bf16", force=True, progress=False)
     assert verify(dst).ok and PackedCheckpoint(dst).config.weight_format == "bf16"

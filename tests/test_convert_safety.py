@@ -157,7 +157,7 @@ def test_force_replaces_an_empty_directory_and_says_so(tmp_path, tiny_llama, cap
     dst = tmp_path / "out"
     dst.mkdir()
     code, err = _cli(capsys, src, dst)
-    assert code == 2 and f"{dst} already exists; pass force=True (--force)" in _one_error_line(err)
+    assert code == 2 and f"{dst} already exists; pass --force to replace it" in _one_error_line(err)
     code, err = _cli(capsys, src, dst, "--force")
     assert code == 0 and err.strip() == f"swiglu-fused convert: replaced the empty directory at {dst}"
     assert verify(dst).ok and _hidden(tmp_path) == []

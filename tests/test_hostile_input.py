@@ -315,7 +315,7 @@ def test_nvfp4_with_odd_intermediate_size_suggests_no_interleave(tmp_path, capsy
 def test_every_suggested_interleave_converts(tmp_path, capsys):
     src = tmp_path / "src"
     make_causal_lm(src, inter=40)
-    err = _refused(capsys, src, tmp_path, "I = 40 is not a multiple of --interleave 128; use --interleave 40 or 20 or 10",
+    err = _refused(capsys, src, tmp_path, "I = 40 is not a multiple of --interleave 128; use --interleave 40 or --interleave 20 or --interleave 10",
                    fmt="nvfp4")
     assert err
     for g in formats.suggest_interleaves(40, formats.weight_format("nvfp4")):

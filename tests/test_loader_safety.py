@@ -209,7 +209,7 @@ def test_patch_model_with_an_interleave_no_mlp_can_use_raises(tmp_path):
     with pytest.raises(FormatError, match=r"interleave: 128 divides the intermediate size of none of the 2 MLPs "
                                           r"\(I = 320\).*nothing was changed"):
         patch_model(model, weight_format="fp8_block128")
-    with pytest.raises(FormatError, match=r"interleave: 256 .*\(I = 320\): .*use interleave=160 or 80 or 64; nothing"):
+    with pytest.raises(FormatError, match=r"interleave: 256 .*\(I = 320\): .*use interleave=160 or interleave=80 or interleave=64; nothing"):
         patch_model(model, weight_format="bf16", interleave=256)
     assert not any(isinstance(m, FusedSwiGLUMLP) for m in model.modules())
     assert not hasattr(model.config, "quantization_config")

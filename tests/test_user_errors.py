@@ -70,7 +70,7 @@ def test_force_refuses_to_replace_a_file_and_leaves_no_leftovers(tmp_path, tiny_
     """--force replaces only a previous packed output or an empty directory (issue 19 item 1)."""
     src, _ = tiny_llama
     (tmp_path / "out").write_text("an old file")
-    with pytest.raises(FileExistsError, match="out is a file, not a directory; --force replaces only"):
+    with pytest.raises(FileExistsError, match="out is a file, not a directory; force=True replaces only"):
         convert(src, tmp_path / "out", force=True, progress=False)
     assert (tmp_path / "out").read_text() == "an old file"
     assert _names(tmp_path) == ["llama", "out"]

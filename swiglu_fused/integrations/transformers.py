@@ -164,8 +164,8 @@ def _check_some_mlp_fits(candidates, interleave: int, fmt: formats.WeightFormat)
         hint = ""
         try:
             formats.check_interleave(min(sizes), interleave, fmt)
-        except FormatError as e:  # names the g that would work, in the CLI's spelling
-            hint = ": " + str(e).replace("--interleave ", "interleave=")
+        except FormatError as e:  # names the g that would work
+            hint = f": {e}"
         raise FormatError(f"interleave: {interleave} divides the intermediate size of none of the "
                           f"{len(candidates)} MLPs (I = {', '.join(map(str, sorted(sizes)))}){hint}; "
                           "nothing was changed")

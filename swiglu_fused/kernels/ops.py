@@ -234,7 +234,7 @@ def _validate_gate_up(x, weight, weight_scale, x_scale, global_scale, interleave
     if n % (2 * interleave):
         raise ValueError(
             f"weight: {n} rows is not a multiple of 2 * interleave = {2 * interleave}; a packed gate_up "
-            f"weight has 2I rows in chunks of 2g (check --interleave)"
+            f"weight has 2I rows in chunks of 2g (check the interleave it was packed with)"
         )
 
 

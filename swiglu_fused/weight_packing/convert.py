@@ -131,8 +131,8 @@ def _plan(src: Path, weight_format: str, g: int, source_format: str) -> _Plan:
     adapter = adapters.for_config(config, str(src / formats.CONFIG_FILE))
     declared = declared_source_format(config, src)
     if source_format != "auto" and source_format != declared:
-        raise FormatError(f"--source-format {source_format} but {src / formats.CONFIG_FILE} describes a "
-                          f"{declared} checkpoint; pass --source-format auto")
+        raise FormatError(f"source_format='{source_format}' but {src / formats.CONFIG_FILE} describes a "
+                          f"{declared} checkpoint; pass source_format='auto'")
     files = sio.checkpoint_files(src)
     headers = [sio.read_header(f) for f in files]
     names = [n for h in headers for n in h.entries]

@@ -42,13 +42,13 @@ except ImportError:  # not POSIX: no lock; the commit still refuses to overwrite
 log = logging.getLogger(__name__)
 
 MARKER = ".swiglu-fused-partial"  # inside a partial directory: {"pid", "host", "started", "dst"}
-REPLACE_RULE = ("--force replaces only a previous swiglu-fused output (a directory whose config.json has "
+REPLACE_RULE = ("force=True replaces only a previous swiglu-fused output (a directory whose config.json has "
                 f"quantization_config.quant_method {formats.QUANT_METHOD!r}) or an empty directory")
 
 
 class DestinationError(FileExistsError):
     """DST is in use by another run, changed during the conversion, or is not something
-    ``--force`` may replace. The message names DST and says what to do."""
+    ``force`` may replace. The message names DST and says what to do."""
 
 
 class ConvertInterrupted(KeyboardInterrupt):
@@ -311,7 +311,7 @@ class Destination:
         replaceable = what in ("empty", "packed")
         if not self.force:
             if replaceable:
-                raise FileExistsError(f"{self.shown} already exists; pass force=True (--force) to replace it")
+                raise FileExistsError(f"{self.shown} already exists; pass force=True to replace it")
             raise FileExistsError(f"{self.shown} already exists and is {what}; {REPLACE_RULE}: "
                                   f"remove it yourself or choose another output directory")
         if not replaceable:
