@@ -71,17 +71,23 @@ def parse_set(spec: str) -> dict:
 
 def with_constants(module, constants: dict):
     """The module's forward with the module constants changed while it runs (so a CUDA graph
-    captured through it keeps the launches they lead to), restored after."""
-    def run(x):
-        old = {key: getattr(*key) for key in constants}
-        for (mod, name), value in constants.items():
+    captured through it keeps the launches they lead to), restored after; the module's weights are
+    put in the order the changed constants ask for now (settle_layout: dispatch.FP8_TILE_MAJOR)."""
+    modules = module.modules() if hasattr(module, "modules") else ()  # (an nn.Module, or a plain forward)
+    _under(constants, lambda: [m.settle_layout() for m in modules if hasattr(m, "settle_layout")])
+    return lambda x: _under(constants, lambda: module(x))
+
+
+def _under(constants: dict, fn):
+    """fn() with the module constants changed, restored after."""
+    old = {key: getattr(*key) for key in constants}
+    for (mod, name), value in constants.items():
+        setattr(mod, name, value)
+    try:
+        return fn()
+    finally:
+        for (mod, name), value in old.items():
             setattr(mod, name, value)
-        try:
-            return module(x)
-        finally:
-            for (mod, name), value in old.items():
-                setattr(mod, name, value)
-    return run
 
 
 def main(argv=None):

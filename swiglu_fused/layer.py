@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 from . import eager_graphs, formats, interleave as il
-from .kernels import dispatch, nvfp4_layout, ops, reference
+from .kernels import dispatch, fp8_layout, nvfp4_layout, ops, reference
 from .kernels.pipeline import held_multiplier
 
 
@@ -18,15 +18,17 @@ class _PackedProjection(nn.Module):
 
     An nvfp4 weight and its scales are kept in nvfp4_layout's tile-major order wherever the sm90
     kernels read them (dispatch.nvfp4_tile_major; ``kernel_ready`` False opts a projection out,
-    as a gate_up with another interleave than the kernels'); ``tile_major`` says which order the
-    buffers hold. The order is settled whenever the tensors move (``_apply``: .to(), .cuda(),
+    as a gate_up with another interleave than the kernels'), and so is an fp8 weight (fp8_layout;
+    its scales keep their order) of a projection made with ``fp8_tile_major`` where
+    dispatch.fp8_tile_major says so (gate_up: every backend that runs it reads that order; down's
+    cuBLAS and DeepGEMM do not); ``tile_major`` says which order the buffers hold. The order is settled whenever the tensors move (``_apply``: .to(), .cuda(),
     .cpu()) or load (``load_state_dict``; loaders that assign buffers directly call
     ``settle_layout`` after), and state_dict always gives the packed format's order. A reorder
     replaces the two buffers with new tensors: a tensor the caller passed in is never changed.
     """
 
     def __init__(self, tensors: Mapping[str, torch.Tensor], weight_format: str | None = None,
-                 kernel_ready: bool = True, global_scale_kind: str | None = None):
+                 kernel_ready: bool = True, global_scale_kind: str | None = None, fp8_tile_major: bool = False):
         super().__init__()
         for suffix, t in tensors.items():
             self.register_buffer(suffix, t)
@@ -35,9 +37,13 @@ class _PackedProjection(nn.Module):
         self._global_scale = (fmt.global_scale_name, global_scale_kind) if fmt and fmt.global_scale_name else None
         self._multiplier: torch.Tensor | None = None
         self._multiplier_of: torch.Tensor | None = None  # the buffer it was made from
-        # (weight, scale) buffer names of a weight that has a tile-major order, else None
-        self._reorderable = ((fmt.weight_name, fmt.scale_name) if fmt and fmt.tile_major_order and kernel_ready
-                             else None)
+        # (weight, scale) buffer names of a weight that has a tile-major order (an fp8 weight: scale
+        # None, its scales keep their order), else None
+        self._reorderable = None
+        if fmt and kernel_ready and fmt.tile_major_order:
+            self._reorderable = (fmt.weight_name, fmt.scale_name)
+        elif fmt and kernel_ready and fp8_tile_major and fmt.name == formats.FP8Block128.name:
+            self._reorderable = (fmt.weight_name, None)
         self.tile_major = False
         self.settle_layout()
 
@@ -65,16 +71,20 @@ class _PackedProjection(nn.Module):
         return out
 
     def _packed_copies(self) -> dict[str, torch.Tensor]:
-        """The tile-major nvfp4 weight and scales as new tensors in the packed order."""
+        """The tile-major weight (and nvfp4's scales) as new tensors in the packed order."""
         w, s = self._reorderable
+        if s is None:
+            return {w: fp8_layout.from_tile_major(self._buffers[w])}
         return dict(zip((w, s), nvfp4_layout.to_packed(self._buffers[w], self._buffers[s])))
 
     def settle_layout(self) -> None:
-        """Put an nvfp4 weight in the order its device's kernels read (tile-major where
-        dispatch.nvfp4_tile_major says so, else the packed order), and make its per-tensor scale's
-        multiplier (op_tensors)."""
+        """Put a reorderable weight in the order its device's kernels read (tile-major where
+        dispatch.nvfp4_tile_major / fp8_tile_major says so, else the packed order), and make its
+        per-tensor scale's multiplier (op_tensors)."""
         if self._reorderable is not None:
-            self._set_tile_major(dispatch.nvfp4_tile_major(self._buffers[self._reorderable[0]]))
+            w, s = self._reorderable
+            wanted = dispatch.nvfp4_tile_major if s is not None else dispatch.fp8_tile_major
+            self._set_tile_major(wanted(self._buffers[w]))
         if self._global_scale is not None:
             self._settle_multiplier()
 
@@ -88,8 +98,11 @@ class _PackedProjection(nn.Module):
         if want == self.tile_major:
             return
         w, s = self._reorderable
-        reorder = nvfp4_layout.to_tile_major if want else nvfp4_layout.to_packed
-        self._buffers[w], self._buffers[s] = reorder(self._buffers[w], self._buffers[s])
+        if s is None:
+            self._buffers[w] = (fp8_layout.to_tile_major if want else fp8_layout.from_tile_major)(self._buffers[w])
+        else:
+            reorder = nvfp4_layout.to_tile_major if want else nvfp4_layout.to_packed
+            self._buffers[w], self._buffers[s] = reorder(self._buffers[w], self._buffers[s])
         self.tile_major = want
 
     def _save_to_state_dict(self, destination, prefix, keep_vars):
@@ -139,11 +152,11 @@ class FusedSwiGLUMLP(nn.Module):
             raise formats.FormatError("FusedSwiGLUMLP: " + "; ".join(str(p).replace("m.", "", 1) for p in problems))
         self.weight_format, self.interleave, self.activation = fmt.name, interleave, activation
         self.global_scale_kind = global_scale_kind if fmt.global_scale_name else None
-        # = formats.GATE_UP: state_dict keys are the checkpoint's; an nvfp4 gate_up is tile-major
-        # only with the kernels' interleave
+        # = formats.GATE_UP: state_dict keys are the checkpoint's; an nvfp4 or fp8 gate_up is
+        # tile-major only with the kernels' interleave
         self.gate_up_interleaved = _PackedProjection(gate_up, fmt.name,
                                                      kernel_ready=dispatch.format_has_kernels(fmt.name, interleave),
-                                                     global_scale_kind=self.global_scale_kind)
+                                                     global_scale_kind=self.global_scale_kind, fp8_tile_major=True)
         self.down_proj = _PackedProjection(down, fmt.name, global_scale_kind=self.global_scale_kind)
         w = gate_up[fmt.weight_name]
         self.hidden_size, self.intermediate_size = fmt.cols_of(w), w.shape[0] // 2  # (load_state_dict keeps shapes)

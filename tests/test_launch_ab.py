@@ -33,3 +33,24 @@ def test_a_set_variant_changes_the_constants_only_while_it_runs():
 def test_bad_set_specs_say_what_is_wrong(spec, says):
     with pytest.raises(SystemExit, match=says):
         launch_ab.parse_set(spec)
+
+
+def test_a_set_variant_settles_the_modules_layout_under_its_constants():
+    """--set dispatch.FP8_TILE_MAJOR=True must reach the module's weight order, which is settled
+    when the module is made or moved: the wrap settles it once under the changed constants."""
+    import torch
+
+    from swiglu_fused.kernels import dispatch
+
+    class Held(torch.nn.Module):
+        seen = None
+
+        def settle_layout(self):
+            self.seen = dispatch.FP8_TILE_MAJOR
+
+        def forward(self, x):
+            return dispatch.FP8_TILE_MAJOR
+
+    held = Held()
+    run = launch_ab.variants({}, {"set1": launch_ab.parse_set("dispatch.FP8_TILE_MAJOR=True")})["set1"](held)
+    assert held.seen is True and dispatch.FP8_TILE_MAJOR is False and run(None) is True

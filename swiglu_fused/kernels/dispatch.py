@@ -112,6 +112,22 @@ def nvfp4_tile_major(weight: torch.Tensor) -> bool:
             and nvfp4_layout.fits(weight.shape[0], 2 * weight.shape[1]) and sm90_kernels_usable(weight.device))
 
 
+# gate_up's fp8 weight held tile-major by the modules (fp8_layout): measured faster on the decode
+# projections alone (2-5 %, level at prefill: history/mlp.md, 2026-11-29), not yet on the whole MLP
+# (`launch_ab --set dispatch.FP8_TILE_MAJOR=True`): off until it is. Down's stays packed: cuBLAS's
+# and DeepGEMM's GEMMs read only that order.
+FP8_TILE_MAJOR = False
+
+
+def fp8_tile_major(weight: torch.Tensor) -> bool:
+    """Whether a module keeps gate_up's fp8 weight [2I, H] in fp8_layout's tile-major order: where
+    FP8_TILE_MAJOR is on, on a device whose sm90 kernels read it, with whole k tiles."""
+    from . import fp8_layout
+
+    return (FP8_TILE_MAJOR and weight.dtype == torch.float8_e4m3fn and weight.dim() == 2 and not weight.is_meta
+            and fp8_layout.fits(*weight.shape) and sm90_kernels_usable(weight.device))
+
+
 def quant_x_backend(x: torch.Tensor) -> str:
     """SM90 for a bf16 x with 16-byte rows on an sm_90 device whose element offsets fit the
     kernel's 32-bit indexing (M · row stride < 2^31), else REFERENCE."""
@@ -402,7 +418,7 @@ def gate_up_config(x, weight, weight_scale, x_scale, *, act: str, h_format: str,
                        cluster_k=ck, cluster_m=cluster_m_for(m, tile_m, tile_n),
                        smem_scales=smem_scales_apply(tile_m, swap, mainloop, h_format),
                        split_n=split, l2_hint=gate_up_l2_hint(tile_m, swap), pdl=pdl_applies(m, mainloop),
-                       uniform_ab=uniform_ab_applies(mainloop), **pipe)
+                       uniform_ab=uniform_ab_applies(mainloop), tile_major=tile_major, **pipe)
     return with_static_stages(cfg, m, n, k, x.device)
 
 
@@ -670,7 +686,10 @@ def gate_up_shipped() -> list:
                 if mainloop == BF16_MAINLOOP and not activations_and_h.h_spec(h_format).scaled:  # granule_tile_n
                     out.extend(GateUpConfig(tile_m=128, tile_n=tile_n, stages=4, act=act, h_format=h_format,
                                             mainloop=mainloop) for tile_n in TILE_N_GRANULES)
-    return out + [dataclasses.replace(c, static_stages=True) for c in out if c.smem_scales]  # (with_static_stages)
+    out += [dataclasses.replace(c, static_stages=True) for c in out if c.smem_scales]  # (with_static_stages)
+    if FP8_TILE_MAJOR:  # (fp8_tile_major: the modules' fp8 gate_up weight)
+        out += [dataclasses.replace(c, tile_major=True) for c in out if c.fp8]
+    return out
 
 
 # ================================================================ the split projection (Flux.2)

@@ -12,8 +12,10 @@ kernels gain as much is what `TileConfig.tile_major` on the fp8 mainloop measure
 scales ([N/128, K/128] fp32, one per 128 × 128 block) keep their order.
 
 As for nvfp4 (nvfp4_layout.py), the tensor keeps its canonical shape [N, K]; only the byte order
-differs, so its owner says which order it is in (``tile_major`` of the ops). Checkpoints always
-hold the packed order. Plain torch, any device: one copy of the tensor.
+differs, so its owner says which order it is in (``tile_major`` of the ops; gate_up only: down's
+cuBLAS and DeepGEMM read the packed order). FusedSwiGLUMLP holds gate_up's weight so where
+dispatch.FP8_TILE_MAJOR is on (it is off until measured on the whole MLP). Checkpoints always hold
+the packed order. Plain torch, any device: one copy of the tensor.
 """
 
 from __future__ import annotations

@@ -29,7 +29,7 @@ import sys
 import torch
 
 from .. import formats, quant
-from . import cublas, deepgemm, dispatch, nvfp4_layout, pipeline, reference
+from . import cublas, deepgemm, dispatch, fp8_layout, nvfp4_layout, pipeline, reference
 
 FP8 = torch.float8_e4m3fn
 GROUP = formats.FP8_BLOCK
@@ -94,10 +94,17 @@ def _check_nvfp4_scales(weight_scale, global_scale, n: int, k: int, split: bool 
                          f"{tuple(global_scale.shape)}")
 
 
-def _check_tile_major(tile_major, weight: torch.Tensor, k: int) -> None:
-    """``tile_major`` (nvfp4_layout): a bool, True only for an nvfp4 weight of whole tiles."""
+def _check_tile_major(tile_major, weight: torch.Tensor, k: int, fp8: bool = False) -> None:
+    """``tile_major`` (nvfp4_layout): a bool, True only for an nvfp4 weight of whole tiles, or with
+    ``fp8`` (gate_up: every backend that runs it reads that order) an fp8 one (fp8_layout)."""
     if not isinstance(tile_major, bool):
         raise TypeError(f"tile_major: expected a bool, got {tile_major!r}")
+    if tile_major and fp8 and weight.dtype == torch.float8_e4m3fn:
+        if not fp8_layout.fits(weight.shape[0], k):
+            raise ValueError(f"tile_major: only an fp8 weight with N a multiple of {fp8_layout.ROWS} and K of "
+                             f"{fp8_layout.K_TILE} has a tile-major layout; got {list(weight.shape)}; pass "
+                             "tile_major=False for the packed order")
+        return
     if tile_major and (weight.dtype != torch.uint8 or not nvfp4_layout.fits(weight.shape[0], k)):
         raise ValueError(f"tile_major: only an nvfp4 weight with N a multiple of {nvfp4_layout.ROWS} and K of "
                          f"{nvfp4_layout.K_TILE} has a tile-major layout; got a {weight.dtype} weight "
@@ -229,7 +236,7 @@ def _(x, weight, weight_scale, x_scale, global_scale, interleave, act, h_format,
 def _validate_gate_up(x, weight, weight_scale, x_scale, global_scale, interleave, act, h_format, tile_major):
     formats.implementation(formats.H_FORMATS, h_format, "h_format", "")  # raises naming h_format
     _validate_packed_operands(x, weight, weight_scale, x_scale, global_scale, act, interleave, "2I")
-    _check_tile_major(tile_major, weight, x.shape[1])
+    _check_tile_major(tile_major, weight, x.shape[1], fp8=True)
     n = weight.shape[0]
     if n % (2 * interleave):
         raise ValueError(
@@ -279,7 +286,7 @@ def gate_up(
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """h = act(x @ gate^T) · (x @ up^T) from the interleaved packed weight [2I, K] (see reference.gate_up);
     an fp8 h's scales come M-major (strides (1, M), module docstring). ``tile_major``: an nvfp4
-    weight and its scales in nvfp4_layout's tile-major order."""
+    weight and its scales in nvfp4_layout's tile-major order, or an fp8 weight in fp8_layout's."""
     _validate_gate_up(x, weight, weight_scale, x_scale, global_scale, interleave, act, h_format, tile_major)
     op = _gate_up_impl if runs_directly(x, weight, weight_scale, x_scale, global_scale) else _gate_up_op
     h, h_scale = op(x, weight, weight_scale, x_scale, global_scale, interleave, act, h_format, tile_major)

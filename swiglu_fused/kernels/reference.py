@@ -19,7 +19,8 @@ The operand format follows from the weight's dtype:
     uint8          nvfp4 (weight-only): x bf16, weight packed e2m1 + weight_scale e4m3 [N, ceil(K/16)]
                    + global_scale fp32 [2] (gate, up) or [1], as a *multiplier* (1/divisor); gate_up
                    and down take ``tile_major=True`` for a weight and scales in nvfp4_layout's
-                   tile-major order (the modules' order on an sm90 GPU)
+                   tile-major order (the modules' order on an sm90 GPU); gate_up also for an fp8
+                   weight in fp8_layout's
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ import torch
 
 from .. import formats, quant
 from ..interleave import deinterleave_rows
-from . import nvfp4_layout, pipeline
+from . import fp8_layout, nvfp4_layout, pipeline
 
 # ---------------------------------------------------------------- epilogue pieces
 # implementations of the names registered in formats.ACTIVATIONS and formats.H_FORMATS
@@ -81,12 +82,15 @@ def dequant_weight(weight: torch.Tensor, weight_scale: torch.Tensor | None = Non
 
 
 def _packed_order(weight: torch.Tensor, weight_scale: torch.Tensor | None, tile_major: bool) -> tuple:
-    """An nvfp4 weight and its scales in the packed format's order (``tile_major``: given tile-major)."""
+    """An nvfp4 weight and its scales, or an fp8 weight (its scales keep their order), in the packed
+    format's order (``tile_major``: given tile-major)."""
     if not tile_major:
         return weight, weight_scale
+    if weight.dtype == torch.float8_e4m3fn:
+        return fp8_layout.from_tile_major(weight), weight_scale
     if weight.dtype != torch.uint8 or weight_scale is None:
-        raise ValueError(f"tile_major: only an nvfp4 weight (uint8, with its e4m3 weight_scale) has a tile-major "
-                         f"layout, got a {weight.dtype} weight")
+        raise ValueError(f"tile_major: only an nvfp4 weight (uint8, with its e4m3 weight_scale) or an fp8 one has "
+                         f"a tile-major layout, got a {weight.dtype} weight")
     return nvfp4_layout.to_packed(weight, weight_scale)
 
 

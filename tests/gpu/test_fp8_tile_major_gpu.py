@@ -78,3 +78,23 @@ def test_a_weight_in_the_other_order_is_refused():
     with pytest.raises(ValueError, match="tile_major"):  # 1000 rows: no whole 256-row tiles
         k.down(dataclasses.replace(cfg, tile_major=True), args["h"][:, :1536], args["weight"][:1000],
                args["weight_scale"][:8], args["h_scale"], tile_major=True)
+
+
+@pytest.mark.parametrize("hidden,inter", [(4096, 14336), (8192, 3584)])
+def test_a_module_holding_gate_ups_fp8_weight_tile_major_gives_the_same_bits(hidden, inter, monkeypatch):
+    """dispatch.FP8_TILE_MAJOR (off until measured on the whole MLP): the module holds gate_up's fp8
+    weight tile-major and every tile dispatch picks for it (swap-AB, K pairs, the 64-row tiles,
+    the 128-row static tile, cluster pairs) gives the packed order's y bit for bit."""
+    from swiglu_fused import FusedSwiGLUMLP
+    from swiglu_fused.kernels import dispatch
+
+    g = torch.Generator(device="cuda").manual_seed(hidden)
+    gate, up = (torch.randn(inter, hidden, device="cuda", generator=g) * 0.05 for _ in range(2))
+    down = torch.randn(hidden, inter, device="cuda", generator=g) * 0.05
+    plain = FusedSwiGLUMLP.from_linear(gate, up, down, weight_format="fp8_block128").cuda()
+    monkeypatch.setattr(dispatch, "FP8_TILE_MAJOR", True)
+    held = FusedSwiGLUMLP.from_linear(gate, up, down, weight_format="fp8_block128").cuda()
+    assert held.gate_up_interleaved.tile_major and not held.down_proj.tile_major
+    for m in (1, 16, 100, 1024, 4096):
+        x = torch.randn(m, hidden, device="cuda", generator=g).to(torch.bfloat16)
+        assert torch.equal(held(x), plain(x)), m
