@@ -196,23 +196,16 @@ class GemmKernel(MainloopMixin, Nvfp4Mixin, StreamKMixin, EpilogueMixin):
             # multipliers [2] (gate, up; down: one value twice; split.py: [3], prefix, gate, up)
             mAS = cute.make_tensor(as_ptr, cute.make_layout(cfg.global_scales))
             kw = k // (NVFP4_GROUP * 4)
-            if cutlass.const_expr(cfg.tile_major):  # [N/256][K/64][256 rows][32 bytes | 1 word]
-                rows, cols = cfg.tile_n, cfg.tile_k // 2
-                mB = cute.make_tensor(w_ptr, cute.make_layout(
-                    ((rows, n_tiles), (cols, kw)), stride=((cols, kw * rows * cols), (1, rows * cols))))
+            mB = self._weight_tensor(w_ptr, n, n_tiles, k // 2, kw)
+            if cutlass.const_expr(cfg.tile_major):  # [N/256][K/64][256 rows][1 word]
+                rows = cfg.tile_n
                 mWS = cute.make_tensor(cute.recast_ptr(ws_ptr, dtype=Int32), cute.make_layout(
                     ((rows, n_tiles), kw), stride=((1, kw * rows), rows)))
             else:
-                mB = cute.make_tensor(w_ptr, cute.make_layout((n, k // 2), stride=(k // 2, 1)))
                 mWS = cute.make_tensor(cute.recast_ptr(ws_ptr, dtype=Int32),
                                        cute.make_layout((n, kw), stride=(kw, 1)))
         else:
-            if cutlass.const_expr(cfg.tile_major):  # fp8: [N/256][K/128][256 rows][128 bytes]
-                rows, cols = cfg.tile_n, cfg.tile_k
-                mB = cute.make_tensor(w_ptr, cute.make_layout(
-                    ((rows, n_tiles), (cols, kb)), stride=((cols, kb * rows * cols), (1, rows * cols))))
-            else:
-                mB = cute.make_tensor(w_ptr, cute.make_layout((n, k), stride=(k, 1)))
+            mB = self._weight_tensor(w_ptr, n, n_tiles, k, kb)
             # a_scale: gate_up's x_scale as quant_x writes it (row-major); down's h_scale as gate_up
             # writes it, M-major (strides (1, M), the layout cuBLAS's block-scaled GEMM reads)
             if cutlass.const_expr(cfg.dequantized):  # the global scale multipliers, as for nvfp4
@@ -338,6 +331,16 @@ class GemmKernel(MainloopMixin, Nvfp4Mixin, StreamKMixin, EpilogueMixin):
             self.ab_dtype,
         )
         return cute.tile_to_shape(atom, (rows, cfg.tile_k, stages or cfg.stages), order=(0, 1, 2))
+
+    def _weight_tensor(self, w_ptr, n, n_tiles, row_bytes, k_tiles):
+        """The weight as the TMA reads it: row-major [N, row_bytes], or (TileConfig.tile_major) each
+        k tile contiguous, [N/256][k tiles][256 rows][_w_tile_cols bytes] (nvfp4: 32 bytes of codes;
+        fp8: 128 bytes), indexed by the same (row, byte) coordinates."""
+        if cutlass.const_expr(self.cfg.tile_major):
+            rows, cols = self.cfg.tile_n, self._w_tile_cols()
+            return cute.make_tensor(w_ptr, cute.make_layout(
+                ((rows, n_tiles), (cols, k_tiles)), stride=((cols, k_tiles * rows * cols), (1, rows * cols))))
+        return cute.make_tensor(w_ptr, cute.make_layout((n, row_bytes), stride=(row_bytes, 1)))
 
     def _w_tile_cols(self) -> int:
         """Columns of a weight k tile as TMA loads it (nvfp4: bytes, two codes each)."""
