@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Mapping
+from typing import Callable, Mapping, NamedTuple
 
 import torch
 from torch import nn
@@ -10,6 +10,21 @@ from torch import nn
 from . import eager_graphs, formats, interleave as il
 from .kernels import dispatch, fp8_layout, nvfp4_layout, ops, reference
 from .kernels.pipeline import held_multiplier
+
+
+class _Layout(NamedTuple):
+    """A weight order the kernels read faster than the packed one: the dispatch rule (a function
+    name, looked up when used) that says where a module holds it, and the reorders of the buffers
+    that move (nvfp4: weight and scales; fp8: the weight, its scales keep their order)."""
+
+    rule: str
+    to_tile_major: Callable[..., tuple]
+    to_packed: Callable[..., tuple]
+
+
+_NVFP4_TILE_MAJOR = _Layout("nvfp4_tile_major", nvfp4_layout.to_tile_major, nvfp4_layout.to_packed)
+_FP8_TILE_MAJOR = _Layout("fp8_tile_major", lambda w: (fp8_layout.to_tile_major(w),),
+                          lambda w: (fp8_layout.from_tile_major(w),))
 
 
 class _PackedProjection(nn.Module):
@@ -37,13 +52,12 @@ class _PackedProjection(nn.Module):
         self._global_scale = (fmt.global_scale_name, global_scale_kind) if fmt and fmt.global_scale_name else None
         self._multiplier: torch.Tensor | None = None
         self._multiplier_of: torch.Tensor | None = None  # the buffer it was made from
-        # (weight, scale) buffer names of a weight that has a tile-major order (an fp8 weight: scale
-        # None, its scales keep their order), else None
-        self._reorderable = None
+        # (the buffer names a reorder moves, their _Layout) of a weight that has a tile-major order
+        self._reorderable: tuple[tuple[str, ...], _Layout] | None = None
         if fmt and kernel_ready and fmt.tile_major_order:
-            self._reorderable = (fmt.weight_name, fmt.scale_name)
+            self._reorderable = ((fmt.weight_name, fmt.scale_name), _NVFP4_TILE_MAJOR)
         elif fmt and kernel_ready and fp8_tile_major and fmt.name == formats.FP8Block128.name:
-            self._reorderable = (fmt.weight_name, None)
+            self._reorderable = ((fmt.weight_name,), _FP8_TILE_MAJOR)
         self.tile_major = False
         self.settle_layout()
 
@@ -72,19 +86,16 @@ class _PackedProjection(nn.Module):
 
     def _packed_copies(self) -> dict[str, torch.Tensor]:
         """The tile-major weight (and nvfp4's scales) as new tensors in the packed order."""
-        w, s = self._reorderable
-        if s is None:
-            return {w: fp8_layout.from_tile_major(self._buffers[w])}
-        return dict(zip((w, s), nvfp4_layout.to_packed(self._buffers[w], self._buffers[s])))
+        names, layout = self._reorderable
+        return dict(zip(names, layout.to_packed(*(self._buffers[n] for n in names))))
 
     def settle_layout(self) -> None:
         """Put a reorderable weight in the order its device's kernels read (tile-major where
         dispatch.nvfp4_tile_major / fp8_tile_major says so, else the packed order), and make its
         per-tensor scale's multiplier (op_tensors)."""
         if self._reorderable is not None:
-            w, s = self._reorderable
-            wanted = dispatch.nvfp4_tile_major if s is not None else dispatch.fp8_tile_major
-            self._set_tile_major(wanted(self._buffers[w]))
+            names, layout = self._reorderable
+            self._set_tile_major(getattr(dispatch, layout.rule)(self._buffers[names[0]]))
         if self._global_scale is not None:
             self._settle_multiplier()
 
@@ -97,12 +108,10 @@ class _PackedProjection(nn.Module):
     def _set_tile_major(self, want: bool) -> None:
         if want == self.tile_major:
             return
-        w, s = self._reorderable
-        if s is None:
-            self._buffers[w] = (fp8_layout.to_tile_major if want else fp8_layout.from_tile_major)(self._buffers[w])
-        else:
-            reorder = nvfp4_layout.to_tile_major if want else nvfp4_layout.to_packed
-            self._buffers[w], self._buffers[s] = reorder(self._buffers[w], self._buffers[s])
+        names, layout = self._reorderable
+        reorder = layout.to_tile_major if want else layout.to_packed
+        for name, t in zip(names, reorder(*(self._buffers[n] for n in names))):
+            self._buffers[name] = t
         self.tile_major = want
 
     def _save_to_state_dict(self, destination, prefix, keep_vars):
