@@ -43,7 +43,7 @@ def test_only_gate_up_and_down_tiles_of_the_fp8_mainloop_read_it():
 
 
 def test_a_module_holding_gate_ups_fp8_weight_tile_major_keeps_its_outputs_and_its_checkpoint(monkeypatch):
-    """dispatch.fp8_tile_major (off until measured on the whole MLP): the module holds gate_up's fp8
+    """dispatch.fp8_tile_major (on an sm90 GPU, forced here): the module holds gate_up's fp8
     weight tile-major where it says so (down's stays packed: cuBLAS and DeepGEMM read only that);
     forward reads it through the ops (here the reference) to the same bits, state_dict gives the
     packed order, and a load or a move settles the order again."""

@@ -451,10 +451,8 @@ def _shipped():
         # the swap-AB tile's K in four parts over a cluster of 4: measured level with pairs, not dispatched
         + [("gate_up", gate_up.GateUpConfig(tile_m=16, stages=5, swap_ab=True, cluster_k=4, mainloop=ml),
             gate_up.compile_gate_up) for ml in ("fp8_block128", "bf16")]
-        # fp8 weights in the tile-major order (fp8_layout): measured, not dispatched
-        + [("gate_up", gate_up.GateUpConfig(tile_major=True, **f), gate_up.compile_gate_up) for f in (
-            dict(tile_m=16, stages=5, swap_ab=True, cluster_k=2, pdl=True, uniform_ab=True),
-            dict(tile_m=128, stages=4, smem_scales=True, static_stages=True, uniform_ab=True, cluster_m=2))]
+        # down's fp8 weight in the tile-major order (fp8_layout): measured, not dispatched (gate_up's
+        # tile-major configs are shipped, D38)
         + [("down", down.DownConfig(tile_major=True, **f), down.compile_down) for f in (
             dict(tile_m=16, stages=5, swap_ab=True, cluster_k=4),
             dict(tile_m=128, stages=4, y_slab_cols=64, smem_scales=True, static_stages=True, uniform_ab=True))]

@@ -36,7 +36,7 @@ def test_bad_set_specs_say_what_is_wrong(spec, says):
 
 
 def test_a_set_variant_settles_the_modules_layout_under_its_constants():
-    """--set dispatch.FP8_TILE_MAJOR=True must reach the module's weight order, which is settled
+    """--set dispatch.FP8_TILE_MAJOR=False must reach the module's weight order, which is settled
     when the module is made or moved: the wrap settles it once under the changed constants."""
     import torch
 
@@ -52,5 +52,5 @@ def test_a_set_variant_settles_the_modules_layout_under_its_constants():
             return dispatch.FP8_TILE_MAJOR
 
     held = Held()
-    run = launch_ab.variants({}, {"set1": launch_ab.parse_set("dispatch.FP8_TILE_MAJOR=True")})["set1"](held)
-    assert held.seen is True and dispatch.FP8_TILE_MAJOR is False and run(None) is True
+    run = launch_ab.variants({}, {"set1": launch_ab.parse_set("dispatch.FP8_TILE_MAJOR=False")})["set1"](held)
+    assert held.seen is False and dispatch.FP8_TILE_MAJOR is True and run(None) is False

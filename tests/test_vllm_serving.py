@@ -155,6 +155,21 @@ def test_nvfp4_weights_held_tile_major_serve_the_same_tokens(root):
     assert tiled["tokens"] == plain["tokens"] == _transformers_tokens(dst)
 
 
+def test_fp8_gate_up_held_tile_major_serves_the_same_tokens(root):
+    """Where the kernels read gate_up's fp8 weight tile-major (an sm90 GPU, DISPATCH D38; here the
+    helper says so on the CPU), each packed MLP reorders it in place once loaded (down's stays
+    packed: cuBLAS and DeepGEMM read only that order), back to the packed order for a reload and
+    again after it, and serves the same tokens as the packed order and transformers."""
+    dst = _checkpoint(root, "llama", "fp8_block128")
+    tiled, out = _serve(dst, tile_major_anywhere=True, reload=dst)
+    assert tiled is not None, out[-4000:]
+    assert tiled["tile_major_weights"] == 2, tiled  # the 2 layers' gate_up (down's stays packed) ...
+    assert tiled["tile_major_weights_after_reload"] == 4, tiled  # ... and again after the reload
+    plain, out = _serve(dst)
+    assert plain is not None, out[-4000:]
+    assert tiled["tokens"] == tiled["reloaded_tokens"] == plain["tokens"] == _transformers_tokens(dst)
+
+
 @pytest.mark.parametrize("tile_major", [False, True], ids=["packed_order", "tile_major"])
 def test_reload_weights_in_place_serves_the_new_weights(root, tile_major):
     """vLLM's reload_weights (what RL trainers call to sync weights), on compressed-tensors NVFP4

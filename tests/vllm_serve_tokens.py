@@ -9,11 +9,12 @@ down_backend: run by our ops' implementations, so counted in eager and in compil
 this process, the proof that vLLM's forward ran our ops: each packed MLP runs gate_up and down once
 per forward, each shard of a packed linear (q, k, v, o) one down (with T > 1 the ranks run in
 worker processes: nothing is then counted). ``--tile-major-anywhere`` tells the plugin that the
-kernels read nvfp4 tile-major on this device too (dispatch.nvfp4_tile_major without its sm90
-condition: on the CPU the reference reads that order), and W counts the weights it reordered.
+kernels read nvfp4 weights and fp8 gate_up weights tile-major on this device too
+(dispatch.nvfp4_tile_major / fp8_tile_major without their sm90 condition: on the CPU the reference
+reads that order), and W counts the weights it was told so of (once each time it settles them).
 ``--reload DIR``: after generating, reload the weights in place from DIR (a packed checkpoint of the
 same model: vLLM's ``reload_weights``, what RL trainers use to sync weights) and generate again:
-``reloaded_tokens``; ``new_multipliers`` counts the packed linears' per-tensor multipliers (those
+``reloaded_tokens`` (and ``tile_major_weights_after_reload``, W then); ``new_multipliers`` counts the packed linears' per-tensor multipliers (those
 made from a divisor) that are not the tensors held before the reload (a CUDA graph captured before
 it would read those).
 """
@@ -56,13 +57,14 @@ def main(model: str, tp: int, eager: bool, tile_major_anywhere: bool = False, re
     dispatch.gate_up_backend = counting("gate_up_calls", dispatch.gate_up_backend)
     dispatch.down_backend = counting("down_calls", dispatch.down_backend)
     if tile_major_anywhere:
-        from swiglu_fused.kernels import nvfp4_layout
+        from swiglu_fused.kernels import fp8_layout, nvfp4_layout
 
         def anywhere(w):
-            major = w.dtype == torch.uint8 and w.dim() == 2 and nvfp4_layout.fits(w.shape[0], 2 * w.shape[1])
+            major = w.dim() == 2 and (w.dtype == torch.uint8 and nvfp4_layout.fits(w.shape[0], 2 * w.shape[1])
+                                      or w.dtype == torch.float8_e4m3fn and fp8_layout.fits(*w.shape))
             calls["tile_major_weights"] += int(major)
             return major
-        dispatch.nvfp4_tile_major = anywhere
+        dispatch.nvfp4_tile_major = dispatch.fp8_tile_major = anywhere
     llm = LLM(model=model, skip_tokenizer_init=True, dtype="float32", tensor_parallel_size=tp,
               enforce_eager=eager, max_model_len=64, seed=0)
     params = SamplingParams(max_tokens=NEW_TOKENS, temperature=0, ignore_eos=True)
@@ -74,6 +76,7 @@ def main(model: str, tp: int, eager: bool, tile_major_anywhere: bool = False, re
         held = _multipliers(llm)
         llm.collective_rpc("reload_weights", kwargs={"weights_path": reload})
         result["reloaded_tokens"] = tokens()
+        result["tile_major_weights_after_reload"] = calls["tile_major_weights"]
         after = _multipliers(llm)
         result["multipliers"] = len(after)
         result["new_multipliers"] = sum(a is not b for a, b in zip(held, after)) + abs(len(held) - len(after))

@@ -17,7 +17,7 @@ from torch.nn import Parameter
 
 from .. import formats
 from ..formats import FormatError
-from ..kernels import dispatch, nvfp4_layout, ops, pipeline
+from ..kernels import dispatch, fp8_layout, nvfp4_layout, ops, pipeline
 from .vllm_config import SwigluFusedConfig
 from .vllm_layout import ARCHITECTURES, check_tensor_parallel
 from .vllm_linear import load_slice
@@ -60,34 +60,42 @@ class FusedMLP(nn.Module):
                                                lambda suffix, p, t: self._part(formats.GATE_UP, suffix, p, t))
         self.down_proj = _Projection(fmt.tensors(hidden, local, 1),
                                      lambda suffix, p, t: self._part(formats.DOWN, suffix, p, t))
-        self.tile_major = (False, False)  # whether gate_up's / down's nvfp4 weight is held tile-major
+        self.tile_major = (False, False)  # whether gate_up's / down's weight is held tile-major
         # gate_up's / down's per-tensor scale as the ops take it: (multiplier, the parameter it was
         # made from), made by settle_layout (pipeline.held_multiplier); None: converted each call
         self._multipliers: list | None = None
 
     def _projections(self):
-        """(gate_up, down) and whether the kernels could read each tile-major (gate_up: at g = 128)."""
+        """(gate_up, down), each with the rule (dispatch's) of its tile-major order, or None where the
+        kernels never read it so: nvfp4's gate_up (at g = 128) and down, fp8's gate_up (at g = 128;
+        down's cuBLAS and DeepGEMM read only the packed order), as FusedSwiGLUMLP's (DESIGN §3.3)."""
         fmt = formats.weight_format(self.packed.weight_format)
-        ready = fmt.tile_major_order
-        return ((self.gate_up_interleaved, ready and dispatch.format_has_kernels(fmt.name, self.packed.interleave)),
-                (self.down_proj, ready))
+        kernels = dispatch.format_has_kernels(fmt.name, self.packed.interleave)
+        if fmt.tile_major_order:
+            return (self.gate_up_interleaved, dispatch.nvfp4_tile_major if kernels else None), \
+                (self.down_proj, dispatch.nvfp4_tile_major)
+        fp8 = fmt.name == formats.FP8Block128.name and kernels
+        return (self.gate_up_interleaved, dispatch.fp8_tile_major if fp8 else None), (self.down_proj, None)
 
     def _reorder(self, want) -> None:
         fmt = formats.weight_format(self.packed.weight_format)
         flags = []
         for (proj, _), have, major in zip(self._projections(), self.tile_major, want):
-            if major != have:
-                nvfp4_layout.reorder_in_place(getattr(proj, fmt.weight_name).data,
-                                              getattr(proj, fmt.scale_name).data, major)
+            weight = getattr(proj, fmt.weight_name).data
+            if major != have and fmt.tile_major_order:
+                nvfp4_layout.reorder_in_place(weight, getattr(proj, fmt.scale_name).data, major)
+            elif major != have:
+                fp8_layout.reorder_in_place(weight, major)
             flags.append(major)
         self.tile_major = tuple(flags)
 
     def settle_layout(self) -> None:
-        """Each nvfp4 weight in the order its device's kernels read (tile-major on an sm90 GPU where
-        its tiles are whole: DESIGN §3.3), in place; the model calls this once its weights loaded."""
+        """Each weight in the order its device's kernels read (tile-major on an sm90 GPU where its
+        tiles are whole and dispatch says so: DESIGN §3.3), in place; the model calls this once its
+        weights loaded."""
         fmt = formats.weight_format(self.packed.weight_format)
-        self._reorder([ready and dispatch.nvfp4_tile_major(getattr(proj, fmt.weight_name))
-                       for proj, ready in self._projections()])
+        self._reorder([rule is not None and rule(getattr(proj, fmt.weight_name))
+                       for proj, rule in self._projections()])
         if fmt.global_scale_name:  # and each per-tensor scale's multiplier, once, not a launch a call
             held = self._multipliers or [(None, None)] * 2
             self._multipliers = []

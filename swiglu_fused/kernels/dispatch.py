@@ -112,11 +112,10 @@ def nvfp4_tile_major(weight: torch.Tensor) -> bool:
             and nvfp4_layout.fits(weight.shape[0], 2 * weight.shape[1]) and sm90_kernels_usable(weight.device))
 
 
-# gate_up's fp8 weight held tile-major by the modules (fp8_layout): measured faster on the decode
-# projections alone (2-5 %, level at prefill: history/mlp.md, 2026-11-29), not yet on the whole MLP
-# (`launch_ab --set dispatch.FP8_TILE_MAJOR=True`): off until it is. Down's stays packed: cuBLAS's
-# and DeepGEMM's GEMMs read only that order.
-FP8_TILE_MAJOR = False
+# gate_up's fp8 weight held tile-major by the modules (fp8_layout; D38): the whole MLP 1-2.5 %
+# faster at M <= 64 in every round, level at prefill (`launch_ab --set dispatch.FP8_TILE_MAJOR=True`,
+# H200, 2026-11-29). Down's stays packed: cuBLAS's and DeepGEMM's GEMMs read only that order.
+FP8_TILE_MAJOR = True
 
 
 def fp8_tile_major(weight: torch.Tensor) -> bool:

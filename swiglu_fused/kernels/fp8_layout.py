@@ -1,4 +1,4 @@
-"""fp8's tile-major weight layout: each kernel k tile's 32 KB contiguous (measured, not dispatched).
+"""fp8's tile-major weight layout: each kernel k tile's 32 KB contiguous (gate_up's weight, DISPATCH D38).
 
 The packed format stores an fp8 weight row-major, [N, K] e4m3. A k tile of the sm90 kernels (256
 weight rows × 128 columns, TileConfig.tile_n × tile_k) is then 256 runs of 128 bytes, K bytes
@@ -7,15 +7,16 @@ apart. Tile-major puts each k tile's bytes together:
     weight  [N/256][K/128][256 rows][128 bytes]     one 32 KB run a k tile
 
 A Triton read of the same bytes in the kernels' access pattern is 3-10 % faster tile-major at
-decode sizes on the H200 (benchmarks/history/mlp.md, 2026-11-29); whether the TMA loads of our
-kernels gain as much is what `TileConfig.tile_major` on the fp8 mainloop measures. The weight
-scales ([N/128, K/128] fp32, one per 128 × 128 block) keep their order.
+decode sizes on the H200; our kernels' TMA loads (`TileConfig.tile_major` on the fp8 mainloop) gain
+2-5 % on gate_up alone, 1-2.5 % on the whole MLP at M <= 64, level at prefill
+(benchmarks/history/mlp.md, 2026-11-29). The weight scales ([N/128, K/128] fp32, one per
+128 × 128 block) keep their order.
 
 As for nvfp4 (nvfp4_layout.py), the tensor keeps its canonical shape [N, K]; only the byte order
 differs, so its owner says which order it is in (``tile_major`` of the ops; gate_up only: down's
-cuBLAS and DeepGEMM read the packed order). FusedSwiGLUMLP holds gate_up's weight so where
-dispatch.FP8_TILE_MAJOR is on (it is off until measured on the whole MLP). Checkpoints always hold
-the packed order. Plain torch, any device: one copy of the tensor.
+cuBLAS and DeepGEMM read the packed order). FusedSwiGLUMLP and the vLLM plugin's MLP hold
+gate_up's weight so where dispatch.fp8_tile_major says (on an sm90 GPU, whole tiles). Checkpoints
+always hold the packed order. Plain torch, any device: one copy of the tensor.
 """
 
 from __future__ import annotations
@@ -54,3 +55,11 @@ def from_tile_major(weight: torch.Tensor) -> torch.Tensor:
     n, k = _check(weight)
     tiles = weight.contiguous().view(torch.uint8).view(n // ROWS, k // K_TILE, ROWS, K_TILE)
     return tiles.permute(0, 2, 1, 3).contiguous().view(n, k).view(torch.float8_e4m3fn)
+
+
+def reorder_in_place(weight: torch.Tensor, tile_major: bool) -> None:
+    """Rewrite contiguous ``weight`` into tile-major order (or back to the packed one), keeping the
+    tensor itself (vLLM's parameters: its loader and graphs hold them); through one temporary copy."""
+    if not weight.is_contiguous():
+        raise ValueError("weight: an in-place reorder needs a contiguous tensor")
+    weight.copy_((to_tile_major if tile_major else from_tile_major)(weight))

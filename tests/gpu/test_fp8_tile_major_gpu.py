@@ -1,5 +1,5 @@
 """fp8 weights in the tile-major order (kernels/fp8_layout.py, TileConfig.tile_major on the fp8
-mainloop; measured, not dispatched): every fp8 tile reads them into the same smem bytes, so h and y
+mainloop; gate_up's dispatched, D38, down's measured only): every fp8 tile reads them into the same smem bytes, so h and y
 are bit-identical to the packed order's, and within DESIGN §4 of the reference."""
 
 import dataclasses
@@ -82,7 +82,7 @@ def test_a_weight_in_the_other_order_is_refused():
 
 @pytest.mark.parametrize("hidden,inter", [(4096, 14336), (8192, 3584)])
 def test_a_module_holding_gate_ups_fp8_weight_tile_major_gives_the_same_bits(hidden, inter, monkeypatch):
-    """dispatch.FP8_TILE_MAJOR (off until measured on the whole MLP): the module holds gate_up's fp8
+    """dispatch.FP8_TILE_MAJOR (D38): the module holds gate_up's fp8
     weight tile-major and every tile dispatch picks for it (swap-AB, K pairs, the 64-row tiles,
     the 128-row static tile, cluster pairs) gives the packed order's y bit for bit."""
     from swiglu_fused import FusedSwiGLUMLP
@@ -91,7 +91,9 @@ def test_a_module_holding_gate_ups_fp8_weight_tile_major_gives_the_same_bits(hid
     g = torch.Generator(device="cuda").manual_seed(hidden)
     gate, up = (torch.randn(inter, hidden, device="cuda", generator=g) * 0.05 for _ in range(2))
     down = torch.randn(hidden, inter, device="cuda", generator=g) * 0.05
+    monkeypatch.setattr(dispatch, "FP8_TILE_MAJOR", False)
     plain = FusedSwiGLUMLP.from_linear(gate, up, down, weight_format="fp8_block128").cuda()
+    assert not plain.gate_up_interleaved.tile_major
     monkeypatch.setattr(dispatch, "FP8_TILE_MAJOR", True)
     held = FusedSwiGLUMLP.from_linear(gate, up, down, weight_format="fp8_block128").cuda()
     assert held.gate_up_interleaved.tile_major and not held.down_proj.tile_major
