@@ -8,7 +8,7 @@ import re
 import signal
 import sys
 
-from . import __version__, formats
+from . import __version__  # (the package's names load on use: this module imports no torch)
 
 EPILOG = """examples:
   swiglu-fused demo
@@ -40,6 +40,8 @@ def cli_spelling(message: str) -> str:
 
 
 def _parser() -> argparse.ArgumentParser:
+    from . import formats
+
     p = argparse.ArgumentParser(
         prog="swiglu-fused",
         description="Pack the gated MLPs of LLaMA-family and Flux.2 checkpoints for one fused gate_up GEMM "
@@ -134,6 +136,8 @@ def _bench_type(parse):
 
 
 def _add_bench(sub) -> None:
+    from . import formats
+
     b = sub.add_parser("bench", help="time the whole MLP on this GPU: ours vs transformers bf16 vs unfused fp8",
                        description=BENCH_DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
     b.add_argument("--shapes", type=_bench_type("parse_shapes"), default="4096x14336,8192x3584", metavar="HxI,...",
@@ -154,7 +158,12 @@ def _add_bench(sub) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    try:
+        parser = _parser()  # imports torch: seconds, in which a Ctrl-C is answered as any other
+    except KeyboardInterrupt:
+        print("swiglu-fused: interrupted", file=sys.stderr)
+        return 128 + signal.SIGINT
+    args = parser.parse_args(argv)
     from .formats import FormatError
     from .weight_packing.safetensors_io import CheckpointError
 
@@ -225,6 +234,7 @@ def _run(args) -> int:
             print(f"swiglu-fused bench: error: {cli_spelling(str(e))}", file=sys.stderr)
             return 2
         return 0
+    from . import formats
     from .demo import run_demo
 
     run_demo(tuple(args.weight_formats or formats.WEIGHT_FORMATS), seed=args.seed)

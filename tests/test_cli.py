@@ -53,3 +53,27 @@ def test_console_script_demo_runs_offline():
     out = subprocess.run([sys.executable, "-m", "swiglu_fused.cli", "demo", "--format", "fp8_block128"],
                          capture_output=True, text=True, check=True).stdout
     assert "fp8_block128" in out and "top-1 agree" in out
+
+
+def test_a_ctrl_c_while_the_command_starts_is_one_line_not_a_traceback():
+    """The command's entry imports no torch (the package's names load on use), so a Ctrl-C in the
+    seconds torch takes to import lands inside main(), which answers it as any other interrupt:
+    one line, exit 128 + SIGINT. (Before, it landed in the entry's import: a traceback.)"""
+    code = ("import os, signal, sys, threading\n"
+            "from swiglu_fused.cli import main\n"  # what the console script runs first
+            "assert 'torch' not in sys.modules, 'the entry imported torch'\n"
+            "threading.Timer(0.05, os.kill, (os.getpid(), signal.SIGINT)).start()\n"
+            "sys.exit(main(['inspect', 'no-such-dir']))\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 130, proc.stderr
+    assert proc.stderr == "swiglu-fused: interrupted\n"
+
+
+def test_import_swiglu_fused_loads_no_torch_until_a_name_is_used():
+    code = ("import sys, swiglu_fused\n"
+            "assert 'torch' not in sys.modules and 'transformers' not in sys.modules\n"
+            "assert swiglu_fused.FusedSwiGLUMLP.__module__ == 'swiglu_fused.layer'\n"
+            "assert 'torch' in sys.modules and 'FusedSwiGLUMLP' in dir(swiglu_fused)\n"
+            "assert swiglu_fused.formats.FORMAT_VERSION  # (its modules too, as when they loaded eagerly)\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr

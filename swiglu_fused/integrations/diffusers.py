@@ -37,7 +37,6 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from . import import_hook
 from .. import formats
 from ..formats import FormatError
 from ..layer import FusedSwiGLUMLP
@@ -257,14 +256,7 @@ def _declare_packed(model: nn.Module) -> None:
 
 
 # ---------------------------------------------------------------- from_pretrained / save_pretrained
-_REGISTERED = False
-_QUANTIZER_REGISTRY = "diffusers.quantizers.auto"
-
-
-def register_when_imported() -> None:
-    """Register now if diffusers' quantizer registry is loaded, else as soon as it is."""
-    import_hook.run_when_imported(_QUANTIZER_REGISTRY, "diffusers", register)
-
+_REGISTERED = False  # (register runs once diffusers loads its quantizer registry: import_hook.REGISTRIES)
 
 def register() -> None:
     """Add the ``swiglu_fused`` method to diffusers' quantizer mappings (idempotent)."""

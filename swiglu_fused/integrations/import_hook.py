@@ -42,3 +42,18 @@ def run_when_imported(module: str, package: str, then: Callable[[], None]) -> No
     elif importlib.util.find_spec(package) is not None and not any(
             isinstance(f, _RunAfterImport) and f.module == module for f in sys.meta_path):
         sys.meta_path.insert(0, _RunAfterImport(module, then))
+
+
+# The libraries whose from_pretrained reads our quantization method from a registry module of
+# theirs: library → (that module, our integration module whose register() adds us to it)
+REGISTRIES = {
+    "transformers": ("transformers.quantizers.auto", "swiglu_fused.integrations.transformers"),
+    "diffusers": ("diffusers.quantizers.auto", "swiglu_fused.integrations.diffusers"),
+}
+
+
+def register_integrations() -> None:
+    """Each integration registers itself as soon as its library loads its registry (now, if it
+    has): what ``import swiglu_fused`` does, importing neither library nor torch itself."""
+    for library, (registry, integration) in REGISTRIES.items():
+        run_when_imported(registry, library, lambda integration=integration: importlib.import_module(integration).register())

@@ -18,7 +18,6 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from . import import_hook
 from .. import formats, interleave as il
 from ..formats import FormatError
 from ..layer import FusedSwiGLUMLP, _PackedProjection
@@ -339,14 +338,7 @@ def _packed_linear(model: nn.Module, name: str, cfg: formats.PackedConfig, store
     return linear
 
 
-_REGISTERED = False
-_QUANTIZER_REGISTRY = "transformers.quantizers.auto"
-
-
-def register_when_imported() -> None:
-    """Register now if transformers' quantizer registry is loaded, else as soon as it is."""
-    import_hook.run_when_imported(_QUANTIZER_REGISTRY, "transformers", register)
-
+_REGISTERED = False  # (register runs once transformers loads its quantizer registry: import_hook.REGISTRIES)
 
 def register() -> None:
     """Register the ``swiglu_fused`` quantization method with transformers (idempotent)."""
