@@ -10,7 +10,7 @@ Variants, each its own module (its eager CUDA graphs are captured with its launc
             repeatable), e.g. to time nvfp4 with PDL and a register count fixed at entry
   set<i>    with --set SPEC: the dispatch's or the schedule's module constants changed while the
             variant runs and is captured ("schedule.HBM_BYTES_PER_US=1.05e7;schedule.FIXUP_US=(1, 0.5)":
-            MODULE.NAME=literal, ";"-separated; MODULE dispatch or schedule; repeatable), e.g. to
+            MODULE.NAME=literal, ";"-separated; MODULE dispatch, schedule or deepgemm; repeatable), e.g. to
             time plans the cost model does not pick
 
 Each line: µs medians and, per variant, the range over rounds of shipped's speed-up over it
@@ -50,11 +50,11 @@ def variants(abs_: dict, sets: dict) -> dict:
 
 
 def parse_set(spec: str) -> dict:
-    """{(module, name): value} from "MODULE.NAME=literal;..." (MODULE: dispatch or schedule)."""
-    from swiglu_fused.kernels import dispatch
+    """{(module, name): value} from "MODULE.NAME=literal;..." (MODULE: dispatch, schedule or deepgemm)."""
+    from swiglu_fused.kernels import deepgemm, dispatch
     from swiglu_fused.kernels.sm90 import schedule
 
-    modules = {"dispatch": dispatch, "schedule": schedule}
+    modules = {"dispatch": dispatch, "schedule": schedule, "deepgemm": deepgemm}
     out = {}
     for item in filter(None, (part.strip() for part in spec.split(";"))):
         target, _, value = item.partition("=")

@@ -16,7 +16,7 @@ What ``run`` compares, in one process on the same bf16 input x [M, H], for each 
   ours_<format>      ``FusedSwiGLUMLP`` in each asked weight format (bf16, fp8_block128, nvfp4: all
                      three have sm90 kernels; a format without them would time the pure-torch
                      reference: only with ``allow_reference=True``, and marked "(reference)").
-                     Where DeepGEMM is installed, fp8_block128's down runs on it from 16 rows
+                     Where DeepGEMM is installed, fp8_block128's down runs on it from 17 rows
                      (kernels/deepgemm.py), as it would in the user's model; the notes say so
 
 How it is timed: each pipeline is captured once as a CUDA graph of ``REPS`` calls (so Python's launch

@@ -205,6 +205,28 @@ def test_static_stages_follow_k_and_the_stream_k_plan(monkeypatch):
     assert not dispatch.with_static_stages(pair, 4096, 28672, 4096, Cuda()).static_stages
 
 
+def test_gate_ups_swap_ab_tile_over_four_m_tiles_launches_without_pdl(monkeypatch):
+    """DISPATCH D39: fp8 gate_up takes PDL at decode sizes (D20) except its swap-AB tile over more
+    than PDL_SWAP_M_TILES M tiles (8192×3584 at M = 49-64: four 16-token tiles), where PDL was
+    measured 4-15 % slower; the configs it picks either way are shipped (compile-checked)."""
+    pytest.importorskip("cutlass")
+    from swiglu_fused.kernels.sm90 import schedule
+
+    monkeypatch.setattr(schedule, "sm_count", lambda device: 132)
+
+    def config(m, hidden, inter):
+        x, w = torch.empty(m, hidden, dtype=torch.float8_e4m3fn), torch.empty(2 * inter, hidden, dtype=torch.float8_e4m3fn)
+        return dispatch.gate_up_config(x, w, torch.empty(2 * inter // 128, hidden // 128), torch.empty(m, hidden // 128),
+                                       act="silu", h_format="fp8_group128")
+
+    for m, pdl in ((16, True), (48, True), (49, False), (64, False), (65, False)):
+        cfg = config(m, 8192, 3584)
+        assert cfg.pdl is pdl and cfg in dispatch.gate_up_shipped(), (m, cfg)
+    assert config(64, 8192, 3584).swap_ab and config(64, 4096, 14336).pdl  # (the 64-row tile there: one M tile)
+    monkeypatch.setattr(dispatch, "PDL_SWAP_M_TILES", 99)
+    assert config(64, 8192, 3584).pdl
+
+
 @pytest.mark.parametrize("k,takes", [(512, True), (1536, True), (14336, True), (3584, True),
                                      (1664, False), (1792, False), (5504, False), (11008, False), (896, False)])
 def test_cublas_takes_fp8_down_only_where_its_weight_scales_are_16_byte_strided(k, takes, monkeypatch):

@@ -4,8 +4,8 @@ DeepGEMM's sm90 fp8 GEMM (``deep_gemm.fp8_gemm_nt``: 1×128 activation scales, 1
 scales, bf16 out; the fp8_block128 recipe) ran our down projection 11–72 % faster than our sm90
 kernel, and up to 1.65× as fast as cuBLAS (level at one point), from M = 16 on the H100 (DISPATCH
 D28). vLLM and SGLang users often have it; dispatch.down_backend then picks it for fp8_block128
-down with bf16 out and no residual from MIN_M rows. At M = 1 ours is faster (DeepGEMM also asks
-for its activation scales with M padded to 4: a copy). Everything else (bf16 and nvfp4 weights, a
+down with bf16 out and no residual from MIN_M rows. Up to 16 rows ours is faster (on the H200 since
+DISPATCH D37's four K parts; DeepGEMM also asks for its activation scales with M padded to 4: a copy). Everything else (bf16 and nvfp4 weights, a
 residual, other outputs, other GPUs) keeps its path. It gives the reference's numbers up to fp32
 summation order, as cuBLAS does (DESIGN §4).
 
@@ -30,7 +30,7 @@ from .. import quant
 from . import cublas
 
 ENABLED = os.environ.get("SWIGLU_FUSED_DEEPGEMM", "") != "0"
-MIN_M = 16  # from this many rows DeepGEMM's down is the fastest (DISPATCH D28)
+MIN_M = 17  # from this many rows DeepGEMM's down is the fastest (DISPATCH D28; 16 until D37 made ours faster there)
 _failed = False  # a call failed: not used again in this process
 
 

@@ -187,6 +187,9 @@ def down_backend(h, weight, weight_scale, h_scale, global_scale, residual, out_d
 
 # ================================================================ programmatic dependent launch
 PDL_M = 64  # fp8, M ≤ this: quant_x, gate_up and down launch with PDL (TileConfig.pdl, D20)
+# ... except gate_up's swap-AB tile over more M tiles than this (8192×3584 at M = 49-64: four 16-token
+# tiles a weight tile): PDL made the whole MLP 4-5 % slower there, 12 % with DeepGEMM's down (D39)
+PDL_SWAP_M_TILES = 3
 
 
 def pdl_applies(m: int, mainloop: str) -> bool:
@@ -416,7 +419,8 @@ def gate_up_config(x, weight, weight_scale, x_scale, *, act: str, h_format: str,
     cfg = GateUpConfig(tile_m=tile_m, tile_n=tile_n, act=act, h_format=h_format, mainloop=mainloop, swap_ab=swap,
                        cluster_k=ck, cluster_m=cluster_m_for(m, tile_m, tile_n),
                        smem_scales=smem_scales_apply(tile_m, swap, mainloop, h_format),
-                       split_n=split, l2_hint=gate_up_l2_hint(tile_m, swap), pdl=pdl_applies(m, mainloop),
+                       split_n=split, l2_hint=gate_up_l2_hint(tile_m, swap),
+                       pdl=pdl_applies(m, mainloop) and not (swap and cdiv(m, tile_m) > PDL_SWAP_M_TILES),
                        uniform_ab=uniform_ab_applies(mainloop), tile_major=tile_major, **pipe)
     return with_static_stages(cfg, m, n, k, x.device)
 
@@ -653,6 +657,13 @@ def _pdl_variants(tile_m: int, swap: bool, mainloop: str) -> tuple[bool, ...]:
     return (True,) if swap else (False, True)
 
 
+def _gate_up_pdl_variants(tile_m: int, swap: bool, mainloop: str) -> tuple[bool, ...]:
+    """_pdl_variants, and gate_up's swap-AB tile also without PDL where it can run over more than
+    PDL_SWAP_M_TILES M tiles (D39)."""
+    out = _pdl_variants(tile_m, swap, mainloop)
+    return (False, *out) if swap and out == (True,) and PDL_M > PDL_SWAP_M_TILES * tile_m else out
+
+
 def gate_up_shipped() -> list:
     """Every GateUpConfig gate_up_config can return (what CI compile-checks)."""
     from .sm90 import activations_and_h
@@ -670,7 +681,7 @@ def gate_up_shipped() -> list:
                     split = split_n_applies(tile_m, swap, mainloop)
                     for deep in (False, True) if split else (False,):  # (split_n_pipeline: 4 or 5 stages)
                         pipe = split_n_pipeline(deep, h_format) if split else dict(stages=stages)
-                        for pdl in _pdl_variants(tile_m, swap, mainloop):
+                        for pdl in _gate_up_pdl_variants(tile_m, swap, mainloop):
                             out.append(GateUpConfig(tile_m=tile_m, act=act, h_format=h_format, mainloop=mainloop,
                                                     swap_ab=swap, cluster_m=cl, split_n=split,
                                                     l2_hint=gate_up_l2_hint(tile_m, swap),

@@ -40,7 +40,7 @@ def _operands(m, hidden, inter, residual=False):
 
 
 @pytest.mark.parametrize("hidden,inter", [(4096, 14336), (8192, 3584), (2048, 8192)])
-@pytest.mark.parametrize("m", [16, 40, 64, 100, 1024, 4096])
+@pytest.mark.parametrize("m", [17, 40, 64, 100, 1024, 4096])  # (from deepgemm.MIN_M)
 def test_down_runs_on_deepgemm_within_tolerance(m, hidden, inter, dg_calls):
     args = _operands(m, hidden, inter)
     backend, _ = dispatch.down_backend(args["h"], args["weight"], args["weight_scale"], args["h_scale"], None, None,
@@ -53,6 +53,7 @@ def test_down_runs_on_deepgemm_within_tolerance(m, hidden, inter, dg_calls):
 
 
 @pytest.mark.parametrize("m,hidden,residual,out_dtype", [(1, 4096, False, torch.bfloat16),
+                                                         (16, 4096, False, torch.bfloat16),
                                                          (64, 4096, True, torch.bfloat16),
                                                          (64, 4096, False, torch.float32),
                                                          (64, 576, False, torch.bfloat16)])
