@@ -272,13 +272,15 @@ def test_cluster_k_where_few_swap_tiles_leave_hbm_idle():
         gate_up.GateUpConfig(tile_m=64, stages=4, cluster_k=2)  # the 64 KB accumulator leaves room for 3
 
 
-@pytest.mark.parametrize("m,hidden,inter,ck", [(1, 4096, 14336, 4), (16, 4096, 14336, 4), (64, 4096, 14336, 1),
-                                                 (1, 8192, 3584, 1), (16, 8192, 3584, 1), (16, 2048, 8192, 1)])
+@pytest.mark.parametrize("m,hidden,inter,ck", [(1, 4096, 14336, 4), (16, 4096, 14336, 4), (17, 4096, 14336, 2),
+                                                 (32, 4096, 14336, 2), (64, 4096, 14336, 1), (1, 8192, 3584, 1),
+                                                 (16, 8192, 3584, 1), (16, 2048, 8192, 1)])
 def test_down_k_parts_over_clusters_of_4_without_pdl(m, hidden, inter, ck):
-    """DISPATCH D17, D37: where plan() would split a few fp8 swap-AB down tiles in two (4096×14336
+    """DISPATCH D17, D37, D40: where plan() would split a few fp8 swap-AB down tiles in two (4096×14336
     at M ≤ 16: 16 tiles), their K runs in four parts over a cluster (64 CTAs, 5 stages), launched
-    without PDL; whole tiles (8192×3584: 32 of them; 2048×8192) and many tiles (M = 64) keep
-    plan()'s schedule and PDL. Every config so picked is one CI compiles."""
+    without PDL; where the clusters of 4 would take more than half the SMs (M = 17-32: 32 tiles),
+    in K pairs (64 clusters of 2, 6 stages) with PDL; whole tiles (8192×3584: 32 of them; 2048×8192)
+    and many tiles (M = 64) keep plan()'s schedule and PDL. Every config so picked is one CI compiles."""
     import torch
 
     fp8 = torch.float8_e4m3fn
@@ -286,9 +288,11 @@ def test_down_k_parts_over_clusters_of_4_without_pdl(m, hidden, inter, ck):
     scale = torch.empty(1, device="meta")
     cfg = dispatch.down_config(h, dw, scale, scale, None, torch.bfloat16)  # (meta: no cluster picked yet)
     cfg = dispatch.with_down_cluster_k(cfg, m, hidden, inter, 132)
-    assert cfg.cluster_k == ck and cfg.pdl == (ck == 1) and cfg in dispatch.down_shipped()
-    if ck > 1:
+    assert cfg.cluster_k == ck and cfg.pdl == (ck != 4) and cfg in dispatch.down_shipped()
+    if ck == 4:
         assert cfg.stages == 5 and g.schedule(cfg, m, hidden, inter, 132) == (64, 16)
+    if ck == 2:
+        assert cfg.stages == 6 and g.schedule(cfg, m, hidden, inter, 132) == (64, 32)
 
 
 @pytest.mark.parametrize("mainloop", [tile_config.FP8_MAINLOOP, tile_config.BF16_MAINLOOP])  # (nvfp4: one tile)
@@ -546,7 +550,8 @@ def test_nvfp4_192_token_tile_where_its_waves_pay():
 @pytest.mark.parametrize("hidden,inter", [(4096, 14336), (8192, 3584)])
 def test_pdl_on_the_fp8_mlp_at_decode_sizes(mainloop, m, hidden, inter):
     """DISPATCH D20: quant_x, gate_up and down launch with PDL for fp8 at M ≤ PDL_M (whatever tile
-    that M gets), never for bf16; every config so picked is one CI compiles."""
+    that M gets), never for bf16, except gate_up's swap-AB tile over more than PDL_SWAP_M_TILES M
+    tiles (D39: 8192×3584 at M = 64); every config so picked is one CI compiles."""
     import torch
     from unittest import mock
 
@@ -559,7 +564,8 @@ def test_pdl_on_the_fp8_mlp_at_decode_sizes(mainloop, m, hidden, inter):
     with mock.patch.object(g, "sm_count", lambda device: 132):
         gcfg = dispatch.gate_up_config(x, w, *scales, act="silu", h_format="fp8_group128" if fp8 else "bf16")
         dcfg = dispatch.down_config(h, dw, *scales, None, torch.bfloat16)
-    assert (gcfg.pdl, dcfg.pdl) == (want, want)
+    swap_tiles = -(-m // gcfg.tile_m) if gcfg.swap_ab else 0
+    assert (gcfg.pdl, dcfg.pdl) == (want and swap_tiles <= dispatch.PDL_SWAP_M_TILES, want)
     assert gcfg in dispatch.gate_up_shipped() and dcfg in dispatch.down_shipped()
     if fp8:
         from swiglu_fused.kernels.sm90 import quant_x

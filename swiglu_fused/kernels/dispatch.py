@@ -809,8 +809,12 @@ DOWN_SWAP_M = 64  # ... for M ≤ this (D14)
 # ... and where plan() would split a few of its tiles in two, their K parts over a cluster instead
 # (D17): (CTAs a cluster, stages, PDL). Since D37 four parts (the three peers' 16 KB accumulator
 # slots leave room for 5 stages), launched without PDL: clusters of 4 placed under gate_up's tail
-# made the MLP slower than launching them all after it. (2, 6, True) until 2026-11-29.
+# made the MLP slower than launching them all after it. (2, 6, True) until 2026-11-29 ...
 DOWN_CLUSTER_K = (4, 5, False)
+# ... and still where the clusters of 4 would take more than this share of the SMs (D40: 4096×14336
+# at M = 17-32, 32 tiles: 128 CTAs in clusters of 4 took 34 µs alone, K pairs 26)
+DOWN_CLUSTER_K_SMS = 0.5
+DOWN_CLUSTER_PAIRS = (2, 6, True)
 ROWS_64 = 128  # M ≤ this (above the swap-AB range): the 64-row tile
 MIN_WAVE = 0.9  # bf16: the kernel from this fraction of a wave of tiles ... (D16)
 MAX_M = 4096  # ... up to this M (D16)
@@ -842,10 +846,16 @@ def down_cluster_k(config, m: int, n: int, k: int, sms: int) -> bool:
 
 
 def with_down_cluster_k(config, m: int, n: int, k: int, sms: int):
-    """config with its K parts over a cluster (DOWN_CLUSTER_K) where down_cluster_k holds, else config."""
+    """config with its K parts over a cluster where down_cluster_k holds (DOWN_CLUSTER_K, or
+    DOWN_CLUSTER_PAIRS where those clusters would take more than DOWN_CLUSTER_K_SMS of the SMs),
+    else config."""
     if not down_cluster_k(config, m, n, k, sms):
         return config
-    ck, stages, pdl = DOWN_CLUSTER_K
+    from .sm90.schedule import schedule
+
+    tiles = schedule(config, m, n, k, sms)[1]
+    four = DOWN_CLUSTER_K[0] * tiles <= DOWN_CLUSTER_K_SMS * sms
+    ck, stages, pdl = DOWN_CLUSTER_K if four else DOWN_CLUSTER_PAIRS
     return dataclasses.replace(config, cluster_k=ck, stages=stages, pdl=pdl and config.pdl)
 
 
@@ -918,9 +928,9 @@ def down_shipped() -> list:
             out += [DownConfig(tile_m=tile_m, stages=stages, mainloop=mainloop, residual=residual, swap_ab=swap,
                                l2_hint=down_l2_hint(tile_m, swap, mainloop), pdl=pdl, static_stages=static, **fields)
                     for residual in (False, True) for pdl in _pdl_variants(tile_m, swap, mainloop) for static in statics]
-    ck, ck_stages, ck_pdl = DOWN_CLUSTER_K
-    return out + [DownConfig(tile_m=DOWN_SWAP_TILES[0][0], stages=ck_stages, residual=residual, swap_ab=True,
-                             cluster_k=ck, pdl=ck_pdl) for residual in (False, True)]  # down_cluster_k (fp8)
+    return out + [DownConfig(tile_m=DOWN_SWAP_TILES[0][0], stages=stages, residual=residual, swap_ab=True,
+                             cluster_k=ck, pdl=pdl)  # with_down_cluster_k (fp8)
+                  for ck, stages, pdl in (DOWN_CLUSTER_K, DOWN_CLUSTER_PAIRS) for residual in (False, True)]
 
 
 def fills_gpu(config, m: int, n: int, sms: int) -> bool:
