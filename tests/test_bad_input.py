@@ -149,7 +149,37 @@ def test_mismatched_gate_and_up_shapes(tmp_path, tiny_llama):
     tensors = {k: v.clone() for k, v in sio.load_file(f).items()}
     tensors["model.layers.0.mlp.up_proj.weight"] = torch.randn(256, 128).bfloat16()
     sio.write_file(tensors, f, {"format": "pt"})
-    _convert_fails(src, tmp_path, FormatError, r"gate_proj is \[384, 128\] but .*up_proj is \[256, 128\]")
+    _convert_fails(src, tmp_path, FormatError, r"gate_proj \(in model\.safetensors\) is \[384, 128\] but "
+                                                r".*up_proj \(in model\.safetensors\) is \[256, 128\]")
+
+
+def test_a_shape_error_names_the_shard_that_holds_the_tensor(tmp_path):
+    """In a checkpoint of many shards the message says which one to look in."""
+    from conftest import _causal_lm
+
+    src = tmp_path / "src"
+    torch.manual_seed(0)
+    _causal_lm("llama", 128, 384).save_pretrained(src, max_shard_size="200KB")
+    name = "model.layers.1.mlp.down_proj.weight"
+    shard = json.loads((src / "model.safetensors.index.json").read_text())["weight_map"][name]
+    tensors = {k: v.clone() for k, v in sio.load_file(src / shard).items()}
+    tensors[name] = tensors[name][:, :256].contiguous()
+    sio.write_file(tensors, src / shard, {"format": "pt"})
+    _convert_fails(src, tmp_path, FormatError,
+                   rf"model\.layers\.1\.mlp\.down_proj \(in {shard.replace('.', '[.]')}\) is \[128, 256\]; "
+                   r"expected \[128, 384\]")
+
+
+def test_an_mlp_with_a_bias_is_refused_naming_the_tensor_and_its_shard(tmp_path, tiny_llama):
+    """A problem found while packing a shard's tensors (here an MLP bias, which the packed format
+    has no place for) names the tensor and the shard it came in."""
+    src, _ = tiny_llama
+    f = _one_file(src)
+    tensors = {k: v.clone() for k, v in sio.load_file(f).items()}
+    tensors["model.layers.0.mlp.up_proj.bias"] = torch.zeros(384).bfloat16()
+    sio.write_file(tensors, f, {"format": "pt"})
+    _convert_fails(src, tmp_path, FormatError,
+                   r"^model\.layers\.0\.mlp\.up_proj\.bias: gated MLPs with a bias are not supported .* \(in model\.safetensors\)$")
 
 
 def test_intermediate_not_a_multiple_of_g_names_a_g_that_works(tmp_path):

@@ -141,12 +141,13 @@ def _plan(src: Path, weight_format: str, g: int, source_format: str) -> _Plan:
         raise FormatError(f"{src}: no {adapter.name} MLP tensors found (looked for "
                           f"{adapter.mlp_pattern}.{{{', '.join(c for c in (adapter.gate, adapter.up, adapter.fused, adapter.down) if c)}}})")
     meta = {n: e for h in headers for n, e in h.entries.items()}
+    home = {n: h.path.name for h in headers for n in h.entries}  # (errors name the shard to look in)
     for mlp in mlps:
-        _check_mlp_shapes(mlp, meta, fmt, g)
+        _check_mlp_shapes(mlp, meta, home, fmt, g)
     find_splits = getattr(adapter, "find_splits", None)  # families with split projections (adapters/flux2.py)
     splits = find_splits(names, config) if find_splits else {}
     for proj, prefix_rows in splits.items():
-        _check_split_shape(proj, prefix_rows, meta, fmt, g)
+        _check_split_shape(proj, prefix_rows, meta, home, fmt, g)
     owner = {p: mlp for mlp in mlps for p in mlp.projections}
     members: dict[str, set[str]] = {}
     for n in names:
@@ -157,13 +158,14 @@ def _plan(src: Path, weight_format: str, g: int, source_format: str) -> _Plan:
                  _quantized_linears(headers, {**owner, **splits}), splits)
 
 
-def _check_split_shape(proj: str, prefix_rows: int, meta, fmt: formats.WeightFormat, g: int) -> None:
+def _check_split_shape(proj: str, prefix_rows: int, meta, home: Mapping[str, str], fmt: formats.WeightFormat,
+                       g: int) -> None:
     rows, cols = _rows_cols(meta, proj) or (None, None)
     if rows is None:
         raise FormatError(f"{proj}.weight: missing from the checkpoint")
     problem = formats.split_shape_problem(rows, prefix_rows, g, fmt) or fmt.size_problem("hidden size", cols)
     if problem:
-        raise FormatError(f"{proj} ([Q; K; V] of {prefix_rows} rows, then [gate; up]): {problem}")
+        raise FormatError(f"{_in_shard(proj, home)} ([Q; K; V] of {prefix_rows} rows, then [gate; up]): {problem}")
 
 
 def _quantized_linears(headers: list[sio.Header], mlp_projections: Mapping) -> dict[str, set[str]]:
@@ -215,7 +217,14 @@ def _rows_cols(meta: Mapping[str, sio.Entry], proj: str) -> tuple[int, int] | No
     return (e.shape[0], 2 * e.shape[1]) if e.dtype == torch.uint8 else tuple(e.shape)
 
 
-def _check_mlp_shapes(mlp: adapters.MLPSource, meta, fmt: formats.WeightFormat, g: int) -> None:
+def _in_shard(proj: str, home: Mapping[str, str]) -> str:
+    """``proj`` and the shard its weight is stored in, for an error about it."""
+    shard = home.get(f"{proj}.weight") or home.get(f"{proj}.weight_packed")
+    return f"{proj} (in {shard})" if shard else proj
+
+
+def _check_mlp_shapes(mlp: adapters.MLPSource, meta, home: Mapping[str, str], fmt: formats.WeightFormat,
+                      g: int) -> None:
     for proj in mlp.projections:
         if _rows_cols(meta, proj) is None:
             raise FormatError(f"{proj}.weight: missing from the checkpoint (MLP {mlp.module} needs "
@@ -226,11 +235,13 @@ def _check_mlp_shapes(mlp: adapters.MLPSource, meta, fmt: formats.WeightFormat, 
     else:
         gate, up = _rows_cols(meta, mlp.gate), _rows_cols(meta, mlp.up)
         if gate != up:
-            raise FormatError(f"{mlp.gate} is {list(gate)} but {mlp.up} is {list(up)}; gate and up must match")
+            raise FormatError(f"{_in_shard(mlp.gate, home)} is {list(gate)} but {_in_shard(mlp.up, home)} is "
+                              f"{list(up)}; gate and up must match")
         inter, hidden = gate
     down = _rows_cols(meta, mlp.down)
     if down != (hidden, inter):
-        raise FormatError(f"{mlp.down} is {list(down)}; expected [{hidden}, {inter}] from its gate/up projections")
+        raise FormatError(f"{_in_shard(mlp.down, home)} is {list(down)}; expected [{hidden}, {inter}] from its "
+                          "gate/up projections")
     problem = fmt.size_problem("hidden size", hidden)
     if problem:
         raise FormatError(f"{mlp.module}: {problem}")
@@ -488,7 +499,11 @@ def _write(src: Path, tmp: Path, plan: _Plan, cfg: formats.PackedConfig, kind, r
     bar = tqdm(total=report.src_bytes, unit="B", unit_scale=True, desc="convert", disable=not progress)
     with bar:
         for path, header in zip(plan.files, plan.headers):
-            out = packer.shard(sio.load_file(path))
+            try:
+                out = packer.shard(sio.load_file(path))
+            except FormatError as e:  # (a tensor's problem: say which shard it came in)
+                e.args = (f"{e} (in {path.name})", *e.args[1:])
+                raise
             if out:  # a shard holding only halves that wait for their partner becomes nothing
                 sio.write_file(out, tmp / path.name, metadata)
                 weight_map.update({n: path.name for n in out})
