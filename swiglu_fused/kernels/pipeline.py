@@ -83,7 +83,8 @@ def mlp(
     tile_major: tuple[bool, bool] = (False, False),
 ) -> torch.Tensor:
     """x [..., H] → y [..., H] (x's dtype) through ``impl``'s quant_x, gate_up and down;
-    ``tile_major``: whether gate_up's and down's nvfp4 weights are in nvfp4_layout's tile-major order."""
+    ``tile_major``: whether gate_up's and down's weights are in their tile-major order (nvfp4_layout's;
+    fp8_layout's for an fp8 gate_up)."""
     fmt = formats.weight_format(weight_format)
     lead, hidden = x.shape[:-1], x.shape[-1]
     x2 = x.reshape(-1, hidden)
