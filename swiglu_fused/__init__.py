@@ -14,6 +14,7 @@ transformers, so the command starts, answers --help and takes a Ctrl-C at once, 
 
 from importlib import import_module
 from importlib.util import find_spec
+from typing import TYPE_CHECKING
 
 __version__ = "0.1.0"
 
@@ -27,6 +28,13 @@ _API = {
 }
 
 __all__ = [*_API, "__version__"]
+
+if TYPE_CHECKING:  # the same names for type checkers and editors (tests/test_cli.py keeps the two lists equal)
+    from .formats import FORMAT_VERSION, WEIGHT_FORMATS, FormatError, PackedConfig
+    from .integrations.transformers import PatchReport, patch_model
+    from .layer import FusedSwiGLUMLP
+    from .weight_packing.convert import ConvertReport, convert
+    from .weight_packing.verify import inspect, validate, verify
 
 
 def __getattr__(name: str):

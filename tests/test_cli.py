@@ -69,6 +69,17 @@ def test_a_ctrl_c_while_the_command_starts_is_one_line_not_a_traceback():
     assert proc.stderr == "swiglu-fused: interrupted\n"
 
 
+def test_the_lazy_names_and_the_type_checkers_imports_agree():
+    import ast
+
+    import swiglu_fused
+
+    tree = ast.parse(open(swiglu_fused.__file__).read())
+    checked = next(n for n in tree.body if isinstance(n, ast.If) and ast.unparse(n.test) == "TYPE_CHECKING")
+    seen = {(a.name, node.module) for node in checked.body for a in node.names}
+    assert seen == {(name, module) for name, module in swiglu_fused._API.items()}
+
+
 def test_import_swiglu_fused_loads_no_torch_until_a_name_is_used():
     code = ("import sys, swiglu_fused\n"
             "assert 'torch' not in sys.modules and 'transformers' not in sys.modules\n"
