@@ -9,6 +9,7 @@ import signal
 import sys
 
 from . import __version__  # (the package's names load on use: this module imports no torch)
+from .format_names import DEFAULT_INTERLEAVE, WEIGHT_FORMAT_NAMES
 
 EPILOG = """examples:
   swiglu-fused demo
@@ -40,8 +41,6 @@ def cli_spelling(message: str) -> str:
 
 
 def _parser() -> argparse.ArgumentParser:
-    from . import formats
-
     p = argparse.ArgumentParser(
         prog="swiglu-fused",
         description="Pack the gated MLPs of LLaMA-family and Flux.2 checkpoints for one fused gate_up GEMM "
@@ -59,10 +58,10 @@ def _parser() -> argparse.ArgumentParser:
                                    "SRC is never written. Exit status 2 on an error, 128+N on signal N.")
     c.add_argument("src", help="source checkpoint directory")
     c.add_argument("dst", help="output directory (must not exist unless --force)")
-    c.add_argument("--format", dest="weight_format", choices=sorted(formats.WEIGHT_FORMATS), default=None,
+    c.add_argument("--format", dest="weight_format", choices=sorted(WEIGHT_FORMAT_NAMES), default=None,
                    help="packed weight format (default: the source's, so bytes are moved: nvfp4 for an NVFP4 "
                         "source, fp8_block128 for a fine-grained FP8 or a dense one; another format re-quantizes)")
-    c.add_argument("--interleave", type=int, default=formats.DEFAULT_INTERLEAVE, metavar="G",
+    c.add_argument("--interleave", type=int, default=DEFAULT_INTERLEAVE, metavar="G",
                    help="interleave granularity g in rows; must divide the intermediate size, and be a multiple "
                         "of 128 for fp8_block128 (default: 128)")
     c.add_argument("--source-format", choices=["auto", "dense", "fp8_block128", "nvfp4"], default="auto",
@@ -88,7 +87,7 @@ def _parser() -> argparse.ArgumentParser:
     d = sub.add_parser("demo", help="convert a tiny random LLaMA to every format and compare outputs (CPU, offline)",
                        description="Build a tiny LLaMA with random weights (no download), convert it to each format, "
                                    "run the reference MLP on the CPU and print errors against the original model.")
-    d.add_argument("--format", dest="weight_formats", action="append", choices=sorted(formats.WEIGHT_FORMATS),
+    d.add_argument("--format", dest="weight_formats", action="append", choices=sorted(WEIGHT_FORMAT_NAMES),
                    help="format to run (repeatable; default: all)")
     d.add_argument("--seed", type=int, default=0, help="seed of the random weights and inputs (default: 0)")
     _add_bench(sub)
@@ -136,8 +135,6 @@ def _bench_type(parse):
 
 
 def _add_bench(sub) -> None:
-    from . import formats
-
     b = sub.add_parser("bench", help="time the whole MLP on this GPU: ours vs transformers bf16 vs unfused fp8",
                        description=BENCH_DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
     b.add_argument("--shapes", type=_bench_type("parse_shapes"), default="4096x14336,8192x3584", metavar="HxI,...",
@@ -145,7 +142,7 @@ def _add_bench(sub) -> None:
                         "LLaMA-3-8B, and LLaMA-3-70B's MLP on 8-way tensor parallelism)")
     b.add_argument("--m", type=_bench_type("parse_ms"), default="1,16,64,256,1024,4096", metavar="M,...",
                    help="token counts (default: 1,16,64,256,1024,4096)")
-    b.add_argument("--format", dest="weight_formats", action="append", choices=sorted(formats.WEIGHT_FORMATS),
+    b.add_argument("--format", dest="weight_formats", action="append", choices=sorted(WEIGHT_FORMAT_NAMES),
                    help="our weight format to time (repeatable; default: bf16, fp8_block128 and nvfp4)")
     b.add_argument("--allow-reference", action="store_true",
                    help="allow a --format without sm90 kernels (none today): times the pure-torch reference")
@@ -158,13 +155,25 @@ def _add_bench(sub) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    args = None
     try:
-        parser = _parser()  # imports torch: seconds, in which a Ctrl-C is answered as any other
-    except KeyboardInterrupt:
-        print("swiglu-fused: interrupted", file=sys.stderr)
-        return 128 + signal.SIGINT
-    args = parser.parse_args(argv)
-    from .formats import FormatError
+        args = _parser().parse_args(argv)  # (no torch yet: --help and a bad flag are answered at once)
+        return _run_reporting(args)
+    except KeyboardInterrupt as e:  # Ctrl-C (also while torch loads); in convert also SIGTERM and SIGHUP
+        signum = getattr(e, "signum", signal.SIGINT)
+        if args is None or args.command != "convert":
+            what = ""
+        elif getattr(e, "written", False):
+            what = f"; {args.dst} was already complete"
+        else:
+            what = f"; nothing was written to {args.dst}"
+        print(f"swiglu-fused{'' if args is None else ' ' + args.command}: interrupted{what}", file=sys.stderr)
+        return 128 + signum
+
+
+def _run_reporting(args) -> int:
+    """_run, with the package's warnings and errors as one line each (errors: exit status 2)."""
+    from .formats import FormatError  # (torch)
     from .weight_packing.safetensors_io import CheckpointError
 
     notes = _Notes(f"swiglu-fused {args.command}: ")  # convert's "replaced …" / "removed a stale …" lines
@@ -175,16 +184,6 @@ def main(argv: list[str] | None = None) -> int:
     except (FormatError, CheckpointError, OSError) as e:  # OSError: missing paths, permissions, disk space
         print(f"swiglu-fused {args.command}: error: {cli_spelling(str(e))}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt as e:  # Ctrl-C; in convert also SIGTERM and SIGHUP (ConvertInterrupted)
-        signum = getattr(e, "signum", signal.SIGINT)
-        if args.command != "convert":
-            what = ""
-        elif getattr(e, "written", False):
-            what = f"; {args.dst} was already complete"
-        else:
-            what = f"; nothing was written to {args.dst}"
-        print(f"swiglu-fused {args.command}: interrupted{what}", file=sys.stderr)
-        return 128 + signum
     finally:
         logger.removeHandler(notes)
 
@@ -234,10 +233,9 @@ def _run(args) -> int:
             print(f"swiglu-fused bench: error: {cli_spelling(str(e))}", file=sys.stderr)
             return 2
         return 0
-    from . import formats
     from .demo import run_demo
 
-    run_demo(tuple(args.weight_formats or formats.WEIGHT_FORMATS), seed=args.seed)
+    run_demo(tuple(args.weight_formats or WEIGHT_FORMAT_NAMES), seed=args.seed)
     return 0
 
 

@@ -76,7 +76,7 @@ FORMAT_VERSION = 2
 QUANT_METHOD = "swiglu_fused"
 METADATA_KEY = "swiglu_fused"  # key of the JSON blob in each safetensors __metadata__
 
-DEFAULT_INTERLEAVE = 128
+from .format_names import DEFAULT_INTERLEAVE  # noqa: E402  (torch-free, for the command's parser)
 
 GATE_UP = "gate_up_interleaved"  # not a Linear's name: see the module docstring
 DOWN = "down_proj"

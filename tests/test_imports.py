@@ -159,8 +159,9 @@ def test_runtime_never_reaches_the_converter():
 
 
 def test_the_format_spec_sits_below_the_packer_and_the_runtime():
-    """formats imports quant only; quant nothing of the package; interleave formats only."""
+    """formats imports quant and format_names only (its torch-free names); those two nothing of the
+    package; interleave formats only."""
     graph = _graph()
-    assert graph["swiglu_fused.quant"] == set()
-    assert graph["swiglu_fused.formats"] == {"swiglu_fused.quant"}
+    assert graph["swiglu_fused.quant"] == graph["swiglu_fused.format_names"] == set()
+    assert graph["swiglu_fused.formats"] == {"swiglu_fused.quant", "swiglu_fused.format_names"}
     assert graph["swiglu_fused.interleave"] == {"swiglu_fused.formats"}
