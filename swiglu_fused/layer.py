@@ -21,10 +21,33 @@ class _Layout(NamedTuple):
     to_tile_major: Callable[..., tuple]
     to_packed: Callable[..., tuple]
 
+    def reorder_in_place(self, tensors: list[torch.Tensor], tile_major: bool) -> None:
+        """Rewrite contiguous ``tensors`` (the ones a reorder moves) into tile-major order or back to
+        the packed one, keeping the tensors themselves (vLLM's parameters: its loader and graphs
+        hold them); the new order passes through one temporary copy each."""
+        if not all(t.is_contiguous() for t in tensors):
+            raise ValueError("an in-place reorder needs contiguous tensors")
+        for t, new in zip(tensors, (self.to_tile_major if tile_major else self.to_packed)(*tensors)):
+            t.copy_(new)
+
 
 _NVFP4_TILE_MAJOR = _Layout("nvfp4_tile_major", nvfp4_layout.to_tile_major, nvfp4_layout.to_packed)
 _FP8_TILE_MAJOR = _Layout("fp8_tile_major", lambda w: (fp8_layout.to_tile_major(w),),
                           lambda w: (fp8_layout.from_tile_major(w),))
+
+
+def tile_major_layout(fmt: formats.WeightFormat, kernel_ready: bool = True,
+                      fp8_tile_major: bool = False) -> tuple[tuple[str, ...], _Layout] | None:
+    """(the tensor names a reorder moves, their _Layout) of a projection in ``fmt`` whose weight the
+    kernels may read tile-major, else None: nvfp4's weight and scales, and an fp8 weight where the
+    projection asks for it (``fp8_tile_major``: gate_up, whose every backend reads that order;
+    down's cuBLAS and DeepGEMM do not); ``kernel_ready`` False opts a projection out (a gate_up
+    with another interleave than the kernels'). Shared by FusedSwiGLUMLP and the vLLM plugin's MLP."""
+    if kernel_ready and fmt.tile_major_order:
+        return (fmt.weight_name, fmt.scale_name), _NVFP4_TILE_MAJOR
+    if kernel_ready and fp8_tile_major and fmt.name == formats.FP8Block128.name:
+        return (fmt.weight_name,), _FP8_TILE_MAJOR
+    return None
 
 
 class _PackedProjection(nn.Module):
@@ -53,11 +76,7 @@ class _PackedProjection(nn.Module):
         self._multiplier: torch.Tensor | None = None
         self._multiplier_of: torch.Tensor | None = None  # the buffer it was made from
         # (the buffer names a reorder moves, their _Layout) of a weight that has a tile-major order
-        self._reorderable: tuple[tuple[str, ...], _Layout] | None = None
-        if fmt and kernel_ready and fmt.tile_major_order:
-            self._reorderable = ((fmt.weight_name, fmt.scale_name), _NVFP4_TILE_MAJOR)
-        elif fmt and kernel_ready and fp8_tile_major and fmt.name == formats.FP8Block128.name:
-            self._reorderable = ((fmt.weight_name,), _FP8_TILE_MAJOR)
+        self._reorderable = tile_major_layout(fmt, kernel_ready, fp8_tile_major) if fmt else None
         self.tile_major = False
         self.settle_layout()
 

@@ -55,6 +55,11 @@ def test_console_script_demo_runs_offline():
     assert "fp8_block128" in out and "top-1 agree" in out
 
 
+def _fresh_python(code: str) -> subprocess.CompletedProcess:
+    """``code`` run by a new interpreter (nothing of the package or torch imported yet)."""
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+
+
 def test_a_ctrl_c_while_the_command_starts_is_one_line_not_a_traceback():
     """The command's entry imports no torch (the package's names load on use), so a Ctrl-C in the
     seconds torch takes to import lands inside main(), which answers it as any other interrupt:
@@ -66,7 +71,7 @@ def test_a_ctrl_c_while_the_command_starts_is_one_line_not_a_traceback():
             "assert 'torch' not in sys.modules, 'the entry imported torch'\n"
             "threading.Timer(0.05, os.kill, (os.getpid(), signal.SIGINT)).start()\n"
             "sys.exit(main(['inspect', 'no-such-dir']))\n")
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    proc = _fresh_python(code)
     assert proc.returncode == 130, proc.stderr
     assert re.fullmatch(r"swiglu-fused( inspect)?: interrupted\n", proc.stderr), proc.stderr
 
@@ -86,7 +91,7 @@ def test_help_and_a_bad_flag_are_answered_before_torch_loads():
             "    except SystemExit:\n"
             "        pass\n"
             "    assert 'torch' not in sys.modules, argv\n")
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    proc = _fresh_python(code)
     assert proc.returncode == 0, proc.stderr
     assert "invalid choice: 'nope'" in proc.stderr
 
@@ -108,5 +113,5 @@ def test_import_swiglu_fused_loads_no_torch_until_a_name_is_used():
             "assert swiglu_fused.FusedSwiGLUMLP.__module__ == 'swiglu_fused.layer'\n"
             "assert 'torch' in sys.modules and 'FusedSwiGLUMLP' in dir(swiglu_fused)\n"
             "assert swiglu_fused.formats.FORMAT_VERSION  # (its modules too, as when they loaded eagerly)\n")
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    proc = _fresh_python(code)
     assert proc.returncode == 0, proc.stderr

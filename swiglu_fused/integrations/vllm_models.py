@@ -17,7 +17,8 @@ from torch.nn import Parameter
 
 from .. import formats
 from ..formats import FormatError
-from ..kernels import dispatch, fp8_layout, nvfp4_layout, ops, pipeline
+from ..kernels import dispatch, ops, pipeline
+from ..layer import tile_major_layout
 from .vllm_config import SwigluFusedConfig
 from .vllm_layout import ARCHITECTURES, check_tensor_parallel
 from .vllm_linear import load_slice
@@ -66,26 +67,19 @@ class FusedMLP(nn.Module):
         self._multipliers: list | None = None
 
     def _projections(self):
-        """(gate_up, down), each with the rule (dispatch's) of its tile-major order, or None where the
-        kernels never read it so: nvfp4's gate_up (at g = 128) and down, fp8's gate_up (at g = 128;
-        down's cuBLAS and DeepGEMM read only the packed order), as FusedSwiGLUMLP's (DESIGN §3.3)."""
+        """(gate_up, down), each with its tile-major layout (layer.tile_major_layout: the one
+        FusedSwiGLUMLP's projections take; gate_up's only at the kernels' interleave), or None."""
         fmt = formats.weight_format(self.packed.weight_format)
         kernels = dispatch.format_has_kernels(fmt.name, self.packed.interleave)
-        if fmt.tile_major_order:
-            return (self.gate_up_interleaved, dispatch.nvfp4_tile_major if kernels else None), \
-                (self.down_proj, dispatch.nvfp4_tile_major)
-        fp8 = fmt.name == formats.FP8Block128.name and kernels
-        return (self.gate_up_interleaved, dispatch.fp8_tile_major if fp8 else None), (self.down_proj, None)
+        return ((self.gate_up_interleaved, tile_major_layout(fmt, kernels, fp8_tile_major=True)),
+                (self.down_proj, tile_major_layout(fmt)))
 
     def _reorder(self, want) -> None:
-        fmt = formats.weight_format(self.packed.weight_format)
         flags = []
-        for (proj, _), have, major in zip(self._projections(), self.tile_major, want):
-            weight = getattr(proj, fmt.weight_name).data
-            if major != have and fmt.tile_major_order:
-                nvfp4_layout.reorder_in_place(weight, getattr(proj, fmt.scale_name).data, major)
-            elif major != have:
-                fp8_layout.reorder_in_place(weight, major)
+        for (proj, layout), have, major in zip(self._projections(), self.tile_major, want):
+            if major != have:
+                names, order = layout
+                order.reorder_in_place([getattr(proj, n).data for n in names], major)
             flags.append(major)
         self.tile_major = tuple(flags)
 
@@ -94,8 +88,8 @@ class FusedMLP(nn.Module):
         tiles are whole and dispatch says so: DESIGN §3.3), in place; the model calls this once its
         weights loaded."""
         fmt = formats.weight_format(self.packed.weight_format)
-        self._reorder([rule is not None and rule(getattr(proj, fmt.weight_name))
-                       for proj, rule in self._projections()])
+        self._reorder([layout is not None and getattr(dispatch, layout[1].rule)(getattr(proj, layout[0][0]))
+                       for proj, layout in self._projections()])
         if fmt.global_scale_name:  # and each per-tensor scale's multiplier, once, not a launch a call
             held = self._multipliers or [(None, None)] * 2
             self._multipliers = []

@@ -832,28 +832,27 @@ def down_tile_for(m: int, mainloop: str) -> tuple[int, int, bool]:
     return (64, 5, False) if m <= ROWS_64 else (128, 4, False)
 
 
-def down_cluster_k(config, m: int, n: int, k: int, sms: int) -> bool:
-    """Whether the fp8 swap-AB tile runs its K parts over a cluster (TileConfig.cluster_k =
-    DOWN_CLUSTER_K, DSMEM) instead of the stream-K split 2 that schedule.plan picks, with few tiles
-    (≤ 0.25 × SMs, as gate_up_cluster_k: so that a cluster of 4 a tile fits; D17, D37). Other splits
-    and whole tiles keep plan()'s schedule."""
+def down_cluster_k(config, m: int, n: int, k: int, sms: int) -> int:
+    """The tiles (0: none) whose K parts the fp8 swap-AB tile runs over a cluster (TileConfig.cluster_k,
+    DSMEM) instead of the stream-K split 2 that schedule.plan picks, with few tiles (≤ 0.25 × SMs, as
+    gate_up_cluster_k: so that a cluster of 4 a tile fits; D17, D37). Other splits and whole tiles
+    keep plan()'s schedule."""
     from .sm90.schedule import schedule
 
     if not (config.swap_ab and config.fp8):
-        return False
+        return 0
     ctas, sk_tiles = schedule(config, m, n, k, sms)
-    return 0 < sk_tiles <= 0.25 * sms and ctas == 2 * sk_tiles and DOWN_CLUSTER_K[0] * sk_tiles <= sms
+    fits = 0 < sk_tiles <= 0.25 * sms and ctas == 2 * sk_tiles and DOWN_CLUSTER_K[0] * sk_tiles <= sms
+    return sk_tiles if fits else 0
 
 
 def with_down_cluster_k(config, m: int, n: int, k: int, sms: int):
-    """config with its K parts over a cluster where down_cluster_k holds (DOWN_CLUSTER_K, or
+    """config with its K parts over a cluster where down_cluster_k finds tiles (DOWN_CLUSTER_K, or
     DOWN_CLUSTER_PAIRS where those clusters would take more than DOWN_CLUSTER_K_SMS of the SMs),
     else config."""
-    if not down_cluster_k(config, m, n, k, sms):
+    tiles = down_cluster_k(config, m, n, k, sms)
+    if not tiles:
         return config
-    from .sm90.schedule import schedule
-
-    tiles = schedule(config, m, n, k, sms)[1]
     four = DOWN_CLUSTER_K[0] * tiles <= DOWN_CLUSTER_K_SMS * sms
     ck, stages, pdl = DOWN_CLUSTER_K if four else DOWN_CLUSTER_PAIRS
     return dataclasses.replace(config, cluster_k=ck, stages=stages, pdl=pdl and config.pdl)

@@ -55,11 +55,3 @@ def from_tile_major(weight: torch.Tensor) -> torch.Tensor:
     n, k = _check(weight)
     tiles = weight.contiguous().view(torch.uint8).view(n // ROWS, k // K_TILE, ROWS, K_TILE)
     return tiles.permute(0, 2, 1, 3).contiguous().view(n, k).view(torch.float8_e4m3fn)
-
-
-def reorder_in_place(weight: torch.Tensor, tile_major: bool) -> None:
-    """Rewrite contiguous ``weight`` into tile-major order (or back to the packed one), keeping the
-    tensor itself (vLLM's parameters: its loader and graphs hold them); through one temporary copy."""
-    if not weight.is_contiguous():
-        raise ValueError("weight: an in-place reorder needs a contiguous tensor")
-    weight.copy_((to_tile_major if tile_major else from_tile_major)(weight))
