@@ -200,6 +200,17 @@ def pdl_applies(m: int, mainloop: str) -> bool:
     return mainloop == FP8_MAINLOOP and m <= PDL_M
 
 
+def gate_up_pdl(m: int, tile_m: int, swap: bool, mainloop: str) -> bool:
+    """TileConfig.pdl for gate_up's tile: pdl_applies, except the swap-AB tile over more than
+    PDL_SWAP_M_TILES M tiles (D39)."""
+    return pdl_applies(m, mainloop) and not _swap_without_pdl(m, tile_m, swap)
+
+
+def _swap_without_pdl(m: int, tile_m: int, swap: bool) -> bool:
+    """Whether M rows are more than PDL_SWAP_M_TILES of gate_up's swap-AB tiles (D39: no PDL)."""
+    return swap and cdiv(m, tile_m) > PDL_SWAP_M_TILES
+
+
 # ================================================================ quant_x: the thread ↔ data map
 WIDE_GROUPS = 1 << 15  # from this many (row, k-group) pairs: 16 columns per thread (DISPATCH D1)
 ONE_ROUND_GROUPS = 1 << 17  # from this many: 128-thread CTAs; with 8 columns, 4 rounds above it (D1)
@@ -420,7 +431,7 @@ def gate_up_config(x, weight, weight_scale, x_scale, *, act: str, h_format: str,
                        cluster_k=ck, cluster_m=cluster_m_for(m, tile_m, tile_n),
                        smem_scales=smem_scales_apply(tile_m, swap, mainloop, h_format),
                        split_n=split, l2_hint=gate_up_l2_hint(tile_m, swap),
-                       pdl=pdl_applies(m, mainloop) and not (swap and cdiv(m, tile_m) > PDL_SWAP_M_TILES),
+                       pdl=gate_up_pdl(m, tile_m, swap, mainloop),
                        uniform_ab=uniform_ab_applies(mainloop), tile_major=tile_major, **pipe)
     return with_static_stages(cfg, m, n, k, x.device)
 
@@ -659,9 +670,9 @@ def _pdl_variants(tile_m: int, swap: bool, mainloop: str) -> tuple[bool, ...]:
 
 def _gate_up_pdl_variants(tile_m: int, swap: bool, mainloop: str) -> tuple[bool, ...]:
     """_pdl_variants, and gate_up's swap-AB tile also without PDL where it can run over more than
-    PDL_SWAP_M_TILES M tiles (D39)."""
+    PDL_SWAP_M_TILES M tiles within PDL_M (gate_up_pdl)."""
     out = _pdl_variants(tile_m, swap, mainloop)
-    return (False, *out) if swap and out == (True,) and PDL_M > PDL_SWAP_M_TILES * tile_m else out
+    return (False, *out) if out == (True,) and _swap_without_pdl(PDL_M, tile_m, swap) else out
 
 
 def gate_up_shipped() -> list:
