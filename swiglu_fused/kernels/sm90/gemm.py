@@ -159,7 +159,7 @@ class GemmKernel(MainloopMixin, Nvfp4Mixin, StreamKMixin, EpilogueMixin, Pingpon
         # (three: 24·128 + 160·384 of the 64K, for the 192-row tile's 128 accumulators and its epilogue)
         self.consumer_regs = {1: 256, 2: 232, 3: 160}[self.num_mma_wg]
         self.producer_regs = 24 if self.num_mma_wg == 3 else 40
-        # warpgroups the tiled MMA spreads over M (split_n: each warpgroup runs its own 64-row MMA)
+        # warpgroups the tiled MMA spreads over M (split_n, pingpong: each warpgroup runs its own 64-row MMA)
         self.mma_wgs_m = 1 if config.split_n or config.pingpong else self.num_mma_wg
         if config.epilogue == "gated":
             self.act = activations_and_h.activation(config.act)
@@ -475,8 +475,8 @@ class GemmKernel(MainloopMixin, Nvfp4Mixin, StreamKMixin, EpilogueMixin, Pingpon
         half and this thread's first column."""
         cfg = self.cfg
         ws_last = (gmem.n + W_BLOCK - 1) // W_BLOCK - 1  # last weight-scale row (a partial last tile reads no further)
-        split = cfg.split_n or cfg.pingpong
-        t_mma = (tidx - 128) % 128 if split else tidx - 128  # (split_n, pingpong: each warpgroup its own MMA)
+        split = self.mma_wgs_m == 1 and self.num_mma_wg > 1  # (split_n, pingpong: each warpgroup its own MMA)
+        t_mma = (tidx - 128) % 128 if split else tidx - 128
         thr_mma = tiled_mma.get_slice(t_mma)
         # the wgmma's smem operands depend only on the warpgroup, not the lane: sliced by a warp-uniform
         # index, their descriptors are built in uniform registers (no R2UR before every QGMMA)
