@@ -13,6 +13,12 @@ tiles j ≡ w mod 2), so that one's epilogue runs under the other's mainloop:
 
 A stage holds one warpgroup's k tile: its empty barrier waits for that warpgroup's four warps
 (GemmKernel._prologue), and each warpgroup steps its pipeline states over the other's k tiles.
+The mainloops take turns (two named barriers, ORDER_BARRIER): a warpgroup waits for its tile's
+first full barrier only once the other has waited for every one of its own. Without the turns the
+phase parity a stage's full barrier is waited on would alias: warpgroup 1, its state stepped over
+tile 0's k tiles, waits on a parity that the barrier shows before tile 0's fills are even done,
+and reads (and releases) stages that hold tile 0's k tiles (the first GPU run: a launch failure).
+With them, every fill before the one a warpgroup waits for has been waited for already.
 Whole tiles only, so every tile has the same k tiles. The mainloop is the halves schedule
 (_mainloop_fp8_halves: 128 + 64 accumulator registers of the 232 a consumer thread gets); the
 epilogue is the 64-row tile's (_epilogue_gated), each warpgroup staging h in a 64-row slab of its
@@ -29,6 +35,8 @@ import cutlass.pipeline as pipeline
 from cutlass import Int32
 
 from .mainloop import TileWork
+
+ORDER_BARRIER = 8  # named barrier ids 8 (warpgroup 0's mainloop waited for all its k tiles), 9 (warpgroup 1's)
 
 
 class PingpongMixin:
@@ -55,8 +63,12 @@ class PingpongMixin:
             tm, tn = self._tile_mn(tile, sched.tiling)
             row_a = tm * cfg.tile_m + r0
             acc.fill(0.0)
+            if j > 0:  # the other warpgroup's mainloop of tile j - 1 has waited for all its k tiles
+                pipeline.NamedBarrier(barrier_id=ORDER_BARRIER + 1 - w, num_threads=256).arrive_and_wait()
             state, release = self._row_mainloop(mainloop, state, release, ops, acc,
                                                 TileWork(tm, tn, kb0, kb1, row_a, row_a + 8))
+            if j + 1 < tiles:  # the other warpgroup's turn (tile j + 1)
+                pipeline.NamedBarrier(barrier_id=ORDER_BARRIER + w, num_threads=256).arrive()
             # the epilogue places a value of tile row r at slab row r and global row tm·64 + r: so row
             # r0 + 64w of tile tm - w is this warpgroup's slab (rows [64w, 64w + 64)) and row r0 of tm
             self._epilogue_gated(acc, n_vals, r0 + 64 * w, col0, tm - w, tn, gmem.m, sO, gmem.mOut, gmem.mAux, w,
