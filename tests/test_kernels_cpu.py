@@ -478,11 +478,6 @@ def _shipped():
         + [("down", down.DownConfig(tile_major=True, **f), down.compile_down) for f in (
             dict(tile_m=16, stages=5, swap_ab=True, cluster_k=4),
             dict(tile_m=128, stages=4, y_slab_cols=64, smem_scales=True, static_stages=True, uniform_ab=True))]
-        # ping-pong consumers on the fp8 64-row gate_up tile (TileConfig.pingpong): prepared, not measured
-        + [("gate_up", gate_up.GateUpConfig(tile_m=64, stages=st, pingpong=True, cluster_m=cm, h_format=f,
-                                            uniform_ab=True, l2_hint="w_first"), gate_up.compile_gate_up)
-           for cm, f, st in ((1, "fp8_group128", 5), (2, "fp8_group128", 5), (1, "bf16", 4))]
-
     )
 
 
@@ -500,24 +495,6 @@ def test_warp_mma_refuses_a_config_that_does_not_fit_the_operands():
         h = torch.zeros(m, k, dtype=torch.bfloat16)
         with pytest.raises(ValueError, match="does not fit"):
             warp_mma.down(cfg, h, w[:, : k // 2], s[:, : k // 16], gs)
-
-
-def test_pingpong_is_the_fp8_64_row_gate_up_tile_only():
-    """TileConfig.pingpong (two consumer warpgroups on alternate 64-row tiles) exists for the fp8
-    gate_up tile of 64 rows and refuses what it does not implement; it has a 64-row output slab per
-    warpgroup and runs whole tiles."""
-    pytest.importorskip("cutlass")
-    from swiglu_fused.kernels.sm90.tile_config import DownConfig, GateUpConfig
-
-    cfg = GateUpConfig(tile_m=64, stages=5, pingpong=True)
-    assert cfg.consumer_threads == 256 and cfg.whole_tiles
-    assert cfg.out_stage_bytes == 2 * GateUpConfig(tile_m=64, stages=5).out_stage_bytes
-    for bad in (dict(tile_m=128), dict(mainloop="bf16", h_format="bf16"), dict(split_n=True), dict(cluster_k=2),
-                dict(tma_store=True), dict(swap_ab=True, tile_m=64)):
-        with pytest.raises(ValueError, match="pingpong"):
-            GateUpConfig(**{**dict(tile_m=64, stages=4, pingpong=True), **bad})
-    with pytest.raises(ValueError, match="pingpong"):
-        DownConfig(tile_m=64, stages=4, pingpong=True)
 
 
 def test_every_shipped_sm90_config_compiles():

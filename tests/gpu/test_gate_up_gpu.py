@@ -522,24 +522,3 @@ def test_l2_hint_changes_no_bit(hidden, inter, m, mainloop, h_format):
     else:
         assert torch.equal(h, h2)
     assert_matches_reference(h, hs, args, "silu", h_format, mainloop)
-
-
-@pytest.mark.parametrize("cluster_m", [1, 2])
-@pytest.mark.parametrize("h_format", ["fp8_group128", "bf16"])
-@pytest.mark.parametrize("hidden,inter,m", [(4096, 14336, 1024), (8192, 3584, 4096), (576, 1536, 100),
-                                            (1040, 1536, 333), (2048, 8192, 1)])
-def test_pingpong_tile_is_the_64_row_tile_bit_for_bit(hidden, inter, m, h_format, cluster_m, monkeypatch):
-    """TileConfig.pingpong (two consumer warpgroups on alternate 64-row tiles of the CTA's schedule,
-    pingpong.py) runs the one-warpgroup 64-row tile's mainloop (overlap off) and epilogue per tile:
-    the same h bit for bit over whole tiles, at M of one tile, of a ragged last tile and of many
-    tiles a CTA, and so within DESIGN §4 of the reference."""
-    from swiglu_fused.kernels.sm90 import gate_up as k, schedule
-
-    args = make_operands(m, hidden, inter, "fp8_block128", seed=m + 41)
-    monkeypatch.setattr(schedule, "plan", lambda tiles, k_tiles, sms, *a, **kw: (min(tiles, sms), 0))
-    pp = k.GateUpConfig(tile_m=64, stages=4, pingpong=True, cluster_m=cluster_m, h_format=h_format)
-    h, hs = run_kernel(pp, args)
-    h1, hs1 = run_kernel(dataclasses.replace(pp, pingpong=False, overlap=False), args)
-    assert torch.equal(h.view(torch.uint8), h1.view(torch.uint8))
-    assert (hs is None and hs1 is None) or torch.equal(hs, hs1)
-    assert_matches_reference(h, hs, args, "silu", h_format)

@@ -82,8 +82,7 @@ slab with one TMA store.
 Where the pieces are: the configuration (TileConfig and the constants) in tile_config.py; the
 tile schedule's plan (plan(), stream-K, band order, launch_plan) in schedule.py and its device side
 (segments, the stream-K and K-pair fix-ups) in stream_k.py; the mainloops in mainloop.py; the
-epilogues' stores in epilogue_stores.py; the ping-pong consumers of the fp8 64-row gate_up tile
-(TileConfig.pingpong, not dispatched) in pingpong.py; the swap-AB decode tiles (a subclass) in swap_ab.py; Flux.2's split projection (a subclass: prefix
+epilogues' stores in epilogue_stores.py; the swap-AB decode tiles (a subclass) in swap_ab.py; Flux.2's split projection (a subclass: prefix
 tiles stored as they are, pair tiles gated) in split.py;
 the choice of kernel class and compile_kernel in kernel_host.py. This file holds the kernel (host
 tensors and TMA atoms, shared storage, setup, the producer, the consumers' walk over their tiles)
@@ -107,7 +106,6 @@ from . import activations_and_h
 from .epilogue_stores import EpilogueMixin
 from .mainloop import MainloopMixin, RowOperands, TileWork
 from .nvfp4 import Nvfp4Mixin
-from .pingpong import PingpongMixin
 from .schedule import band_rows, launch_plan, sk_iter_begin
 from .stream_k import Schedule, StreamKMixin
 from .tile_config import (ACC_VALUES, EVICT_FIRST, EVICT_LAST, GRANULE, HALF_N, INTERLEAVE,
@@ -141,7 +139,7 @@ class TmaLoads(NamedTuple):
     b_mask: Any  # cluster_m > 1: the CTAs the weight k tile is multicast to
 
 
-class GemmKernel(MainloopMixin, Nvfp4Mixin, StreamKMixin, EpilogueMixin, PingpongMixin):
+class GemmKernel(MainloopMixin, Nvfp4Mixin, StreamKMixin, EpilogueMixin):
     def __init__(self, config: TileConfig):
         self.cfg = config
         # the wgmma's operand type; the weight as TMA loads it (nvfp4: packed bytes, decoded to bf16)
@@ -159,8 +157,8 @@ class GemmKernel(MainloopMixin, Nvfp4Mixin, StreamKMixin, EpilogueMixin, Pingpon
         # (three: 24·128 + 160·384 of the 64K, for the 192-row tile's 128 accumulators and its epilogue)
         self.consumer_regs = {1: 256, 2: 232, 3: 160}[self.num_mma_wg]
         self.producer_regs = 24 if self.num_mma_wg == 3 else 40
-        # warpgroups the tiled MMA spreads over M (split_n, pingpong: each warpgroup runs its own 64-row MMA)
-        self.mma_wgs_m = 1 if config.split_n or config.pingpong else self.num_mma_wg
+        # warpgroups the tiled MMA spreads over M (split_n: each warpgroup runs its own 64-row MMA)
+        self.mma_wgs_m = 1 if config.split_n else self.num_mma_wg
         if config.epilogue == "gated":
             self.act = activations_and_h.activation(config.act)
             self.h_spec = config.h_spec
@@ -290,7 +288,7 @@ class GemmKernel(MainloopMixin, Nvfp4Mixin, StreamKMixin, EpilogueMixin, Pingpon
         fields = {
             "sA": Align[MemRange[self.ab_dtype, cute.cosize(a_layout)], 1024],
             "sB": Align[MemRange[self.w_dtype, cute.cosize(b_layout)], 1024],
-            "sO": Align[MemRange[Int32, cfg.out_stage_bytes // 4], 1024],  # (pingpong: two slabs)
+            "sO": Align[MemRange[Int32, cfg.tile_m * cfg.out_row_words], 1024],
             "mbar": MemRange[cutlass.Int64, cfg.stages * 2],
             "flag": MemRange[Int32, 4],  # stream-K: the arrival count seen by this CTA
             "red": MemRange[Float32, cfg.red_words],  # swap-AB: cross-warp amax
@@ -412,8 +410,7 @@ class GemmKernel(MainloopMixin, Nvfp4Mixin, StreamKMixin, EpilogueMixin, Pingpon
             cute.arch.setmaxregister_increase(self.consumer_regs)
             if cutlass.const_expr(self._producer_works_before_wait()):  # (the producer waits in _produce)
                 cute.arch.griddepcontrol_wait()
-            consume = self._consume_pingpong if self.cfg.pingpong else self._consume  # (trace time)
-            consume(tiled_mma, mainloop, sA, sB, storage, gmem, sched, tidx, wg_idx)
+            self._consume(tiled_mma, mainloop, sA, sB, storage, gmem, sched, tidx, wg_idx)
         if cutlass.const_expr(self.cfg.cluster_k > 1):
             # no CTA leaves while its peer may still be sending to it (or its st.async are in flight)
             cute.arch.cluster_arrive()
@@ -475,7 +472,7 @@ class GemmKernel(MainloopMixin, Nvfp4Mixin, StreamKMixin, EpilogueMixin, Pingpon
         half and this thread's first column."""
         cfg = self.cfg
         ws_last = (gmem.n + W_BLOCK - 1) // W_BLOCK - 1  # last weight-scale row (a partial last tile reads no further)
-        split = self.mma_wgs_m == 1 and self.num_mma_wg > 1  # (split_n, pingpong: each warpgroup its own MMA)
+        split = self.mma_wgs_m == 1 and self.num_mma_wg > 1  # (split_n: each warpgroup its own MMA)
         t_mma = (tidx - 128) % 128 if split else tidx - 128
         thr_mma = tiled_mma.get_slice(t_mma)
         # the wgmma's smem operands depend only on the warpgroup, not the lane: sliced by a warp-uniform
@@ -512,7 +509,7 @@ class GemmKernel(MainloopMixin, Nvfp4Mixin, StreamKMixin, EpilogueMixin, Pingpon
             temp = cute.make_rmem_tensor(
                 thr_mma.partition_C(cute.make_identity_tensor((cfg.tile_m, HALF_N))).shape, self.acc_dtype
             )  # (MMA, 1, 1): one half
-        if cfg.split_n:
+        if split:
             temp2 = cute.make_rmem_tensor(temp.shape, self.acc_dtype)
         mmas_per_promotion = cfg.promote_k // cute.size(tiled_mma.shape_mnk, mode=[2])
         quarters = None
@@ -589,14 +586,12 @@ class GemmKernel(MainloopMixin, Nvfp4Mixin, StreamKMixin, EpilogueMixin, Pingpon
             stage_bytes += cfg.tile_n * 4
         cl = cfg.cluster_m
         # a stage is free once every consumer warp of every CTA its weight tile was multicast to
-        # has released it (lane r of each consumer warp arrives on CTA r's barrier); pingpong: the
-        # warps of the one warpgroup whose tile the stage holds
-        consumer_wgs = 1 if cfg.pingpong else self.num_mma_wg
+        # has released it (lane r of each consumer warp arrives on CTA r's barrier)
         mainloop = pipeline.PipelineTmaAsync.create(
             barrier_storage=storage.mbar.data_ptr(),
             num_stages=cfg.stages,
             producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 2 if cfg.smem_scales else 1),
-            consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, consumer_wgs * 4 * cl),
+            consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, self.num_mma_wg * 4 * cl),
             tx_count=stage_bytes,
             cta_layout_vmnk=cute.make_layout((1, cl, 1, 1)),
             defer_sync=True,

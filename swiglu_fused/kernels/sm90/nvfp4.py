@@ -56,7 +56,7 @@ from .ptx import (DECODE_SHIFT, bulk_copy_g2s, bulk_prefetch_l2, cp_async_4, cp_
 # multiplied back with the global scale, a power of two, so exactly
 UNSHIFT = 126 - DECODE_SHIFT
 
-DECODE_BARRIER = 6  # named barrier id, 7 too (1, 2: epilogue; 3: stream-K; 4, 5: split_n; 8, 9: pingpong)
+DECODE_BARRIER = 6  # named barrier id, 7 too (1, 2: epilogue; 3: stream-K; 4, 5: split_n)
 PDL_PREFETCH_STAGES = 2  # TileConfig.pdl: k tiles prefetched into L2 before the wait, in stages (a guess)
 
 

@@ -106,11 +106,6 @@ class TileConfig:
     # N = 64 chains (its registers hold no more), whose SS operands take all of smem's 128 B/clk
     # at the tensor pipe's rate. Whole tiles only.
     split_n: bool = False
-    # the fp8 64-row gate_up tile with two consumer warpgroups that take alternate tiles of the
-    # CTA's schedule (pingpong.py): one warpgroup's epilogue runs under the other's mainloop, where
-    # the 128-row tile's two warpgroups finish their tile together and leave the tensor pipe idle
-    # through its epilogue. Whole tiles only. Prepared, not measured yet (benchmarks/STATUS.md).
-    pingpong: bool = False
     # split_n: k tiles per run of back-to-back wgmma chains (2 temps alternate; each chain is
     # promoted while the next runs, the last one of a run with the tensor pipe idle)
     split_unroll: int = 2
@@ -197,11 +192,6 @@ class TileConfig:
                              or self.tma_store or self.epilogue != "gated" or self.tile_n != 2 * HALF_N):
             raise ValueError(f"{name}.split_n: the fp8 mainloop's 64-row gate_up tile only (no swap_ab, clusters "
                              f"or tma_store); got {self}")
-        if self.pingpong and (not self.fp8 or self.tile_m != 64 or self.swap_ab or self.split_n or self.cluster_k > 1
-                              or self.epilogue != "gated" or self.tile_n != 2 * HALF_N or self.tma_store
-                              or self.smem_scales or self.static_stages):
-            raise ValueError(f"{name}.pingpong: the fp8 mainloop's 64-row gate_up tile only (no swap_ab, split_n, "
-                             f"K parts, granules, tma_store or smem_scales); got {self}")
         if self.xacc_parts not in (1, 2, 4) or (self.xacc_parts > 1 and not self.split_n):
             raise ValueError(f"{name}.xacc_parts: expected 1, 2 or 4 (more than 1 with split_n only), "
                              f"got {self.xacc_parts}")
@@ -263,7 +253,7 @@ class TileConfig:
         """Whether the tiles run whole (no stream-K: their epilogues have no fix-up)."""
         # (nvfp4's 192-token swap-AB tile: its 192 accumulator values a thread exceed the stream-K
         # partials' ACC_VALUES slots)
-        return self.granules or self.split_n or self.tile_m == TILE_M_WG3 or self.static_stages or self.pingpong
+        return self.granules or self.split_n or self.tile_m == TILE_M_WG3 or self.static_stages
 
     @property
     def granules(self) -> bool:
@@ -318,17 +308,16 @@ class TileConfig:
 
     @property
     def out_stage_bytes(self) -> int:
-        """The output staging slab: tile_m rows (pingpong: a 64-row slab per warpgroup)."""
-        return self.tile_m * self.out_row_words * 4 * (2 if self.pingpong else 1)
+        return self.tile_m * self.out_row_words * 4
 
     @property
     def consumer_threads(self) -> int:
         """Three consumer warpgroups for the 192-row tile; two for the 128-row tile, the 64-token
-        swap-AB tile (whose accumulator, 256 × 64 fp32, is too large for one), the split_n and
-        pingpong 64-row tiles and every nvfp4 tile (one weight row each to decode per k tile); else one."""
+        swap-AB tile (whose accumulator, 256 × 64 fp32, is too large for one), the split_n 64-row
+        tile and every nvfp4 tile (one weight row each to decode per k tile); else one."""
         if self.tile_m == TILE_M_WG3 and not self.swap_ab:
             return 384
-        return 256 if self.tile_m >= (64 if self.swap_ab else 128) or self.split_n or self.pingpong or self.nvfp4 else 128
+        return 256 if self.tile_m >= (64 if self.swap_ab else 128) or self.split_n or self.nvfp4 else 128
 
     @property
     def red_words(self) -> int:
