@@ -206,13 +206,17 @@ def test_static_stages_follow_k_and_the_stream_k_plan(monkeypatch):
 
 
 def test_gate_ups_swap_ab_tile_over_four_m_tiles_launches_without_pdl(monkeypatch):
-    """DISPATCH D39: fp8 gate_up takes PDL at decode sizes (D20) except its swap-AB tile over more
-    than PDL_SWAP_M_TILES M tiles (8192×3584 at M = 49-64: four 16-token tiles), where PDL was
-    measured 4-15 % slower; the configs it picks either way are shipped (compile-checked)."""
+    """DISPATCH D39, D41: fp8 gate_up takes PDL at decode sizes (D20) except its swap-AB tile over
+    more than PDL_SWAP_M_TILES M tiles (M = 49-64: four 16-token tiles) where DeepGEMM takes down
+    or the hidden size is at least PDL_SWAP_OWN_DOWN_HIDDEN (8192×3584), where PDL was measured
+    slower; with our own down at a narrower hidden size (4096×3584) it keeps PDL (measured faster).
+    The configs it picks either way are shipped (compile-checked)."""
     pytest.importorskip("cutlass")
+    from swiglu_fused.kernels import deepgemm
     from swiglu_fused.kernels.sm90 import schedule
 
     monkeypatch.setattr(schedule, "sm_count", lambda device: 132)
+    monkeypatch.setattr(deepgemm, "module", lambda: None)  # (as in CI: DeepGEMM not installed)
 
     def config(m, hidden, inter):
         x, w = torch.empty(m, hidden, dtype=torch.float8_e4m3fn), torch.empty(2 * inter, hidden, dtype=torch.float8_e4m3fn)
@@ -223,6 +227,12 @@ def test_gate_ups_swap_ab_tile_over_four_m_tiles_launches_without_pdl(monkeypatc
         cfg = config(m, 8192, 3584)
         assert cfg.pdl is pdl and cfg in dispatch.gate_up_shipped(), (m, cfg)
     assert config(64, 8192, 3584).swap_ab and config(64, 4096, 14336).pdl  # (the 64-row tile there: one M tile)
+    narrow = config(64, 4096, 3584)
+    assert narrow.swap_ab and narrow.pdl and narrow in dispatch.gate_up_shipped()
+    monkeypatch.setattr(deepgemm, "module", lambda: object())  # DeepGEMM takes down from MIN_M rows
+    assert not config(64, 4096, 3584).pdl and config(48, 4096, 3584).pdl
+    monkeypatch.setattr(deepgemm, "ENABLED", False)
+    assert config(64, 4096, 3584).pdl
     monkeypatch.setattr(dispatch, "PDL_SWAP_M_TILES", 99)
     assert config(64, 8192, 3584).pdl
 
@@ -478,6 +488,7 @@ def _shipped():
         + [("down", down.DownConfig(tile_major=True, **f), down.compile_down) for f in (
             dict(tile_m=16, stages=5, swap_ab=True, cluster_k=4),
             dict(tile_m=128, stages=4, y_slab_cols=64, smem_scales=True, static_stages=True, uniform_ab=True))]
+
     )
 
 

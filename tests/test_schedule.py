@@ -435,10 +435,15 @@ def test_gate_up_split_n_fifth_stage_where_the_weight_has_few_tiles(inter, stage
 
 @pytest.mark.parametrize("m,inter,expect", [
     (128, 14336, True), (80, 12288, True), (128, 13824, True),  # 112 / 96 / 108 tiles of 128 rows: one wave
-    (128, 28672, False),  # 224 tiles of 128 rows already fill 1.7 waves
+    (128, 28672, False), (80, 27648, False),  # 224 / 216 tiles of 128 rows already fill 1.7 / 1.6 waves
     (129, 14336, False),  # two M tiles of 128 rows
+    # D42: 148 / 192 / 160 tiles of 128 rows take two rounds where the 64-row tiles take three of half
+    # the height (0.75 of the time); 416 tiles: 7 against 4 rounds (0.875), not enough
+    (128, 18944, True), (80, 24576, True), (100, 20480, True), (128, 53248, False),
 ])
 def test_gate_up_fp8_64_row_tile_up_to_m_128_where_128_row_tiles_fit_a_wave(m, inter, expect):
+    """DISPATCH D11, D42: fp8 gate_up at 64 < M ≤ 128 takes the split_n 64-row tile where the 128-row
+    tiles fit one wave or its rounds of waves are SPLIT64_ROUNDS shorter."""
     assert dispatch.split64_applies(m, 2 * inter, 132, "fp8_block128") == expect
     assert not dispatch.split64_applies(m, 2 * inter, 132, "bf16")
     assert dispatch.gate_up_tile_for(m, 2 * inter, 132, "fp8_block128")[0] == (64 if expect else 128)
@@ -551,7 +556,8 @@ def test_nvfp4_192_token_tile_where_its_waves_pay():
 def test_pdl_on_the_fp8_mlp_at_decode_sizes(mainloop, m, hidden, inter):
     """DISPATCH D20: quant_x, gate_up and down launch with PDL for fp8 at M ≤ PDL_M (whatever tile
     that M gets), never for bf16, except gate_up's swap-AB tile over more than PDL_SWAP_M_TILES M
-    tiles (D39: 8192×3584 at M = 64); every config so picked is one CI compiles."""
+    tiles at a hidden size of 8192 (D39, D41: 8192×3584 at M = 64); every config so picked is one CI
+    compiles."""
     import torch
     from unittest import mock
 

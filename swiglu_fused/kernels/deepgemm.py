@@ -46,6 +46,12 @@ def module():
     return deep_gemm if hasattr(deep_gemm, "fp8_gemm_nt") else None
 
 
+def takes_down(m: int) -> bool:
+    """Whether a down of M rows will run on DeepGEMM, as far as it can be told before h exists (for
+    gate_up's launch, DISPATCH D41): switched on, not failed, importable, at least MIN_M rows."""
+    return ENABLED and not _failed and m >= MIN_M and module() is not None
+
+
 def supports_down(h: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor | None,
                   h_scale: torch.Tensor | None, global_scale: torch.Tensor | None,
                   residual: torch.Tensor | None, out_dtype: torch.dtype) -> bool:

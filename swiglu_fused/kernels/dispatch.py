@@ -187,9 +187,12 @@ def down_backend(h, weight, weight_scale, h_scale, global_scale, residual, out_d
 
 # ================================================================ programmatic dependent launch
 PDL_M = 64  # fp8, M ≤ this: quant_x, gate_up and down launch with PDL (TileConfig.pdl, D20)
-# ... except gate_up's swap-AB tile over more M tiles than this (8192×3584 at M = 49-64: four 16-token
-# tiles a weight tile): PDL made the whole MLP 4-5 % slower there, 12 % with DeepGEMM's down (D39)
+# ... except gate_up's swap-AB tile over more M tiles than this (e.g. M = 49-64: four 16-token tiles
+# a weight tile) where DeepGEMM's down follows (PDL 2-15 % slower at 6 of 8 shapes), or our own down
+# at a hidden size of at least PDL_SWAP_OWN_DOWN_HIDDEN (8192: 1-5 % slower; 3.5-8 % faster below
+# it) (D39, D41)
 PDL_SWAP_M_TILES = 3
+PDL_SWAP_OWN_DOWN_HIDDEN = 8192
 
 
 def pdl_applies(m: int, mainloop: str) -> bool:
@@ -200,15 +203,19 @@ def pdl_applies(m: int, mainloop: str) -> bool:
     return mainloop == FP8_MAINLOOP and m <= PDL_M
 
 
-def gate_up_pdl(m: int, tile_m: int, swap: bool, mainloop: str) -> bool:
-    """TileConfig.pdl for gate_up's tile: pdl_applies, except the swap-AB tile over more than
-    PDL_SWAP_M_TILES M tiles (D39)."""
-    return pdl_applies(m, mainloop) and not _swap_without_pdl(m, tile_m, swap)
+def gate_up_pdl(m: int, tile_m: int, swap: bool, mainloop: str, hidden: int) -> bool:
+    """TileConfig.pdl for gate_up's tile of M rows of ``hidden`` columns: pdl_applies, except
+    where _swap_without_pdl (D39, D41)."""
+    return pdl_applies(m, mainloop) and not _swap_without_pdl(m, tile_m, swap, hidden)
 
 
-def _swap_without_pdl(m: int, tile_m: int, swap: bool) -> bool:
-    """Whether M rows are more than PDL_SWAP_M_TILES of gate_up's swap-AB tiles (D39: no PDL)."""
-    return swap and cdiv(m, tile_m) > PDL_SWAP_M_TILES
+def _swap_without_pdl(m: int, tile_m: int, swap: bool, hidden: int | None) -> bool:
+    """Whether gate_up's swap-AB tile launches without PDL (D39, D41): over more than
+    PDL_SWAP_M_TILES M tiles, where DeepGEMM will take down (deepgemm.takes_down) or the hidden
+    size is at least PDL_SWAP_OWN_DOWN_HIDDEN; hidden None: whether it can for some hidden size."""
+    if not (swap and cdiv(m, tile_m) > PDL_SWAP_M_TILES):
+        return False
+    return hidden is None or hidden >= PDL_SWAP_OWN_DOWN_HIDDEN or deepgemm.takes_down(m)
 
 
 # ================================================================ quant_x: the thread ↔ data map
@@ -241,6 +248,10 @@ CLUSTER_M_MIN = 4096  # the 128 × 256 tile in cluster pairs from this M on (D8)
 SPLIT_N_STAGES = 4  # the fp8 64-row tile on two warpgroups (split_n, D9) ...
 SPLIT_N_DEEP_TILES = 40  # ... with a fifth stage up to this many 256-row weight tiles (D10)
 SPLIT64_M = 128  # fp8, 64 < M ≤ this with one wave of 128-row tiles: the split_n 64-row tile (D11)
+# ... or where its rounds of waves take at most this share of the 128-row tile's (D42: e.g. I = 18944,
+# 148 tiles of 128 rows, 1.12 waves: two rounds, against three of the 64-row tile's half-height ones,
+# 0.75; at 3.2 waves, I = 53248, 0.875 was level to 3 % slower)
+SPLIT64_ROUNDS = 0.8
 # the bf16 mainloop's 192-row tile (D29): its rows a unit of time over the 128-row tile's in whole
 # waves (measured 1.03-1.06 at 40-70 waves), and how much shorter its predicted rounds must be
 WG3_SPEED = 1.04
@@ -353,8 +364,12 @@ def split_n_pipeline(deep: bool, h_format: str) -> dict:
 
 def split64_applies(m: int, n: int, sms: int, mainloop: str) -> bool:
     """Whether fp8 gate_up with M rows and N = 2I weight rows takes the 64-row tile (split_n) where
-    gate_up_tile_for's one-wave rule would pick the 128-row one (D11)."""
-    return mainloop == FP8_MAINLOOP and m <= SPLIT64_M and cdiv(n, 2 * GROUP) <= sms
+    gate_up_tile_for's one-wave rule would pick the 128-row one: where the 128-row tiles fit one
+    wave (D11), or where the 64-row tiles' rounds are SPLIT64_ROUNDS shorter (D42)."""
+    if mainloop != FP8_MAINLOOP or m > SPLIT64_M:
+        return False
+    return (cdiv(n, 2 * GROUP) <= sms
+            or rounds_time(m, n, sms, 64, 1.0) <= SPLIT64_ROUNDS * rounds_time(m, n, sms, 128, 1.0))
 
 
 def gate_up_l2_hint(tile_m: int, swap_ab: bool) -> str:
@@ -431,7 +446,7 @@ def gate_up_config(x, weight, weight_scale, x_scale, *, act: str, h_format: str,
                        cluster_k=ck, cluster_m=cluster_m_for(m, tile_m, tile_n),
                        smem_scales=smem_scales_apply(tile_m, swap, mainloop, h_format),
                        split_n=split, l2_hint=gate_up_l2_hint(tile_m, swap),
-                       pdl=gate_up_pdl(m, tile_m, swap, mainloop),
+                       pdl=gate_up_pdl(m, tile_m, swap, mainloop, k),
                        uniform_ab=uniform_ab_applies(mainloop), tile_major=tile_major, **pipe)
     return with_static_stages(cfg, m, n, k, x.device)
 
@@ -672,7 +687,7 @@ def _gate_up_pdl_variants(tile_m: int, swap: bool, mainloop: str) -> tuple[bool,
     """_pdl_variants, and gate_up's swap-AB tile also without PDL where it can run over more than
     PDL_SWAP_M_TILES M tiles within PDL_M (gate_up_pdl)."""
     out = _pdl_variants(tile_m, swap, mainloop)
-    return (False, *out) if out == (True,) and _swap_without_pdl(PDL_M, tile_m, swap) else out
+    return (False, *out) if out == (True,) and _swap_without_pdl(PDL_M, tile_m, swap, None) else out
 
 
 def gate_up_shipped() -> list:
