@@ -436,14 +436,18 @@ def test_gate_up_split_n_fifth_stage_where_the_weight_has_few_tiles(inter, stage
 @pytest.mark.parametrize("m,inter,expect", [
     (128, 14336, True), (80, 12288, True), (128, 13824, True),  # 112 / 96 / 108 tiles of 128 rows: one wave
     (128, 28672, False), (80, 27648, False),  # 224 / 216 tiles of 128 rows already fill 1.7 / 1.6 waves
-    (129, 14336, False),  # two M tiles of 128 rows
     # D42: 148 / 192 / 160 tiles of 128 rows take two rounds where the 64-row tiles take three of half
     # the height (0.75 of the time); 416 tiles: 7 against 4 rounds (0.875), not enough
     (128, 18944, True), (80, 24576, True), (100, 20480, True), (128, 53248, False),
+    # ... and from 129 rows to SPLIT64_ROUNDS_M: 4096×14336 at M = 129-192 (2 rounds of 128-row tiles
+    # against 3 of 64-row ones), not at 224-256 (2 against 4); 3072×24576 at 160 (3 against 5: 0.83)
+    (129, 14336, True), (192, 14336, True), (224, 14336, False), (256, 14336, False), (160, 24576, False),
+    (257, 14336, False),
 ])
 def test_gate_up_fp8_64_row_tile_up_to_m_128_where_128_row_tiles_fit_a_wave(m, inter, expect):
     """DISPATCH D11, D42: fp8 gate_up at 64 < M ≤ 128 takes the split_n 64-row tile where the 128-row
-    tiles fit one wave or its rounds of waves are SPLIT64_ROUNDS shorter."""
+    tiles fit one wave, and up to SPLIT64_ROUNDS_M where its rounds of waves take at most
+    SPLIT64_ROUNDS of the 128-row tiles'."""
     assert dispatch.split64_applies(m, 2 * inter, 132, "fp8_block128") == expect
     assert not dispatch.split64_applies(m, 2 * inter, 132, "bf16")
     assert dispatch.gate_up_tile_for(m, 2 * inter, 132, "fp8_block128")[0] == (64 if expect else 128)

@@ -252,6 +252,7 @@ SPLIT64_M = 128  # fp8, 64 < M ≤ this with one wave of 128-row tiles: the spli
 # 148 tiles of 128 rows, 1.12 waves: two rounds, against three of the 64-row tile's half-height ones,
 # 0.75; at 3.2 waves, I = 53248, 0.875 was level to 3 % slower)
 SPLIT64_ROUNDS = 0.8
+SPLIT64_ROUNDS_M = 256  # (the rounds rule up to this M: measured at 129-192, D42)
 # the bf16 mainloop's 192-row tile (D29): its rows a unit of time over the 128-row tile's in whole
 # waves (measured 1.03-1.06 at 40-70 waves), and how much shorter its predicted rounds must be
 WG3_SPEED = 1.04
@@ -364,12 +365,14 @@ def split_n_pipeline(deep: bool, h_format: str) -> dict:
 
 def split64_applies(m: int, n: int, sms: int, mainloop: str) -> bool:
     """Whether fp8 gate_up with M rows and N = 2I weight rows takes the 64-row tile (split_n) where
-    gate_up_tile_for's one-wave rule would pick the 128-row one: where the 128-row tiles fit one
-    wave (D11), or where the 64-row tiles' rounds are SPLIT64_ROUNDS shorter (D42)."""
-    if mainloop != FP8_MAINLOOP or m > SPLIT64_M:
+    gate_up_tile_for's one-wave rule would pick the 128-row one: at M ≤ SPLIT64_M where the 128-row
+    tiles fit one wave (D11), or at M ≤ SPLIT64_ROUNDS_M where the 64-row tiles' rounds of waves
+    take at most SPLIT64_ROUNDS of the 128-row tiles' (D42)."""
+    if mainloop != FP8_MAINLOOP:
         return False
-    return (cdiv(n, 2 * GROUP) <= sms
-            or rounds_time(m, n, sms, 64, 1.0) <= SPLIT64_ROUNDS * rounds_time(m, n, sms, 128, 1.0))
+    one_wave = m <= SPLIT64_M and cdiv(n, 2 * GROUP) <= sms
+    return one_wave or (m <= SPLIT64_ROUNDS_M and
+                        rounds_time(m, n, sms, 64, 1.0) <= SPLIT64_ROUNDS * rounds_time(m, n, sms, 128, 1.0))
 
 
 def gate_up_l2_hint(tile_m: int, swap_ab: bool) -> str:

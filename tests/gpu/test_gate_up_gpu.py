@@ -482,7 +482,7 @@ def test_nan_and_inf_in_x_as_the_reference(m, mainloop, h_format):
 @pytest.mark.parametrize("act", ACTS)
 @pytest.mark.parametrize("deep", [False, True], ids=["4stages", "5stages"])
 @pytest.mark.parametrize("hidden,inter,m", [(8192, 3584, 256), (8192, 3584, 100), (576, 1536, 64), (2048, 8192, 1),
-                                            (4096, 14336, 64)])
+                                            (4096, 14336, 64), (4096, 14336, 192)])  # (192: 336 tiles, D42)
 def test_split_n_64_row_tile(hidden, inter, m, act, h_format, deep, monkeypatch):
     """TileConfig.split_n: the 64-row tile's two warpgroups each run one B half (gate, up) and the
     up half's accumulator reaches the gate half's warpgroup through smem; against the reference
