@@ -694,3 +694,71 @@ def test_stream_k_counters_threads_on_their_own_streams(monkeypatch):
     for t in threads:
         t.join()
     assert len(set(got)) == 16
+
+
+# hidden × intermediate of models people serve (and their tensor-parallel shards): LLaMA-3-8B, Mistral-7B,
+# LLaMA-3-70B TP1/2/4/8, LLaMA-3.2-1B/3B, LLaMA-2-7B/13B, Qwen2.5-7B/14B/32B/72B, Gemma-7B, Yi-34B, Mixtral experts
+WIDTHS = [(4096, 14336), (8192, 28672), (8192, 14336), (8192, 7168), (8192, 3584), (2048, 8192), (3072, 8192),
+          (4096, 11008), (5120, 13824), (3584, 18944), (5120, 27648), (8192, 29568), (3072, 24576), (7168, 20480),
+          (4096, 12288), (16384, 53248), (576, 1536)]
+MS = [1, 2, 8, 16, 17, 24, 32, 33, 48, 49, 64, 65, 80, 100, 128, 129, 160, 192, 224, 256, 257, 384, 512, 1000, 1024,
+      1025, 2048, 4096, 16384]
+
+
+@pytest.mark.parametrize("deepgemm_down", [False, True])
+def test_every_dispatched_config_at_common_widths_is_shipped(deepgemm_down, monkeypatch):
+    """Whatever gate_up_config / down_config / warp_mma_config pick for fp8 (both h formats, both
+    weight orders), bf16 and nvfp4 at the widths models are served at and M = 1 … 16384 is in the
+    shipped lists, which CI compile-checks (test_kernels_cpu): a rule that reaches a config nobody
+    compiled fails here, not on a user's GPU. With and without DeepGEMM taking down (D41)."""
+    import torch
+    from unittest import mock
+
+    from swiglu_fused.kernels import deepgemm
+
+    monkeypatch.setattr(deepgemm, "module", (lambda: object()) if deepgemm_down else (lambda: None))
+    shipped_g, shipped_d = set(dispatch.gate_up_shipped()), set(dispatch.down_shipped())
+    shipped_w = set(dispatch.warp_mma_shipped())
+    meta = dict(device="meta")
+    one = torch.empty(1, **meta)
+    missing, seen = [], set()
+    with mock.patch.object(g, "sm_count", lambda device: 132):
+        for (hidden, inter), m in itertools.product(WIDTHS, MS):
+            f8, bf = torch.float8_e4m3fn, torch.bfloat16
+            for dt, h_formats, scales in ((f8, ("fp8_group128", "bf16"), (one, one)), (bf, ("bf16",), (None, None))):
+                x, w = torch.empty(m, hidden, dtype=dt, **meta), torch.empty(2 * inter, hidden, dtype=dt, **meta)
+                for h_format, tile_major in itertools.product(h_formats, (False, True) if dt == f8 else (False,)):
+                    cfg = dispatch.gate_up_config(x, w, *scales, act="silu", h_format=h_format, tile_major=tile_major)
+                    seen.add(cfg)
+                    if cfg is not None and cfg not in shipped_g:
+                        missing.append(("gate_up", hidden, inter, m, cfg))
+                h, dw = torch.empty(m, inter, dtype=dt, **meta), torch.empty(hidden, inter, dtype=dt, **meta)
+                cfg = dispatch.down_config(h, dw, *scales, None, torch.bfloat16)
+                seen.add(cfg)
+                if cfg is not None and cfg not in shipped_d:
+                    missing.append(("down", hidden, inter, m, cfg))
+            u8 = torch.uint8
+            x = torch.empty(m, hidden, dtype=bf, **meta)
+            w = torch.empty(2 * inter, hidden // 2, dtype=u8, **meta)  # e2m1 pairs, e4m3 scales a 16
+            ws = torch.empty(2 * inter, hidden // 16, dtype=f8, **meta)
+            cfg = dispatch.gate_up_config(x, w, ws, None, act="silu", h_format="bf16", tile_major=True)
+            seen.add(cfg)
+            if cfg is not None and cfg not in shipped_g:
+                missing.append(("nvfp4 gate_up", hidden, inter, m, cfg))
+            h = torch.empty(m, inter, dtype=bf, **meta)
+            dw = torch.empty(hidden, inter // 2, dtype=u8, **meta)
+            dws = torch.empty(hidden, inter // 16, dtype=f8, **meta)
+            cfg = dispatch.down_config(h, dw, dws, None, None, torch.bfloat16, True)
+            seen.add(cfg)
+            if cfg is not None and cfg not in shipped_d:
+                missing.append(("nvfp4 down", hidden, inter, m, cfg))
+            for op, n, k in (("gate_up", 2 * inter, hidden), ("down", hidden, inter)):
+                cfg = dispatch.warp_mma_config(op, m, n, k, True, sms=132)
+                seen.add(cfg)
+                if cfg is not None and cfg not in shipped_w:
+                    missing.append((f"nvfp4 {op} warp-MMA", hidden, inter, m, cfg))
+    assert not missing, missing[:5]
+    # (the sweep reaches most of what is shipped: every family, tile and mainloop)
+    kinds = {(type(c).__name__, getattr(c, "mainloop", "nvfp4"), getattr(c, "tile_m", 0), getattr(c, "swap_ab", 0))
+             for c in seen - {None}}
+    assert len(seen) > 60 and len(kinds) > 15, (len(seen), sorted(kinds))
