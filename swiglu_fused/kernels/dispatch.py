@@ -279,7 +279,7 @@ def gate_up_cluster_k(m: int, n: int, sms: int, mainloop: str) -> bool:
 def gate_up_tile_for(m: int, n: int, sms: int, mainloop: str) -> tuple[int, int, bool]:
     """(tile_m, stages, swap_ab) for M rows and N = 2I weight rows on ``sms`` SMs: the swap-AB tile
     (D2), else the 64-row tile up to M = 256 where its tiles fit one wave (D6) or fp8's split64
-    range (D11), else the 128-row tile."""
+    range (D11, D42), else the 128-row tile."""
     if gate_up_swap_ab(m, n, sms):
         return (*GATE_UP_SWAP_TILES[0], True)
     if m <= DECODE_M or (m <= ONE_WAVE_64_M and cdiv(m, 64) * cdiv(n, 2 * GROUP) <= sms):
