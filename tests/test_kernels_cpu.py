@@ -231,6 +231,7 @@ def test_gate_ups_swap_ab_tile_over_four_m_tiles_launches_without_pdl(monkeypatc
     assert narrow.swap_ab and narrow.pdl and narrow in dispatch.gate_up_shipped()
     monkeypatch.setattr(deepgemm, "module", lambda: object())  # DeepGEMM takes down from MIN_M rows
     assert not config(64, 4096, 3584).pdl and config(48, 4096, 3584).pdl
+    assert config(64, 4096, 2688).pdl  # (I / 128 not a multiple of 4: down stays ours, cublas.reads_scales_right)
     monkeypatch.setattr(deepgemm, "ENABLED", False)
     assert config(64, 4096, 3584).pdl
     monkeypatch.setattr(dispatch, "PDL_SWAP_M_TILES", 99)

@@ -26,7 +26,7 @@ import warnings
 
 import torch
 
-from .. import quant
+from .. import formats, quant
 from . import cublas
 
 ENABLED = os.environ.get("SWIGLU_FUSED_DEEPGEMM", "") != "0"
@@ -46,10 +46,12 @@ def module():
     return deep_gemm if hasattr(deep_gemm, "fp8_gemm_nt") else None
 
 
-def takes_down(m: int) -> bool:
-    """Whether a down of M rows will run on DeepGEMM, as far as it can be told before h exists (for
-    gate_up's launch, DISPATCH D41): switched on, not failed, importable, at least MIN_M rows."""
-    return ENABLED and not _failed and m >= MIN_M and module() is not None
+def takes_down(m: int, n: int, k: int) -> bool:
+    """Whether an fp8 down of M rows, N = H outputs and K = I will run on DeepGEMM, as far as it can
+    be told before h exists (for gate_up's launch, DISPATCH D41): switched on, not failed, at least
+    MIN_M rows, a weight cuBLAS's checks take (supports_down), importable."""
+    return (ENABLED and not _failed and m >= MIN_M and n % formats.FP8_BLOCK == 0 and cublas.reads_scales_right(k)
+            and module() is not None)
 
 
 def supports_down(h: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor | None,

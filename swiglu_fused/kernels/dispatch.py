@@ -203,19 +203,20 @@ def pdl_applies(m: int, mainloop: str) -> bool:
     return mainloop == FP8_MAINLOOP and m <= PDL_M
 
 
-def gate_up_pdl(m: int, tile_m: int, swap: bool, mainloop: str, hidden: int) -> bool:
-    """TileConfig.pdl for gate_up's tile of M rows of ``hidden`` columns: pdl_applies, except
-    where _swap_without_pdl (D39, D41)."""
-    return pdl_applies(m, mainloop) and not _swap_without_pdl(m, tile_m, swap, hidden)
+def gate_up_pdl(m: int, tile_m: int, swap: bool, mainloop: str, hidden: int, inter: int) -> bool:
+    """TileConfig.pdl for gate_up's tile of M rows, ``hidden`` columns and ``inter`` h columns:
+    pdl_applies, except where _swap_without_pdl (D39, D41)."""
+    return pdl_applies(m, mainloop) and not _swap_without_pdl(m, tile_m, swap, hidden, inter)
 
 
-def _swap_without_pdl(m: int, tile_m: int, swap: bool, hidden: int | None) -> bool:
+def _swap_without_pdl(m: int, tile_m: int, swap: bool, hidden: int | None, inter: int = 0) -> bool:
     """Whether gate_up's swap-AB tile launches without PDL (D39, D41): over more than
-    PDL_SWAP_M_TILES M tiles, where DeepGEMM will take down (deepgemm.takes_down) or the hidden
-    size is at least PDL_SWAP_OWN_DOWN_HIDDEN; hidden None: whether it can for some hidden size."""
+    PDL_SWAP_M_TILES M tiles, where DeepGEMM will take down (deepgemm.takes_down: M × ``inter`` h
+    into ``hidden`` outputs) or the hidden size is at least PDL_SWAP_OWN_DOWN_HIDDEN; hidden None:
+    whether it can for some hidden size."""
     if not (swap and cdiv(m, tile_m) > PDL_SWAP_M_TILES):
         return False
-    return hidden is None or hidden >= PDL_SWAP_OWN_DOWN_HIDDEN or deepgemm.takes_down(m)
+    return hidden is None or hidden >= PDL_SWAP_OWN_DOWN_HIDDEN or deepgemm.takes_down(m, hidden, inter)
 
 
 # ================================================================ quant_x: the thread ↔ data map
@@ -449,7 +450,7 @@ def gate_up_config(x, weight, weight_scale, x_scale, *, act: str, h_format: str,
                        cluster_k=ck, cluster_m=cluster_m_for(m, tile_m, tile_n),
                        smem_scales=smem_scales_apply(tile_m, swap, mainloop, h_format),
                        split_n=split, l2_hint=gate_up_l2_hint(tile_m, swap),
-                       pdl=gate_up_pdl(m, tile_m, swap, mainloop, k),
+                       pdl=gate_up_pdl(m, tile_m, swap, mainloop, k, n // 2),
                        uniform_ab=uniform_ab_applies(mainloop), tile_major=tile_major, **pipe)
     return with_static_stages(cfg, m, n, k, x.device)
 
