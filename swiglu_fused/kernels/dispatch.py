@@ -253,7 +253,8 @@ SPLIT64_M = 128  # fp8, 64 < M ≤ this with one wave of 128-row tiles: the spli
 # 148 tiles of 128 rows, 1.12 waves: two rounds, against three of the 64-row tile's half-height ones,
 # 0.75; at 3.2 waves, I = 53248, 0.875 was level to 3 % slower)
 SPLIT64_ROUNDS = 0.8
-SPLIT64_ROUNDS_M = 256  # (the rounds rule up to this M: measured at 129-192, D42)
+SPLIT64_ROUNDS_M = 192  # (the rounds rule up to this M, as measured; at 193-256 it would put 4 M tiles
+# on a weight tile where the 128-row tile has 2, e.g. I = 11008, 12288: not measured)
 # the bf16 mainloop's 192-row tile (D29): its rows a unit of time over the 128-row tile's in whole
 # waves (measured 1.03-1.06 at 40-70 waves), and how much shorter its predicted rounds must be
 WG3_SPEED = 1.04
