@@ -444,7 +444,7 @@ def test_gate_up_split_n_fifth_stage_where_the_weight_has_few_tiles(inter, stage
     (129, 14336, True), (192, 14336, True), (224, 14336, False), (256, 14336, False), (160, 24576, False),
     (257, 14336, False), (193, 11008, False),  # (193-256 not measured: SPLIT64_ROUNDS_M 192)
 ])
-def test_gate_up_fp8_64_row_tile_up_to_m_128_where_128_row_tiles_fit_a_wave(m, inter, expect):
+def test_gate_up_fp8_64_row_tile_where_128_row_tiles_fit_a_wave_or_take_longer_rounds(m, inter, expect):
     """DISPATCH D11, D42: fp8 gate_up at 64 < M ≤ 128 takes the split_n 64-row tile where the 128-row
     tiles fit one wave, and up to SPLIT64_ROUNDS_M where its rounds of waves take at most
     SPLIT64_ROUNDS of the 128-row tiles'."""
@@ -722,41 +722,35 @@ def test_every_dispatched_config_at_common_widths_is_shipped(deepgemm_down, monk
     meta = dict(device="meta")
     one = torch.empty(1, **meta)
     missing, seen = [], set()
+
+    def check(what, cfg, shipped, hidden, inter, m):
+        seen.add(cfg)
+        if cfg is not None and cfg not in shipped:
+            missing.append((what, hidden, inter, m, cfg))
+
     with mock.patch.object(g, "sm_count", lambda device: 132):
         for (hidden, inter), m in itertools.product(WIDTHS, MS):
+            at = (hidden, inter, m)
             f8, bf = torch.float8_e4m3fn, torch.bfloat16
             for dt, h_formats, scales in ((f8, ("fp8_group128", "bf16"), (one, one)), (bf, ("bf16",), (None, None))):
                 x, w = torch.empty(m, hidden, dtype=dt, **meta), torch.empty(2 * inter, hidden, dtype=dt, **meta)
                 for h_format, tile_major in itertools.product(h_formats, (False, True) if dt == f8 else (False,)):
                     cfg = dispatch.gate_up_config(x, w, *scales, act="silu", h_format=h_format, tile_major=tile_major)
-                    seen.add(cfg)
-                    if cfg is not None and cfg not in shipped_g:
-                        missing.append(("gate_up", hidden, inter, m, cfg))
+                    check("gate_up", cfg, shipped_g, *at)
                 h, dw = torch.empty(m, inter, dtype=dt, **meta), torch.empty(hidden, inter, dtype=dt, **meta)
-                cfg = dispatch.down_config(h, dw, *scales, None, torch.bfloat16)
-                seen.add(cfg)
-                if cfg is not None and cfg not in shipped_d:
-                    missing.append(("down", hidden, inter, m, cfg))
+                check("down", dispatch.down_config(h, dw, *scales, None, torch.bfloat16), shipped_d, *at)
             u8 = torch.uint8
             x = torch.empty(m, hidden, dtype=bf, **meta)
             w = torch.empty(2 * inter, hidden // 2, dtype=u8, **meta)  # e2m1 pairs, e4m3 scales a 16
             ws = torch.empty(2 * inter, hidden // 16, dtype=f8, **meta)
             cfg = dispatch.gate_up_config(x, w, ws, None, act="silu", h_format="bf16", tile_major=True)
-            seen.add(cfg)
-            if cfg is not None and cfg not in shipped_g:
-                missing.append(("nvfp4 gate_up", hidden, inter, m, cfg))
+            check("nvfp4 gate_up", cfg, shipped_g, *at)
             h = torch.empty(m, inter, dtype=bf, **meta)
             dw = torch.empty(hidden, inter // 2, dtype=u8, **meta)
             dws = torch.empty(hidden, inter // 16, dtype=f8, **meta)
-            cfg = dispatch.down_config(h, dw, dws, None, None, torch.bfloat16, True)
-            seen.add(cfg)
-            if cfg is not None and cfg not in shipped_d:
-                missing.append(("nvfp4 down", hidden, inter, m, cfg))
+            check("nvfp4 down", dispatch.down_config(h, dw, dws, None, None, torch.bfloat16, True), shipped_d, *at)
             for op, n, k in (("gate_up", 2 * inter, hidden), ("down", hidden, inter)):
-                cfg = dispatch.warp_mma_config(op, m, n, k, True, sms=132)
-                seen.add(cfg)
-                if cfg is not None and cfg not in shipped_w:
-                    missing.append((f"nvfp4 {op} warp-MMA", hidden, inter, m, cfg))
+                check(f"nvfp4 {op} warp-MMA", dispatch.warp_mma_config(op, m, n, k, True, sms=132), shipped_w, *at)
     assert not missing, missing[:5]
     # (the sweep reaches most of what is shipped: every family, tile and mainloop)
     kinds = {(type(c).__name__, getattr(c, "mainloop", "nvfp4"), getattr(c, "tile_m", 0), getattr(c, "swap_ab", 0))

@@ -48,8 +48,8 @@ def module():
 
 def takes_down(m: int, n: int, k: int) -> bool:
     """Whether an fp8 down of M rows, N = H outputs and K = I will run on DeepGEMM, as far as it can
-    be told before h exists (for gate_up's launch, DISPATCH D41): switched on, not failed, at least
-    MIN_M rows, a weight cuBLAS's checks take (supports_down), importable."""
+    be told before h exists (for gate_up's launch, DISPATCH D41; supports_down asks it too, with the
+    operands): switched on, not failed, at least MIN_M rows, a weight cuBLAS reads right, importable."""
     return (ENABLED and not _failed and m >= MIN_M and n % formats.FP8_BLOCK == 0 and cublas.reads_scales_right(k)
             and module() is not None)
 
@@ -60,12 +60,12 @@ def supports_down(h: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Ten
     """Whether down runs on DeepGEMM: the fp8_block128 operands cuBLAS's block-scaled GEMM takes
     (cublas.supports_down), contiguous, with fp32 h scales, bf16 out, no residual, at least MIN_M
     rows, on an sm_90 GPU, with deep_gemm importable and not switched off."""
-    if not (ENABLED and not _failed and weight.dtype == cublas.FP8 and h.dim() == 2 and h.shape[0] >= MIN_M
-            and residual is None and out_dtype == torch.bfloat16 and h.is_contiguous() and weight.is_contiguous()
-            and h_scale is not None and h_scale.dtype == torch.float32):
+    if not (weight.dtype == cublas.FP8 and h.dim() == 2 and residual is None and out_dtype == torch.bfloat16
+            and h.is_contiguous() and weight.is_contiguous() and h_scale is not None
+            and h_scale.dtype == torch.float32):
         return False
-    return (cublas.supports_down(h, weight, weight_scale, h_scale, global_scale) and module() is not None
-            and torch.cuda.get_device_capability(h.device) == (9, 0))
+    return (cublas.supports_down(h, weight, weight_scale, h_scale, global_scale)
+            and takes_down(h.shape[0], *weight.shape) and torch.cuda.get_device_capability(h.device) == (9, 0))
 
 
 def down(h: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor, h_scale: torch.Tensor):

@@ -472,8 +472,8 @@ class GemmKernel(MainloopMixin, Nvfp4Mixin, StreamKMixin, EpilogueMixin):
         half and this thread's first column."""
         cfg = self.cfg
         ws_last = (gmem.n + W_BLOCK - 1) // W_BLOCK - 1  # last weight-scale row (a partial last tile reads no further)
-        split = self.mma_wgs_m == 1 and self.num_mma_wg > 1  # (split_n: each warpgroup its own MMA)
-        t_mma = (tidx - 128) % 128 if split else tidx - 128
+        split = cfg.split_n
+        t_mma = (tidx - 128) % 128 if split else tidx - 128  # (split_n: each warpgroup its own MMA)
         thr_mma = tiled_mma.get_slice(t_mma)
         # the wgmma's smem operands depend only on the warpgroup, not the lane: sliced by a warp-uniform
         # index, their descriptors are built in uniform registers (no R2UR before every QGMMA)
