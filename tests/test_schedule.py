@@ -442,7 +442,10 @@ def test_gate_up_split_n_fifth_stage_where_the_weight_has_few_tiles(inter, stage
     # ... and from 129 rows to SPLIT64_ROUNDS_M: 4096×14336 at M = 129-192 (2 rounds of 128-row tiles
     # against 3 of 64-row ones), not at 224-256 (2 against 4); 3072×24576 at 160 (3 against 5: 0.83)
     (129, 14336, True), (192, 14336, True), (224, 14336, False), (256, 14336, False), (160, 24576, False),
-    (257, 14336, False), (193, 11008, False),  # (193-256 not measured: SPLIT64_ROUNDS_M 192)
+    # at 193-2336 measured where it fires: e.g. I = 11008 at 200 (3 rounds against 2 of twice the height),
+    # I = 6144 at 272 (2 against 2), I = 3584 at 576 (2 against 2) and 832 (4 against 3)
+    (200, 11008, True), (272, 6144, True), (576, 3584, True), (832, 3584, True), (640, 14336, False),
+    (4096, 3584, False),  # (from 4096 rows the 128-row tile runs in cluster pairs, D8: not measured against)
 ])
 def test_gate_up_fp8_64_row_tile_where_128_row_tiles_fit_a_wave_or_take_longer_rounds(m, inter, expect):
     """DISPATCH D11, D42: fp8 gate_up at 64 < M ≤ 128 takes the split_n 64-row tile where the 128-row
@@ -451,7 +454,32 @@ def test_gate_up_fp8_64_row_tile_where_128_row_tiles_fit_a_wave_or_take_longer_r
     assert dispatch.split64_applies(m, 2 * inter, 132, "fp8_block128") == expect
     assert not dispatch.split64_applies(m, 2 * inter, 132, "bf16")
     assert dispatch.gate_up_tile_for(m, 2 * inter, 132, "fp8_block128")[0] == (64 if expect else 128)
-    assert dispatch.gate_up_tile_for(m, 2 * inter, 132, "bf16")[0] == 128
+
+
+@pytest.mark.parametrize("m,hidden,inter,expect", [
+    # 148 / 160 tiles of 128 rows: 2 rounds, against 3 of the 64-row tile (0.75); at 160-192 rows
+    # the 192-row tile (wg3) would take 2 rounds of 192 / 1.04, the 64-row one 4 of 64 (0.69)
+    (100, 3584, 18944, True), (160, 3584, 18944, True), (128, 7168, 20480, True), (160, 1536, 8960, True),
+    (160, 4096, 11008, True), (256, 4096, 11008, True), (288, 8192, 2048, True), (544, 8192, 3584, True),
+    (160, 4096, 14336, False),  # the 192-row tile fits one wave: 3 rounds of 64 rows against 192 / 1.04
+    (128, 4096, 14336, False),  # the granule tile (224: 112 h columns) fits one wave
+    (256, 3584, 18944, False),  # 5 rounds against 3 of twice the height: 0.83 (measured 9 % faster: not taken)
+    (480, 3584, 18944, False),
+])
+def test_gate_up_bf16_64_row_tile_where_its_rounds_are_shorter(m, hidden, inter, expect):
+    """DISPATCH D43: the bf16 mainloop's gate_up takes the 64-row tile above one wave where its rounds
+    take at most SPLIT64_ROUNDS of those of the tile gate_up_config would otherwise run; the configs
+    gate_up_config returns agree."""
+    from unittest import mock
+
+    import torch
+
+    x, w = torch.empty(m, hidden, dtype=torch.bfloat16), torch.empty(2 * inter, hidden, dtype=torch.bfloat16)
+    with mock.patch("swiglu_fused.kernels.sm90.schedule.sm_count", lambda device: 132):
+        cfg = dispatch.gate_up_config(x, w, None, None, act="silu", h_format="bf16")
+    assert dispatch.bf16_tile64_applies(m, 2 * inter, 132, "bf16", "bf16") == expect
+    assert (cfg.tile_m == 64) == expect
+    assert not dispatch.bf16_tile64_applies(m, 2 * inter, 132, "fp8_block128", "bf16")
 
 
 def test_smem_scales_only_where_they_fit():

@@ -253,8 +253,10 @@ SPLIT64_M = 128  # fp8, 64 < M ≤ this with one wave of 128-row tiles: the spli
 # 148 tiles of 128 rows, 1.12 waves: two rounds, against three of the 64-row tile's half-height ones,
 # 0.75; at 3.2 waves, I = 53248, 0.875 was level to 3 % slower)
 SPLIT64_ROUNDS = 0.8
-SPLIT64_ROUNDS_M = 192  # (the rounds rule up to this M, as measured; at 193-256 it would put 4 M tiles
-# on a weight tile where the 128-row tile has 2, e.g. I = 11008, 12288: not measured)
+# the rounds rule (this one, and bf16's, D43) up to this M: measured to 3104, every point it takes 1-39 %
+# faster; from 4096 the 128-row tile runs in cluster pairs (D8), not measured against (and at 23 served
+# widths the rule would fire at no M from 4096 to 16384 anyway)
+SPLIT64_ROUNDS_M = CLUSTER_M_MIN - 1
 # the bf16 mainloop's 192-row tile (D29): its rows a unit of time over the 128-row tile's in whole
 # waves (measured 1.03-1.06 at 40-70 waves), and how much shorter its predicted rounds must be
 WG3_SPEED = 1.04
@@ -278,15 +280,15 @@ def gate_up_cluster_k(m: int, n: int, sms: int, mainloop: str) -> bool:
     return _gate_up_swap_tiles(m, n) <= CLUSTER_K_MAX_TILES * sms
 
 
-def gate_up_tile_for(m: int, n: int, sms: int, mainloop: str) -> tuple[int, int, bool]:
+def gate_up_tile_for(m: int, n: int, sms: int, mainloop: str, h_format: str = "bf16") -> tuple[int, int, bool]:
     """(tile_m, stages, swap_ab) for M rows and N = 2I weight rows on ``sms`` SMs: the swap-AB tile
-    (D2), else the 64-row tile up to M = 256 where its tiles fit one wave (D6) or fp8's split64
-    range (D11, D42), else the 128-row tile."""
+    (D2), else the 64-row tile up to M = 256 where its tiles fit one wave (D6), in fp8's split64
+    range (D11, D42) or bf16's (D43), else the 128-row tile (gate_up_config may widen it: D29, D7)."""
     if gate_up_swap_ab(m, n, sms):
         return (*GATE_UP_SWAP_TILES[0], True)
     if m <= DECODE_M or (m <= ONE_WAVE_64_M and cdiv(m, 64) * cdiv(n, 2 * GROUP) <= sms):
         return 64, 5, False
-    if split64_applies(m, n, sms, mainloop):
+    if split64_applies(m, n, sms, mainloop) or bf16_tile64_applies(m, n, sms, mainloop, h_format):
         return 64, 5, False
     return 128, 4, False
 
@@ -377,6 +379,26 @@ def split64_applies(m: int, n: int, sms: int, mainloop: str) -> bool:
                         rounds_time(m, n, sms, 64, 1.0) <= SPLIT64_ROUNDS * rounds_time(m, n, sms, 128, 1.0))
 
 
+def bf16_tile64_applies(m: int, n: int, sms: int, mainloop: str, h_format: str) -> bool:
+    """Whether bf16 gate_up with M rows and N = 2I weight rows takes the 64-row tile (one consumer
+    warpgroup) where the one-wave rule would not (D43): at M ≤ SPLIT64_ROUNDS_M where its rounds of
+    waves take at most SPLIT64_ROUNDS of those of the tile gate_up_config would run instead, the
+    192-row one (wg3_applies), the granule one (granule_tile_n, with bf16 h) or the 128-row one. E.g. I = 18944 at M = 160: 444 tiles of 64
+    rows, 4 rounds (256 rows of time), against 148 of 192 rows, 2 rounds (369): 0.69."""
+    from .sm90 import activations_and_h
+    from .sm90.tile_config import TILE_M_WG3
+
+    if mainloop != BF16_MAINLOOP or m > SPLIT64_ROUNDS_M:
+        return False
+    if wg3_applies(m, n, sms):
+        other = rounds_time(m, n, sms, TILE_M_WG3, WG3_SPEED)
+    else:
+        tile_n = None if activations_and_h.h_spec(h_format).scaled else granule_tile_n(m, n, sms)
+        cols = tile_n // 2 if tile_n else GROUP
+        other = cdiv(cdiv(m, 128) * (n // 2 // cols), sms) * 128 * cols / GROUP
+    return rounds_time(m, n, sms, 64, 1.0) <= SPLIT64_ROUNDS * other
+
+
 def gate_up_l2_hint(tile_m: int, swap_ab: bool) -> str:
     """TileConfig.l2_hint for gate_up's tile: the 64-row tile evicts weight k tiles first, so x and
     what the previous kernels wrote stay in L2 (D12)."""
@@ -436,7 +458,7 @@ def gate_up_config(x, weight, weight_scale, x_scale, *, act: str, h_format: str,
     if n % (2 * GROUP):
         return None
     sms = sm_count(x.device)
-    tile_m, stages, swap = gate_up_tile_for(m, n, sms, mainloop)
+    tile_m, stages, swap = gate_up_tile_for(m, n, sms, mainloop, h_format)
     if mainloop == BF16_MAINLOOP and tile_m == 128 and wg3_applies(m, n, sms):
         tile_m, stages = TILE_M_WG3, WG3_STAGES
     ck = 2 if swap and gate_up_cluster_k(m, n, sms, mainloop) else 1

@@ -503,6 +503,25 @@ def test_split_n_64_row_tile(hidden, inter, m, act, h_format, deep, monkeypatch)
         assert torch.equal(hs, hs1)
 
 
+@pytest.mark.parametrize("mainloop,h_format", [("fp8_block128", "fp8_group128"), ("bf16", "bf16"),
+                                               ("bf16", "fp8_group128")])
+@pytest.mark.parametrize("hidden,inter,m", [(1536, 8960, 160), (4096, 6144, 272), (8192, 2048, 2080)])
+def test_64_row_tile_over_several_rounds(hidden, inter, m, mainloop, h_format):
+    """D42, D43: where the rounds rule takes the 64-row tile above one wave (several M tiles on each
+    weight tile, several rounds of waves), the dispatched config is that tile and h is the reference's."""
+    from swiglu_fused.kernels.sm90 import gate_up as k
+
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    if dispatch.gate_up_tile_for(m, 2 * inter, sms, mainloop, h_format)[0] != 64:
+        pytest.skip(f"the rounds rule does not take the 64-row tile here on {sms} SMs")
+    args = make_operands(m, hidden, inter, mainloop, seed=zlib.crc32(repr((mainloop, h_format, m, inter)).encode()))
+    cfg = k.select_config(args["x"], args["weight"], args.get("weight_scale"), args.get("x_scale"), act="silu",
+                          h_format=h_format)
+    assert cfg.tile_m == 64 and not cfg.swap_ab
+    h, hs = run_kernel(cfg, args)
+    assert_matches_reference(h, hs, args, "silu", h_format, mainloop)
+
+
 @pytest.mark.parametrize("mainloop,h_format", [("fp8_block128", "fp8_group128"), ("fp8_block128", "bf16"),
                                                ("bf16", "bf16")])
 @pytest.mark.parametrize("hidden,inter,m", [(8192, 3584, 128), (576, 1536, 100), (4096, 14336, 1024)])
