@@ -185,6 +185,19 @@ def test_down_runs_the_kernel_where_it_was_measured_faster(m, hidden, inter, exp
     assert dispatch.beats_cublas(cfg, m, hidden, inter, 132) == expect
 
 
+@pytest.mark.parametrize("m,hidden,inter,expect", [
+    (1, 4096, 14336, False), (16, 4096, 14336, False), (128, 4096, 14336, False),  # stream-K would share K: cuBLAS
+    (64, 2048, 8192, False), (16, 3584, 18944, False), (16, 8192, 3584, False),  # (D44)
+    (1024, 4096, 14336, True), (8192, 4096, 14336, False),  # tiles that fill the SMs, up to MAX_M (D16)
+])
+def test_bf16_down_runs_the_kernel_only_where_its_tiles_fill_the_gpu(m, hidden, inter, expect):
+    import torch
+
+    h, w = torch.empty(m, inter, dtype=torch.bfloat16), torch.empty(hidden, inter, dtype=torch.bfloat16)
+    cfg = dispatch.down_config(h, w, None, None, None, torch.bfloat16)
+    assert dispatch.beats_cublas(cfg, m, hidden, inter, 132) == expect
+
+
 @pytest.mark.parametrize("m,inter,expect", [
     (1, 14336, (16, True)),  # swap-AB at M ≤ 32 on every shape
     (32, 14336, (16, True)),

@@ -1016,10 +1016,10 @@ def beats_cublas(config, m: int, n: int, k: int, sms: int) -> bool:
     """Where the down kernel was measured faster than cuBLAS: fp8 with the swap-AB tile or with the
     64-row tile where stream-K shares K out (D15), or with the static 128-row tile where its rounds
     of waves are predicted shorter (D36), elsewhere cuBLAS; bf16 from MIN_WAVE of a wave of tiles up
-    to MAX_M, or where stream-K shares K out (D16)."""
+    to MAX_M (D16; not where only stream-K would share K out: cuBLAS was faster at every such M, D44)."""
     from .sm90.schedule import schedule
 
+    if not config.fp8:
+        return fills_gpu(config, m, n, sms) and m <= MAX_M
     shares_k = config.tile_m == 64 and schedule(config, m, n, k, sms)[1] > 0
-    if config.fp8:
-        return config.swap_ab or shares_k or (config.static_stages and static_down_rounds_win(config, m, n, sms))
-    return (fills_gpu(config, m, n, sms) and m <= MAX_M) or shares_k
+    return config.swap_ab or shares_k or (config.static_stages and static_down_rounds_win(config, m, n, sms))

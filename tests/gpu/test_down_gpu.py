@@ -96,8 +96,8 @@ def test_down_does_not_write_past_h():
 def test_ops_down_dispatch(monkeypatch):
     """ops.down runs the fp8 kernel with the swap-AB tile (M ≤ 64), where its 64-row tile shares a
     long K out by stream-K (H = 4096, I = 14336, M = 128) and where its static 128-row tile's waves
-    beat cuBLAS's (M = 1024, H = 4096, K whole rings of 512: D36), the bf16 kernel also when its tiles
-    fill the SMs (M = 1024, H = 4096), and otherwise only where cuBLAS does not take the shape
+    beat cuBLAS's (M = 1024, H = 4096, K whole rings of 512: D36), the bf16 kernel only where its tiles
+    fill the SMs (M = 1024, H = 4096; not at decode with stream-K, D44), and otherwise only where cuBLAS does not take the shape
     (H = 576; K/128 not a multiple of 4, where cuBLAS would return wrong values: cublas.py); cuBLAS
     keeps the other shapes it supports (as fast or faster there, dispatch.beats_cublas)."""
     def no_fallback(*a, **kw):
@@ -128,7 +128,10 @@ def test_ops_down_dispatch(monkeypatch):
     yd = ops.down(dec["h"], dec["weight"], dec["weight_scale"], dec["h_scale"])
     full = make_operands(1152, 4096, 1536, "fp8_block128", True, seed=6)  # a wave and 16 tiles: cuBLAS for fp8
     yf = ops.down(full["h"], full["weight"], full["weight_scale"], full["h_scale"], residual=full["residual"])
-    assert len(calls) == 3 and y16.dtype == torch.float16
+    bdec = make_operands(16, 4096, 14336, "bf16", False, seed=10)  # bf16 at decode: cuBLAS, not stream-K (D44)
+    yb = ops.down(bdec["h"], bdec["weight"])
+    assert len(calls) == 4 and y16.dtype == torch.float16
+    assert_bf16_close(yb, reference.down(**bdec))
     assert_bf16_close(y16, reference.down(**bf16, out_dtype=torch.float16))
     assert_bf16_close(yd, reference.down(**dec))
     assert_bf16_close(yf, reference.down(**full))
