@@ -456,7 +456,7 @@ def test_gate_up_split_n_fifth_stage_where_the_weight_has_few_tiles(inter, stage
     # against 3 of 64-row ones), not at 224-256 (2 against 4); 3072×24576 at 160 (3 against 5: 0.83)
     (129, 14336, True), (192, 14336, True), (224, 14336, False), (256, 14336, False), (160, 24576, False),
     # at 193-2336 measured where it fires: e.g. I = 11008 at 200 (3 rounds against 2 of twice the height),
-    # I = 6144 at 272 (2 against 2), I = 3584 at 576 (2 against 2) and 832 (4 against 3)
+    # I = 6144 at 272 (2 against 2), I = 3584 at 576 (2 against 2) and 832 (3 against 2)
     (200, 11008, True), (272, 6144, True), (576, 3584, True), (832, 3584, True), (640, 14336, False),
     (4096, 3584, False),  # (from 4096 rows the 128-row tile runs in cluster pairs, D8: not measured against)
 ])

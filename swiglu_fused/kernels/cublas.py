@@ -1,8 +1,8 @@
 """down on CUDA through cuBLAS: ops.down's path wherever the sm90 down kernel (sm90/down.py) was
 not measured faster (dispatch.beats_cublas: for bf16 where the kernel's tiles do not fill the SMs
 or M > 4096; for fp8 all but the decode tiles, small M with a long K shared out by stream-K, and
-the static 128-row tile's whole waves), and for fp16/fp32 outputs, non-bf16 residuals, GPUs other than sm_90,
-SWIGLU_FUSED_DISABLE_KERNELS=1.
+the static 128-row tile's whole waves), and for fp16/fp32 outputs, non-bf16 residuals, GPUs other
+than sm_90, SWIGLU_FUSED_DISABLE_KERNELS=1.
 
 fp8_block128: ``torch._scaled_mm`` with 1×128 activation scales and 128×128 weight scales (cuBLAS
 block scaling, Hopper and later); bf16: a plain cuBLAS GEMM. Both give the reference's numbers up

@@ -383,8 +383,9 @@ def bf16_tile64_applies(m: int, n: int, sms: int, mainloop: str, h_format: str) 
     """Whether bf16 gate_up with M rows and N = 2I weight rows takes the 64-row tile (one consumer
     warpgroup) where the one-wave rule would not (D43): at M ≤ SPLIT64_ROUNDS_M where its rounds of
     waves take at most SPLIT64_ROUNDS of those of the tile gate_up_config would run instead, the
-    192-row one (wg3_applies), the granule one (granule_tile_n, with bf16 h) or the 128-row one. E.g. I = 18944 at M = 160: 444 tiles of 64
-    rows, 4 rounds (256 rows of time), against 148 of 192 rows, 2 rounds (369): 0.69."""
+    192-row one (wg3_applies), the granule one (granule_tile_n, with bf16 h) or the 128-row one.
+    E.g. I = 18944 at M = 160: 444 tiles of 64 rows, 4 rounds (256 rows of time), against 148 of
+    192 rows, 2 rounds (369): 0.69."""
     from .sm90 import activations_and_h
     from .sm90.tile_config import TILE_M_WG3
 

@@ -97,9 +97,10 @@ def test_ops_down_dispatch(monkeypatch):
     """ops.down runs the fp8 kernel with the swap-AB tile (M ≤ 64), where its 64-row tile shares a
     long K out by stream-K (H = 4096, I = 14336, M = 128) and where its static 128-row tile's waves
     beat cuBLAS's (M = 1024, H = 4096, K whole rings of 512: D36), the bf16 kernel only where its tiles
-    fill the SMs (M = 1024, H = 4096; not at decode with stream-K, D44), and otherwise only where cuBLAS does not take the shape
-    (H = 576; K/128 not a multiple of 4, where cuBLAS would return wrong values: cublas.py); cuBLAS
-    keeps the other shapes it supports (as fast or faster there, dispatch.beats_cublas)."""
+    fill the SMs (M = 1024, H = 4096; not at decode with stream-K, D44), and otherwise only where
+    cuBLAS does not take the shape (H = 576; K/128 not a multiple of 4, where cuBLAS would return
+    wrong values: cublas.py); cuBLAS keeps the other shapes it supports (as fast or faster there,
+    dispatch.beats_cublas)."""
     def no_fallback(*a, **kw):
         raise AssertionError("ops.down did not run the sm90 kernel on an sm_90 GPU")
 
