@@ -301,19 +301,32 @@ def granule_tile_n(m: int, n: int, sms: int) -> int | None:
     224 rows (1.94 waves, two rounds of 7/8 the work). Needs I % (tile_n / 2) == 0."""
     from .sm90.tile_config import TILE_N_GRANULES
 
-    i_cols = n // 2
-    grid_m = cdiv(m, 128)
-
-    def rounds_cost(cols):
-        return cdiv(grid_m * (i_cols // cols), sms) * cols
-
     best = None
     for tile_n in sorted(TILE_N_GRANULES, reverse=True):
         cols = tile_n // 2
-        if i_cols % cols == 0 and rounds_cost(cols) < GRANULE_MIN_GAIN * rounds_cost(GROUP):
-            if best is None or rounds_cost(cols) < rounds_cost(best // 2):
+        cost = granule_rounds(m, n, sms, cols)
+        if n // 2 % cols == 0 and cost < GRANULE_MIN_GAIN * granule_rounds(m, n, sms, GROUP):
+            if best is None or cost < granule_rounds(m, n, sms, best // 2):
                 best = tile_n
     return best
+
+
+def granule_rounds(m: int, n: int, sms: int, cols: int) -> int:
+    """Rounds of whole waves of the 128-row tile over ``cols`` h columns a tile (N = 2I weight rows),
+    times its columns: the granule tile's time in units where the 256-row tile's round is 128."""
+    return cdiv(cdiv(m, 128) * (n // 2 // cols), sms) * cols
+
+
+def bf16_row_tile(m: int, n: int, sms: int, h_format: str) -> tuple[int, int]:
+    """(tile_m, tile_n) of bf16 gate_up where its tile is not the 64-row one: the 192-row tile where
+    wg3_applies (D29), else the 128-row tile, over granule_tile_n's width with bf16 h (D7)."""
+    from .sm90 import activations_and_h
+    from .sm90.tile_config import TILE_M_WG3
+
+    if wg3_applies(m, n, sms):
+        return TILE_M_WG3, 2 * GROUP
+    granule = None if activations_and_h.h_spec(h_format).scaled else granule_tile_n(m, n, sms)
+    return 128, granule or 2 * GROUP
 
 
 def rounds_time(m: int, n: int, sms: int, tile_m: int, speed: float) -> float:
@@ -386,17 +399,11 @@ def bf16_tile64_applies(m: int, n: int, sms: int, mainloop: str, h_format: str) 
     192-row one (wg3_applies), the granule one (granule_tile_n, with bf16 h) or the 128-row one.
     E.g. I = 18944 at M = 160: 444 tiles of 64 rows, 4 rounds (256 rows of time), against 148 of
     192 rows, 2 rounds (369): 0.69."""
-    from .sm90 import activations_and_h
-    from .sm90.tile_config import TILE_M_WG3
-
     if mainloop != BF16_MAINLOOP or m > SPLIT64_ROUNDS_M:
         return False
-    if wg3_applies(m, n, sms):
-        other = rounds_time(m, n, sms, TILE_M_WG3, WG3_SPEED)
-    else:
-        tile_n = None if activations_and_h.h_spec(h_format).scaled else granule_tile_n(m, n, sms)
-        cols = tile_n // 2 if tile_n else GROUP
-        other = cdiv(cdiv(m, 128) * (n // 2 // cols), sms) * 128 * cols / GROUP
+    tile_m, tile_n = bf16_row_tile(m, n, sms, h_format)
+    other = (rounds_time(m, n, sms, tile_m, WG3_SPEED) if tile_m != 128
+             else granule_rounds(m, n, sms, tile_n // 2) * 128 / GROUP)
     return rounds_time(m, n, sms, 64, 1.0) <= SPLIT64_ROUNDS * other
 
 
@@ -460,14 +467,13 @@ def gate_up_config(x, weight, weight_scale, x_scale, *, act: str, h_format: str,
         return None
     sms = sm_count(x.device)
     tile_m, stages, swap = gate_up_tile_for(m, n, sms, mainloop, h_format)
-    if mainloop == BF16_MAINLOOP and tile_m == 128 and wg3_applies(m, n, sms):
-        tile_m, stages = TILE_M_WG3, WG3_STAGES
+    tile_n = 2 * GROUP
+    if mainloop == BF16_MAINLOOP and tile_m == 128:
+        tile_m, tile_n = bf16_row_tile(m, n, sms, h_format)
+        stages = WG3_STAGES if tile_m == TILE_M_WG3 else stages
     ck = 2 if swap and gate_up_cluster_k(m, n, sms, mainloop) else 1
     if swap and ck == 1 and k >= SWAP_LONG_K:  # (K pairs keep five: D4 measured them at 4096 a CTA only)
         stages = SWAP_LONG_K_STAGES
-    tile_n = 2 * GROUP
-    if mainloop == BF16_MAINLOOP and not activations_and_h.h_spec(h_format).scaled and tile_m == 128:
-        tile_n = granule_tile_n(m, n, sms) or tile_n
     split = split_n_applies(tile_m, swap, mainloop)
     pipe = split_n_pipeline(split_n_deep(n), h_format) if split else dict(stages=stages)
     cfg = GateUpConfig(tile_m=tile_m, tile_n=tile_n, act=act, h_format=h_format, mainloop=mainloop, swap_ab=swap,
