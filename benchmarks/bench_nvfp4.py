@@ -9,8 +9,11 @@ weight in the tile-major order the modules hold on the GPU (kernels/nvfp4_layout
 
 ``--ab FIELD=VALUE,...`` also times the nvfp4 kernels on the dispatched tile-major configs with
 those fields replaced (called directly; their outputs first checked bit-identical to the
-dispatched ones; ``tile_major=False`` reads the packed order). Repeat it to time several variants
-in one process against the same dispatched kernels ("variant 1", "variant 2", ...). ``--bf16``
+dispatched ones; ``tile_major=False`` reads the packed order; ``rs_decode=True``: gate_up's
+timing includes its launcher's copy of x into nvfp4_layout.rs_k_order, down's h is ordered
+beforehand, as gate_up's epilogue writes it for such a down; both copies are also timed apart). Repeat it to time
+several variants in one process against the same dispatched kernels ("variant 1", "variant 2",
+...). ``--bf16``
 also times our bf16 kernels on bf16 weights of the same shapes (the prefill target's yardstick).
 """
 
@@ -67,6 +70,9 @@ def _variant(fields: dict, x, h, gu_w, dn_w):
     from swiglu_fused.kernels.sm90 import gate_up as kg
 
     major = fields.get("tile_major", True)
+    rs = fields.get("rs_decode", False)
+    if rs:  # (down's h as gate_up's epilogue writes it for such a down; gate_up's launcher orders x itself)
+        h = nvfp4_layout.rs_k_order(h)
 
     def config(make):
         try:
@@ -82,7 +88,7 @@ def _variant(fields: dict, x, h, gu_w, dn_w):
         return kg.gate_up(gcfg, x, w[0], w[1], None, w[2], tile_major=major)[0]
 
     def down(w):
-        return kd.down(dcfg, h, w[0], w[1], None, None, w[2], tile_major=major)
+        return kd.down(dcfg, h, w[0], w[1], None, None, w[2], tile_major=major, h_rs_order=rs)
     return gate_up if gcfg else None, down if dcfg else None
 
 
@@ -145,6 +151,9 @@ def run(shapes, ms, iters=50, abs_: list[dict] = (), bf16: bool = False):
                 "nvfp4 packed down": graph_time_us(step(nv_dn, lambda w: ops.down(h, w[0], w[1], None, w[2])), iters),
                 "fp8 down": graph_time_us(step(f8_dn, lambda w: ops.down(hq, w[0], w[1], hs)), iters),
             }
+            if any(ab.get("rs_decode") for ab in abs_):  # what the activations' k order costs a call
+                t["rs_k_order x"] = graph_time_us(lambda: nvfp4_layout.rs_k_order(x), iters)
+                t["rs_k_order h"] = graph_time_us(lambda: nvfp4_layout.rs_k_order(h), iters)
             if bf16:
                 t["bf16 gate_up"] = graph_time_us(step(bf_gu, lambda w: ops.gate_up(
                     x, w, interleave=128, h_format="bf16")), iters)

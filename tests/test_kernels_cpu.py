@@ -2,6 +2,7 @@
 fake implementations; and every shipped sm_90a kernel configuration compiles (CuTe DSL compiles
 for sm_90a without a GPU; skipped only where nvidia-cutlass-dsl is not installed)."""
 
+import dataclasses
 
 import pytest
 import torch
@@ -326,7 +327,7 @@ def test_down_configs():
         down.DownConfig(stages=5)
 
 
-def test_nvfp4_configs_decode_buffers():
+def test_nvfp4_configs_decode_buffers(monkeypatch):
     """The 16-token swap-AB tile decodes into one buffer (D30), the 64-token and row tiles into two;
     every pick is shipped (compile-checked), and one buffer is refused where no mainloop reads it."""
     pytest.importorskip("cutlass")
@@ -337,19 +338,33 @@ def test_nvfp4_configs_decode_buffers():
     w, ws = (pack.pack_gate_up(g, u, 128)[k] for k in ("weight_packed", "weight_scale"))
     d = pack.quantize(torch.randn(256, 128), "nvfp4", "down", "divisor").tensors
     dw, dws = d["weight_packed"], d["weight_scale"]
-    for m, tokens, buffers in ((1, 16, (1, 1)), (16, 16, (1, 1)), (17, 64, (2, 2)), (64, 64, (2, 2)),
-                               (100, 128, (2, 1)), (1023, 128, (2, 1))):
-        x = torch.randn(m, 256).bfloat16()
-        gcfg = dispatch.gate_up_config(x, w, ws, None, act="silu", h_format="bf16", tile_major=True)
-        dcfg = dispatch.down_config(x[:, :128], dw, dws, None, None, torch.bfloat16, True)
-        assert (gcfg.decode_buffers, dcfg.decode_buffers) == buffers and gcfg.swap_ab and dcfg.swap_ab, m
-        assert gcfg.tile_m == dcfg.tile_m == tokens, m
-        assert gcfg in dispatch.gate_up_shipped() and dcfg in dispatch.down_shipped()
+    for rs in (True, False):  # (D45: the register-sourced tiles of 64 and 128 tokens hold one register set)
+        monkeypatch.setattr(dispatch, "NVFP4_RS", rs)
+        for m, tokens, buffers in ((1, 16, (1, 1)), (16, 16, (1, 1)), (17, 64, (2, 2)), (64, 64, (2, 2)),
+                                   (100, 128, (2, 1)), (1023, 128, (2, 1))):
+            x = torch.randn(m, 256).bfloat16()
+            gcfg = dispatch.gate_up_config(x, w, ws, None, act="silu", h_format="bf16", tile_major=True)
+            dcfg = dispatch.down_config(x[:, :128], dw, dws, None, None, torch.bfloat16, True)
+            assert gcfg.rs_decode == dcfg.rs_decode == (rs and tokens > 16), (m, rs)
+            buffers = (1, 1) if gcfg.rs_decode else buffers
+            assert (gcfg.decode_buffers, dcfg.decode_buffers) == buffers and gcfg.swap_ab and dcfg.swap_ab, m
+            assert gcfg.tile_m == dcfg.tile_m == tokens, m
+            assert gcfg in dispatch.gate_up_shipped() and dcfg in dispatch.down_shipped()
+            h_rs = dataclasses.replace(gcfg, h_rs_order=True)
+            assert (h_rs in dispatch.gate_up_shipped()) == gcfg.rs_decode, m
+            packed = dispatch.gate_up_config(x, w, ws, None, act="silu", h_format="bf16")  # (smem decode only)
+            assert not packed.rs_decode and packed in dispatch.gate_up_shipped()
     for bad in (dict(mainloop="bf16", swap_ab=True, tile_m=16), dict(mainloop="nvfp4", tile_m=128),
                 dict(mainloop="nvfp4", swap_ab=True, tile_m=16, decode_buffers=3)):
         with pytest.raises(ValueError, match="decode_buffers"):
             down.DownConfig(**{"decode_buffers": 1, **bad})
     gate_up.GateUpConfig(tile_m=16, swap_ab=True, stages=6, mainloop="nvfp4", h_format="bf16", decode_buffers=1)
+    for bad in (dict(mainloop="nvfp4", tile_m=128), dict(mainloop="bf16", swap_ab=True, tile_m=64),
+                dict(mainloop="nvfp4", swap_ab=True, tile_m=128)):  # (the last: not tile-major)
+        with pytest.raises(ValueError, match="rs_decode"):
+            down.DownConfig(rs_decode=True, **bad)
+    with pytest.raises(ValueError, match="h_rs_order"):
+        gate_up.GateUpConfig(tile_m=128, stages=4, mainloop="bf16", h_format="bf16", h_rs_order=True)
 
 
 def test_l2_hints_go_to_the_weight_loads():
@@ -477,6 +492,13 @@ def _shipped():
         + [("gate_up", gate_up.GateUpConfig(uniform_ab=True, **f), gate_up.compile_gate_up) for f in (
             dict(tile_m=128, stages=4, mainloop="bf16", h_format="bf16"),
             dict(tile_m=128, stages=4, swap_ab=True, mainloop="nvfp4", tile_major=True, h_format="bf16"))]
+        # nvfp4's A fragments decoded into registers on k-ordered activations (TileConfig.rs_decode):
+        # measured, not dispatched (history/nvfp4.md v28)
+        + [("gate_up", gate_up.GateUpConfig(tile_m=128, stages=4, swap_ab=True, mainloop="nvfp4", tile_major=True,
+                                            decode_buffers=1, rs_decode=True, h_rs_order=True, h_format="bf16"),
+            gate_up.compile_gate_up),
+           ("down", down.DownConfig(tile_m=128, stages=5, swap_ab=True, mainloop="nvfp4", tile_major=True,
+                                    decode_buffers=1, rs_decode=True, residual=True), down.compile_down)]
         # h by TMA stores (TileConfig.tma_store) and the 64-row tile's K pairs: measured, not dispatched
         + [("gate_up", gate_up.GateUpConfig(tile_m=128, stages=4, tma_store=True, h_format=f), gate_up.compile_gate_up)
            for f in ("fp8_group128", "bf16")]

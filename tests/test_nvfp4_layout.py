@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import swiglu_fused
-from swiglu_fused import FusedSwiGLUMLP, convert
+from swiglu_fused import FusedSwiGLUMLP, convert, quant
 from swiglu_fused.kernels import ops
 from swiglu_fused.kernels import dispatch, nvfp4_layout, reference  # noqa: E402
 from swiglu_fused.linear import PackedLinear
@@ -86,6 +86,55 @@ def test_tile_major_words_decode_by_shifts_to_the_packed_codes():
 def test_reorder_refuses_partial_tiles(n, k):
     with pytest.raises(ValueError, match="multiple of 256 and K of 64"):
         nvfp4_layout.to_tile_major(*_codes(n, k))
+
+
+def test_rs_k_order_trades_group_and_pair_and_keeps_the_dot_product():
+    """The activations' k order of the register-sourced decode (TileConfig.rs_decode): position
+    16j + 8c + 2q + e of a k tile holds column 16q + 8c + 2j + e, it is its own inverse (bf16 by the
+    4-byte path, fp32 by the general one), a weight with its columns in that order gives the same
+    products, and K off the 64-column tiles is refused by name."""
+    x = torch.arange(2 * 128, dtype=torch.float32).view(2, 128)
+    got = nvfp4_layout.rs_k_order(x)
+    for p in range(64):
+        j, c, q, e = p // 16, p // 8 % 2, p // 2 % 4, p % 2
+        assert got[1, 64 + p] == x[1, 64 + 16 * q + 8 * c + 2 * j + e]
+    xb = torch.randn(3, 192).bfloat16()
+    assert torch.equal(nvfp4_layout.rs_k_order(nvfp4_layout.rs_k_order(xb)), xb)
+    assert torch.equal(nvfp4_layout.rs_k_order(xb).float(), nvfp4_layout.rs_k_order(xb.float()))
+    a, w = torch.randn(2, 128, dtype=torch.float64), torch.randn(5, 128, dtype=torch.float64)
+    torch.testing.assert_close(nvfp4_layout.rs_k_order(a) @ nvfp4_layout.rs_k_order(w).T, a @ w.T)
+    with pytest.raises(ValueError, match="^x: .*multiple of 64"):
+        nvfp4_layout.rs_k_order(torch.zeros(2, 96))
+
+
+def test_ops_h_rs_order_is_h_reordered_and_read_back(monkeypatch):
+    """ops.gate_up(h_rs_order=True) returns h in rs_k_order (fp8 h: its scales unchanged, the groups
+    of 128 stay whole), ops.down(h_rs_order=True) reads it so, on every backend (here the
+    reference); pipeline.mlp asks dispatch.nvfp4_down_reads_rs (told yes here) and gives the same y;
+    an I off the 64-column tiles is refused by name."""
+    x = torch.randn(5, 256).bfloat16()
+    w = torch.randn(2 * 384, 256).bfloat16()
+    h = ops.gate_up(x, w, interleave=128)[0]
+    h_rs = ops.gate_up(x, w, interleave=128, h_rs_order=True)[0]
+    assert torch.equal(h_rs, nvfp4_layout.rs_k_order(h))
+    wq, wqs = quant.quantize_fp8_block(w)
+    xq, xs = ops.quant_x(x)
+    hq, hs = ops.gate_up(xq, wq, wqs, xs, interleave=128, h_format="fp8_group128")
+    hq_rs, hs_rs = ops.gate_up(xq, wq, wqs, xs, interleave=128, h_format="fp8_group128", h_rs_order=True)
+    assert torch.equal(hq_rs.view(torch.uint8), nvfp4_layout.rs_k_order(hq.view(torch.uint8))) and torch.equal(hs_rs, hs)
+    wd = torch.randn(256, 384).bfloat16()
+    assert torch.equal(ops.down(h_rs, wd, h_rs_order=True), ops.down(h, wd))
+    with pytest.raises(ValueError, match="^h_rs_order: .*I = 96"):
+        ops.down(torch.randn(5, 96).bfloat16(), torch.randn(256, 96).bfloat16(), h_rs_order=True)
+    with pytest.raises(TypeError, match="^h_rs_order: expected a bool"):
+        ops.gate_up(x, w, interleave=128, h_rs_order=1)
+    mlp = FusedSwiGLUMLP.from_linear(torch.randn(384, 256), torch.randn(384, 256), torch.randn(256, 384),
+                                     weight_format="nvfp4")
+    xm = torch.randn(3, 256)
+    want = mlp(xm)
+    asked = []
+    monkeypatch.setattr(dispatch, "nvfp4_down_reads_rs", lambda *a: asked.append(a) or True)
+    assert torch.equal(mlp(xm), want) and asked and asked[0][:3] == (3, 256, 384)
 
 
 def test_ops_read_a_tile_major_weight_as_the_packed_one():

@@ -502,6 +502,13 @@ NVFP4_WIDE_TILE = (192, 3, 2)
 NVFP4_WIDE_SPEED = 1.1
 NVFP4_WIDE_MIN_GAIN = 0.95
 NVFP4_DEQUANT_M = 1025  # from this M the weight is dequantized to bf16 for the call, then the bf16 mainloop (D26)
+# The swap-AB tiles that decode a tile-major weight straight into their wgmma's A registers
+# (TileConfig.rs_decode, one register set), their activations in nvfp4_layout.rs_k_order: 2-25 %
+# faster alone than decoding into smem at 64 and 128 tokens, slower at 192 (D45; history/nvfp4.md
+# v28). gate_up then orders x by a copy a call and writes h in that order where down reads it so
+# (GateUpConfig.h_rs_order, ops' h_rs_order: pipeline.mlp asks nvfp4_down_reads_rs).
+NVFP4_RS_TOKENS = (64, 128)
+NVFP4_RS = True  # False: every tile decodes into smem (what launch_ab compares)
 
 
 def nvfp4_dequantizes(m: int) -> bool:
@@ -523,13 +530,43 @@ def _nvfp4_prefill_tile(m: int, wg3: bool = False, clusters: bool = True) -> dic
                 cluster_m=cluster_m_for(m, tile_m, 2 * GROUP) if clusters else 1)
 
 
-def nvfp4_tile_for(m: int, op: str = "gate_up", wide: bool = False) -> dict:
-    """The tile fields (tile_m, stages, swap_ab, decode_buffers) of the nvfp4 mainloop for M rows
-    of ``op`` (gate_up or down); ``wide``: gate_up's 192-token tile (nvfp4_wide_on)."""
+def nvfp4_tile_for(m: int, op: str = "gate_up", wide: bool = False, tile_major: bool = False) -> dict:
+    """The tile fields (tile_m, stages, swap_ab, decode_buffers, rs_decode) of the nvfp4 mainloop for
+    M rows of ``op`` (gate_up or down); ``wide``: gate_up's 192-token tile (nvfp4_wide_on);
+    ``tile_major``: the weight's order (rs_decode reads only that one)."""
     if wide:
         return _nvfp4_tile(NVFP4_WIDE_TILE)
     tiles = NVFP4_SWAP_TILES[op]
-    return _nvfp4_tile(next((t for t in tiles if m <= t[0]), tiles[-1]))
+    return _nvfp4_rs(_nvfp4_tile(next((t for t in tiles if m <= t[0]), tiles[-1])), tile_major)
+
+
+def _nvfp4_rs(fields: dict, tile_major: bool, on: bool | None = None) -> dict:
+    """A swap-AB tile's fields with rs_decode where D45 takes it (NVFP4_RS_TOKENS, a tile-major weight;
+    ``on``: NVFP4_RS unless given)."""
+    if (NVFP4_RS if on is None else on) and tile_major and fields["tile_m"] in NVFP4_RS_TOKENS:
+        return {**fields, "rs_decode": True, "decode_buffers": 1}
+    return fields
+
+
+def h_rs_order_in_epilogue(cfg) -> bool:
+    """Whether gate_up's config can write h in nvfp4_layout.rs_k_order itself (GateUpConfig.h_rs_order:
+    nvfp4's swap-AB tiles with bf16 h); elsewhere ops.gate_up reorders h after the kernel."""
+    return cfg.nvfp4 and cfg.swap_ab and cfg.h_format == formats.NVFP4.h_format
+
+
+def nvfp4_down_reads_rs(m: int, hidden: int, inter: int, device: torch.device, tile_major: bool,
+                        residual: bool = False) -> bool:
+    """Whether an nvfp4 down of M rows, H × I, on ``device`` runs an rs_decode tile (down_backend's
+    choice: not the warp-MMA kernels, not the dequantized prefill), so that gate_up should write h in
+    its k order (pipeline.mlp). A wrong answer costs a reorder, never a wrong result: every backend of
+    ops.down reads h_rs_order."""
+    if not (NVFP4_RS and tile_major and sm90_kernels_usable(device)) or nvfp4_dequantizes(m):
+        return False
+    from .sm90.schedule import sm_count
+
+    if warp_mma_config("down", m, hidden, inter, tile_major, residual=residual, sms=sm_count(device)) is not None:
+        return False
+    return nvfp4_tile_for(m, "down", tile_major=True).get("rs_decode", False)
 
 
 def nvfp4_wide_applies(m: int, n: int, sms: int) -> bool:
@@ -679,7 +716,7 @@ def _nvfp4_gate_up_config(x, weight, weight_scale, act: str, h_format: str, tile
     if nvfp4_dequantizes(m):
         return GateUpConfig(act=act, h_format=h_format, **_nvfp4_prefill_tile(m, wg3_on(x.device, m, weight.shape[0])))
     return GateUpConfig(act=act, h_format=h_format, mainloop=NVFP4_MAINLOOP, tile_major=tile_major,
-                        **nvfp4_tile_for(m, wide=nvfp4_wide_on(x.device, m, weight.shape[0])))
+                        **nvfp4_tile_for(m, wide=nvfp4_wide_on(x.device, m, weight.shape[0]), tile_major=tile_major))
 
 
 def _nvfp4_down_config(h, weight, weight_scale, residual, tile_major: bool):
@@ -695,7 +732,7 @@ def _nvfp4_down_config(h, weight, weight_scale, residual, tile_major: bool):
         return DownConfig(residual=residual is not None,
                           **_nvfp4_prefill_tile(m, wg3_on(h.device, m, weight.shape[0]), clusters=False))
     return DownConfig(mainloop=NVFP4_MAINLOOP, residual=residual is not None, tile_major=tile_major,
-                      **nvfp4_tile_for(h.shape[0], "down"))
+                      **nvfp4_tile_for(h.shape[0], "down", tile_major=tile_major))
 
 
 def nvfp4_shipped(config_cls, variants) -> list:
@@ -705,8 +742,14 @@ def nvfp4_shipped(config_cls, variants) -> list:
     tiles = NVFP4_SWAP_TILES["gate_up"] + (NVFP4_WIDE_TILE,) if clusters else NVFP4_SWAP_TILES["down"]  # (wide: D32)
     prefill = [config_cls(**_nvfp4_prefill_tile(m, wg3, clusters), **v)
                for v in variants for m in (NVFP4_DEQUANT_M, CLUSTER_M_MIN) for wg3 in (False, True)]
-    return [config_cls(mainloop=NVFP4_MAINLOOP, tile_major=major, **_nvfp4_tile(tile), **v)
-            for v in variants for tile in tiles for major in (False, True)] + list(dict.fromkeys(prefill))  # (down: one tile, twice)
+    w4a16 = [config_cls(mainloop=NVFP4_MAINLOOP, tile_major=major, **_nvfp4_tile(tile), **v)
+             for v in variants for tile in tiles for major in (False, True)]
+    # D45's register-sourced tiles, and gate_up's tiles writing h in their k order
+    rs = [config_cls(mainloop=NVFP4_MAINLOOP, tile_major=True, **_nvfp4_rs(_nvfp4_tile(tile), True, on=True), **v)
+          for v in variants for tile in tiles if tile[0] in NVFP4_RS_TOKENS]
+    wide = [c for c in w4a16 if c.tile_major and c.tile_m == NVFP4_WIDE_TILE[0]]
+    h_rs = [dataclasses.replace(c, h_rs_order=True) for c in rs + wide] if clusters else []
+    return w4a16 + rs + h_rs + list(dict.fromkeys(prefill))  # (down: one tile, twice)
 
 
 def _pdl_variants(tile_m: int, swap: bool, mainloop: str) -> tuple[bool, ...]:

@@ -128,6 +128,20 @@ def _rotl(t: torch.Tensor, r: int) -> torch.Tensor:
     return t if r == 0 else (t << r) | ((t >> (32 - r)) & ((1 << r) - 1))
 
 
+def rs_k_order(x: torch.Tensor) -> torch.Tensor:
+    """Activations [..., K] (K % 64 == 0) → a new contiguous tensor with each 64-column k tile's
+    columns in the order of the register-sourced decode (TileConfig.rs_decode): position 16j + 8c +
+    2q + e holds column 16q + 8c + 2j + e (q, j = 0-3; c, e = 0-1), i.e. the 16-column scale group
+    and the column pair inside an 8-column word trade places. Its own inverse."""
+    k = x.shape[-1]
+    if k % K_TILE:
+        raise ValueError(f"x: the register-sourced decode's k order needs K a multiple of {K_TILE}, got {k}")
+    if x.element_size() == 2 and x.is_contiguous():  # a pair of columns as one 4-byte element: a faster copy
+        w = x.view(torch.int32)
+        return _copy(w.reshape(*w.shape[:-1], k // K_TILE, 4, 2, 4).transpose(-3, -1)).view(x.dtype).view(x.shape)
+    return _copy(x.reshape(*x.shape[:-1], k // K_TILE, 4, 2, 4, 2).transpose(-4, -2)).view(x.shape)
+
+
 def reorder_in_place(weight: torch.Tensor, weight_scale: torch.Tensor, tile_major: bool) -> None:
     """Rewrite contiguous ``weight`` and ``weight_scale`` into tile-major order (or back to the packed
     one), keeping the tensors themselves (vLLM's parameters: its loader and graphs hold them); the

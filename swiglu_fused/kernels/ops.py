@@ -1,9 +1,10 @@
 """torch.library custom ops and dispatch: the sm_90a kernel where it applies, else the reference.
 
     swiglu_fused::quant_x(x)                                   → (xq, x_scale)
-    swiglu_fused::gate_up(x, weight, weight_scale, x_scale, global_scale, interleave, act, h_format, tile_major)
-                                                               → (h, h_scale)
-    swiglu_fused::down(h, weight, weight_scale, h_scale, global_scale, residual, out_dtype, tile_major) → y
+    swiglu_fused::gate_up(x, weight, weight_scale, x_scale, global_scale, interleave, act, h_format, tile_major,
+                          h_rs_order)                          → (h, h_scale)
+    swiglu_fused::down(h, weight, weight_scale, h_scale, global_scale, residual, out_dtype, tile_major,
+                       h_rs_order)                             → y
     swiglu_fused::gate_up_split(x, weight, weight_scale, x_scale, global_scale, prefix, interleave, act)
                                                                → [y | h] (Flux.2's single-stream projection)
 
@@ -24,6 +25,7 @@ under torch.compile, fake-tensor modes and for inputs that require grad.
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 
 import torch
@@ -198,6 +200,7 @@ def _gate_up_impl(
     act: str,
     h_format: str,
     tile_major: bool = False,
+    h_rs_order: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     backend, cfg = dispatch.gate_up_backend(x, weight, weight_scale, x_scale, global_scale, interleave, act, h_format,
                                             tile_major)
@@ -210,11 +213,15 @@ def _gate_up_impl(
             if isinstance(cfg, warp_mma.WarpMmaConfig):
                 h, h_scale = warp_mma.gate_up(cfg, x, weight, weight_scale, global_scale), None
             else:
+                if h_rs_order and dispatch.h_rs_order_in_epilogue(cfg):  # (else reordered below)
+                    cfg, h_rs_order = dataclasses.replace(cfg, h_rs_order=True), False
                 h, h_scale = sm90_gate_up.gate_up(cfg, x, weight, weight_scale, x_scale, global_scale,
                                                   tile_major=tile_major)
+        if h_rs_order:
+            h = nvfp4_layout.rs_k_order(h)
     else:
         h, h_scale = reference.gate_up(x, weight, weight_scale, x_scale, global_scale, interleave=interleave, act=act,
-                                       h_format=h_format, tile_major=tile_major)
+                                       h_format=h_format, tile_major=tile_major, h_rs_order=h_rs_order)
     if h_scale is None:
         h_scale = h.new_empty((h.shape[0], 0), dtype=torch.float32)
     # M-major on every backend: what both down GEMMs read (the sm90 kernel and cuBLAS) without a copy
@@ -225,7 +232,7 @@ _gate_up_op = torch.library.custom_op("swiglu_fused::gate_up", mutates_args=())(
 
 
 @_gate_up_op.register_fake
-def _(x, weight, weight_scale, x_scale, global_scale, interleave, act, h_format, tile_major=False):
+def _(x, weight, weight_scale, x_scale, global_scale, interleave, act, h_format, tile_major=False, h_rs_order=False):
     m, i = x.shape[0], weight.shape[0] // 2
     hf = formats.H_FORMATS[h_format]
     if hf.scaled:
@@ -233,16 +240,27 @@ def _(x, weight, weight_scale, x_scale, global_scale, interleave, act, h_format,
     return x.new_empty((m, i), dtype=hf.dtype), x.new_empty((m, 0), dtype=torch.float32)
 
 
-def _validate_gate_up(x, weight, weight_scale, x_scale, global_scale, interleave, act, h_format, tile_major):
+def _validate_gate_up(x, weight, weight_scale, x_scale, global_scale, interleave, act, h_format, tile_major,
+                      h_rs_order=False):
     formats.implementation(formats.H_FORMATS, h_format, "h_format", "")  # raises naming h_format
     _validate_packed_operands(x, weight, weight_scale, x_scale, global_scale, act, interleave, "2I")
     _check_tile_major(tile_major, weight, x.shape[1], fp8=True)
     n = weight.shape[0]
+    _check_h_rs_order(h_rs_order, n // 2)
     if n % (2 * interleave):
         raise ValueError(
             f"weight: {n} rows is not a multiple of 2 * interleave = {2 * interleave}; a packed gate_up "
             f"weight has 2I rows in chunks of 2g (check the interleave it was packed with)"
         )
+
+
+def _check_h_rs_order(h_rs_order, i: int) -> None:
+    """``h_rs_order`` (nvfp4_layout.rs_k_order of each 64 columns of h): a bool, True only for I % 64 == 0."""
+    if not isinstance(h_rs_order, bool):
+        raise TypeError(f"h_rs_order: expected a bool, got {h_rs_order!r}")
+    if h_rs_order and i % nvfp4_layout.K_TILE:
+        raise ValueError(f"h_rs_order: reorders h in {nvfp4_layout.K_TILE}-column tiles, and I = {i} is not a multiple "
+                         f"of {nvfp4_layout.K_TILE}; pass h_rs_order=False")
 
 
 def _validate_packed_operands(x, weight, weight_scale, x_scale, global_scale, act, interleave, rows: str,
@@ -283,13 +301,16 @@ def gate_up(
     act: str = "silu",
     h_format: str = "bf16",
     tile_major: bool = False,
+    h_rs_order: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """h = act(x @ gate^T) · (x @ up^T) from the interleaved packed weight [2I, K] (see reference.gate_up);
     an fp8 h's scales come M-major (strides (1, M), module docstring). ``tile_major``: an nvfp4
-    weight and its scales in nvfp4_layout's tile-major order, or an fp8 weight in fp8_layout's."""
-    _validate_gate_up(x, weight, weight_scale, x_scale, global_scale, interleave, act, h_format, tile_major)
+    weight and its scales in nvfp4_layout's tile-major order, or an fp8 weight in fp8_layout's.
+    ``h_rs_order``: h's columns in nvfp4_layout.rs_k_order, for a down(..., h_rs_order=True)."""
+    _validate_gate_up(x, weight, weight_scale, x_scale, global_scale, interleave, act, h_format, tile_major,
+                      h_rs_order)
     op = _gate_up_impl if runs_directly(x, weight, weight_scale, x_scale, global_scale) else _gate_up_op
-    h, h_scale = op(x, weight, weight_scale, x_scale, global_scale, interleave, act, h_format, tile_major)
+    h, h_scale = op(x, weight, weight_scale, x_scale, global_scale, interleave, act, h_format, tile_major, h_rs_order)
     return h, (h_scale if formats.H_FORMATS[h_format].scaled else None)
 
 
@@ -357,9 +378,12 @@ def _down_impl(
     residual: torch.Tensor | None,
     out_dtype: torch.dtype,
     tile_major: bool = False,
+    h_rs_order: bool = False,
 ) -> torch.Tensor:
     backend, cfg = dispatch.down_backend(h, weight, weight_scale, h_scale, global_scale, residual, out_dtype,
                                          tile_major)
+    if h_rs_order and not (backend == dispatch.SM90 and getattr(cfg, "rs_decode", False)):
+        h, h_rs_order = nvfp4_layout.rs_k_order(h), False  # the natural order for every other reader
     if backend == dispatch.DEEPGEMM:
         y = deepgemm.down(h, weight, weight_scale, h_scale)
         if y is not None:
@@ -374,7 +398,8 @@ def _down_impl(
         with torch.cuda.device(h.device):
             if isinstance(cfg, warp_mma.WarpMmaConfig):
                 return warp_mma.down(cfg, h, weight, weight_scale, global_scale, residual)
-            return sm90_down.down(cfg, h, weight, weight_scale, h_scale, residual, global_scale, tile_major=tile_major)
+            return sm90_down.down(cfg, h, weight, weight_scale, h_scale, residual, global_scale, tile_major=tile_major,
+                                  h_rs_order=h_rs_order)
     if backend == dispatch.CUBLAS:
         return cublas.down(h, weight, weight_scale, h_scale, residual, out_dtype)
     return reference.down(h, weight, weight_scale, h_scale, global_scale, residual=residual, out_dtype=out_dtype,
@@ -385,14 +410,14 @@ _down_op = torch.library.custom_op("swiglu_fused::down", mutates_args=())(_down_
 
 
 @_down_op.register_fake
-def _(h, weight, weight_scale, h_scale, global_scale, residual, out_dtype, tile_major=False):
+def _(h, weight, weight_scale, h_scale, global_scale, residual, out_dtype, tile_major=False, h_rs_order=False):
     return h.new_empty((h.shape[0], weight.shape[0]), dtype=out_dtype)
 
 
 OUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)  # down's y (and residual)
 
 
-def _validate_down(h, weight, weight_scale, h_scale, global_scale, residual, out_dtype, tile_major):
+def _validate_down(h, weight, weight_scale, h_scale, global_scale, residual, out_dtype, tile_major, h_rs_order=False):
     _check_2d("h", h)
     _check_2d("weight", weight)
     _check_same_device("h", h, weight=weight, weight_scale=weight_scale, h_scale=h_scale,
@@ -415,6 +440,7 @@ def _validate_down(h, weight, weight_scale, h_scale, global_scale, residual, out
     if out_dtype not in OUT_DTYPES:
         raise TypeError(f"out_dtype: expected one of {[str(d) for d in OUT_DTYPES]} (a torch.dtype), got {out_dtype!r}")
     _check_tile_major(tile_major, weight, k_w)
+    _check_h_rs_order(h_rs_order, k_w)
 
 
 
@@ -428,12 +454,14 @@ def down(
     residual: torch.Tensor | None = None,
     out_dtype: torch.dtype = torch.bfloat16,
     tile_major: bool = False,
+    h_rs_order: bool = False,
 ) -> torch.Tensor:
     """y = h @ down^T (+ residual) (see reference.down): the sm90 kernel, cuBLAS or the reference,
-    as dispatch.down_backend picks. ``tile_major``: as for gate_up."""
-    _validate_down(h, weight, weight_scale, h_scale, global_scale, residual, out_dtype, tile_major)
+    as dispatch.down_backend picks. ``tile_major``: as for gate_up; ``h_rs_order``: h's columns in
+    nvfp4_layout.rs_k_order (gate_up's h_rs_order)."""
+    _validate_down(h, weight, weight_scale, h_scale, global_scale, residual, out_dtype, tile_major, h_rs_order)
     op = _down_impl if runs_directly(h, weight, weight_scale, h_scale, global_scale, residual) else _down_op
-    return op(h, weight, weight_scale, h_scale, global_scale, residual, out_dtype, tile_major)
+    return op(h, weight, weight_scale, h_scale, global_scale, residual, out_dtype, tile_major, h_rs_order)
 
 
 # ---------------------------------------------------------------- the MLP

@@ -21,6 +21,10 @@ The operand format follows from the weight's dtype:
                    and down take ``tile_major=True`` for a weight and scales in nvfp4_layout's
                    tile-major order (the modules' order on an sm90 GPU); gate_up also for an fp8
                    weight in fp8_layout's
+
+``h_rs_order=True`` (gate_up: h comes out, down: h comes in) puts each 64 columns of h in
+nvfp4_layout.rs_k_order, the order nvfp4's register-sourced down reads (DISPATCH D45); the values
+are the same.
 """
 
 from __future__ import annotations
@@ -119,13 +123,15 @@ def gate_up(
     act: str = "silu",
     h_format: str = "bf16",
     tile_major: bool = False,
+    h_rs_order: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """h = act(x @ gate^T) · (x @ up^T) from the interleaved packed weight [2I, K]."""
     weight, weight_scale = _packed_order(weight, weight_scale, tile_major)
     gs = None if global_scale is None else _row_global_scale(global_scale, weight.shape[0], interleave)
     w = dequant_weight(weight, weight_scale, gs)
     acc = _dequant_operand(x, x_scale, "x") @ w.t()
-    return gate_up_epilogue(acc, interleave=interleave, act=act, h_format=h_format)
+    h, h_scale = gate_up_epilogue(acc, interleave=interleave, act=act, h_format=h_format)
+    return (nvfp4_layout.rs_k_order(h) if h_rs_order else h), h_scale  # (h_scale's 128-column groups stay)
 
 
 def gate_up_epilogue(acc: torch.Tensor, *, interleave: int = formats.DEFAULT_INTERLEAVE, act: str = "silu",
@@ -193,8 +199,11 @@ def down(
     residual: torch.Tensor | None = None,
     out_dtype: torch.dtype = torch.bfloat16,
     tile_major: bool = False,
+    h_rs_order: bool = False,
 ) -> torch.Tensor:
     """y = h @ down^T (+ residual), computed in fp32, rounded once to ``out_dtype``."""
+    if h_rs_order:
+        h = nvfp4_layout.rs_k_order(h)
     weight, weight_scale = _packed_order(weight, weight_scale, tile_major)
     y = _dequant_operand(h, h_scale, "h") @ dequant_weight(weight, weight_scale, global_scale).t()
     if residual is not None:

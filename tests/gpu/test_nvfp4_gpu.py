@@ -182,12 +182,16 @@ def test_packed_linear_runs_the_down_kernel():
 
 @pytest.mark.parametrize("hidden,inter", [(1024, 1536), (4096, 14336), (8192, 3584)])
 @pytest.mark.parametrize("m", [1, 16, 100, dispatch.NVFP4_DEQUANT_M])
-def test_tile_major_weights_give_the_same_bits(hidden, inter, m):
+@pytest.mark.parametrize("rs", [True, False])
+def test_tile_major_weights_give_the_same_bits(hidden, inter, m, rs, monkeypatch):
     """The weight and scales in nvfp4_layout's tile-major order (TileConfig.tile_major for the W4A16
     tiles; the dequantization's output map at prefill) compute bit for bit what the packed order
-    does, gate_up (both global scales) and down: the 128-row and dequantized tiles; at decode sizes
-    the warp-MMA kernel (tile-major only) within bf16 rounding of the swap-AB tiles (_same)."""
+    does, gate_up (both global scales) and down: the swap-AB and dequantized tiles; where a
+    tile-major weight runs the warp-MMA kernel (decode sizes) or the register-sourced tiles (D45,
+    ``rs``), within bf16 rounding of the packed order's (_same)."""
     from swiglu_fused.kernels import nvfp4_layout
+
+    monkeypatch.setattr(dispatch, "NVFP4_RS", rs)
 
     x, w, ws, gs = gate_up_operands(m, hidden, inter, seed=m)
     want = ops.gate_up(x, w, ws, None, gs)[0]
@@ -204,9 +208,10 @@ def test_tile_major_weights_give_the_same_bits(hidden, inter, m):
 
 def _same(got, want, m):
     """Bit for bit where both orders run the same kernel; up to WARP_MMA_M rows a tile-major weight
-    runs the warp-MMA kernel (D33), another summation order: within bf16 rounding there."""
+    runs the warp-MMA kernel (D33), and with dispatch.NVFP4_RS to NVFP4_DEQUANT_M the
+    register-sourced tiles (D45, their own k order): other summation orders, within bf16 rounding."""
     assert not want.isnan().any()
-    if m <= dispatch.WARP_MMA_M:
+    if m <= dispatch.WARP_MMA_M or (dispatch.NVFP4_RS and not dispatch.nvfp4_dequantizes(m)):
         assert_bf16_close(got, want, TOL)
     else:
         assert torch.equal(got, want)
@@ -224,12 +229,15 @@ def test_dequantization_of_a_tile_major_weight_is_the_packed_ones():
 
 
 @pytest.mark.parametrize("m", [1, 16, 100, dispatch.NVFP4_DEQUANT_M])
-def test_module_holds_the_tile_major_order_and_computes_what_the_packed_one_does(m):
+@pytest.mark.parametrize("rs", [True, False])
+def test_module_holds_the_tile_major_order_and_computes_what_the_packed_one_does(m, rs, monkeypatch):
     """On the GPU the module keeps both projections tile-major (2048 × 4096: whole tiles), computes
-    what it computes in the packed order (bit for bit above WARP_MMA_M rows: _same), gives the
-    packed order back in state_dict, tensors() and .cpu(), and a CUDA graph of it replays the same
+    what it computes in the packed order (bit for bit where both run the same kernels: _same), gives
+    the packed order back in state_dict, tensors() and .cpu(), and a CUDA graph of it replays the same
     (eager graphs, M ≤ 64)."""
     import copy
+
+    monkeypatch.setattr(dispatch, "NVFP4_RS", rs)
 
     mlp = _mlp()
     assert mlp.gate_up_interleaved.tile_major and mlp.down_proj.tile_major
@@ -261,7 +269,7 @@ def test_128_token_tile_across_m_tiles_and_k_shares(m):
 
     x, w, ws, gs = gate_up_operands(m, 4096, 14336, seed=m)
     cfg = dispatch.gate_up_config(x, w, ws, None, act="silu", h_format="bf16", tile_major=True)
-    cfg = dataclasses.replace(cfg, **dispatch.nvfp4_tile_for(m))  # (where D32 dispatches the 192-token tile)
+    cfg = dataclasses.replace(cfg, **dispatch.nvfp4_tile_for(m, tile_major=True))  # (where D32 dispatches 192 tokens)
     assert cfg.swap_ab and cfg.tile_m == 128
     h = torch.full((m, 14336), float("nan"), dtype=torch.bfloat16, device="cuda")
     kg.gate_up(cfg, x, *nvfp4_layout.to_tile_major(w, ws), None, gs, out=(h, None), tile_major=True)
@@ -290,6 +298,7 @@ def test_192_token_tile_is_the_128_token_tile_bit_for_bit(hidden, inter, m, act)
     cfg = dispatch.gate_up_config(x, w, ws, None, act=act, h_format="bf16", tile_major=True)
     assert cfg.tile_m == (192 if dispatch.nvfp4_wide_on(x.device, m, w.shape[0]) else 128) and cfg.swap_ab
     wt, wst = nvfp4_layout.to_tile_major(w, ws)
+    cfg = dataclasses.replace(cfg, rs_decode=False)  # (D45's 128-token tile sums in another k order)
     h = {}
     for wide in (False, True):
         c = dataclasses.replace(cfg, **dispatch.nvfp4_tile_for(m, wide=wide))
@@ -297,3 +306,45 @@ def test_192_token_tile_is_the_128_token_tile_bit_for_bit(hidden, inter, m, act)
         kg.gate_up(c, x, wt, wst, None, gs, out=(h[wide], None), tile_major=True)
     assert torch.equal(h[True], h[False])
     assert_bf16_close(h[True], reference.gate_up(x, w, ws, None, gs, interleave=128, act=act, h_format="bf16")[0], TOL)
+
+
+@pytest.mark.parametrize("hidden,inter,m", [(4096, 14336, 64), (4096, 14336, 300), (8192, 3584, 1000),
+                                           (576, 1536, 100)])
+@pytest.mark.parametrize("buffers", [1, 2])
+def test_register_sourced_decode_on_k_ordered_activations(hidden, inter, m, buffers):
+    """TileConfig.rs_decode (DISPATCH D45, history/nvfp4.md v28): the swap-AB tiles with each thread's
+    A fragments decoded into registers, one or two register sets, their activations in
+    nvfp4_layout.rs_k_order (gate_up's x reordered by its launcher; down's h given so, or reordered):
+    h (unequal global scales) and y (with a residual) within bf16 rounding of the reference; the k
+    order is its own inverse, and h written in it by gate_up (GateUpConfig.h_rs_order) is the natural
+    h reordered, bit for bit."""
+    from swiglu_fused.kernels import nvfp4_layout
+    from swiglu_fused.kernels.sm90 import down as kd
+    from swiglu_fused.kernels.sm90 import gate_up as kg
+
+    x, w, ws, gs = gate_up_operands(m, hidden, inter, seed=m + 7)
+    xr = nvfp4_layout.rs_k_order(x)
+    assert torch.equal(nvfp4_layout.rs_k_order(xr), x) and not torch.equal(xr, x)
+    cfg = dispatch.gate_up_config(x, w, ws, None, act="silu", h_format="bf16", tile_major=True)
+    cfg = dataclasses.replace(cfg, **dispatch.nvfp4_tile_for(m), rs_decode=True)
+    cfg = dataclasses.replace(cfg, decode_buffers=buffers)
+    wt, wst = nvfp4_layout.to_tile_major(w, ws)
+    h = torch.full((m, inter), float("nan"), dtype=torch.bfloat16, device="cuda")
+    kg.gate_up(cfg, x, wt, wst, None, gs, out=(h, None), tile_major=True)
+    assert_bf16_close(h, reference.gate_up(x, w, ws, None, gs, interleave=128, act="silu", h_format="bf16")[0], TOL)
+    h_rs = torch.full((m, inter), float("nan"), dtype=torch.bfloat16, device="cuda")  # h in the k order itself
+    kg.gate_up(dataclasses.replace(cfg, h_rs_order=True), x, wt, wst, None, gs, out=(h_rs, None), tile_major=True)
+    assert torch.equal(h_rs, nvfp4_layout.rs_k_order(h))
+    if not nvfp4_layout.fits(hidden, inter):  # (down's 576 rows: not tile-major, so not rs_decode)
+        return
+    hd, wd, wsd, gsd = down_operands(m, hidden, inter, seed=m)
+    res = torch.randn(m, hidden, device="cuda").to(torch.bfloat16)
+    dcfg = dispatch.down_config(hd, wd, wsd, None, res, torch.bfloat16, True)
+    dcfg = dataclasses.replace(dcfg, **dispatch.nvfp4_tile_for(m, "down"), rs_decode=True)
+    dcfg = dataclasses.replace(dcfg, decode_buffers=buffers)
+    want = reference.down(hd, wd, wsd, None, gsd, residual=res)
+    for given, ordered in ((nvfp4_layout.rs_k_order(hd), True), (hd, False)):
+        y = torch.full((m, hidden), float("nan"), dtype=torch.bfloat16, device="cuda")
+        kd.down(dcfg, given, *nvfp4_layout.to_tile_major(wd, wsd), None, res, gsd, out=y, tile_major=True,
+                h_rs_order=ordered)
+        assert_bf16_close(y, want, TOL)

@@ -42,12 +42,17 @@ beats_cublas = dispatch.beats_cublas
 
 
 def down(config: DownConfig, h, weight, weight_scale=None, h_scale=None, residual=None, global_scale=None, *,
-         out=None, tile_major: bool = False):
+         out=None, tile_major: bool = False, h_rs_order: bool = False):
     """Run the kernel (operands validated by ops.py). Returns y bf16 [M, H]; ``out`` = y writes
-    into a given tensor (the tests poison it first); ``tile_major``: the nvfp4 weight's order."""
+    into a given tensor (the tests poison it first); ``tile_major``: the nvfp4 weight's order;
+    ``h_rs_order``: h's columns in nvfp4_layout.rs_k_order (reordered here to what the config reads)."""
     import torch
 
+    from .. import nvfp4_layout
     from . import compile_cache
+
+    if h_rs_order != config.rs_decode:  # (a copy: gate_up's epilogue writes h in the order this reads)
+        h = nvfp4_layout.rs_k_order(h)
 
     m = h.shape[0]
     n = weight.shape[0]

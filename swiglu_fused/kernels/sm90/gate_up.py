@@ -53,10 +53,15 @@ def gate_up(config: GateUpConfig, x, weight, weight_scale=None, x_scale=None, gl
             tile_major: bool = False):
     """Run the kernel (operands validated by ops.py). Returns (h, h_scale M-major or None);
     ``out`` = (h, h_scale) writes into given tensors (the tests poison them first; h_scale M-major);
-    ``tile_major``: the nvfp4 weight's order (nvfp4_layout)."""
+    ``tile_major``: the nvfp4 weight's order (nvfp4_layout). A config with rs_decode reads x in
+    nvfp4_layout.rs_k_order: x is reordered here, a copy a call."""
     import torch
 
+    from .. import nvfp4_layout
     from . import compile_cache
+
+    if config.rs_decode:
+        x = nvfp4_layout.rs_k_order(x)
 
     m = x.shape[0]
     n = weight.shape[0]

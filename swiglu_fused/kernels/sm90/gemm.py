@@ -296,7 +296,7 @@ class GemmKernel(MainloopMixin, Nvfp4Mixin, StreamKMixin, EpilogueMixin):
             "xbar": MemRange[cutlass.Int64, 1],  # cluster_k: its arrival (st.async bytes)
             "scl": Align[MemRange[Float32, cfg.scale_words], 16],  # smem_scales
         }
-        if cfg.nvfp4:  # the bf16 k tiles the weight is decoded into (nvfp4.py)
+        if cfg.decode_elems:  # the bf16 k tiles the weight is decoded into (nvfp4.py; not rs_decode)
             fields["sD"] = Align[MemRange[cutlass.BFloat16, cfg.decode_elems], 1024]
         return cute.struct(type("SharedStorage", (), {"__annotations__": fields}))
 

@@ -49,8 +49,9 @@ import cutlass.cute as cute
 import cutlass.pipeline as pipeline
 from cutlass import Int32
 
-from .ptx import (DECODE_SHIFT, bulk_copy_g2s, bulk_prefetch_l2, cp_async_4, cp_async_arrive, e2m1x2_to_bf16x2, e2m1x8_to_bf16x2x4,
-                  e4m3x4_to_bf16x2, ld_shared_b32, ld_shared_v4, st_shared_v4)
+from .ptx import (DECODE_SHIFT, bulk_copy_g2s, bulk_prefetch_l2, cp_async_4, cp_async_arrive, e2m1x2_to_bf16x2,
+                  e2m1x8_to_bf16x2x4, e4m3x2_to_bf16x2, e4m3x4_to_bf16x2, ld_shared_b32, ld_shared_v2, ld_shared_v4,
+                  prmt, st_shared_v4)
 
 # the decoded weight is the true one times 2^-UNSHIFT (ptx.e2m1x2_to_bf16x2): the accumulator is
 # multiplied back with the global scale, a power of two, so exactly
@@ -67,8 +68,9 @@ class DecodeOperands(NamedTuple):
     d_addr: Any  # shared address of the decode buffers
     s_addr: Any  # shared address of the staged scale words (stage, row)
     mGS: Any  # global scale multipliers [2]: gate, up (down: the same value twice)
-    row: Any  # the weight row this thread decodes (one each: tile_n consumer threads)
-    barrier: Any  # the named barrier its decode meets every k tile (pipeline.NamedBarrier)
+    row: Any  # the weight row this thread decodes (one each: tile_n consumer threads); rs_decode: its first
+    barrier: Any  # the named barrier its decode meets every k tile (pipeline.NamedBarrier; rs_decode: none)
+    quad: Any = None  # rs_decode: t % 4, the scale group (8 bytes) of each of its rows' k tiles it decodes
 
 
 class Nvfp4Mixin:
@@ -81,6 +83,10 @@ class Nvfp4Mixin:
         w, w + 2, … of the tile (the tiled wgmma's layout), so its threads decode those rows and it
         meets only itself: the warpgroups no longer wait for each other every k tile."""
         wgs = self.num_mma_wg
+        if self.cfg.rs_decode:  # wgmma A fragments: rows row + 8·vb + 64·wgs·b (_decode_fragments)
+            row = 64 * (t // 128) + 16 * (t % 128 // 32) + t % 32 // 4
+            return DecodeOperands(storage.sB.data_ptr().toint(), None, storage.scl.data_ptr().toint(), gmem.mAS,
+                                  row, None, t % 4)
         if self.cfg.swap_ab:
             wg, lane = t // 128, t % 128
             row = 64 * (wg + wgs * (lane // 64)) + lane % 64
@@ -201,6 +207,96 @@ class Nvfp4Mixin:
         mainloop.consumer_release(release)
         release.advance()
         return state, release
+
+    @cute.jit
+    def _mainloop_nvfp4_rs(self, mainloop, state, release, tiled_mma, acc, tW, tX, dec: DecodeOperands, kb0, kb1,
+                           num_k_blocks: cutlass.Constexpr):
+        """TileConfig.rs_decode (the swap-AB tiles): per k tile this thread decodes the weight values
+        of its own wgmma A fragments into registers (tW: decode_buffers register sets) and the
+        chain reads A there. Each warpgroup goes alone: no decode buffer, no proxy fence, no
+        barrier. A stage is released once its wgmma is done (it has read the stage's x)."""
+        tiled_mma.set(cute.nvgpu.warpgroup.Field.ACCUMULATE, True)
+        frags = [cute.recast_tensor(f, Int32) for f in tW]  # ((1, 2, 2), blocks, MMA_K): a bf16 pair a word
+        mma = (tiled_mma, acc, tX, num_k_blocks)
+        if cutlass.const_expr(len(tW) == 1):
+            return self._rs_one_set(mainloop, state, release, mma, tW[0], frags[0], dec, kb0, kb1)
+        mainloop.consumer_wait(state)
+        self._decode_fragments(dec, state.index, frags[0])
+        self._issue_rs(mma, tW[0], state.index)
+        state.advance()
+        # (a branch-free body over pairs of k tiles: set 0 holds tile kt, in flight)
+        for kt in cutlass.range(kb0, kb1 - 2, 2, unroll=1):
+            mainloop.consumer_wait(state)
+            self._decode_fragments(dec, state.index, frags[1])  # under wgmma kt
+            cute.nvgpu.warpgroup.wait_group(0)
+            mainloop.consumer_release(release)
+            release.advance()
+            self._issue_rs(mma, tW[1], state.index)
+            state.advance()
+            mainloop.consumer_wait(state)
+            self._decode_fragments(dec, state.index, frags[0])  # under wgmma kt + 1
+            cute.nvgpu.warpgroup.wait_group(0)
+            mainloop.consumer_release(release)
+            release.advance()
+            self._issue_rs(mma, tW[0], state.index)
+            state.advance()
+        if (kb1 - kb0) % 2 == 0:  # set 0 holds kb1 - 2; kb1 - 1 is left
+            mainloop.consumer_wait(state)
+            self._decode_fragments(dec, state.index, frags[1])
+            cute.nvgpu.warpgroup.wait_group(0)
+            mainloop.consumer_release(release)
+            release.advance()
+            self._issue_rs(mma, tW[1], state.index)
+            state.advance()
+        cute.nvgpu.warpgroup.wait_group(0)
+        mainloop.consumer_release(release)
+        release.advance()
+        return state, release
+
+    @cute.jit
+    def _rs_one_set(self, mainloop, state, release, mma, tW, frag, dec: DecodeOperands, kb0, kb1):
+        """rs_decode with one register set (decode_buffers = 1): each tile waits for the previous
+        one's wgmma before it is decoded; the other warpgroup's wgmma runs meanwhile."""
+        for kt in cutlass.range(kb0, kb1, unroll=1):
+            mainloop.consumer_wait(state)
+            self._decode_fragments(dec, state.index, frag)
+            self._issue_rs(mma, tW, state.index)
+            state.advance()
+            cute.nvgpu.warpgroup.wait_group(0)  # the chain has read the fragments and x's stage
+            mainloop.consumer_release(release)
+            release.advance()
+        return state, release
+
+    def _issue_rs(self, mma, tW, stage):
+        """Fence this thread's fragment writes for the wgmma, issue the k tile's chain (plain
+        Python, inlined)."""
+        tiled_mma, acc, tX, num_k_blocks = mma
+        cute.nvgpu.warpgroup.fence()
+        for kk in range(num_k_blocks):
+            cute.gemm(tiled_mma, acc, tW[(None, None, kk)], tX[(None, None, kk, stage)], acc)
+        cute.nvgpu.warpgroup.commit_group()
+
+    def _decode_fragments(self, dec: DecodeOperands, stage, frag):
+        """This thread's A fragments of packed stage ``stage`` (plain Python, inlined). Block b's rows
+        are dec.row + 8·vb + 64·wgs·b (the wgmma A layout, vb = 0, 1); of each the thread q = t % 4
+        of the quad takes scale group q: words 2q + c (c = 0, 1; one 8-byte load) and the group's
+        scale. k step j's fragment column pairs (2q, 2q + 1) and (2q + 8, 2q + 9) get pair j of
+        words 2q and 2q + 1, i.e. columns 16q + 2j (+ 1) and 16q + 8 + 2j (+ 1): k positions 16j + 8c
+        + 2q + e hold columns 16q + 8c + 2j + e, which nvfp4_layout.rs_k_order gives the activations."""
+        cfg = self.cfg
+        base = dec.w_addr + stage * cfg.w_stage_bytes + dec.quad * 8
+        sel = Int32(0x40) + Int32(0x11) * dec.quad  # byte q of row g's scale word, then of row g + 8's
+        for b in range(cute.size(frag, mode=[1])):
+            row = dec.row + 64 * self.num_mma_wg * b
+            sw = [ld_shared_b32(dec.s_addr + (stage * cfg.tile_n + row + 8 * vb) * 4) for vb in range(2)]
+            sc = e4m3x2_to_bf16x2(prmt(sw[0], sw[1], sel))
+            scales = (prmt(sc, sc, Int32(0x1010)), prmt(sc, sc, Int32(0x3232)))
+            for vb in range(2):
+                words = ld_shared_v2(base + (row + 8 * vb) * (cfg.tile_k // 2))
+                for c in range(2):
+                    pairs = e2m1x8_to_bf16x2x4(words[c], scales[vb])
+                    for j in range(4):
+                        frag[((0, vb, c), b, j)] = pairs[j]
 
     def _issue_decoded(self, mma, bar, stage, buf):
         """Fence the decode's generic-proxy stores for the async proxy, meet the other consumers

@@ -175,6 +175,15 @@ def ld_shared_v4(addr: Int32, *, loc=None, ip=None) -> tuple:
 
 
 @dsl_user_op
+def ld_shared_v2(addr: Int32, *, loc=None, ip=None) -> tuple:
+    """8 bytes of shared memory at 8-byte aligned ``addr``, as two words (the lowest first)."""
+    words = llvm.StructType.get_literal([T.i32()] * 2)
+    res = _asm_volatile(words, [Int32(addr).ir_value(loc=loc, ip=ip)], "ld.shared.v2.b32 {$0, $1}, [$2];",
+                        "=r,=r,r")
+    return _words(res, 2, loc, ip)
+
+
+@dsl_user_op
 def st_shared_v4(addr: Int32, a: Int32, b: Int32, c: Int32, d: Int32, *, loc=None, ip=None) -> None:
     """16 bytes (four words, a at the lowest address) into shared memory at 16-byte aligned ``addr``."""
     _asm_volatile(None, [Int32(x).ir_value(loc=loc, ip=ip) for x in (addr, a, b, c, d)],

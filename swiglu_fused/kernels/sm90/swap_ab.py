@@ -94,9 +94,10 @@ class SwapABKernel(GemmKernel):
 
     def _tiled_mma(self):
         major = cute.nvgpu.warpgroup.OperandMajorMode.K
+        source = cute.nvgpu.warpgroup.OperandSource  # rs_decode: the weight (A) from registers
         return sm90_utils.make_trivial_tiled_mma(
             self.ab_dtype, self.ab_dtype, major, major, self.acc_dtype, (self.num_mma_wg, 1, 1),
-            tiler_mn=(64, self.cfg.tile_m),
+            tiler_mn=(64, self.cfg.tile_m), a_source=source.RMEM if self.cfg.rs_decode else source.SMEM,
         )
 
     @cute.jit
@@ -109,14 +110,19 @@ class SwapABKernel(GemmKernel):
         t = tidx - 128
         thr_mma = tiled_mma.get_slice(t)
         dec = None
-        if cutlass.const_expr(cfg.nvfp4):  # the wgmma reads the weight from the decode buffers
-            d_layout = self._decode_layout()
-            sB = storage.sD.get_tensor(d_layout.outer, swizzle=d_layout.inner)
+        if cutlass.const_expr(cfg.nvfp4):
             dec = self._decode_operands(storage, gmem, t)
         thr_ab = tiled_mma.get_slice((wg_idx - 1) * 128) if cfg.uniform_ab else thr_mma  # (gemm.py)
-        tCrW = tiled_mma.make_fragment_A(thr_ab.partition_A(sB))  # (MMA, blocks, MMA_K, STAGES or 2 buffers)
+        if cutlass.const_expr(cfg.rs_decode):  # the decoded weight: this thread's A fragments of a k tile
+            shape = thr_mma.partition_shape_A((cfg.tile_n, cfg.tile_k))
+            tCrW = tuple(cute.make_rmem_tensor(shape, self.ab_dtype) for _ in range(cfg.decode_buffers))
+        else:
+            if cutlass.const_expr(cfg.nvfp4):  # the wgmma reads the weight from the decode buffers
+                d_layout = self._decode_layout()
+                sB = storage.sD.get_tensor(d_layout.outer, swizzle=d_layout.inner)
+            tCrW = tiled_mma.make_fragment_A(thr_ab.partition_A(sB))  # (MMA, blocks, MMA_K, STAGES or 2 buffers)
         tCrX = tiled_mma.make_fragment_B(thr_ab.partition_B(sA))  # (MMA, 1, MMA_K, STAGES)
-        num_k_blocks = cute.size(tCrW, mode=[2])
+        num_k_blocks = cute.size(tCrX, mode=[2])
         tCcC = thr_mma.partition_C(cute.make_identity_tensor((cfg.tile_n, cfg.tile_m)))  # (MMA, blocks, 1)
         acc = cute.make_rmem_tensor(tCcC.shape, self.acc_dtype)
         # fp8: two wgmma temps, so that k tile kt+1's MMAs run while kt is promoted
@@ -156,8 +162,9 @@ class SwapABKernel(GemmKernel):
         """The swap-AB tile's mainloop for cfg.mainloop (chosen at trace time; the interface of
         mainloop.py's): the bf16 one is the row tiles' with the weights as the wgmma's A operand."""
         if self.cfg.nvfp4:  # W4A16 (nvfp4.py): global scale of the block's half (gate blocks first)
-            state, release = self._mainloop_nvfp4(mainloop, state, release, ops.tiled_mma, acc, ops.tCrW, ops.tCrX,
-                                                  ops.dec, work.kb0, work.kb1, ops.num_k_blocks)
+            run = self._mainloop_nvfp4_rs if self.cfg.rs_decode else self._mainloop_nvfp4
+            state, release = run(mainloop, state, release, ops.tiled_mma, acc, ops.tCrW, ops.tCrX, ops.dec, work.kb0,
+                                 work.kb1, ops.num_k_blocks)
             self._scale_halves(acc, ops.dec.mGS, lambda b, h: b // (self.blocks // 2))
             return state, release
         if self.cfg.mainloop == BF16_MAINLOOP:
@@ -323,6 +330,8 @@ class SwapABKernel(GemmKernel):
             for b in cutlass.range_constexpr(gates):
                 for v in cutlass.range_constexpr(0, n_vals, 2):
                     col = tCcC[(v, b, 0)][0]
+                    if cutlass.const_expr(cfg.h_rs_order):  # (nvfp4_layout.rs_k_order: bits 1-2 and 4-5 trade)
+                        col = (col & ~0x36) | ((col >> 3) & 0x6) | ((col & 0x6) << 3)
                     tok = tCcC[(v, b, 0)][1]
                     word = fmt.pack(acc[(v, b, 0)], acc[(v + 1, b, 0)], *_pair(inv, 2 * (v // 4)))
                     sH16[tok, col] = cutlass.Int16(word & 0xFFFF)

@@ -134,6 +134,13 @@ class TileConfig:
     # before it decodes tile kt + 1, and the two warpgroups, no longer in step, decode in turn
     # (the 16-token tile: 1-7 % faster, DISPATCH D30)
     decode_buffers: int = 2
+    # nvfp4's swap-AB tiles on a tile-major weight: each consumer thread decodes its own wgmma A
+    # fragments into registers and the wgmma reads A there (register-sourced): no decode buffer in
+    # smem, no proxy fence, no barrier a k tile. Thread t % 4 of a quad takes whole words (its rows'
+    # scale group t % 4 of each k tile: 8 bytes and one scale a row), so the k order inside a k tile
+    # is permuted and the activations must come in the same order (nvfp4_layout.rs_k_order).
+    # decode_buffers is then the register sets (history/nvfp4.md v28).
+    rs_decode: bool = False
     # the fp8 128-row tile with smem_scales, as whole tiles whose k tiles are a whole number of rings
     # of stages (check_k refuses other K): the k loop steps a ring at a time with its stages
     # unrolled, so every stage index, barrier and wgmma descriptor is a compile-time offset
@@ -211,6 +218,9 @@ class TileConfig:
                              f"whole 256-row tiles; got {self}")
         if self.decode_buffers not in DECODE_BUFFERS or (self.decode_buffers == 1 and not (self.nvfp4 and self.swap_ab)):
             raise ValueError(f"{name}.decode_buffers: 2, or 1 on the nvfp4 mainloop's swap-AB tiles; got {self}")
+        if self.rs_decode and not (self.nvfp4 and self.swap_ab and self.tile_major and not self.uniform_ab):
+            raise ValueError(f"{name}.rs_decode: the nvfp4 mainloop's swap-AB tiles on a tile-major weight, without "
+                             f"uniform_ab; got {self}")
         if self.l2_hint not in L2_HINTS:
             raise ValueError(f"{name}.l2_hint: expected one of {L2_HINTS}, got {self.l2_hint!r}")
         if self.dequantized and (self.mainloop != BF16_MAINLOOP or self.swap_ab or self.granules):
@@ -359,7 +369,7 @@ class TileConfig:
     def decode_elems(self) -> int:
         """bf16 elements of smem nvfp4 decodes its weight k tiles into (decode_buffers of them; the
         other mainloops have no such buffer)."""
-        return self.decode_buffers * self.tile_n * self.tile_k if self.nvfp4 else 0
+        return self.decode_buffers * self.tile_n * self.tile_k if self.nvfp4 and not self.rs_decode else 0
 
     @property
     def tile_k(self) -> int:
@@ -378,6 +388,9 @@ class GateUpConfig(TileConfig):
 
     act: str = "silu"
     h_format: str = "fp8_group128"
+    # nvfp4's swap-AB tiles with bf16 h: h's columns leave in the k order a rs_decode down reads
+    # (nvfp4_layout.rs_k_order of each 64 columns), so that h needs no reordering pass between them
+    h_rs_order: bool = False
 
     epilogue = "gated"
     residual = False
@@ -387,6 +400,8 @@ class GateUpConfig(TileConfig):
         if self.h_format not in activations_and_h.H_FORMATS:
             raise ValueError(f"GateUpConfig.h_format: expected one of {activations_and_h.H_FORMATS}, "
                              f"got {self.h_format!r}")
+        if self.h_rs_order and not (self.nvfp4 and self.swap_ab and self.h_format == "bf16"):
+            raise ValueError(f"GateUpConfig.h_rs_order: nvfp4's swap-AB tiles with bf16 h only; got {self}")
         super().__post_init__()
 
     @property
