@@ -11,7 +11,8 @@ weight in the tile-major order the modules hold on the GPU (kernels/nvfp4_layout
 those fields replaced (called directly; their outputs first checked bit-identical to the
 dispatched ones; ``tile_major=False`` reads the packed order; ``rs_decode=True``: gate_up's
 timing includes its launcher's copy of x into nvfp4_layout.rs_k_order, down's h is ordered
-beforehand, as gate_up's epilogue writes it for such a down; both copies are also timed apart). Repeat it to time
+beforehand, as gate_up's epilogue writes it for such a down; both copies are also timed apart, as
+the torch copy and as kernels/sm90/k_order.py's kernel). Repeat it to time
 several variants in one process against the same dispatched kernels ("variant 1", "variant 2",
 ...). ``--bf16``
 also times our bf16 kernels on bf16 weights of the same shapes (the prefill target's yardstick).
@@ -152,8 +153,11 @@ def run(shapes, ms, iters=50, abs_: list[dict] = (), bf16: bool = False):
                 "fp8 down": graph_time_us(step(f8_dn, lambda w: ops.down(hq, w[0], w[1], hs)), iters),
             }
             if any(ab.get("rs_decode") for ab in abs_):  # what the activations' k order costs a call
-                t["rs_k_order x"] = graph_time_us(lambda: nvfp4_layout.rs_k_order(x), iters)
-                t["rs_k_order h"] = graph_time_us(lambda: nvfp4_layout.rs_k_order(h), iters)
+                from swiglu_fused.kernels.sm90 import k_order
+
+                for name, a in (("x", x), ("h", h)):
+                    t[f"rs_k_order {name} (torch)"] = graph_time_us(lambda: nvfp4_layout.rs_k_order(a), iters)
+                    t[f"rs_k_order {name} (kernel)"] = graph_time_us(lambda: k_order.k_order(a), iters)
             if bf16:
                 t["bf16 gate_up"] = graph_time_us(step(bf_gu, lambda w: ops.gate_up(
                     x, w, interleave=128, h_format="bf16")), iters)

@@ -348,3 +348,19 @@ def test_register_sourced_decode_on_k_ordered_activations(hidden, inter, m, buff
         kd.down(dcfg, given, *nvfp4_layout.to_tile_major(wd, wsd), None, res, gsd, out=y, tile_major=True,
                 h_rs_order=ordered)
         assert_bf16_close(y, want, TOL)
+
+
+@pytest.mark.parametrize("m,k", [(1, 64), (3, 576), (100, 4096), (1000, 14336), (257, 8192)])
+def test_k_order_kernel_is_rs_k_order(m, k):
+    """kernels/sm90/k_order.py (the launchers' copy of x or h into nvfp4_layout.rs_k_order, DISPATCH
+    D45) gives that function's bytes, on random bf16 rows; a view the kernel does not read (a column
+    slice) takes the torch copy, with the same result."""
+    from swiglu_fused.kernels import nvfp4_layout
+    from swiglu_fused.kernels.sm90 import k_order
+
+    x = torch.randn(m, k + 64, device="cuda").to(torch.bfloat16)
+    for a in (x[:, :k].contiguous(), x[:, 64:]):
+        want = nvfp4_layout.rs_k_order(a)
+        got = k_order.rs_order(a)
+        assert torch.equal(got.view(torch.int16), want.view(torch.int16))
+    assert torch.equal(k_order.k_order(want), x[:, 64:].contiguous())  # (its own inverse)

@@ -48,11 +48,10 @@ def down(config: DownConfig, h, weight, weight_scale=None, h_scale=None, residua
     ``h_rs_order``: h's columns in nvfp4_layout.rs_k_order (reordered here to what the config reads)."""
     import torch
 
-    from .. import nvfp4_layout
-    from . import compile_cache
+    from . import compile_cache, k_order
 
     if h_rs_order != config.rs_decode:  # (a copy: gate_up's epilogue writes h in the order this reads)
-        h = nvfp4_layout.rs_k_order(h)
+        h = k_order.rs_order(h)
 
     m = h.shape[0]
     n = weight.shape[0]

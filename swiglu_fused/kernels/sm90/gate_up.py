@@ -57,11 +57,10 @@ def gate_up(config: GateUpConfig, x, weight, weight_scale=None, x_scale=None, gl
     nvfp4_layout.rs_k_order: x is reordered here, a copy a call."""
     import torch
 
-    from .. import nvfp4_layout
-    from . import compile_cache
+    from . import compile_cache, k_order
 
     if config.rs_decode:
-        x = nvfp4_layout.rs_k_order(x)
+        x = k_order.rs_order(x)
 
     m = x.shape[0]
     n = weight.shape[0]
