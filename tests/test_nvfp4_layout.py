@@ -107,34 +107,41 @@ def test_rs_k_order_trades_group_and_pair_and_keeps_the_dot_product():
         nvfp4_layout.rs_k_order(torch.zeros(2, 96))
 
 
-def test_ops_h_rs_order_is_h_reordered_and_read_back(monkeypatch):
-    """ops.gate_up(h_rs_order=True) returns h in rs_k_order (fp8 h: its scales unchanged, the groups
-    of 128 stay whole), ops.down(h_rs_order=True) reads it so, on every backend (here the
-    reference); pipeline.mlp asks dispatch.nvfp4_down_reads_rs (told yes here) and gives the same y;
-    an I off the 64-column tiles is refused by name."""
+def test_ops_h_order_reorders_h_and_reads_it_back(monkeypatch):
+    """ops.gate_up(h_order="rs") returns h in rs_k_order (fp8 h: its scales unchanged, the groups of
+    128 stay whole), ops.down(h_order="rs") reads it so, on every backend (here the reference);
+    "auto" is "rs" exactly where dispatch.nvfp4_down_reads_rs says so for an nvfp4 weight (asked by
+    both ops with the same M, H and I), and the module's forward (pipeline.mlp passes "auto") gives
+    the same y either way; bad values are refused by name."""
     x = torch.randn(5, 256).bfloat16()
     w = torch.randn(2 * 384, 256).bfloat16()
     h = ops.gate_up(x, w, interleave=128)[0]
-    h_rs = ops.gate_up(x, w, interleave=128, h_rs_order=True)[0]
+    h_rs = ops.gate_up(x, w, interleave=128, h_order="rs")[0]
     assert torch.equal(h_rs, nvfp4_layout.rs_k_order(h))
+    assert torch.equal(ops.gate_up(x, w, interleave=128, h_order="auto")[0], h)  # (bf16: "auto" is natural)
     wq, wqs = quant.quantize_fp8_block(w)
     xq, xs = ops.quant_x(x)
     hq, hs = ops.gate_up(xq, wq, wqs, xs, interleave=128, h_format="fp8_group128")
-    hq_rs, hs_rs = ops.gate_up(xq, wq, wqs, xs, interleave=128, h_format="fp8_group128", h_rs_order=True)
+    hq_rs, hs_rs = ops.gate_up(xq, wq, wqs, xs, interleave=128, h_format="fp8_group128", h_order="rs")
     assert torch.equal(hq_rs.view(torch.uint8), nvfp4_layout.rs_k_order(hq.view(torch.uint8))) and torch.equal(hs_rs, hs)
     wd = torch.randn(256, 384).bfloat16()
-    assert torch.equal(ops.down(h_rs, wd, h_rs_order=True), ops.down(h, wd))
-    with pytest.raises(ValueError, match="^h_rs_order: .*I = 96"):
-        ops.down(torch.randn(5, 96).bfloat16(), torch.randn(256, 96).bfloat16(), h_rs_order=True)
-    with pytest.raises(TypeError, match="^h_rs_order: expected a bool"):
-        ops.gate_up(x, w, interleave=128, h_rs_order=1)
+    assert torch.equal(ops.down(h_rs, wd, h_order="rs"), ops.down(h, wd))
+    with pytest.raises(ValueError, match="^h_order: 'rs' .*I = 96"):
+        ops.down(torch.randn(5, 96).bfloat16(), torch.randn(256, 96).bfloat16(), h_order="rs")
+    with pytest.raises(ValueError, match="^h_order: expected one of"):
+        ops.gate_up(x, w, interleave=128, h_order=True)
     mlp = FusedSwiGLUMLP.from_linear(torch.randn(384, 256), torch.randn(384, 256), torch.randn(256, 384),
                                      weight_format="nvfp4")
     xm = torch.randn(3, 256)
     want = mlp(xm)
     asked = []
-    monkeypatch.setattr(dispatch, "nvfp4_down_reads_rs", lambda *a: asked.append(a) or True)
-    assert torch.equal(mlp(xm), want) and asked and asked[0][:3] == (3, 256, 384)
+    monkeypatch.setattr(dispatch, "nvfp4_down_reads_rs", lambda *a: asked.append(a[:3]) or True)
+    g = mlp.gate_up_interleaved.op_tensors()
+    args = (xm.bfloat16(), g["weight_packed"], g["weight_scale"], None, g["weight_global_scale"])
+    h_auto = ops.gate_up(*args, interleave=128, h_order="auto")[0]
+    h_nat = ops.gate_up(*args, interleave=128)[0]
+    assert torch.equal(h_auto, nvfp4_layout.rs_k_order(h_nat))
+    assert torch.equal(mlp(xm), want) and asked and set(asked) == {(3, 256, 384)}
 
 
 def test_ops_read_a_tile_major_weight_as_the_packed_one():

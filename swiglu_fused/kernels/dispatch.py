@@ -506,7 +506,7 @@ NVFP4_DEQUANT_M = 1025  # from this M the weight is dequantized to bf16 for the 
 # (TileConfig.rs_decode, one register set), their activations in nvfp4_layout.rs_k_order: 2-25 %
 # faster alone than decoding into smem at 64 and 128 tokens, slower at 192 (D45; history/nvfp4.md
 # v28). gate_up then orders x by a copy a call and writes h in that order where down reads it so
-# (GateUpConfig.h_rs_order, ops' h_rs_order: pipeline.mlp asks nvfp4_down_reads_rs).
+# (GateUpConfig.h_rs_order; the ops' h_order="auto", which pipeline.mlp passes: h_in_rs_order).
 NVFP4_RS_TOKENS = (64, 128)
 NVFP4_RS = True  # False: every tile decodes into smem (what launch_ab compares)
 
@@ -554,17 +554,32 @@ def h_rs_order_in_epilogue(cfg) -> bool:
     return cfg.nvfp4 and cfg.swap_ab and cfg.h_format == formats.NVFP4.h_format
 
 
-def nvfp4_down_reads_rs(m: int, hidden: int, inter: int, device: torch.device, tile_major: bool,
-                        residual: bool = False) -> bool:
-    """Whether an nvfp4 down of M rows, H × I, on ``device`` runs an rs_decode tile (down_backend's
-    choice: not the warp-MMA kernels, not the dequantized prefill), so that gate_up should write h in
-    its k order (pipeline.mlp). A wrong answer costs a reorder, never a wrong result: every backend of
-    ops.down reads h_rs_order."""
-    if not (NVFP4_RS and tile_major and sm90_kernels_usable(device)) or nvfp4_dequantizes(m):
+H_ORDERS = ("natural", "rs", "auto")  # the ops' h_order (ops.gate_up, ops.down)
+
+
+def h_in_rs_order(h_order: str, nvfp4: bool, m: int, hidden: int, inter: int, device: torch.device) -> bool:
+    """Whether an op's h is in nvfp4_layout.rs_k_order for this call: always for h_order "rs", never
+    for "natural"; for "auto" (the MLP's, pipeline.mlp) where an nvfp4 down of M rows and H × I runs
+    an rs_decode tile (nvfp4_down_reads_rs). gate_up (H = its x's columns, I = its weight's rows / 2)
+    and down (H = its weight's rows, I = its h's columns) get the same answer, each inside its op at
+    run time (no M-dependent choice is traced by torch.compile), so they agree without being told."""
+    if h_order == "auto":
+        return nvfp4 and nvfp4_down_reads_rs(m, hidden, inter, device)
+    return h_order == "rs"
+
+
+def nvfp4_down_reads_rs(m: int, hidden: int, inter: int, device: torch.device) -> bool:
+    """Whether an nvfp4 down of M rows, H × I, on ``device`` runs an rs_decode tile on the tile-major
+    weight the modules hold there (down_backend's choice: not the warp-MMA kernels, not the
+    dequantized prefill). A down whose weight is in the packed order after all reorders h back: a
+    copy, never a wrong result."""
+    from . import nvfp4_layout
+
+    if not (NVFP4_RS and nvfp4_layout.fits(hidden, inter) and sm90_kernels_usable(device)) or nvfp4_dequantizes(m):
         return False
     from .sm90.schedule import sm_count
 
-    if warp_mma_config("down", m, hidden, inter, tile_major, residual=residual, sms=sm_count(device)) is not None:
+    if warp_mma_config("down", m, hidden, inter, True, sms=sm_count(device)) is not None:
         return False
     return nvfp4_tile_for(m, "down", tile_major=True).get("rs_decode", False)
 

@@ -2,9 +2,9 @@
 
     swiglu_fused::quant_x(x)                                   → (xq, x_scale)
     swiglu_fused::gate_up(x, weight, weight_scale, x_scale, global_scale, interleave, act, h_format, tile_major,
-                          h_rs_order)                          → (h, h_scale)
+                          h_order)                             → (h, h_scale)
     swiglu_fused::down(h, weight, weight_scale, h_scale, global_scale, residual, out_dtype, tile_major,
-                       h_rs_order)                             → y
+                       h_order)                                → y
     swiglu_fused::gate_up_split(x, weight, weight_scale, x_scale, global_scale, prefix, interleave, act)
                                                                → [y | h] (Flux.2's single-stream projection)
 
@@ -200,8 +200,10 @@ def _gate_up_impl(
     act: str,
     h_format: str,
     tile_major: bool = False,
-    h_rs_order: bool = False,
+    h_order: str = "natural",
 ) -> tuple[torch.Tensor, torch.Tensor]:
+    h_rs_order = dispatch.h_in_rs_order(h_order, weight.dtype == torch.uint8, x.shape[0], x.shape[1],
+                                        weight.shape[0] // 2, x.device)
     backend, cfg = dispatch.gate_up_backend(x, weight, weight_scale, x_scale, global_scale, interleave, act, h_format,
                                             tile_major)
     if backend == dispatch.SM90:
@@ -218,21 +220,32 @@ def _gate_up_impl(
                 h, h_scale = sm90_gate_up.gate_up(cfg, x, weight, weight_scale, x_scale, global_scale,
                                                   tile_major=tile_major)
         if h_rs_order:
-            h = nvfp4_layout.rs_k_order(h)
+            h = _rs_reorder(h)
     else:
         h, h_scale = reference.gate_up(x, weight, weight_scale, x_scale, global_scale, interleave=interleave, act=act,
-                                       h_format=h_format, tile_major=tile_major, h_rs_order=h_rs_order)
+                                       h_format=h_format, tile_major=tile_major,
+                                       h_order="rs" if h_rs_order else "natural")
     if h_scale is None:
         h_scale = h.new_empty((h.shape[0], 0), dtype=torch.float32)
     # M-major on every backend: what both down GEMMs read (the sm90 kernel and cuBLAS) without a copy
     return h.contiguous(), quant.m_major(h_scale)
 
 
+def _rs_reorder(t: torch.Tensor) -> torch.Tensor:
+    """nvfp4_layout.rs_k_order (its own inverse): by the sm90 kernel where it runs, else the torch copy."""
+    if dispatch.sm90_kernels_usable(t.device):
+        from .sm90 import k_order
+
+        with torch.cuda.device(t.device):
+            return k_order.rs_order(t)
+    return nvfp4_layout.rs_k_order(t)
+
+
 _gate_up_op = torch.library.custom_op("swiglu_fused::gate_up", mutates_args=())(_gate_up_impl)
 
 
 @_gate_up_op.register_fake
-def _(x, weight, weight_scale, x_scale, global_scale, interleave, act, h_format, tile_major=False, h_rs_order=False):
+def _(x, weight, weight_scale, x_scale, global_scale, interleave, act, h_format, tile_major=False, h_order="natural"):
     m, i = x.shape[0], weight.shape[0] // 2
     hf = formats.H_FORMATS[h_format]
     if hf.scaled:
@@ -241,12 +254,12 @@ def _(x, weight, weight_scale, x_scale, global_scale, interleave, act, h_format,
 
 
 def _validate_gate_up(x, weight, weight_scale, x_scale, global_scale, interleave, act, h_format, tile_major,
-                      h_rs_order=False):
+                      h_order="natural"):
     formats.implementation(formats.H_FORMATS, h_format, "h_format", "")  # raises naming h_format
     _validate_packed_operands(x, weight, weight_scale, x_scale, global_scale, act, interleave, "2I")
     _check_tile_major(tile_major, weight, x.shape[1], fp8=True)
     n = weight.shape[0]
-    _check_h_rs_order(h_rs_order, n // 2)
+    _check_h_order(h_order, n // 2)
     if n % (2 * interleave):
         raise ValueError(
             f"weight: {n} rows is not a multiple of 2 * interleave = {2 * interleave}; a packed gate_up "
@@ -254,13 +267,13 @@ def _validate_gate_up(x, weight, weight_scale, x_scale, global_scale, interleave
         )
 
 
-def _check_h_rs_order(h_rs_order, i: int) -> None:
-    """``h_rs_order`` (nvfp4_layout.rs_k_order of each 64 columns of h): a bool, True only for I % 64 == 0."""
-    if not isinstance(h_rs_order, bool):
-        raise TypeError(f"h_rs_order: expected a bool, got {h_rs_order!r}")
-    if h_rs_order and i % nvfp4_layout.K_TILE:
-        raise ValueError(f"h_rs_order: reorders h in {nvfp4_layout.K_TILE}-column tiles, and I = {i} is not a multiple "
-                         f"of {nvfp4_layout.K_TILE}; pass h_rs_order=False")
+def _check_h_order(h_order, i: int) -> None:
+    """``h_order`` (dispatch.H_ORDERS; "rs": nvfp4_layout.rs_k_order of each 64 columns of h, so I % 64 == 0)."""
+    if h_order not in dispatch.H_ORDERS:
+        raise ValueError(f"h_order: expected one of {dispatch.H_ORDERS}, got {h_order!r}")
+    if h_order == "rs" and i % nvfp4_layout.K_TILE:
+        raise ValueError(f"h_order: 'rs' reorders h in {nvfp4_layout.K_TILE}-column tiles, and I = {i} is not a "
+                         f"multiple of {nvfp4_layout.K_TILE}; pass h_order='natural'")
 
 
 def _validate_packed_operands(x, weight, weight_scale, x_scale, global_scale, act, interleave, rows: str,
@@ -301,16 +314,17 @@ def gate_up(
     act: str = "silu",
     h_format: str = "bf16",
     tile_major: bool = False,
-    h_rs_order: bool = False,
+    h_order: str = "natural",
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """h = act(x @ gate^T) · (x @ up^T) from the interleaved packed weight [2I, K] (see reference.gate_up);
     an fp8 h's scales come M-major (strides (1, M), module docstring). ``tile_major``: an nvfp4
     weight and its scales in nvfp4_layout's tile-major order, or an fp8 weight in fp8_layout's.
-    ``h_rs_order``: h's columns in nvfp4_layout.rs_k_order, for a down(..., h_rs_order=True)."""
+    ``h_order``: "natural", "rs" (h's columns in nvfp4_layout.rs_k_order, for a down(..., h_order="rs"))
+    or "auto" (rs where an nvfp4 down of these shapes reads it: dispatch.h_in_rs_order; the MLP's)."""
     _validate_gate_up(x, weight, weight_scale, x_scale, global_scale, interleave, act, h_format, tile_major,
-                      h_rs_order)
+                      h_order)
     op = _gate_up_impl if runs_directly(x, weight, weight_scale, x_scale, global_scale) else _gate_up_op
-    h, h_scale = op(x, weight, weight_scale, x_scale, global_scale, interleave, act, h_format, tile_major, h_rs_order)
+    h, h_scale = op(x, weight, weight_scale, x_scale, global_scale, interleave, act, h_format, tile_major, h_order)
     return h, (h_scale if formats.H_FORMATS[h_format].scaled else None)
 
 
@@ -378,12 +392,14 @@ def _down_impl(
     residual: torch.Tensor | None,
     out_dtype: torch.dtype,
     tile_major: bool = False,
-    h_rs_order: bool = False,
+    h_order: str = "natural",
 ) -> torch.Tensor:
+    h_rs_order = dispatch.h_in_rs_order(h_order, weight.dtype == torch.uint8, h.shape[0], weight.shape[0], h.shape[1],
+                                        h.device)
     backend, cfg = dispatch.down_backend(h, weight, weight_scale, h_scale, global_scale, residual, out_dtype,
                                          tile_major)
-    if h_rs_order and not (backend == dispatch.SM90 and getattr(cfg, "rs_decode", False)):
-        h, h_rs_order = nvfp4_layout.rs_k_order(h), False  # the natural order for every other reader
+    if h_rs_order and not (backend == dispatch.SM90 and hasattr(cfg, "rs_decode")):  # (sm90_down.down reorders)
+        h, h_rs_order = _rs_reorder(h), False  # the natural order for every other reader
     if backend == dispatch.DEEPGEMM:
         y = deepgemm.down(h, weight, weight_scale, h_scale)
         if y is not None:
@@ -410,14 +426,14 @@ _down_op = torch.library.custom_op("swiglu_fused::down", mutates_args=())(_down_
 
 
 @_down_op.register_fake
-def _(h, weight, weight_scale, h_scale, global_scale, residual, out_dtype, tile_major=False, h_rs_order=False):
+def _(h, weight, weight_scale, h_scale, global_scale, residual, out_dtype, tile_major=False, h_order="natural"):
     return h.new_empty((h.shape[0], weight.shape[0]), dtype=out_dtype)
 
 
 OUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)  # down's y (and residual)
 
 
-def _validate_down(h, weight, weight_scale, h_scale, global_scale, residual, out_dtype, tile_major, h_rs_order=False):
+def _validate_down(h, weight, weight_scale, h_scale, global_scale, residual, out_dtype, tile_major, h_order="natural"):
     _check_2d("h", h)
     _check_2d("weight", weight)
     _check_same_device("h", h, weight=weight, weight_scale=weight_scale, h_scale=h_scale,
@@ -440,7 +456,7 @@ def _validate_down(h, weight, weight_scale, h_scale, global_scale, residual, out
     if out_dtype not in OUT_DTYPES:
         raise TypeError(f"out_dtype: expected one of {[str(d) for d in OUT_DTYPES]} (a torch.dtype), got {out_dtype!r}")
     _check_tile_major(tile_major, weight, k_w)
-    _check_h_rs_order(h_rs_order, k_w)
+    _check_h_order(h_order, k_w)
 
 
 
@@ -454,14 +470,14 @@ def down(
     residual: torch.Tensor | None = None,
     out_dtype: torch.dtype = torch.bfloat16,
     tile_major: bool = False,
-    h_rs_order: bool = False,
+    h_order: str = "natural",
 ) -> torch.Tensor:
     """y = h @ down^T (+ residual) (see reference.down): the sm90 kernel, cuBLAS or the reference,
-    as dispatch.down_backend picks. ``tile_major``: as for gate_up; ``h_rs_order``: h's columns in
-    nvfp4_layout.rs_k_order (gate_up's h_rs_order)."""
-    _validate_down(h, weight, weight_scale, h_scale, global_scale, residual, out_dtype, tile_major, h_rs_order)
+    as dispatch.down_backend picks. ``tile_major``: as for gate_up; ``h_order``: the order h comes in,
+    as gate_up's h_order gave it."""
+    _validate_down(h, weight, weight_scale, h_scale, global_scale, residual, out_dtype, tile_major, h_order)
     op = _down_impl if runs_directly(h, weight, weight_scale, h_scale, global_scale, residual) else _down_op
-    return op(h, weight, weight_scale, h_scale, global_scale, residual, out_dtype, tile_major, h_rs_order)
+    return op(h, weight, weight_scale, h_scale, global_scale, residual, out_dtype, tile_major, h_order)
 
 
 # ---------------------------------------------------------------- the MLP

@@ -90,14 +90,13 @@ def mlp(
     x2 = x.reshape(-1, hidden)
 
     gw, gscale, ggs = operands(fmt, gate_up_tensors, global_scale_kind)
-    dw, dscale, dgs = operands(fmt, down_tensors, global_scale_kind)
     x2, x_scale = activation_operand(impl, fmt, x2)
-    # h in the k order an nvfp4 down decoding into registers reads (DISPATCH D45), so that no copy runs between
-    h_rs = isinstance(fmt, formats.NVFP4) and dispatch.nvfp4_down_reads_rs(
-        x2.shape[0], hidden, fmt.cols_of(dw), x2.device, tile_major[1], residual is not None)
+    # h_order "auto": h in the k order an nvfp4 down decoding into registers reads (DISPATCH D45), so
+    # that no copy runs between the two; each op decides it for the call (dispatch.h_in_rs_order)
     h, h_scale = impl.gate_up(x2, gw, gscale, x_scale, ggs, interleave=interleave, act=act, h_format=fmt.h_format,
-                               tile_major=tile_major[0], h_rs_order=h_rs)
+                               tile_major=tile_major[0], h_order="auto")
+    dw, dscale, dgs = operands(fmt, down_tensors, global_scale_kind)
     res = None if residual is None else residual.reshape(-1, hidden)
     y = impl.down(h, dw, dscale, h_scale, dgs, residual=res, out_dtype=x.dtype, tile_major=tile_major[1],
-                  h_rs_order=h_rs)
+                  h_order="auto")
     return y.reshape(*lead, y.shape[-1])

@@ -22,9 +22,10 @@ The operand format follows from the weight's dtype:
                    tile-major order (the modules' order on an sm90 GPU); gate_up also for an fp8
                    weight in fp8_layout's
 
-``h_rs_order=True`` (gate_up: h comes out, down: h comes in) puts each 64 columns of h in
-nvfp4_layout.rs_k_order, the order nvfp4's register-sourced down reads (DISPATCH D45); the values
-are the same.
+``h_order`` (gate_up: h comes out, down: h comes in): "natural"; "rs", each 64 columns of h in
+nvfp4_layout.rs_k_order, the order nvfp4's register-sourced down reads (DISPATCH D45); "auto",
+"rs" where dispatch.h_in_rs_order says an nvfp4 down of these shapes reads it (what the MLP
+passes). The values are the same.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ import torch
 
 from .. import formats, quant
 from ..interleave import deinterleave_rows
-from . import fp8_layout, nvfp4_layout, pipeline
+from . import dispatch, fp8_layout, nvfp4_layout, pipeline
 
 # ---------------------------------------------------------------- epilogue pieces
 # implementations of the names registered in formats.ACTIVATIONS and formats.H_FORMATS
@@ -123,15 +124,17 @@ def gate_up(
     act: str = "silu",
     h_format: str = "bf16",
     tile_major: bool = False,
-    h_rs_order: bool = False,
+    h_order: str = "natural",
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """h = act(x @ gate^T) · (x @ up^T) from the interleaved packed weight [2I, K]."""
+    rs = dispatch.h_in_rs_order(h_order, weight.dtype == torch.uint8, x.shape[0], x.shape[1], weight.shape[0] // 2,
+                                x.device)
     weight, weight_scale = _packed_order(weight, weight_scale, tile_major)
     gs = None if global_scale is None else _row_global_scale(global_scale, weight.shape[0], interleave)
     w = dequant_weight(weight, weight_scale, gs)
     acc = _dequant_operand(x, x_scale, "x") @ w.t()
     h, h_scale = gate_up_epilogue(acc, interleave=interleave, act=act, h_format=h_format)
-    return (nvfp4_layout.rs_k_order(h) if h_rs_order else h), h_scale  # (h_scale's 128-column groups stay)
+    return (nvfp4_layout.rs_k_order(h) if rs else h), h_scale  # (h_scale's 128-column groups stay)
 
 
 def gate_up_epilogue(acc: torch.Tensor, *, interleave: int = formats.DEFAULT_INTERLEAVE, act: str = "silu",
@@ -199,10 +202,10 @@ def down(
     residual: torch.Tensor | None = None,
     out_dtype: torch.dtype = torch.bfloat16,
     tile_major: bool = False,
-    h_rs_order: bool = False,
+    h_order: str = "natural",
 ) -> torch.Tensor:
     """y = h @ down^T (+ residual), computed in fp32, rounded once to ``out_dtype``."""
-    if h_rs_order:
+    if dispatch.h_in_rs_order(h_order, weight.dtype == torch.uint8, h.shape[0], weight.shape[0], h.shape[1], h.device):
         h = nvfp4_layout.rs_k_order(h)
     weight, weight_scale = _packed_order(weight, weight_scale, tile_major)
     y = _dequant_operand(h, h_scale, "h") @ dequant_weight(weight, weight_scale, global_scale).t()
