@@ -592,7 +592,8 @@ def test_nvfp4_192_token_tile_where_its_waves_pay():
     assert wide == {(28672, 384), (28672, 768), (7168, 768)}
     assert not dispatch.nvfp4_wide_applies(64, 28672, 132)
     cfgs = [c for c in dispatch.gate_up_shipped() if c.nvfp4 and c.swap_ab and c.tile_m == 192]
-    assert len(cfgs) == 4 and all(c.whole_tiles and c.stages == 3 for c in cfgs)
+    assert len(cfgs) == 6 and all(c.whole_tiles and c.stages == 3 for c in cfgs)
+    assert sorted(c.act for c in cfgs if c.h_rs_order) == ["gelu_tanh", "silu"]  # (D45: h in down's k order)
 
 
 @pytest.mark.parametrize("mainloop", [tile_config.FP8_MAINLOOP, tile_config.BF16_MAINLOOP])

@@ -400,7 +400,7 @@ class GateUpConfig(TileConfig):
         if self.h_format not in activations_and_h.H_FORMATS:
             raise ValueError(f"GateUpConfig.h_format: expected one of {activations_and_h.H_FORMATS}, "
                              f"got {self.h_format!r}")
-        if self.h_rs_order and not (self.nvfp4 and self.swap_ab and self.h_format == "bf16"):
+        if self.h_rs_order and not (self.nvfp4 and self.swap_ab and self.h_format == formats.NVFP4.h_format):
             raise ValueError(f"GateUpConfig.h_rs_order: nvfp4's swap-AB tiles with bf16 h only; got {self}")
         super().__post_init__()
 
