@@ -72,7 +72,8 @@ def _variant(fields: dict, x, h, gu_w, dn_w):
 
     major = fields.get("tile_major", True)
     rs = fields.get("rs_decode", False)
-    if rs:  # (down's h as gate_up's epilogue writes it for such a down; gate_up's launcher orders x itself)
+    if rs:  # (one register set, D45; down's h as gate_up's epilogue writes it for such a down, gate_up's
+        fields = {"decode_buffers": 1, **fields}  # launcher orders x itself)
         h = nvfp4_layout.rs_k_order(h)
 
     def config(make):

@@ -360,7 +360,8 @@ def test_nvfp4_configs_decode_buffers(monkeypatch):
             down.DownConfig(**{"decode_buffers": 1, **bad})
     gate_up.GateUpConfig(tile_m=16, swap_ab=True, stages=6, mainloop="nvfp4", h_format="bf16", decode_buffers=1)
     for bad in (dict(mainloop="nvfp4", tile_m=128), dict(mainloop="bf16", swap_ab=True, tile_m=64),
-                dict(mainloop="nvfp4", swap_ab=True, tile_m=128)):  # (the last: not tile-major)
+                dict(mainloop="nvfp4", swap_ab=True, tile_m=128),  # (not tile-major)
+                dict(mainloop="nvfp4", swap_ab=True, tile_m=128, tile_major=True, decode_buffers=2)):
         with pytest.raises(ValueError, match="rs_decode"):
             down.DownConfig(rs_decode=True, **bad)
     with pytest.raises(ValueError, match="h_rs_order"):

@@ -310,10 +310,9 @@ def test_192_token_tile_is_the_128_token_tile_bit_for_bit(hidden, inter, m, act)
 
 @pytest.mark.parametrize("hidden,inter,m", [(4096, 14336, 64), (4096, 14336, 300), (8192, 3584, 1000),
                                            (576, 1536, 100)])
-@pytest.mark.parametrize("buffers", [1, 2])
-def test_register_sourced_decode_on_k_ordered_activations(hidden, inter, m, buffers):
+def test_register_sourced_decode_on_k_ordered_activations(hidden, inter, m):
     """TileConfig.rs_decode (DISPATCH D45, history/nvfp4.md v28): the swap-AB tiles with each thread's
-    A fragments decoded into registers, one or two register sets, their activations in
+    A fragments decoded into registers (one register set), their activations in
     nvfp4_layout.rs_k_order (gate_up's x reordered by its launcher; down's h given so, or reordered):
     h (unequal global scales) and y (with a residual) within bf16 rounding of the reference; the k
     order is its own inverse, and h written in it by gate_up (GateUpConfig.h_rs_order) is the natural
@@ -326,8 +325,8 @@ def test_register_sourced_decode_on_k_ordered_activations(hidden, inter, m, buff
     xr = nvfp4_layout.rs_k_order(x)
     assert torch.equal(nvfp4_layout.rs_k_order(xr), x) and not torch.equal(xr, x)
     cfg = dispatch.gate_up_config(x, w, ws, None, act="silu", h_format="bf16", tile_major=True)
-    cfg = dataclasses.replace(cfg, **dispatch.nvfp4_tile_for(m), rs_decode=True)
-    cfg = dataclasses.replace(cfg, decode_buffers=buffers)
+    cfg = dataclasses.replace(cfg, **dispatch.nvfp4_tile_for(m, tile_major=True))
+    assert cfg.rs_decode and cfg.decode_buffers == 1
     wt, wst = nvfp4_layout.to_tile_major(w, ws)
     h = torch.full((m, inter), float("nan"), dtype=torch.bfloat16, device="cuda")
     kg.gate_up(cfg, x, wt, wst, None, gs, out=(h, None), tile_major=True)
@@ -340,8 +339,8 @@ def test_register_sourced_decode_on_k_ordered_activations(hidden, inter, m, buff
     hd, wd, wsd, gsd = down_operands(m, hidden, inter, seed=m)
     res = torch.randn(m, hidden, device="cuda").to(torch.bfloat16)
     dcfg = dispatch.down_config(hd, wd, wsd, None, res, torch.bfloat16, True)
-    dcfg = dataclasses.replace(dcfg, **dispatch.nvfp4_tile_for(m, "down"), rs_decode=True)
-    dcfg = dataclasses.replace(dcfg, decode_buffers=buffers)
+    dcfg = dataclasses.replace(dcfg, **dispatch.nvfp4_tile_for(m, "down", tile_major=True))
+    assert dcfg.rs_decode
     want = reference.down(hd, wd, wsd, None, gsd, residual=res)
     for given, ordered in ((nvfp4_layout.rs_k_order(hd), True), (hd, False)):
         y = torch.full((m, hidden), float("nan"), dtype=torch.bfloat16, device="cuda")

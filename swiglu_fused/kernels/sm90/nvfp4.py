@@ -212,57 +212,20 @@ class Nvfp4Mixin:
     def _mainloop_nvfp4_rs(self, mainloop, state, release, tiled_mma, acc, tW, tX, dec: DecodeOperands, kb0, kb1,
                            num_k_blocks: cutlass.Constexpr):
         """TileConfig.rs_decode (the swap-AB tiles): per k tile this thread decodes the weight values
-        of its own wgmma A fragments into registers (tW: decode_buffers register sets) and the
-        chain reads A there. Each warpgroup goes alone: no decode buffer, no proxy fence, no
-        barrier. A stage is released once its wgmma is done (it has read the stage's x)."""
+        of its own wgmma A fragments into registers (tW) and the chain reads A there. Each warpgroup
+        goes alone: no decode buffer, no proxy fence, no barrier. Tile kt + 1 is decoded once wgmma
+        kt is done with the registers (the other warpgroup's wgmma runs meanwhile); a stage is
+        released then too (the chain has read its x). (Two register sets, decoding under the
+        warpgroup's own wgmma, measured slower: history/nvfp4.md v28.)"""
         tiled_mma.set(cute.nvgpu.warpgroup.Field.ACCUMULATE, True)
-        frags = [cute.recast_tensor(f, Int32) for f in tW]  # ((1, 2, 2), blocks, MMA_K): a bf16 pair a word
+        frag = cute.recast_tensor(tW, Int32)  # ((1, 2, 2), blocks, MMA_K): a bf16 pair a word
         mma = (tiled_mma, acc, tX, num_k_blocks)
-        if cutlass.const_expr(len(tW) == 1):
-            return self._rs_one_set(mainloop, state, release, mma, tW[0], frags[0], dec, kb0, kb1)
-        mainloop.consumer_wait(state)
-        self._decode_fragments(dec, state.index, frags[0])
-        self._issue_rs(mma, tW[0], state.index)
-        state.advance()
-        # (a branch-free body over pairs of k tiles: set 0 holds tile kt, in flight)
-        for kt in cutlass.range(kb0, kb1 - 2, 2, unroll=1):
-            mainloop.consumer_wait(state)
-            self._decode_fragments(dec, state.index, frags[1])  # under wgmma kt
-            cute.nvgpu.warpgroup.wait_group(0)
-            mainloop.consumer_release(release)
-            release.advance()
-            self._issue_rs(mma, tW[1], state.index)
-            state.advance()
-            mainloop.consumer_wait(state)
-            self._decode_fragments(dec, state.index, frags[0])  # under wgmma kt + 1
-            cute.nvgpu.warpgroup.wait_group(0)
-            mainloop.consumer_release(release)
-            release.advance()
-            self._issue_rs(mma, tW[0], state.index)
-            state.advance()
-        if (kb1 - kb0) % 2 == 0:  # set 0 holds kb1 - 2; kb1 - 1 is left
-            mainloop.consumer_wait(state)
-            self._decode_fragments(dec, state.index, frags[1])
-            cute.nvgpu.warpgroup.wait_group(0)
-            mainloop.consumer_release(release)
-            release.advance()
-            self._issue_rs(mma, tW[1], state.index)
-            state.advance()
-        cute.nvgpu.warpgroup.wait_group(0)
-        mainloop.consumer_release(release)
-        release.advance()
-        return state, release
-
-    @cute.jit
-    def _rs_one_set(self, mainloop, state, release, mma, tW, frag, dec: DecodeOperands, kb0, kb1):
-        """rs_decode with one register set (decode_buffers = 1): each tile waits for the previous
-        one's wgmma before it is decoded; the other warpgroup's wgmma runs meanwhile."""
         for kt in cutlass.range(kb0, kb1, unroll=1):
             mainloop.consumer_wait(state)
             self._decode_fragments(dec, state.index, frag)
             self._issue_rs(mma, tW, state.index)
             state.advance()
-            cute.nvgpu.warpgroup.wait_group(0)  # the chain has read the fragments and x's stage
+            cute.nvgpu.warpgroup.wait_group(0)
             mainloop.consumer_release(release)
             release.advance()
         return state, release

@@ -114,8 +114,7 @@ class SwapABKernel(GemmKernel):
             dec = self._decode_operands(storage, gmem, t)
         thr_ab = tiled_mma.get_slice((wg_idx - 1) * 128) if cfg.uniform_ab else thr_mma  # (gemm.py)
         if cutlass.const_expr(cfg.rs_decode):  # the decoded weight: this thread's A fragments of a k tile
-            shape = thr_mma.partition_shape_A((cfg.tile_n, cfg.tile_k))
-            tCrW = tuple(cute.make_rmem_tensor(shape, self.ab_dtype) for _ in range(cfg.decode_buffers))
+            tCrW = cute.make_rmem_tensor(thr_mma.partition_shape_A((cfg.tile_n, cfg.tile_k)), self.ab_dtype)
         else:
             if cutlass.const_expr(cfg.nvfp4):  # the wgmma reads the weight from the decode buffers
                 d_layout = self._decode_layout()

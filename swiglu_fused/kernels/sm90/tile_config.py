@@ -138,8 +138,9 @@ class TileConfig:
     # fragments into registers and the wgmma reads A there (register-sourced): no decode buffer in
     # smem, no proxy fence, no barrier a k tile. Thread t % 4 of a quad takes whole words (its rows'
     # scale group t % 4 of each k tile: 8 bytes and one scale a row), so the k order inside a k tile
-    # is permuted and the activations must come in the same order (nvfp4_layout.rs_k_order).
-    # decode_buffers is then the register sets (history/nvfp4.md v28).
+    # is permuted and the activations must come in the same order (nvfp4_layout.rs_k_order). One
+    # register set: decode_buffers = 1 (two, decoded under the warpgroup's own wgmma, measured
+    # slower: history/nvfp4.md v28; DISPATCH D45).
     rs_decode: bool = False
     # the fp8 128-row tile with smem_scales, as whole tiles whose k tiles are a whole number of rings
     # of stages (check_k refuses other K): the k loop steps a ring at a time with its stages
@@ -218,9 +219,10 @@ class TileConfig:
                              f"whole 256-row tiles; got {self}")
         if self.decode_buffers not in DECODE_BUFFERS or (self.decode_buffers == 1 and not (self.nvfp4 and self.swap_ab)):
             raise ValueError(f"{name}.decode_buffers: 2, or 1 on the nvfp4 mainloop's swap-AB tiles; got {self}")
-        if self.rs_decode and not (self.nvfp4 and self.swap_ab and self.tile_major and not self.uniform_ab):
-            raise ValueError(f"{name}.rs_decode: the nvfp4 mainloop's swap-AB tiles on a tile-major weight, without "
-                             f"uniform_ab; got {self}")
+        if self.rs_decode and not (self.nvfp4 and self.swap_ab and self.tile_major and not self.uniform_ab
+                                   and self.decode_buffers == 1):
+            raise ValueError(f"{name}.rs_decode: the nvfp4 mainloop's swap-AB tiles on a tile-major weight, with "
+                             f"decode_buffers = 1 (one register set) and without uniform_ab; got {self}")
         if self.l2_hint not in L2_HINTS:
             raise ValueError(f"{name}.l2_hint: expected one of {L2_HINTS}, got {self.l2_hint!r}")
         if self.dequantized and (self.mainloop != BF16_MAINLOOP or self.swap_ab or self.granules):
