@@ -35,6 +35,17 @@ fall out of step and one decodes while the other waits: measured 1-7 % faster at
 slower on the 64-token tile, whose longer wgmma is then exposed), with the same arithmetic in the
 same order (bit-identical).
 
+Into registers (TileConfig.rs_decode; the 64- and 128-token swap-AB tiles of a tile-major weight,
+DISPATCH D45): no decode buffer. Thread t of the wgmma's A layout holds rows g and g + 8 of each
+of its 64-row blocks; thread q = t % 4 of a quad decodes scale group q of those rows in every k
+tile (words 2q and 2q + 1: one 8-byte shared load a row, one scale), pair j of word 2q + c going
+to k step j, column half c of its A fragment, and the wgmma reads A from those registers. k
+position 16j + 8c + 2q + e of the tile then holds column 16q + 8c + 2j + e, so the activations
+come in that order (nvfp4_layout.rs_k_order; the launchers copy x, gate_up writes h so). Per k
+tile: wait for the stage, decode, issue, wait for the chain (the other warpgroup's chain runs
+meanwhile), release; no fence, no barrier. Not bit-identical to the smem decode (another k order
+inside each wgmma step).
+
 The per-tensor global scales (fp32 multipliers: gate and up for gate_up, one for down; the host
 turns compressed-tensors' divisor into one) multiply the accumulator once per segment, after the
 loop: a linear map, so stream-K partials scaled apart add up to the scaled sum.
