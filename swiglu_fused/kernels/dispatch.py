@@ -548,24 +548,28 @@ def _nvfp4_rs(fields: dict, tile_major: bool, on: bool | None = None) -> dict:
     return fields
 
 
-def h_rs_order_in_epilogue(cfg) -> bool:
-    """Whether gate_up's config can write h in nvfp4_layout.rs_k_order itself (GateUpConfig.h_rs_order:
-    nvfp4's swap-AB tiles with bf16 h); elsewhere ops.gate_up reorders h after the kernel."""
-    return cfg.nvfp4 and cfg.swap_ab and cfg.h_format == formats.NVFP4.h_format
-
-
 H_ORDERS = ("natural", "rs", "auto")  # the ops' h_order (ops.gate_up, ops.down)
 
 
 def h_in_rs_order(h_order: str, nvfp4: bool, m: int, hidden: int, inter: int, device: torch.device) -> bool:
     """Whether an op's h is in nvfp4_layout.rs_k_order for this call: always for h_order "rs", never
     for "natural"; for "auto" (the MLP's, pipeline.mlp) where an nvfp4 down of M rows and H × I runs
-    an rs_decode tile (nvfp4_down_reads_rs). gate_up (H = its x's columns, I = its weight's rows / 2)
-    and down (H = its weight's rows, I = its h's columns) get the same answer, each inside its op at
-    run time (no M-dependent choice is traced by torch.compile), so they agree without being told."""
+    an rs_decode tile (nvfp4_down_reads_rs). gate_up and down get the same answer (gate_up_h_in_rs_order,
+    down_h_in_rs_order), each inside its op at run time (no M-dependent choice is traced by
+    torch.compile), so they agree without being told."""
     if h_order == "auto":
         return nvfp4 and nvfp4_down_reads_rs(m, hidden, inter, device)
     return h_order == "rs"
+
+
+def gate_up_h_in_rs_order(h_order: str, x: torch.Tensor, weight: torch.Tensor) -> bool:
+    """h_in_rs_order for gate_up's h: H = x's columns, I = the weight's rows / 2."""
+    return h_in_rs_order(h_order, weight.dtype == torch.uint8, x.shape[0], x.shape[1], weight.shape[0] // 2, x.device)
+
+
+def down_h_in_rs_order(h_order: str, h: torch.Tensor, weight: torch.Tensor) -> bool:
+    """h_in_rs_order for down's h: H = the weight's rows, I = h's columns."""
+    return h_in_rs_order(h_order, weight.dtype == torch.uint8, h.shape[0], weight.shape[0], h.shape[1], h.device)
 
 
 def nvfp4_down_reads_rs(m: int, hidden: int, inter: int, device: torch.device) -> bool:
@@ -573,15 +577,16 @@ def nvfp4_down_reads_rs(m: int, hidden: int, inter: int, device: torch.device) -
     weight the modules hold there (down_backend's choice: not the warp-MMA kernels, not the
     dequantized prefill). A down whose weight is in the packed order after all reorders h back: a
     copy, never a wrong result."""
+    # (the cheap tests first: at decode sizes, the latency-bound calls, the 16-token tile answers)
+    if nvfp4_dequantizes(m) or not nvfp4_tile_for(m, "down", tile_major=True).get("rs_decode", False):
+        return False
     from . import nvfp4_layout
 
-    if not (NVFP4_RS and nvfp4_layout.fits(hidden, inter) and sm90_kernels_usable(device)) or nvfp4_dequantizes(m):
+    if not (nvfp4_layout.fits(hidden, inter) and sm90_kernels_usable(device)):
         return False
     from .sm90.schedule import sm_count
 
-    if warp_mma_config("down", m, hidden, inter, True, sms=sm_count(device)) is not None:
-        return False
-    return nvfp4_tile_for(m, "down", tile_major=True).get("rs_decode", False)
+    return warp_mma_config("down", m, hidden, inter, True, sms=sm_count(device)) is None
 
 
 def nvfp4_wide_applies(m: int, n: int, sms: int) -> bool:

@@ -202,8 +202,7 @@ def _gate_up_impl(
     tile_major: bool = False,
     h_order: str = "natural",
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    h_rs_order = dispatch.h_in_rs_order(h_order, weight.dtype == torch.uint8, x.shape[0], x.shape[1],
-                                        weight.shape[0] // 2, x.device)
+    h_rs_order = dispatch.gate_up_h_in_rs_order(h_order, x, weight)
     backend, cfg = dispatch.gate_up_backend(x, weight, weight_scale, x_scale, global_scale, interleave, act, h_format,
                                             tile_major)
     if backend == dispatch.SM90:
@@ -215,7 +214,7 @@ def _gate_up_impl(
             if isinstance(cfg, warp_mma.WarpMmaConfig):
                 h, h_scale = warp_mma.gate_up(cfg, x, weight, weight_scale, global_scale), None
             else:
-                if h_rs_order and dispatch.h_rs_order_in_epilogue(cfg):  # (else reordered below)
+                if h_rs_order and cfg.writes_h_rs_order:  # (else reordered below)
                     cfg, h_rs_order = dataclasses.replace(cfg, h_rs_order=True), False
                 h, h_scale = sm90_gate_up.gate_up(cfg, x, weight, weight_scale, x_scale, global_scale,
                                                   tile_major=tile_major)
@@ -394,8 +393,7 @@ def _down_impl(
     tile_major: bool = False,
     h_order: str = "natural",
 ) -> torch.Tensor:
-    h_rs_order = dispatch.h_in_rs_order(h_order, weight.dtype == torch.uint8, h.shape[0], weight.shape[0], h.shape[1],
-                                        h.device)
+    h_rs_order = dispatch.down_h_in_rs_order(h_order, h, weight)
     backend, cfg = dispatch.down_backend(h, weight, weight_scale, h_scale, global_scale, residual, out_dtype,
                                          tile_major)
     if h_rs_order and not (backend == dispatch.SM90 and hasattr(cfg, "rs_decode")):  # (sm90_down.down reorders)

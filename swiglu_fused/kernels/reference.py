@@ -127,8 +127,7 @@ def gate_up(
     h_order: str = "natural",
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """h = act(x @ gate^T) · (x @ up^T) from the interleaved packed weight [2I, K]."""
-    rs = dispatch.h_in_rs_order(h_order, weight.dtype == torch.uint8, x.shape[0], x.shape[1], weight.shape[0] // 2,
-                                x.device)
+    rs = dispatch.gate_up_h_in_rs_order(h_order, x, weight)
     weight, weight_scale = _packed_order(weight, weight_scale, tile_major)
     gs = None if global_scale is None else _row_global_scale(global_scale, weight.shape[0], interleave)
     w = dequant_weight(weight, weight_scale, gs)
@@ -205,7 +204,7 @@ def down(
     h_order: str = "natural",
 ) -> torch.Tensor:
     """y = h @ down^T (+ residual), computed in fp32, rounded once to ``out_dtype``."""
-    if dispatch.h_in_rs_order(h_order, weight.dtype == torch.uint8, h.shape[0], weight.shape[0], h.shape[1], h.device):
+    if dispatch.down_h_in_rs_order(h_order, h, weight):
         h = nvfp4_layout.rs_k_order(h)
     weight, weight_scale = _packed_order(weight, weight_scale, tile_major)
     y = _dequant_operand(h, h_scale, "h") @ dequant_weight(weight, weight_scale, global_scale).t()

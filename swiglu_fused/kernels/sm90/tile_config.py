@@ -402,9 +402,15 @@ class GateUpConfig(TileConfig):
         if self.h_format not in activations_and_h.H_FORMATS:
             raise ValueError(f"GateUpConfig.h_format: expected one of {activations_and_h.H_FORMATS}, "
                              f"got {self.h_format!r}")
-        if self.h_rs_order and not (self.nvfp4 and self.swap_ab and self.h_format == formats.NVFP4.h_format):
+        if self.h_rs_order and not self.writes_h_rs_order:
             raise ValueError(f"GateUpConfig.h_rs_order: nvfp4's swap-AB tiles with bf16 h only; got {self}")
         super().__post_init__()
+
+    @property
+    def writes_h_rs_order(self) -> bool:
+        """Whether this config can take h_rs_order (its epilogue then writes h in nvfp4_layout.rs_k_order):
+        nvfp4's swap-AB tiles with bf16 h; elsewhere ops.gate_up reorders h after the kernel."""
+        return self.nvfp4 and self.swap_ab and self.h_format == formats.NVFP4.h_format
 
     @property
     def h_spec(self) -> activations_and_h.HFormat:
