@@ -16,6 +16,16 @@ the torch copy and as kernels/sm90/k_order.py's kernel). Repeat it to time
 several variants in one process against the same dispatched kernels ("variant 1", "variant 2",
 ...). ``--bf16``
 also times our bf16 kernels on bf16 weights of the same shapes (the prefill target's yardstick).
+
+``--set MODULE.NAME=VALUE;...`` (launch_ab's form; repeatable) times instead gate_up and down alone
+as dispatched ("shipped", tile-major weights) and with those module constants changed while they
+are captured ("set1", ...), in turn, ``--rounds`` times: medians, each set's per-round ratio over
+shipped (> 1: shipped faster), and the stream-K split (ctas, sk_tiles) each runs, e.g. D46's hybrid
+against whole waves on the 128-token tile:
+
+    python -m benchmarks.bench_nvfp4 --m 640,1024 --rounds 7 \
+        --set "dispatch.NVFP4_WIDE_MIN_GAIN=0;schedule.NVFP4_HYBRID_MIN_GAIN=0" \
+        --set "dispatch.NVFP4_WIDE_MIN_GAIN=0;schedule.NVFP4_HYBRID_MIN_GAIN=1e9"
 """
 
 from __future__ import annotations
@@ -169,6 +179,57 @@ def run(shapes, ms, iters=50, abs_: list[dict] = (), bf16: bool = False):
     return rows
 
 
+def run_sets(shapes, ms, sets: dict, rounds: int, iters: int = 20) -> None:
+    """--set: gate_up and down alone, shipped and under each set of constants, interleaved."""
+    import itertools
+    import statistics
+
+    from benchmarks.launch_ab import under_constants
+    from swiglu_fused.bench import interleaved_us
+
+    for hidden, inter in shapes:
+        gu = [(*nvfp4_layout.to_tile_major(w[0], w[1]), w[2])
+              for w in _layers(lambda i: nvfp4_gate_up(hidden, inter, i), _nbytes(*nvfp4_gate_up(hidden, inter, 99)))]
+        dn = [(*nvfp4_layout.to_tile_major(w[0], w[1]), w[2])
+              for w in _layers(lambda i: _nvfp4_down(hidden, inter, i), _nbytes(*_nvfp4_down(hidden, inter, 99)))]
+        for m in ms:
+            x = torch.randn(m, hidden, device="cuda").to(torch.bfloat16)
+            h = torch.randn(m, inter, device="cuda").to(torch.bfloat16)
+            ops_ = {"gate_up": (gu, lambda w: ops.gate_up(x, w[0], w[1], None, w[2], interleave=128, h_format="bf16",
+                                                          tile_major=True)[0]),
+                    "down": (dn, lambda w: ops.down(h, w[0], w[1], None, w[2], tile_major=True))}
+            fns, plans = {}, {}
+            for name, constants in {"shipped": {}, **sets}.items():
+                for op, (layers, fn) in ops_.items():
+                    def call(fn=fn, constants=constants, it=itertools.cycle(layers)):
+                        return under_constants(constants, lambda: fn(next(it)))
+                    fns[f"{op} {name}"] = call
+                plans[name] = under_constants(constants, lambda: _plans(x, h, gu[0], dn[0]))
+            res = interleaved_us(fns, iters, rounds)
+            line = []
+            for op in ops_:
+                base = res[f"{op} shipped"]
+                parts = [f"shipped {statistics.median(base):.1f}"]
+                for name in sets:
+                    r = [v / b for v, b in zip(res[f"{op} {name}"], base)]
+                    parts.append(f"{name} {statistics.median(res[f'{op} {name}']):.1f} ({min(r):.3f}-{max(r):.3f}x)")
+                line.append(f"{op} " + " | ".join(parts))
+            print(f"{hidden}x{inter} M={m}: " + " || ".join(line) + "  [" + "; ".join(
+                f"{k}: {v}" for k, v in plans.items()) + "]", flush=True)
+
+
+def _plans(x, h, gu_w, dn_w) -> str:
+    """The dispatched tiles and stream-K splits (ctas, sk_tiles) of gate_up and down, as the ops run them."""
+    from swiglu_fused.kernels.sm90 import schedule
+
+    g = dispatch.gate_up_config(x, gu_w[0], gu_w[1], None, act="silu", h_format="bf16", tile_major=True)
+    d = dispatch.down_config(h, dn_w[0], dn_w[1], None, None, torch.bfloat16, True)
+    sms = schedule.sm_count(x.device)
+    m, hidden, inter = x.shape[0], x.shape[1], h.shape[1]
+    return (f"gate_up {g.tile_m} {schedule.schedule(g, m, 2 * inter, hidden, sms)}, "
+            f"down {d.tile_m} {schedule.schedule(d, m, hidden, inter, sms)}")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--shapes", default="4096x14336,8192x3584")
@@ -176,7 +237,15 @@ def main():
     ap.add_argument("--bf16", action="store_true", help="also time our bf16 gate_up and down on bf16 weights")
     ap.add_argument("--ab", action="append", default=[], metavar="FIELD=VALUE,...",
                     help="time this config variant too (repeat for several, one process)")
+    ap.add_argument("--set", action="append", default=[], dest="sets", metavar="MODULE.NAME=VALUE;...",
+                    help="time gate_up and down as dispatched and with these constants changed (repeatable)")
+    ap.add_argument("--rounds", type=int, default=5, help="with --set: rounds of interleaved timings")
     args = ap.parse_args()
+    if args.sets:
+        from benchmarks.launch_ab import parse_set
+
+        sets = {f"set{i + 1}": parse_set(spec) for i, spec in enumerate(args.sets)}
+        return run_sets(parse_shapes(args.shapes), parse_ms(args.m), sets, args.rounds)
     run(parse_shapes(args.shapes), parse_ms(args.m), abs_=[f for f in (parse_variant(f"ab:{v}")[1] for v in args.ab) if f],
         bf16=args.bf16)
 

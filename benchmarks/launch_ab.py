@@ -74,11 +74,11 @@ def with_constants(module, constants: dict):
     captured through it keeps the launches they lead to), restored after; the module's weights are
     put in the order the changed constants ask for now (settle_layout: dispatch.FP8_TILE_MAJOR)."""
     modules = module.modules() if hasattr(module, "modules") else ()  # (an nn.Module, or a plain forward)
-    _under(constants, lambda: [m.settle_layout() for m in modules if hasattr(m, "settle_layout")])
-    return lambda x: _under(constants, lambda: module(x))
+    under_constants(constants, lambda: [m.settle_layout() for m in modules if hasattr(m, "settle_layout")])
+    return lambda x: under_constants(constants, lambda: module(x))
 
 
-def _under(constants: dict, fn):
+def under_constants(constants: dict, fn):
     """fn() with the module constants changed, restored after."""
     old = {key: getattr(*key) for key in constants}
     for (mod, name), value in constants.items():

@@ -584,13 +584,49 @@ def test_nvfp4_128_token_tile_shares_k_at_any_m_it_runs():
     assert g.schedule(DownConfig(tile_m=128, stages=4), 512, 4096, 14336, 132) == (64, 0)
 
 
+def test_nvfp4_hybrid_stream_k_past_a_partial_wave():
+    """D46: nvfp4's 128-token swap-AB tiles whose last wave is partial run the last full wave and the
+    partial one stream-K over all SMs where predicted 5 % faster: gate_up 8192×3584 at M = 1024 (224
+    tiles: all stream-K, 1.8 rounds against 2), not 4096×14336 at M = 1024 (896 tiles: 6.8 waves, the
+    fix-up costs what the evened wave saves) nor a whole wave; 4096×14336 at M = 768 (672 tiles) 144 of
+    them. The fp8 128-row tile at 8192×3584 M = 1024 keeps whole tiles (history/gate_up.md)."""
+    from swiglu_fused.kernels.sm90.tile_config import DownConfig, GateUpConfig
+
+    nv = GateUpConfig(act="silu", h_format="bf16", mainloop="nvfp4", tile_m=128, stages=4, swap_ab=True,
+                      decode_buffers=1, rs_decode=True, tile_major=True)
+    assert g.schedule(nv, 1024, 7168, 8192, 132) == (132, 224)
+    assert g.schedule(nv, 1024, 28672, 4096, 132) == (132, 0)
+    assert g.schedule(nv, 768, 28672, 4096, 132) == (132, 144)
+    assert g.schedule(nv, 1024, 16384, 2048, 132) == (132, 0)  # (512 tiles: 3.9 waves)
+    assert g.schedule(nv, 512, 7168, 8192, 132) == (112, 0)  # (one wave, not full: plan()'s)
+    down = DownConfig(tile_m=128, stages=5, swap_ab=True, mainloop="nvfp4", decode_buffers=1, rs_decode=True,
+                      tile_major=True)
+    assert g.schedule(down, 640, 8192, 3584, 132) == (132, 160)
+    assert g.schedule(down, 1024, 8192, 3584, 132) == (132, 0)  # (256 tiles: 1.94 waves)
+    for tiles, k_tiles in ((224, 128), (672, 64), (160, 56), (140, 128)):
+        sk = g.nvfp4_hybrid_sk(tiles, k_tiles, 132)
+        assert sk == tiles % 132 + 132 and (tiles - sk) % 132 == 0
+        assert min(check_schedule(132, tiles, sk, k_tiles)) > 0  # (every CTA gets k tiles)
+        assert g.nvfp4_rounds(tiles, k_tiles, 132) * g.NVFP4_HYBRID_MIN_GAIN <= -(-tiles // 132)
+    fp8 = GateUpConfig(act="silu", h_format="fp8_group128", tile_m=128, stages=4)
+    assert g.schedule(fp8, 1024, 7168, 8192, 132) == (132, 0)
+
+
 def test_nvfp4_192_token_tile_where_its_waves_pay():
-    """D32's rule at the points measured (gate_up µs, 192- vs 128-token tile, H100): 4096×14336
-    (N 28672) M = 384 148.9 vs 163.5 and M = 768 312.3 vs 329.7, 8192×3584 (N 7168) M = 768 149.5 vs
-    199.5 take the 192-token tile; M = 256, 512 and 1024, where it measured slower, do not."""
-    wide = {(n, m) for n in (28672, 7168) for m in (256, 384, 512, 768, 1024) if dispatch.nvfp4_wide_applies(m, n, 132)}
-    assert wide == {(28672, 384), (28672, 768), (7168, 768)}
-    assert not dispatch.nvfp4_wide_applies(64, 28672, 132)
+    """D32's rule against the 128-token tile as schedule() runs it (whole waves, or D46's hybrid):
+    4096×14336 (N 28672, K 4096) at M = 192 takes the 192-token tile (one round of 112 tiles against
+    224 tiles of 128 tokens, 1.7 waves); at M = 384 and 768, which took it against whole waves of the
+    128-token tile (D32), the hybrid's 2.7 and 5.3 rounds are as short; 8192×3584 (N 7168) at M = 768
+    (168 tiles of 128 tokens: 1.4 rounds hybrid) not either."""
+    wide = {(n, m) for n, k in ((28672, 4096), (7168, 8192)) for m in (192, 256, 384, 512, 640, 768, 1024)
+            if dispatch.nvfp4_wide_applies(m, n, k, 132)}
+    assert wide == {(28672, 192)}
+    assert not dispatch.nvfp4_wide_applies(64, 28672, 4096, 132)
+    with pytest.MonkeyPatch.context() as mp:  # (D32 as it was measured: the 128-token tile in whole waves)
+        mp.setattr(g, "NVFP4_HYBRID_MIN_GAIN", 1e9)
+        wide = {(n, m) for n, k in ((28672, 4096), (7168, 8192)) for m in (256, 384, 512, 768, 1024)
+                if dispatch.nvfp4_wide_applies(m, n, k, 132)}
+        assert wide == {(28672, 384), (28672, 768), (7168, 768)}
     cfgs = [c for c in dispatch.gate_up_shipped() if c.nvfp4 and c.swap_ab and c.tile_m == 192]
     assert len(cfgs) == 6 and all(c.whole_tiles and c.stages == 3 for c in cfgs)
     assert sorted(c.act for c in cfgs if c.h_rs_order) == ["gelu_tanh", "silu"]  # (D45: h in down's k order)

@@ -589,21 +589,27 @@ def nvfp4_down_reads_rs(m: int, hidden: int, inter: int, device: torch.device) -
     return warp_mma_config("down", m, hidden, inter, True, sms=sm_count(device)) is None
 
 
-def nvfp4_wide_applies(m: int, n: int, sms: int) -> bool:
-    """Whether an nvfp4 gate_up of M rows and N weight rows that would run the 128-token swap-AB tile
-    runs the 192-token one (D32). E.g. 8192×3584 at M = 768: 4 · 28 tiles of 192 tokens are one
-    round, 6 · 28 of 128 two: 192 / 1.1 < 0.95 · 2 · 128; at M = 512 both are one round, so not there."""
+def nvfp4_wide_applies(m: int, n: int, k: int, sms: int) -> bool:
+    """Whether an nvfp4 gate_up of M rows, N weight rows and K columns that would run the 128-token
+    swap-AB tile runs the 192-token one (D32): its whole waves against the 128-token tile's time as
+    schedule() runs it (whole waves, or since D46 the hybrid stream-K past a partial wave). E.g.
+    4096×14336 at M = 384: 2 · 112 tiles of 192 tokens are two rounds (at 1.1× the speed), 3 · 112 of
+    128 three in whole waves or 2.7 hybrid; 8192×3584 at M = 768 (168 tiles of 128: 1.4 rounds
+    hybrid) not, and at M = 512 both are one round."""
+    from .sm90.schedule import nvfp4_rounds
+    from .sm90.tile_config import NVFP4_K_ALIGN  # (the k tile)
+
     if m <= NVFP4_SWAP_TILES["gate_up"][-2][0]:  # (the 16/64-token tiles' M)
         return False
-    return (rounds_time(m, n, sms, NVFP4_WIDE_TILE[0], NVFP4_WIDE_SPEED)
-            < NVFP4_WIDE_MIN_GAIN * rounds_time(m, n, sms, 128, 1.0))
+    tile128 = nvfp4_rounds(cdiv(m, 128) * cdiv(n, 2 * GROUP), cdiv(k, NVFP4_K_ALIGN), sms) * 128
+    return rounds_time(m, n, sms, NVFP4_WIDE_TILE[0], NVFP4_WIDE_SPEED) < NVFP4_WIDE_MIN_GAIN * tile128
 
 
-def nvfp4_wide_on(device: torch.device, m: int, n: int) -> bool:
+def nvfp4_wide_on(device: torch.device, m: int, n: int, k: int) -> bool:
     """nvfp4_wide_applies with the SMs of ``device`` (a CPU tensor's config keeps the 128-token tile)."""
     from .sm90.schedule import sm_count
 
-    return device.type == "cuda" and nvfp4_wide_applies(m, n, sm_count(device))
+    return device.type == "cuda" and nvfp4_wide_applies(m, n, k, sm_count(device))
 
 
 # nvfp4 at decode sizes on warp-level mma.sync (kernels/sm90/warp_mma.py, D33): a tile-major weight
@@ -736,7 +742,7 @@ def _nvfp4_gate_up_config(x, weight, weight_scale, act: str, h_format: str, tile
     if nvfp4_dequantizes(m):
         return GateUpConfig(act=act, h_format=h_format, **_nvfp4_prefill_tile(m, wg3_on(x.device, m, weight.shape[0])))
     return GateUpConfig(act=act, h_format=h_format, mainloop=NVFP4_MAINLOOP, tile_major=tile_major,
-                        **nvfp4_tile_for(m, wide=nvfp4_wide_on(x.device, m, weight.shape[0]), tile_major=tile_major))
+                        **nvfp4_tile_for(m, wide=nvfp4_wide_on(x.device, m, weight.shape[0], x.shape[1]), tile_major=tile_major))
 
 
 def _nvfp4_down_config(h, weight, weight_scale, residual, tile_major: bool):

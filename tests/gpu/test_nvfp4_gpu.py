@@ -284,6 +284,46 @@ def test_128_token_tile_across_m_tiles_and_k_shares(m):
     assert_bf16_close(y, reference.down(hd, wd, wsd, None, gsd, residual=res), TOL)
 
 
+@pytest.mark.parametrize("hidden,inter,m,rs", [(8192, 3584, 1024, True), (8192, 3584, 1000, False),
+                                              (4096, 14336, 768, True), (4096, 14336, 300, True)])
+def test_hybrid_stream_k_past_a_partial_wave(hidden, inter, m, rs):
+    """D46: the 128-token tiles' whole waves, then the last full and the partial wave stream-K over
+    all SMs (schedule.nvfp4_hybrid_sk), with the register-sourced decode and without it: h and y (down
+    with a residual) within bf16 rounding of the reference and of the same tile in whole waves (the
+    stream-K tiles sum partials: fp32 rounding apart)."""
+    from unittest import mock
+
+    from swiglu_fused.kernels import nvfp4_layout
+    from swiglu_fused.kernels.sm90 import down as kd
+    from swiglu_fused.kernels.sm90 import gate_up as kg
+    from swiglu_fused.kernels.sm90 import schedule
+
+    x, w, ws, gs = gate_up_operands(m, hidden, inter, seed=m + 11)
+    cfg = dispatch.gate_up_config(x, w, ws, None, act="silu", h_format="bf16", tile_major=True)
+    cfg = dataclasses.replace(cfg, **dispatch._nvfp4_rs(dispatch.nvfp4_tile_for(m, tile_major=True), True, rs))
+    hd, wd, wsd, gsd = down_operands(m, hidden, inter, seed=m + 12)
+    res = torch.randn(m, hidden, device="cuda").to(torch.bfloat16)
+    dcfg = dispatch.down_config(hd, wd, wsd, None, res, torch.bfloat16, True)
+    dcfg = dataclasses.replace(dcfg, **dispatch._nvfp4_rs(dispatch.nvfp4_tile_for(m, "down", tile_major=True), True, rs))
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    assert schedule.schedule(cfg, m, 2 * inter, hidden, sms)[1] > 0 or sms != 132
+    wt, wst = nvfp4_layout.to_tile_major(w, ws)
+    wdt, wsdt = nvfp4_layout.to_tile_major(wd, wsd)
+    h, y = {}, {}
+    for hybrid in (True, False):
+        with mock.patch.object(schedule, "NVFP4_HYBRID_MIN_GAIN", 0.0 if hybrid else 1e9):
+            h[hybrid] = torch.full((m, inter), float("nan"), dtype=torch.bfloat16, device="cuda")
+            kg.gate_up(cfg, x, wt, wst, None, gs, out=(h[hybrid], None), tile_major=True)
+            y[hybrid] = torch.full((m, hidden), float("nan"), dtype=torch.bfloat16, device="cuda")
+            kd.down(dcfg, hd, wdt, wsdt, None, res, gsd, out=y[hybrid], tile_major=True)
+            torch.cuda.synchronize()
+    for got in (h[True], h[False]):
+        assert_bf16_close(got, reference.gate_up(x, w, ws, None, gs, interleave=128, act="silu", h_format="bf16")[0], TOL)
+    for got in (y[True], y[False]):
+        assert_bf16_close(got, reference.down(hd, wd, wsd, None, gsd, residual=res), TOL)
+    assert rel_frobenius(h[True], h[False]) < 1e-3 and rel_frobenius(y[True], y[False]) < 1e-3
+
+
 @pytest.mark.parametrize("hidden,inter,m", [(4096, 14336, 192), (4096, 14336, 384), (8192, 3584, 640),
                                            (576, 1536, 100)])
 @pytest.mark.parametrize("act", ACTS)
@@ -291,19 +331,23 @@ def test_192_token_tile_is_the_128_token_tile_bit_for_bit(hidden, inter, m, act)
     """gate_up's 192-token swap-AB tile (DISPATCH D32; whole tiles, the last one partial) gives the
     128-token tile's h bit for bit (the same wgmma k order per value), within bf16 rounding of the
     reference; dispatched where nvfp4_wide_on says so."""
+    from unittest import mock
+
     from swiglu_fused.kernels import nvfp4_layout
     from swiglu_fused.kernels.sm90 import gate_up as kg
+    from swiglu_fused.kernels.sm90 import schedule
 
     x, w, ws, gs = gate_up_operands(m, hidden, inter, seed=m + 1)
     cfg = dispatch.gate_up_config(x, w, ws, None, act=act, h_format="bf16", tile_major=True)
-    assert cfg.tile_m == (192 if dispatch.nvfp4_wide_on(x.device, m, w.shape[0]) else 128) and cfg.swap_ab
+    assert cfg.tile_m == (192 if dispatch.nvfp4_wide_on(x.device, m, w.shape[0], hidden) else 128) and cfg.swap_ab
     wt, wst = nvfp4_layout.to_tile_major(w, ws)
     cfg = dataclasses.replace(cfg, rs_decode=False)  # (D45's 128-token tile sums in another k order)
     h = {}
     for wide in (False, True):
         c = dataclasses.replace(cfg, **dispatch.nvfp4_tile_for(m, wide=wide))
         h[wide] = torch.full((m, inter), float("nan"), dtype=torch.bfloat16, device="cuda")
-        kg.gate_up(c, x, wt, wst, None, gs, out=(h[wide], None), tile_major=True)
+        with mock.patch.object(schedule, "NVFP4_HYBRID_MIN_GAIN", 1e9):  # (whole tiles: D46's stream-K sums partials)
+            kg.gate_up(c, x, wt, wst, None, gs, out=(h[wide], None), tile_major=True)
     assert torch.equal(h[True], h[False])
     assert_bf16_close(h[True], reference.gate_up(x, w, ws, None, gs, interleave=128, act=act, h_format="bf16")[0], TOL)
 

@@ -35,6 +35,15 @@ ITER_US = {64: 0.52, 128: 0.84, "swap16": 0.40, "swap32": 0.48, "swap64": 1.07,
 HBM_BYTES_PER_US = 2.6e6  # what many CTAs together reach (2.96e6 for a plain copy)
 FIXUP_US = (4.0, 2.5)  # fix-up cost: base + per CTA sharing a tile
 SK_MIN_GAIN = 1.15  # stream-K only when predicted this much faster
+# nvfp4's swap-AB tiles past one wave (the 128-token tile at M = 129-1024) are bound by their decode,
+# not by the weight's bytes (4 bits: the stream-K tiles' weight stays in L2), so where their tiles end
+# in a partial wave, the last full wave and the partial one go stream-K over all CTAs ("hybrid"; every
+# tile then shared by at most two CTAs), where predicted NVFP4_HYBRID_MIN_GAIN faster (DISPATCH D46).
+# The bf16 and fp8 tiles lost so (history/gate_up.md, deepgemm.md): their k-split CTAs re-read weights.
+# Fitted to gate_up and down alone on the H200 (D46; 4096×14336, 8192×3584, 2048×8192 at M = 384-1024):
+NVFP4_ITER_US = 0.85  # a 128-token tile's k tile (64 columns) a CTA, in full waves
+NVFP4_FIXUP_US = 15.0  # what the hybrid's stream-K part costs over its even share of k tiles
+NVFP4_HYBRID_MIN_GAIN = 1.05
 
 
 def band_rows(grid_m, a_tile_bytes, cl):
@@ -90,13 +99,40 @@ def schedule(config: TileConfig, m: int, n: int, k: int, sms: int) -> tuple[int,
         if ck * tiles > sms:
             raise ValueError(f"{config}: cluster_k = {ck} needs {ck} · tiles ≤ {sms} SMs, got {tiles} tiles (M = {m})")
         return ck * tiles, tiles
+    k_tiles = cdiv(k, config.tile_k)
+    if config.nvfp4 and config.swap_ab and nvfp4_hybrid_sk(tiles, k_tiles, sms):
+        return sms, nvfp4_hybrid_sk(tiles, k_tiles, sms)
     iter_bytes = config.w_stage_bytes
     if config.nvfp4:
         iter_us = ITER_US["nvfp4"]
     else:
         iter_us = ITER_US[f"swap{config.tile_m}" if config.swap_ab else config.tile_m] * iter_bytes / 32768
-    return plan(tiles, cdiv(k, config.tile_k), sms, grid_m, iter_bytes, iter_us,
-                max_sk_grid_m=_max_sk_grid_m(config))
+    return plan(tiles, k_tiles, sms, grid_m, iter_bytes, iter_us, max_sk_grid_m=_max_sk_grid_m(config))
+
+
+def nvfp4_hybrid_sk(tiles: int, k_tiles: int, sms: int) -> int:
+    """The stream-K tiles of nvfp4's hybrid schedule (above) for ``tiles`` swap-AB tiles of ``k_tiles``
+    k tiles on ``sms`` SMs: the last full wave and the partial one, over all CTAs; 0: whole tiles."""
+    hybrid = _nvfp4_hybrid_rounds(tiles, k_tiles, sms)
+    if hybrid is None or hybrid * NVFP4_HYBRID_MIN_GAIN > cdiv(tiles, sms):
+        return 0
+    return tiles % sms + sms
+
+
+def nvfp4_rounds(tiles: int, k_tiles: int, sms: int) -> float:
+    """The predicted time of ``tiles`` nvfp4 swap-AB tiles of ``k_tiles`` k tiles as schedule() runs
+    them, in rounds (one tile's k loop in one CTA): whole waves, or the hybrid's with its fix-up."""
+    return _nvfp4_hybrid_rounds(tiles, k_tiles, sms) if nvfp4_hybrid_sk(tiles, k_tiles, sms) else cdiv(tiles, sms)
+
+
+def _nvfp4_hybrid_rounds(tiles: int, k_tiles: int, sms: int) -> float | None:
+    """nvfp4_rounds of the hybrid schedule (each CTA an even share of the stream-K tiles' k tiles,
+    and the fix-up: every stream-K tile is shared by at most two CTAs), or None where the tiles fill
+    whole waves."""
+    if tiles <= sms or tiles % sms == 0:
+        return None
+    sk_k_tiles = cdiv((tiles % sms + sms) * k_tiles, sms)
+    return tiles // sms - 1 + (sk_k_tiles + NVFP4_FIXUP_US / NVFP4_ITER_US) / k_tiles
 
 
 def _max_sk_grid_m(config: TileConfig) -> int:
