@@ -189,6 +189,9 @@ def test_down_runs_the_kernel_where_it_was_measured_faster(m, hidden, inter, exp
     (1, 4096, 14336, False), (16, 4096, 14336, False), (128, 4096, 14336, False),  # stream-K would share K: cuBLAS
     (64, 2048, 8192, False), (16, 3584, 18944, False), (16, 8192, 3584, False),  # (D44)
     (1024, 4096, 14336, True), (8192, 4096, 14336, False),  # tiles that fill the SMs, up to MAX_M (D16)
+    (1024, 8192, 3584, True), (2048, 4096, 14336, True),
+    # ... whose rounds are shorter than cuBLAS's 128 × 128 tiles' (D47): not a partial second wave
+    (576, 8192, 3584, False), (768, 8192, 3584, False), (1152, 4096, 14336, False), (2560, 4096, 14336, False),
 ])
 def test_bf16_down_runs_the_kernel_only_where_its_tiles_fill_the_gpu(m, hidden, inter, expect):
     import torch

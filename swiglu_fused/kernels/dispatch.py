@@ -1073,6 +1073,10 @@ def fills_gpu(config, m: int, n: int, sms: int) -> bool:
 # CUBLAS_HALF_TILE of our tile's time (fitted to bench_down on the H200, M = 384-8192 on both shapes).
 DOWN_WAVE_BASE = 2.0
 CUBLAS_HALF_TILE = 0.53
+# bf16 down by the same model (D47): its 128-row tile lost to cuBLAS by 23-43 % where its tiles took a
+# partial second wave (8192×3584 M = 576-768). "waves": D16's wave fraction alone; "cublas": cuBLAS
+# wherever it takes the operands (what launch_ab compares)
+BF16_DOWN = "rounds"
 
 
 def _rounds(tiles: int, sms: int) -> float:
@@ -1081,9 +1085,9 @@ def _rounds(tiles: int, sms: int) -> float:
     return full * (DOWN_WAVE_BASE + 1) + (DOWN_WAVE_BASE + rest / sms if rest else 0.0)
 
 
-def static_down_rounds_win(config, m: int, n: int, sms: int) -> bool:
-    """Whether the static 128-row fp8 down tile's rounds are predicted shorter than those of cuBLAS's
-    128 × 128 tiles (D36)."""
+def down_rounds_win(config, m: int, n: int, sms: int) -> bool:
+    """Whether our 128-row down tile's rounds are predicted shorter than those of cuBLAS's 128 × 128
+    tiles: the static fp8 tile (D36), the bf16 tile (D47)."""
     ours = cdiv(m, config.tile_m) * cdiv(n, config.tile_n)
     return _rounds(ours, sms) < CUBLAS_HALF_TILE * _rounds(cdiv(m, 128) * cdiv(n, 128), sms)
 
@@ -1092,10 +1096,12 @@ def beats_cublas(config, m: int, n: int, k: int, sms: int) -> bool:
     """Where the down kernel was measured faster than cuBLAS: fp8 with the swap-AB tile or with the
     64-row tile where stream-K shares K out (D15), or with the static 128-row tile where its rounds
     of waves are predicted shorter (D36), elsewhere cuBLAS; bf16 from MIN_WAVE of a wave of tiles up
-    to MAX_M (D16; not where only stream-K would share K out: cuBLAS was faster at every such M, D44)."""
+    to MAX_M (D16; not where only stream-K would share K out: cuBLAS was faster at every such M, D44),
+    and since D47 only where its rounds are predicted shorter too (BF16_DOWN)."""
     from .sm90.schedule import schedule
 
     if not config.fp8:
-        return fills_gpu(config, m, n, sms) and m <= MAX_M
+        return (BF16_DOWN != "cublas" and fills_gpu(config, m, n, sms) and m <= MAX_M
+                and (BF16_DOWN == "waves" or down_rounds_win(config, m, n, sms)))
     shares_k = config.tile_m == 64 and schedule(config, m, n, k, sms)[1] > 0
-    return config.swap_ab or shares_k or (config.static_stages and static_down_rounds_win(config, m, n, sms))
+    return config.swap_ab or shares_k or (config.static_stages and down_rounds_win(config, m, n, sms))
