@@ -613,6 +613,8 @@ def test_nvfp4_hybrid_stream_k_past_a_partial_wave():
         assert g.nvfp4_rounds(tiles, k_tiles, 132) * g.NVFP4_HYBRID_MIN_GAIN <= -(-tiles // 132)
     fp8 = GateUpConfig(act="silu", h_format="fp8_group128", tile_m=128, stages=4)
     assert g.schedule(fp8, 1024, 7168, 8192, 132) == (132, 0)
+    t64 = dataclasses.replace(nv, tile_m=64, stages=6)  # (148 tiles at I = 18944: not measured so, whole tiles)
+    assert g.schedule(t64, 64, 37888, 3584, 132) == (132, 0)
 
 
 def test_nvfp4_192_token_tile_where_its_waves_pay():

@@ -35,10 +35,11 @@ ITER_US = {64: 0.52, 128: 0.84, "swap16": 0.40, "swap32": 0.48, "swap64": 1.07,
 HBM_BYTES_PER_US = 2.6e6  # what many CTAs together reach (2.96e6 for a plain copy)
 FIXUP_US = (4.0, 2.5)  # fix-up cost: base + per CTA sharing a tile
 SK_MIN_GAIN = 1.15  # stream-K only when predicted this much faster
-# nvfp4's swap-AB tiles past one wave (the 128-token tile at M = 129-1024) are bound by their decode,
-# not by the weight's bytes (4 bits: the stream-K tiles' weight stays in L2), so where their tiles end
-# in a partial wave, the last full wave and the partial one go stream-K over all CTAs ("hybrid"; every
-# tile then shared by at most two CTAs), where predicted NVFP4_HYBRID_MIN_GAIN faster (DISPATCH D46).
+# nvfp4's 128-token swap-AB tile past one wave (M = 129-1024) is bound by its decode, not by the
+# weight's bytes (4 bits: the stream-K tiles' weight stays in L2), so where its tiles end in a partial
+# wave, the last full wave and the partial one go stream-K over all CTAs ("hybrid"; every tile then
+# shared by at most two CTAs), where predicted NVFP4_HYBRID_MIN_GAIN faster (DISPATCH D46; the 64-token
+# tile, past one wave only where I > 16896, not measured so: not taken).
 # The bf16 and fp8 tiles lost so (history/gate_up.md, deepgemm.md): their k-split CTAs re-read weights.
 # Fitted to gate_up and down alone on the H200 (D46; 4096×14336, 8192×3584, 2048×8192 at M = 384-1024):
 NVFP4_ITER_US = 0.85  # a 128-token tile's k tile (64 columns) a CTA, in full waves
@@ -100,7 +101,7 @@ def schedule(config: TileConfig, m: int, n: int, k: int, sms: int) -> tuple[int,
             raise ValueError(f"{config}: cluster_k = {ck} needs {ck} · tiles ≤ {sms} SMs, got {tiles} tiles (M = {m})")
         return ck * tiles, tiles
     k_tiles = cdiv(k, config.tile_k)
-    if config.nvfp4 and config.swap_ab and nvfp4_hybrid_sk(tiles, k_tiles, sms):
+    if config.nvfp4 and config.swap_ab and config.tile_m == 128 and nvfp4_hybrid_sk(tiles, k_tiles, sms):
         return sms, nvfp4_hybrid_sk(tiles, k_tiles, sms)
     iter_bytes = config.w_stage_bytes
     if config.nvfp4:
