@@ -459,6 +459,26 @@ def test_warp_mma_configs_follow_m_and_k(monkeypatch):
     assert c("down", 17, 4096, 14336, True) is None and all(cfg.n8 < 4 for cfg in dispatch.warp_mma_shipped())
 
 
+def test_warp_mma_config_cache_follows_the_constants(monkeypatch):
+    """warp_mma_config's answers are cached (eager decode's host time) on the arguments and every
+    constant they read: each cached answer is the one computed afresh, and a changed constant (as
+    launch_ab and the tests change them) gives the changed answer, also for a key seen before."""
+    pytest.importorskip("cutlass")
+    c = dispatch.warp_mma_config
+    fresh = dispatch._warp_mma_config.__wrapped__
+    cases = [(op, m, n, k) for op in ("gate_up", "down") for m in (1, 9, 16, 24, 32)
+             for n, k in ((28672, 4096), (4096, 14336), (7168, 8192), (8192, 3584))]
+    for op, m, n, k in cases:
+        for _ in range(2):  # (the second from the cache)
+            assert c(op, m, n, k, True) == fresh(op, m, n, k, True, "silu", False, 132, dispatch._warp_mma_constants())
+    assert c("down", 1, 4096, 14336, True).pdl
+    monkeypatch.setattr(dispatch, "WARP_MMA_PDL", False)
+    assert not c("down", 1, 4096, 14336, True).pdl
+    before = c("down", 1, 4096, 4096, True)
+    monkeypatch.setattr(dispatch, "WARP_MMA_K_CTA", [1024, 512])  # (a list, as launch_ab's --set may give)
+    assert before.k_cta == 512 and c("down", 1, 4096, 4096, True).k_cta == 1024
+
+
 # ---------------------------------------------------------------- sm_90a compile check
 def _shipped():
     cutlass = pytest.importorskip("cutlass")  # noqa: F841

@@ -652,6 +652,22 @@ def warp_mma_config(op: str, m: int, n: int, k: int, tile_major: bool, act: str 
     """The WarpMmaConfig of an nvfp4 ``op`` (gate_up or down) of M rows, N weight rows and K columns
     on a GPU of ``sms`` SMs, or None where the warp-MMA kernel does not take it (the swap-AB wgmma
     tiles do)."""
+    # Eager decode asks this up to four times a call of the MLP (each op's backend, and each op's
+    # h order: h_in_rs_order), ~6 µs each uncached. The cache's key holds every constant the answer
+    # reads, so that launch_ab's and the tests' changes to them still take effect.
+    return _warp_mma_config(op, m, n, k, tile_major, act, residual, sms, _warp_mma_constants())
+
+
+def _warp_mma_constants() -> tuple:
+    """The module constants warp_mma_config's answer depends on (its cache key's last part)."""
+    return (WARP_MMA_M, tuple(WARP_MMA_K_CTA), WARP_MMA_SPLITS, WARP_MMA_WIDE, WARP_MMA_DEPTH, WARP_MMA_WARPS,
+            WARP_MMA_CTAS_PER_SM, WARP_MMA_WARPS_PER_SM, WARP_MMA_PDL)
+
+
+@functools.lru_cache(maxsize=4096)
+def _warp_mma_config(op, m, n, k, tile_major, act, residual, sms, constants):
+    """warp_mma_config, computed (``constants``: _warp_mma_constants() at the call, read below as the
+    module's)."""
     from .sm90 import warp_mma
 
     if not (tile_major and 0 < m <= min(WARP_MMA_M, warp_mma.MAX_TOKENS) and n % warp_mma.ROWS == 0
