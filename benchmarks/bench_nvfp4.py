@@ -65,6 +65,18 @@ def _nvfp4_down(hidden, inter, seed):
     return p, s, (1 / d).float()
 
 
+def _nvfp4_layers(hidden, inter) -> tuple[list, list]:
+    """Random packed nvfp4 gate_up and down weights (weight, scales, global scale multipliers), as
+    many copies of each as _layers rotates past the L2."""
+    return (_layers(lambda i: nvfp4_gate_up(hidden, inter, i), _nbytes(*nvfp4_gate_up(hidden, inter, 99))),
+            _layers(lambda i: _nvfp4_down(hidden, inter, i), _nbytes(*_nvfp4_down(hidden, inter, 99))))
+
+
+def _tile_major(layers: list) -> list:
+    """The same layers in nvfp4_layout's tile-major order (the modules' on the GPU)."""
+    return [(*nvfp4_layout.to_tile_major(w[0], w[1]), w[2]) for w in layers]
+
+
 def _fp8(rows, cols, seed):
     g = torch.Generator(device="cuda").manual_seed(seed)
     return quant.quantize_fp8_block(torch.randn(rows, cols, device="cuda", generator=g) * 0.05)
@@ -115,12 +127,10 @@ def run(shapes, ms, iters=50, abs_: list[dict] = (), bf16: bool = False):
         if bf16:  # our bf16 kernels on bf16 weights: the prefill target's yardstick (issue 22)
             bf_gu = _layers(lambda i: _bf16(2 * inter, hidden, i), 4 * inter * hidden)
             bf_dn = _layers(lambda i: _bf16(hidden, inter, i), 2 * inter * hidden)
-        nv_gu = _layers(lambda i: nvfp4_gate_up(hidden, inter, i), _nbytes(*nvfp4_gate_up(hidden, inter, 99)))
-        nv_dn = _layers(lambda i: _nvfp4_down(hidden, inter, i), _nbytes(*_nvfp4_down(hidden, inter, 99)))
+        nv_gu, nv_dn = _nvfp4_layers(hidden, inter)
         f8_gu = _layers(lambda i: _fp8(2 * inter, hidden, i), 2 * inter * hidden)
         f8_dn = _layers(lambda i: _fp8(hidden, inter, i), hidden * inter)
-        tm_gu = [(*nvfp4_layout.to_tile_major(w[0], w[1]), w[2]) for w in nv_gu]  # the modules' order
-        tm_dn = [(*nvfp4_layout.to_tile_major(w[0], w[1]), w[2]) for w in nv_dn]
+        tm_gu, tm_dn = _tile_major(nv_gu), _tile_major(nv_dn)  # the modules' order
         floor_gu = _nbytes(*nv_gu[0]) / COPY_TB_S / 1e6
         floor_dn = _nbytes(*nv_dn[0]) / COPY_TB_S / 1e6
         for m in ms:
@@ -188,10 +198,7 @@ def run_sets(shapes, ms, sets: dict, rounds: int, iters: int = 20) -> None:
     from swiglu_fused.bench import interleaved_us
 
     for hidden, inter in shapes:
-        gu = [(*nvfp4_layout.to_tile_major(w[0], w[1]), w[2])
-              for w in _layers(lambda i: nvfp4_gate_up(hidden, inter, i), _nbytes(*nvfp4_gate_up(hidden, inter, 99)))]
-        dn = [(*nvfp4_layout.to_tile_major(w[0], w[1]), w[2])
-              for w in _layers(lambda i: _nvfp4_down(hidden, inter, i), _nbytes(*_nvfp4_down(hidden, inter, 99)))]
+        gu, dn = map(_tile_major, _nvfp4_layers(hidden, inter))
         for m in ms:
             x = torch.randn(m, hidden, device="cuda").to(torch.bfloat16)
             h = torch.randn(m, inter, device="cuda").to(torch.bfloat16)

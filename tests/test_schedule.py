@@ -621,7 +621,7 @@ def test_nvfp4_192_token_tile_where_its_waves_pay():
     """D32's rule against the 128-token tile as schedule() runs it (whole waves, or D46's hybrid):
     4096×14336 (N 28672, K 4096) at M = 192 takes the 192-token tile (one round of 112 tiles against
     224 tiles of 128 tokens, 1.7 waves); at M = 384 and 768, which took it against whole waves of the
-    128-token tile (D32), the hybrid's 2.7 and 5.3 rounds are as short; 8192×3584 (N 7168) at M = 768
+    128-token tile (D32), the hybrid's 2.8 and 5.4 rounds are as short; 8192×3584 (N 7168) at M = 768
     (168 tiles of 128 tokens: 1.4 rounds hybrid) not either."""
     wide = {(n, m) for n, k in ((28672, 4096), (7168, 8192)) for m in (192, 256, 384, 512, 640, 768, 1024)
             if dispatch.nvfp4_wide_applies(m, n, k, 132)}

@@ -594,7 +594,7 @@ def nvfp4_wide_applies(m: int, n: int, k: int, sms: int) -> bool:
     swap-AB tile runs the 192-token one (D32): its whole waves against the 128-token tile's time as
     schedule() runs it (whole waves, or since D46 the hybrid stream-K past a partial wave). E.g.
     4096×14336 at M = 384: 2 · 112 tiles of 192 tokens are two rounds (at 1.1× the speed), 3 · 112 of
-    128 three in whole waves or 2.7 hybrid; 8192×3584 at M = 768 (168 tiles of 128: 1.4 rounds
+    128 three in whole waves or 2.8 hybrid; 8192×3584 at M = 768 (168 tiles of 128: 1.4 rounds
     hybrid) not, and at M = 512 both are one round."""
     from .sm90.schedule import nvfp4_rounds
     from .sm90.tile_config import NVFP4_K_ALIGN  # (the k tile)

@@ -101,8 +101,10 @@ def schedule(config: TileConfig, m: int, n: int, k: int, sms: int) -> tuple[int,
             raise ValueError(f"{config}: cluster_k = {ck} needs {ck} · tiles ≤ {sms} SMs, got {tiles} tiles (M = {m})")
         return ck * tiles, tiles
     k_tiles = cdiv(k, config.tile_k)
-    if config.nvfp4 and config.swap_ab and config.tile_m == 128 and nvfp4_hybrid_sk(tiles, k_tiles, sms):
-        return sms, nvfp4_hybrid_sk(tiles, k_tiles, sms)
+    if config.nvfp4 and config.swap_ab and config.tile_m == 128:
+        sk_tiles = nvfp4_hybrid_sk(tiles, k_tiles, sms)
+        if sk_tiles:
+            return sms, sk_tiles
     iter_bytes = config.w_stage_bytes
     if config.nvfp4:
         iter_us = ITER_US["nvfp4"]
@@ -114,26 +116,25 @@ def schedule(config: TileConfig, m: int, n: int, k: int, sms: int) -> tuple[int,
 def nvfp4_hybrid_sk(tiles: int, k_tiles: int, sms: int) -> int:
     """The stream-K tiles of nvfp4's hybrid schedule (above) for ``tiles`` swap-AB tiles of ``k_tiles``
     k tiles on ``sms`` SMs: the last full wave and the partial one, over all CTAs; 0: whole tiles."""
-    hybrid = _nvfp4_hybrid_rounds(tiles, k_tiles, sms)
-    if hybrid is None or hybrid * NVFP4_HYBRID_MIN_GAIN > cdiv(tiles, sms):
-        return 0
-    return tiles % sms + sms
+    return tiles % sms + sms if _nvfp4_hybrid_pays(tiles, k_tiles, sms) is not None else 0
 
 
 def nvfp4_rounds(tiles: int, k_tiles: int, sms: int) -> float:
     """The predicted time of ``tiles`` nvfp4 swap-AB tiles of ``k_tiles`` k tiles as schedule() runs
     them, in rounds (one tile's k loop in one CTA): whole waves, or the hybrid's with its fix-up."""
-    return _nvfp4_hybrid_rounds(tiles, k_tiles, sms) if nvfp4_hybrid_sk(tiles, k_tiles, sms) else cdiv(tiles, sms)
+    hybrid = _nvfp4_hybrid_pays(tiles, k_tiles, sms)
+    return cdiv(tiles, sms) if hybrid is None else hybrid
 
 
-def _nvfp4_hybrid_rounds(tiles: int, k_tiles: int, sms: int) -> float | None:
-    """nvfp4_rounds of the hybrid schedule (each CTA an even share of the stream-K tiles' k tiles,
-    and the fix-up: every stream-K tile is shared by at most two CTAs), or None where the tiles fill
-    whole waves."""
+def _nvfp4_hybrid_pays(tiles: int, k_tiles: int, sms: int) -> float | None:
+    """The hybrid schedule's rounds (each CTA an even share of the stream-K tiles' k tiles, and the
+    fix-up: every stream-K tile is shared by at most two CTAs) where they are NVFP4_HYBRID_MIN_GAIN
+    shorter than whole waves; None where they are not, or the tiles fill whole waves."""
     if tiles <= sms or tiles % sms == 0:
         return None
     sk_k_tiles = cdiv((tiles % sms + sms) * k_tiles, sms)
-    return tiles // sms - 1 + (sk_k_tiles + NVFP4_FIXUP_US / NVFP4_ITER_US) / k_tiles
+    hybrid = tiles // sms - 1 + (sk_k_tiles + NVFP4_FIXUP_US / NVFP4_ITER_US) / k_tiles
+    return hybrid if hybrid * NVFP4_HYBRID_MIN_GAIN <= cdiv(tiles, sms) else None
 
 
 def _max_sk_grid_m(config: TileConfig) -> int:
