@@ -137,7 +137,7 @@ def test_launch_plan_meets_the_kernels_preconditions(m, k, n, op, mainloop):
     import torch
 
     if op == "gate_up":
-        (tile_m, _, swap), shipped = dispatch.gate_up_tile_for(m, n, 132, mainloop), dispatch.gate_up_shipped()
+        (tile_m, _, swap), shipped = dispatch.gate_up_tile_for(m, n, 132, mainloop, k=k), dispatch.gate_up_shipped()
     else:
         (tile_m, _, swap), shipped = dispatch.down_tile_for(m, mainloop), dispatch.down_shipped()
     cfg = next(c for c in shipped
@@ -212,11 +212,11 @@ def test_bf16_down_runs_the_kernel_only_where_its_tiles_fill_the_gpu(m, hidden, 
     (1024, 3584, (128, False)),
 ])
 def test_gate_up_tile_for_follows_the_measured_rule(m, inter, expect):
-    tile_m, _, swap = dispatch.gate_up_tile_for(m, 2 * inter, 132, "bf16")
+    tile_m, _, swap = dispatch.gate_up_tile_for(m, 2 * inter, 132, "bf16", k=4096)
     assert (tile_m, swap) == expect
-    fp8 = dispatch.gate_up_tile_for(m, 2 * inter, 132, "fp8_block128")
+    fp8 = dispatch.gate_up_tile_for(m, 2 * inter, 132, "fp8_block128", k=4096)
     assert fp8 == ((64, 5, False) if dispatch.split64_applies(m, 2 * inter, 132, "fp8_block128") and not swap
-                   else dispatch.gate_up_tile_for(m, 2 * inter, 132, "bf16"))
+                   else dispatch.gate_up_tile_for(m, 2 * inter, 132, "bf16", k=4096))
 
 
 @pytest.mark.parametrize("m,n", [(1, 7168), (129, 3072), (1100, 28672), (4096, 28672), (16384, 7168)])
@@ -469,7 +469,7 @@ def test_gate_up_fp8_64_row_tile_where_128_row_tiles_fit_a_wave_or_take_longer_r
     SPLIT64_ROUNDS of the 128-row tiles'."""
     assert dispatch.split64_applies(m, 2 * inter, 132, "fp8_block128") == expect
     assert not dispatch.split64_applies(m, 2 * inter, 132, "bf16")
-    assert dispatch.gate_up_tile_for(m, 2 * inter, 132, "fp8_block128")[0] == (64 if expect else 128)
+    assert dispatch.gate_up_tile_for(m, 2 * inter, 132, "fp8_block128", k=4096)[0] == (64 if expect else 128)
 
 
 @pytest.mark.parametrize("m,hidden,inter,expect", [
@@ -493,9 +493,9 @@ def test_gate_up_bf16_64_row_tile_where_its_rounds_are_shorter(m, hidden, inter,
     x, w = torch.empty(m, hidden, dtype=torch.bfloat16), torch.empty(2 * inter, hidden, dtype=torch.bfloat16)
     with mock.patch("swiglu_fused.kernels.sm90.schedule.sm_count", lambda device: 132):
         cfg = dispatch.gate_up_config(x, w, None, None, act="silu", h_format="bf16")
-    assert dispatch.bf16_tile64_applies(m, 2 * inter, 132, "bf16", "bf16") == expect
+    assert dispatch.bf16_tile64_applies(m, 2 * inter, 132, "bf16", "bf16", k=hidden) == expect
     assert (cfg.tile_m == 64) == expect
-    assert not dispatch.bf16_tile64_applies(m, 2 * inter, 132, "fp8_block128", "bf16")
+    assert not dispatch.bf16_tile64_applies(m, 2 * inter, 132, "fp8_block128", "bf16", k=hidden)
 
 
 def test_smem_scales_only_where_they_fit():
@@ -615,6 +615,42 @@ def test_nvfp4_hybrid_stream_k_past_a_partial_wave():
     assert g.schedule(fp8, 1024, 7168, 8192, 132) == (132, 0)
     t64 = dataclasses.replace(nv, tile_m=64, stages=6)  # (148 tiles at I = 18944: not measured so, whole tiles)
     assert g.schedule(t64, 64, 37888, 3584, 132) == (132, 0)
+
+
+@pytest.mark.parametrize("m,hidden,inter,expect", [
+    (577, 8192, 3584, True), (600, 8192, 3584, True), (640, 8192, 3584, True),  # 140 tiles: spread 0.3, K 8192
+    (576, 8192, 3584, False),  # (the same 140 tiles: hybrid, but the 64-row tile's 2 rounds are shorter, D43)
+    (704, 8192, 3584, False),  # 168 tiles: spread 1.6 (measured 207 µs against the 192-row tile's 140)
+    (1100, 8192, 2048, False),  # 144 tiles, 9 M tiles: spread 0.8 (170 against 148)
+    (256, 1536, 8960, False),  # K = 1536: the fix-up is 2 rounds (40 against the 64-row tile's 30)
+    (128, 5120, 17408, False),  # 136 tiles of one M tile, K 5120: 1.64 rounds (level with the 64-row tile)
+    (512, 8192, 3584, False),  # (112 tiles: one wave)
+])
+def test_bf16_hybrid_just_past_one_wave(m, hidden, inter, expect):
+    """D48: bf16 gate_up's 128 × 256 tile runs nvfp4's hybrid split (every tile stream-K over all SMs)
+    where its tiles end just past one wave, the CTAs sharing a weight column run close in K and K
+    carries the fix-up; gate_up_config then takes that tile over the 192-row and granule ones, and the
+    64-row tile only where its rounds are SPLIT64_ROUNDS of the hybrid's."""
+    from unittest import mock
+
+    import torch
+
+    from swiglu_fused.kernels.sm90.tile_config import SplitConfig
+
+    x, w = torch.empty(m, hidden, dtype=torch.bfloat16), torch.empty(2 * inter, hidden, dtype=torch.bfloat16)
+    with mock.patch("swiglu_fused.kernels.sm90.schedule.sm_count", lambda device: 132):
+        cfg = dispatch.gate_up_config(x, w, None, None, act="silu", h_format="bf16")
+    hybrid = g.schedule(cfg, m, 2 * inter, hidden, 132)
+    tiles = -(-m // 128) * (2 * inter // 256)
+    assert (hybrid == (132, tiles % 132 + 132)) == expect
+    if expect:
+        assert (cfg.tile_m, cfg.tile_n) == (128, 256) and g.bf16_hybrid_rounds(m, 2 * inter, hidden, 132) < 1.5
+        assert min(check_schedule(132, tiles, tiles % 132 + 132, hidden // 64)) > 0
+        for other in (dataclasses.replace(cfg, mainloop="fp8_block128", h_format="fp8_group128"),
+                      dataclasses.replace(cfg, tile_n=224), dataclasses.replace(cfg, dequantized=True),
+                      SplitConfig(act="silu", h_format="bf16", mainloop="bf16", tile_m=128, stages=4, prefix=256)):
+            assert not g.bf16_hybrid_applies(other, m, 2 * inter, hidden, 132)
+        assert g.bf16_hybrid_applies(dataclasses.replace(cfg, h_format="fp8_group128"), m, 2 * inter, hidden, 132)
 
 
 def test_nvfp4_192_token_tile_where_its_waves_pay():

@@ -280,7 +280,7 @@ def gate_up_cluster_k(m: int, n: int, sms: int, mainloop: str) -> bool:
     return _gate_up_swap_tiles(m, n) <= CLUSTER_K_MAX_TILES * sms
 
 
-def gate_up_tile_for(m: int, n: int, sms: int, mainloop: str, h_format: str = "bf16") -> tuple[int, int, bool]:
+def gate_up_tile_for(m: int, n: int, sms: int, mainloop: str, h_format: str = "bf16", *, k: int) -> tuple[int, int, bool]:
     """(tile_m, stages, swap_ab) for M rows and N = 2I weight rows on ``sms`` SMs: the swap-AB tile
     (D2), else the 64-row tile up to M = 256 where its tiles fit one wave (D6), in fp8's split64
     range (D11, D42) or bf16's (D43), else the 128-row tile (gate_up_config may widen it: D29, D7)."""
@@ -288,7 +288,7 @@ def gate_up_tile_for(m: int, n: int, sms: int, mainloop: str, h_format: str = "b
         return (*GATE_UP_SWAP_TILES[0], True)
     if m <= DECODE_M or (m <= ONE_WAVE_64_M and cdiv(m, 64) * cdiv(n, 2 * GROUP) <= sms):
         return 64, 5, False
-    if split64_applies(m, n, sms, mainloop) or bf16_tile64_applies(m, n, sms, mainloop, h_format):
+    if split64_applies(m, n, sms, mainloop) or bf16_tile64_applies(m, n, sms, mainloop, h_format, k=k):
         return 64, 5, False
     return 128, 4, False
 
@@ -317,12 +317,16 @@ def granule_rounds(m: int, n: int, sms: int, cols: int) -> int:
     return cdiv(cdiv(m, 128) * (n // 2 // cols), sms) * cols
 
 
-def bf16_row_tile(m: int, n: int, sms: int, h_format: str) -> tuple[int, int]:
-    """(tile_m, tile_n) of bf16 gate_up where its tile is not the 64-row one: the 192-row tile where
+def bf16_row_tile(m: int, n: int, sms: int, h_format: str, *, k: int) -> tuple[int, int]:
+    """(tile_m, tile_n) of bf16 gate_up (M × N × K) where its tile is not the 64-row one: the 128-row
+    tile where schedule's hybrid split runs it (just past one wave, D48), else the 192-row tile where
     wg3_applies (D29), else the 128-row tile, over granule_tile_n's width with bf16 h (D7)."""
     from .sm90 import activations_and_h
+    from .sm90.schedule import bf16_hybrid_rounds
     from .sm90.tile_config import TILE_M_WG3
 
+    if bf16_hybrid_rounds(m, n, k, sms) is not None:
+        return 128, 2 * GROUP
     if wg3_applies(m, n, sms):
         return TILE_M_WG3, 2 * GROUP
     granule = None if activations_and_h.h_spec(h_format).scaled else granule_tile_n(m, n, sms)
@@ -392,7 +396,7 @@ def split64_applies(m: int, n: int, sms: int, mainloop: str) -> bool:
                         rounds_time(m, n, sms, 64, 1.0) <= SPLIT64_ROUNDS * rounds_time(m, n, sms, 128, 1.0))
 
 
-def bf16_tile64_applies(m: int, n: int, sms: int, mainloop: str, h_format: str) -> bool:
+def bf16_tile64_applies(m: int, n: int, sms: int, mainloop: str, h_format: str, *, k: int) -> bool:
     """Whether bf16 gate_up with M rows and N = 2I weight rows takes the 64-row tile (one consumer
     warpgroup) where the one-wave rule would not (D43): at M ≤ SPLIT64_ROUNDS_M where its rounds of
     waves take at most SPLIT64_ROUNDS of those of the tile gate_up_config would run instead, the
@@ -401,9 +405,14 @@ def bf16_tile64_applies(m: int, n: int, sms: int, mainloop: str, h_format: str) 
     192 rows, 2 rounds (369): 0.69."""
     if mainloop != BF16_MAINLOOP or m > SPLIT64_ROUNDS_M:
         return False
-    tile_m, tile_n = bf16_row_tile(m, n, sms, h_format)
-    other = (rounds_time(m, n, sms, tile_m, WG3_SPEED) if tile_m != 128
-             else granule_rounds(m, n, sms, tile_n // 2) * 128 / GROUP)
+    from .sm90.schedule import bf16_hybrid_rounds
+
+    tile_m, tile_n = bf16_row_tile(m, n, sms, h_format, k=k)
+    hybrid = bf16_hybrid_rounds(m, n, k, sms)
+    if tile_m != 128:
+        other = rounds_time(m, n, sms, tile_m, WG3_SPEED)
+    else:
+        other = hybrid * 128 if hybrid is not None else granule_rounds(m, n, sms, tile_n // 2) * 128 / GROUP
     return rounds_time(m, n, sms, 64, 1.0) <= SPLIT64_ROUNDS * other
 
 
@@ -466,10 +475,10 @@ def gate_up_config(x, weight, weight_scale, x_scale, *, act: str, h_format: str,
     if n % (2 * GROUP):
         return None
     sms = sm_count(x.device)
-    tile_m, stages, swap = gate_up_tile_for(m, n, sms, mainloop, h_format)
+    tile_m, stages, swap = gate_up_tile_for(m, n, sms, mainloop, h_format, k=k)
     tile_n = 2 * GROUP
     if mainloop == BF16_MAINLOOP and tile_m == 128:
-        tile_m, tile_n = bf16_row_tile(m, n, sms, h_format)
+        tile_m, tile_n = bf16_row_tile(m, n, sms, h_format, k=k)
         stages = WG3_STAGES if tile_m == TILE_M_WG3 else stages
     ck = 2 if swap and gate_up_cluster_k(m, n, sms, mainloop) else 1
     if swap and ck == 1 and k >= SWAP_LONG_K:  # (K pairs keep five: D4 measured them at 4096 a CTA only)
@@ -501,7 +510,7 @@ NVFP4_ROW_TILE = (128, 4)  # the split projection's W4A16 tile (D25), and the de
 NVFP4_WIDE_TILE = (192, 3, 2)
 NVFP4_WIDE_SPEED = 1.1
 NVFP4_WIDE_MIN_GAIN = 0.95
-NVFP4_DEQUANT_M = 1025  # from this M the weight is dequantized to bf16 for the call, then the bf16 mainloop (D26)
+NVFP4_DEQUANT_M = 1409  # from this M the weight is dequantized to bf16 for the call, then the bf16 mainloop (D26, D49)
 # The swap-AB tiles that decode a tile-major weight straight into their wgmma's A registers
 # (TileConfig.rs_decode, one register set), their activations in nvfp4_layout.rs_k_order: 2-25 %
 # faster alone than decoding into smem at 64 and 128 tokens, slower at 192 (D45; history/nvfp4.md

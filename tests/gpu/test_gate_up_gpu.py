@@ -234,6 +234,41 @@ def test_stream_k_is_repeatable_and_leaves_counters_zero(monkeypatch, mainloop, 
     assert_matches_reference(outs[0][0], outs[0][1], args, "silu", "fp8_group128", mainloop)
 
 
+@pytest.mark.parametrize("h_format", ["bf16", "fp8_group128"])
+@pytest.mark.parametrize("waves", [1.06, 1.27])
+def test_bf16_hybrid_past_one_wave(monkeypatch, waves, h_format):
+    """The bf16 128-row tile past one wave in the hybrid split (schedule.bf16_hybrid_applies, D48; at
+    1.27 waves only where its rule is widened): every tile stream-K over all SMs, each CTA's k
+    iterations over up to three tiles, M ragged. h within the reference's tolerance, launches
+    bit-identical, the counters left zero."""
+    from swiglu_fused.kernels.sm90 import gate_up as k, gemm, schedule
+
+    hidden, inter = 8192, 3584
+    sms = schedule.sm_count(torch.device("cuda"))
+    m = 128 * quant.cdiv(int(waves * sms), 2 * inter // 256) - 37
+    args = make_operands(m, hidden, inter, "bf16", seed=m)
+    cfg = k.GateUpConfig(tile_m=128, stages=4, mainloop="bf16", h_format=h_format)
+    monkeypatch.setattr(schedule, "BF16_HYBRID_SPREAD", 10.0)
+    monkeypatch.setattr(schedule, "BF16_HYBRID_MAX_ROUNDS", 10.0)
+    tiles = quant.cdiv(m, 128) * (2 * inter // 256)
+    assert sms < tiles <= 1.3 * sms and schedule.schedule(cfg, m, 2 * inter, hidden, sms) == (sms, tiles)
+    plans = []
+    real_plan = gemm.launch_plan
+
+    def reuse_counters(*a):
+        ctas, sk_tiles, parts, ctr = real_plan(*a)
+        if not plans:
+            plans.append(ctr)
+        return ctas, sk_tiles, parts, plans[0]
+
+    monkeypatch.setattr(gemm, "launch_plan", reuse_counters)
+    outs = [run_kernel(cfg, args) for _ in range(2)]
+    torch.cuda.synchronize()
+    assert not plans[0].any()
+    assert torch.equal(outs[0][0].view(torch.uint8), outs[1][0].view(torch.uint8))
+    assert_matches_reference(*outs[0], args, "silu", h_format, "bf16")
+
+
 @pytest.mark.parametrize("h_format", ["fp8_group128", "bf16"])
 @pytest.mark.parametrize("hidden,inter,m", [(4096, 14336, 1), (576, 1536, 129), (2048, 8192, 1100), (8192, 3584, 300)])
 def test_cluster_pairs_with_a_padding_m_tile(hidden, inter, m, h_format):
@@ -344,7 +379,7 @@ def test_granule_tile(hidden, inter, m, tile_n, act):
     assert_matches_reference(h, None, args, act, "bf16", "bf16")
     picked = dispatch.gate_up_config(args["x"], args["weight"], None, None, act=act, h_format="bf16")
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    expect = (dispatch.gate_up_tile_for(m, 2 * inter, sms, "bf16") == (128, 4, False)
+    expect = (dispatch.gate_up_tile_for(m, 2 * inter, sms, "bf16", k=hidden) == (128, 4, False)
               and not dispatch.wg3_applies(m, 2 * inter, sms) and dispatch.granule_tile_n(m, 2 * inter, sms) == tile_n)
     assert (picked == cfg) == expect
 
@@ -512,7 +547,7 @@ def test_64_row_tile_over_several_rounds(hidden, inter, m, mainloop, h_format):
     from swiglu_fused.kernels.sm90 import gate_up as k
 
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    if dispatch.gate_up_tile_for(m, 2 * inter, sms, mainloop, h_format)[0] != 64:
+    if dispatch.gate_up_tile_for(m, 2 * inter, sms, mainloop, h_format, k=hidden)[0] != 64:
         pytest.skip(f"the rounds rule does not take the 64-row tile here on {sms} SMs")
     args = make_operands(m, hidden, inter, mainloop, seed=zlib.crc32(repr((mainloop, h_format, m, inter)).encode()))
     cfg = k.select_config(args["x"], args["weight"], args.get("weight_scale"), args.get("x_scale"), act="silu",

@@ -9,7 +9,7 @@ import threading
 import cutlass
 
 from ...quant import cdiv
-from .tile_config import ACC_VALUES, TileConfig
+from .tile_config import ACC_VALUES, BF16_MAINLOOP, HALF_N, GateUpConfig, SplitConfig, TileConfig
 
 
 # Whole tiles leave SMs idle when there are few of them: decode with I = 3584 has 28 gate_up tiles
@@ -45,6 +45,17 @@ SK_MIN_GAIN = 1.15  # stream-K only when predicted this much faster
 NVFP4_ITER_US = 0.85  # a 128-token tile's k tile (64 columns) a CTA, in full waves
 NVFP4_FIXUP_US = 15.0  # what the hybrid's stream-K part costs over its even share of k tiles
 NVFP4_HYBRID_MIN_GAIN = 1.05
+# The same split for the bf16 mainloop's 128-row gate_up tile just past one wave (DISPATCH D48). It pays
+# only where the CTAs that share a weight column run close together in K, so that its k tiles meet in
+# L2 (their spread: grid_m · (tiles / SMs - 1) of K), and where K is long enough to carry the fix-up.
+# Fitted on the H200, gate_up alone: 8192×3584 at M = 577-640 (140 tiles, spread 0.3) 128-135 µs against
+# the 192-row tile's 142-152 and whole tiles' 89 a round. Where it lost: 8192×2048 at M = 1100 (spread
+# 0.8) 170 against 148, 8192×3584 at M = 704 (1.27 waves, spread 1.6) 207 against whole tiles' 182 (its
+# CTAs re-read the weight from HBM); 1536×8960 at M = 256 (K = 1536) 40 against 30-34.
+BF16_ITER_US = 0.70  # a 128-row tile's k tile (64 deep) a CTA, in full waves
+BF16_HYBRID_FIXUP_US = 34.0  # what the split costs over its even share of k tiles
+BF16_HYBRID_SPREAD = 0.35
+BF16_HYBRID_MAX_ROUNDS = 1.5  # (of whole tiles) where it runs: 2 rounds of whole tiles or 3 of half-height
 
 
 def band_rows(grid_m, a_tile_bytes, cl):
@@ -100,6 +111,8 @@ def schedule(config: TileConfig, m: int, n: int, k: int, sms: int) -> tuple[int,
         if ck * tiles > sms:
             raise ValueError(f"{config}: cluster_k = {ck} needs {ck} · tiles ≤ {sms} SMs, got {tiles} tiles (M = {m})")
         return ck * tiles, tiles
+    if bf16_hybrid_applies(config, m, n, k, sms):
+        return sms, tiles % sms + sms
     k_tiles = cdiv(k, config.tile_k)
     if config.nvfp4 and config.swap_ab and config.tile_m == 128:
         sk_tiles = nvfp4_hybrid_sk(tiles, k_tiles, sms)
@@ -111,6 +124,26 @@ def schedule(config: TileConfig, m: int, n: int, k: int, sms: int) -> tuple[int,
     else:
         iter_us = ITER_US[f"swap{config.tile_m}" if config.swap_ab else config.tile_m] * iter_bytes / 32768
     return plan(tiles, k_tiles, sms, grid_m, iter_bytes, iter_us, max_sk_grid_m=_max_sk_grid_m(config))
+
+
+def bf16_hybrid_applies(config: TileConfig, m: int, n: int, k: int, sms: int) -> bool:
+    """Whether ``config``'s tiles for M × N × K run nvfp4's hybrid split (above): gate_up's bf16 128-row
+    tile (not the dequantized nvfp4 one, nor the split projection's) where bf16_hybrid_rounds runs it."""
+    return (isinstance(config, GateUpConfig) and not isinstance(config, SplitConfig) and not config.swap_ab
+            and config.mainloop == BF16_MAINLOOP and not config.dequantized and config.tile_m == 128
+            and config.tile_n == 2 * HALF_N and bf16_hybrid_rounds(m, n, k, sms) is not None)
+
+
+def bf16_hybrid_rounds(m: int, n: int, k: int, sms: int) -> float | None:
+    """The bf16 hybrid's predicted time for gate_up's 128 × 256 tiles of M × N × K on ``sms`` SMs, in
+    rounds of whole tiles (one tile's k loop in one CTA): their even share and the fix-up; None where
+    it does not run (at most one wave, too wide a spread, or more than BF16_HYBRID_MAX_ROUNDS)."""
+    grid_m = cdiv(m, 128)
+    tiles = grid_m * cdiv(n, 2 * HALF_N)
+    if tiles <= sms or grid_m * (tiles / sms - 1) > BF16_HYBRID_SPREAD:
+        return None
+    rounds = tiles / sms + BF16_HYBRID_FIXUP_US / (cdiv(k, 64) * BF16_ITER_US)  # (64: the bf16 k tile)
+    return rounds if rounds <= BF16_HYBRID_MAX_ROUNDS else None
 
 
 def nvfp4_hybrid_sk(tiles: int, k_tiles: int, sms: int) -> int:
@@ -139,9 +172,9 @@ def _nvfp4_hybrid_pays(tiles: int, k_tiles: int, sms: int) -> float | None:
 
 def _max_sk_grid_m(config: TileConfig) -> int:
     """M tiles up to which plan() considers stream-K: 2 for the 64/128-row tiles, M ≤ 64 for the
-    16/64-token swap-AB tiles; 8 (every M it runs at) for nvfp4's 128-token swap-AB tile, whose k
-    tiles are bound by the decode, not the weight bytes (DISPATCH D31: down at M = 512 had 64 whole
-    tiles for 132 SMs)."""
+    16/64-token swap-AB tiles; 8 (M ≤ 1024; past it the tiles outnumber the SMs at every served width,
+    so plan() keeps them whole) for nvfp4's 128-token swap-AB tile, whose k tiles are bound by the
+    decode, not the weight bytes (DISPATCH D31: down at M = 512 had 64 whole tiles for 132 SMs)."""
     if config.swap_ab:
         return 64 // config.tile_m if config.tile_m < 128 else 8
     return 2
