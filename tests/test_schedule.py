@@ -215,7 +215,7 @@ def test_gate_up_tile_for_follows_the_measured_rule(m, inter, expect):
     tile_m, _, swap = dispatch.gate_up_tile_for(m, 2 * inter, 132, "bf16", k=4096)
     assert (tile_m, swap) == expect
     fp8 = dispatch.gate_up_tile_for(m, 2 * inter, 132, "fp8_block128", k=4096)
-    assert fp8 == ((64, 5, False) if dispatch.split64_applies(m, 2 * inter, 132, "fp8_block128") and not swap
+    assert fp8 == ((64, 5, False) if dispatch.split64_applies(m, 2 * inter, 132, "fp8_block128", k=4096) and not swap
                    else dispatch.gate_up_tile_for(m, 2 * inter, 132, "bf16", k=4096))
 
 
@@ -467,8 +467,8 @@ def test_gate_up_fp8_64_row_tile_where_128_row_tiles_fit_a_wave_or_take_longer_r
     """DISPATCH D11, D42: fp8 gate_up at 64 < M ≤ 128 takes the split_n 64-row tile where the 128-row
     tiles fit one wave, and up to SPLIT64_ROUNDS_M where its rounds of waves take at most
     SPLIT64_ROUNDS of the 128-row tiles'."""
-    assert dispatch.split64_applies(m, 2 * inter, 132, "fp8_block128") == expect
-    assert not dispatch.split64_applies(m, 2 * inter, 132, "bf16")
+    assert dispatch.split64_applies(m, 2 * inter, 132, "fp8_block128", k=4096) == expect
+    assert not dispatch.split64_applies(m, 2 * inter, 132, "bf16", k=4096)
     assert dispatch.gate_up_tile_for(m, 2 * inter, 132, "fp8_block128", k=4096)[0] == (64 if expect else 128)
 
 
@@ -619,38 +619,46 @@ def test_nvfp4_hybrid_stream_k_past_a_partial_wave():
 
 @pytest.mark.parametrize("m,hidden,inter,expect", [
     (577, 8192, 3584, True), (600, 8192, 3584, True), (640, 8192, 3584, True),  # 140 tiles: spread 0.3, K 8192
-    (576, 8192, 3584, False),  # (the same 140 tiles: hybrid, but the 64-row tile's 2 rounds are shorter, D43)
-    (704, 8192, 3584, False),  # 168 tiles: spread 1.6 (measured 207 µs against the 192-row tile's 140)
-    (1100, 8192, 2048, False),  # 144 tiles, 9 M tiles: spread 0.8 (170 against 148)
-    (256, 1536, 8960, False),  # K = 1536: the fix-up is 2 rounds (40 against the 64-row tile's 30)
-    (128, 5120, 17408, False),  # 136 tiles of one M tile, K 5120: 1.64 rounds (level with the 64-row tile)
+    (576, 8192, 3584, False),  # (the same 140 tiles, but the 64-row tile's 2 rounds are shorter: D42, D43)
+    (704, 8192, 3584, False),  # 168 tiles: spread 1.6 (bf16 207 µs against the 192-row tile's 140)
+    (1100, 8192, 2048, False),  # 144 tiles, 9 M tiles: spread 0.8 (bf16 170 against 148)
+    (256, 1536, 8960, False),  # K = 1536: the fix-up is 2 rounds (bf16 40 against the 64-row tile's 30)
+    (128, 5120, 17408, False),  # 136 tiles of one M tile, K 5120: 1.64 rounds (bf16 level with the 64-row tile)
     (512, 8192, 3584, False),  # (112 tiles: one wave)
 ])
-def test_bf16_hybrid_just_past_one_wave(m, hidden, inter, expect):
-    """D48: bf16 gate_up's 128 × 256 tile runs nvfp4's hybrid split (every tile stream-K over all SMs)
-    where its tiles end just past one wave, the CTAs sharing a weight column run close in K and K
-    carries the fix-up; gate_up_config then takes that tile over the 192-row and granule ones, and the
-    64-row tile only where its rounds are SPLIT64_ROUNDS of the hybrid's."""
+@pytest.mark.parametrize("mainloop", [tile_config.BF16_MAINLOOP, tile_config.FP8_MAINLOOP])
+def test_hybrid_just_past_one_wave(m, hidden, inter, expect, mainloop):
+    """D48: gate_up's bf16 and fp8 128 × 256 tiles run nvfp4's hybrid split (every tile stream-K over
+    all SMs) where their tiles end just past one wave, the CTAs sharing a weight column run close in K
+    and K carries the fix-up; gate_up_config then takes that tile (bf16: over the 192-row and granule
+    ones), and the 64-row tile only where its rounds are SPLIT64_ROUNDS of the hybrid's."""
     from unittest import mock
 
     import torch
 
     from swiglu_fused.kernels.sm90.tile_config import SplitConfig
 
-    x, w = torch.empty(m, hidden, dtype=torch.bfloat16), torch.empty(2 * inter, hidden, dtype=torch.bfloat16)
+    fp8 = mainloop == tile_config.FP8_MAINLOOP
+    dtype, h_format = (torch.float8_e4m3fn, "fp8_group128") if fp8 else (torch.bfloat16, "bf16")
+    x, w = torch.empty(m, hidden, dtype=dtype), torch.empty(2 * inter, hidden, dtype=dtype)
+    scales = (torch.ones(2 * inter // 128, hidden // 128), torch.ones(hidden // 128, m).t()) if fp8 else (None, None)
     with mock.patch("swiglu_fused.kernels.sm90.schedule.sm_count", lambda device: 132):
-        cfg = dispatch.gate_up_config(x, w, None, None, act="silu", h_format="bf16")
-    hybrid = g.schedule(cfg, m, 2 * inter, hidden, 132)
+        cfg = dispatch.gate_up_config(x, w, *scales, act="silu", h_format=h_format)
+    cfg = dataclasses.replace(cfg, static_stages=False)  # (on the GPU with_static_stages sees the split)
     tiles = -(-m // 128) * (2 * inter // 256)
-    assert (hybrid == (132, tiles % 132 + 132)) == expect
+    assert (g.schedule(cfg, m, 2 * inter, hidden, 132) == (132, tiles % 132 + 132)) == expect
     if expect:
-        assert (cfg.tile_m, cfg.tile_n) == (128, 256) and g.bf16_hybrid_rounds(m, 2 * inter, hidden, 132) < 1.5
-        assert min(check_schedule(132, tiles, tiles % 132 + 132, hidden // 64)) > 0
-        for other in (dataclasses.replace(cfg, mainloop="fp8_block128", h_format="fp8_group128"),
-                      dataclasses.replace(cfg, tile_n=224), dataclasses.replace(cfg, dequantized=True),
-                      SplitConfig(act="silu", h_format="bf16", mainloop="bf16", tile_m=128, stages=4, prefix=256)):
-            assert not g.bf16_hybrid_applies(other, m, 2 * inter, hidden, 132)
-        assert g.bf16_hybrid_applies(dataclasses.replace(cfg, h_format="fp8_group128"), m, 2 * inter, hidden, 132)
+        assert (cfg.tile_m, cfg.tile_n) == (128, 256) and g.hybrid128_rounds(mainloop, m, 2 * inter, hidden, 132) < 1.6
+        k_tiles = hidden // cfg.tile_k
+        assert min(check_schedule(132, tiles, tiles % 132 + 132, k_tiles)) > 0
+        for other in (dataclasses.replace(cfg, tile_m=64, stages=5, smem_scales=False),
+                      dataclasses.replace(cfg, mainloop="nvfp4", smem_scales=False, h_format="bf16"),
+                      SplitConfig(act="silu", h_format="bf16", mainloop=mainloop, tile_m=128, stages=4, prefix=256)):
+            assert not g.hybrid128_applies(other, m, 2 * inter, hidden, 132)
+    if not fp8 and expect:
+        assert not g.hybrid128_applies(dataclasses.replace(cfg, tile_n=224), m, 2 * inter, hidden, 132)
+        assert not g.hybrid128_applies(dataclasses.replace(cfg, dequantized=True), m, 2 * inter, hidden, 132)
+        assert g.hybrid128_applies(dataclasses.replace(cfg, h_format="fp8_group128"), m, 2 * inter, hidden, 132)
 
 
 def test_nvfp4_192_token_tile_where_its_waves_pay():

@@ -288,7 +288,7 @@ def gate_up_tile_for(m: int, n: int, sms: int, mainloop: str, h_format: str = "b
         return (*GATE_UP_SWAP_TILES[0], True)
     if m <= DECODE_M or (m <= ONE_WAVE_64_M and cdiv(m, 64) * cdiv(n, 2 * GROUP) <= sms):
         return 64, 5, False
-    if split64_applies(m, n, sms, mainloop) or bf16_tile64_applies(m, n, sms, mainloop, h_format, k=k):
+    if split64_applies(m, n, sms, mainloop, k=k) or bf16_tile64_applies(m, n, sms, mainloop, h_format, k=k):
         return 64, 5, False
     return 128, 4, False
 
@@ -322,10 +322,10 @@ def bf16_row_tile(m: int, n: int, sms: int, h_format: str, *, k: int) -> tuple[i
     tile where schedule's hybrid split runs it (just past one wave, D48), else the 192-row tile where
     wg3_applies (D29), else the 128-row tile, over granule_tile_n's width with bf16 h (D7)."""
     from .sm90 import activations_and_h
-    from .sm90.schedule import bf16_hybrid_rounds
+    from .sm90.schedule import hybrid128_rounds
     from .sm90.tile_config import TILE_M_WG3
 
-    if bf16_hybrid_rounds(m, n, k, sms) is not None:
+    if hybrid128_rounds(BF16_MAINLOOP, m, n, k, sms) is not None:
         return 128, 2 * GROUP
     if wg3_applies(m, n, sms):
         return TILE_M_WG3, 2 * GROUP
@@ -384,16 +384,20 @@ def split_n_pipeline(deep: bool, h_format: str) -> dict:
     return dict(stages=SPLIT_N_STAGES)
 
 
-def split64_applies(m: int, n: int, sms: int, mainloop: str) -> bool:
-    """Whether fp8 gate_up with M rows and N = 2I weight rows takes the 64-row tile (split_n) where
-    gate_up_tile_for's one-wave rule would pick the 128-row one: at M ≤ SPLIT64_M where the 128-row
-    tiles fit one wave (D11), or at M ≤ SPLIT64_ROUNDS_M where the 64-row tiles' rounds of waves
-    take at most SPLIT64_ROUNDS of the 128-row tiles' (D42)."""
+def split64_applies(m: int, n: int, sms: int, mainloop: str, *, k: int) -> bool:
+    """Whether fp8 gate_up with M rows, N = 2I weight rows and K columns takes the 64-row tile
+    (split_n) where gate_up_tile_for's one-wave rule would pick the 128-row one: at M ≤ SPLIT64_M
+    where the 128-row tiles fit one wave (D11), or at M ≤ SPLIT64_ROUNDS_M where the 64-row tiles'
+    rounds of waves take at most SPLIT64_ROUNDS of the 128-row tiles' (D42), which run whole or, just
+    past one wave, in the hybrid split (D48)."""
+    from .sm90.schedule import hybrid128_rounds
+
     if mainloop != FP8_MAINLOOP:
         return False
     one_wave = m <= SPLIT64_M and cdiv(n, 2 * GROUP) <= sms
-    return one_wave or (m <= SPLIT64_ROUNDS_M and
-                        rounds_time(m, n, sms, 64, 1.0) <= SPLIT64_ROUNDS * rounds_time(m, n, sms, 128, 1.0))
+    hybrid = hybrid128_rounds(FP8_MAINLOOP, m, n, k, sms)
+    tile128 = hybrid * 128 if hybrid is not None else rounds_time(m, n, sms, 128, 1.0)
+    return one_wave or (m <= SPLIT64_ROUNDS_M and rounds_time(m, n, sms, 64, 1.0) <= SPLIT64_ROUNDS * tile128)
 
 
 def bf16_tile64_applies(m: int, n: int, sms: int, mainloop: str, h_format: str, *, k: int) -> bool:
@@ -405,10 +409,10 @@ def bf16_tile64_applies(m: int, n: int, sms: int, mainloop: str, h_format: str, 
     192 rows, 2 rounds (369): 0.69."""
     if mainloop != BF16_MAINLOOP or m > SPLIT64_ROUNDS_M:
         return False
-    from .sm90.schedule import bf16_hybrid_rounds
+    from .sm90.schedule import hybrid128_rounds
 
     tile_m, tile_n = bf16_row_tile(m, n, sms, h_format, k=k)
-    hybrid = bf16_hybrid_rounds(m, n, k, sms)
+    hybrid = hybrid128_rounds(BF16_MAINLOOP, m, n, k, sms)
     if tile_m != 128:
         other = rounds_time(m, n, sms, tile_m, WG3_SPEED)
     else:

@@ -235,21 +235,23 @@ def test_stream_k_is_repeatable_and_leaves_counters_zero(monkeypatch, mainloop, 
 
 
 @pytest.mark.parametrize("h_format", ["bf16", "fp8_group128"])
+@pytest.mark.parametrize("mainloop", ["bf16", "fp8_block128"])
 @pytest.mark.parametrize("waves", [1.06, 1.27])
-def test_bf16_hybrid_past_one_wave(monkeypatch, waves, h_format):
-    """The bf16 128-row tile past one wave in the hybrid split (schedule.bf16_hybrid_applies, D48; at
-    1.27 waves only where its rule is widened): every tile stream-K over all SMs, each CTA's k
-    iterations over up to three tiles, M ragged. h within the reference's tolerance, launches
-    bit-identical, the counters left zero."""
+def test_hybrid_past_one_wave(monkeypatch, waves, mainloop, h_format):
+    """The 128-row tile past one wave in the hybrid split (schedule.hybrid128_applies, D48; at 1.27
+    waves only where its rule is widened): every tile stream-K over all SMs, each CTA's k iterations
+    over up to three tiles, M ragged. h within the reference's tolerance, launches bit-identical, the
+    counters left zero."""
     from swiglu_fused.kernels.sm90 import gate_up as k, gemm, schedule
 
     hidden, inter = 8192, 3584
     sms = schedule.sm_count(torch.device("cuda"))
     m = 128 * quant.cdiv(int(waves * sms), 2 * inter // 256) - 37
-    args = make_operands(m, hidden, inter, "bf16", seed=m)
-    cfg = k.GateUpConfig(tile_m=128, stages=4, mainloop="bf16", h_format=h_format)
-    monkeypatch.setattr(schedule, "BF16_HYBRID_SPREAD", 10.0)
-    monkeypatch.setattr(schedule, "BF16_HYBRID_MAX_ROUNDS", 10.0)
+    args = make_operands(m, hidden, inter, mainloop, seed=m)
+    cfg = k.GateUpConfig(tile_m=128, stages=4, mainloop=mainloop, h_format=h_format,
+                         smem_scales=dispatch.smem_scales_apply(128, False, mainloop, h_format))
+    monkeypatch.setattr(schedule, "HYBRID_SPREAD", 10.0)
+    monkeypatch.setattr(schedule, "HYBRID_MAX_ROUNDS", 10.0)
     tiles = quant.cdiv(m, 128) * (2 * inter // 256)
     assert sms < tiles <= 1.3 * sms and schedule.schedule(cfg, m, 2 * inter, hidden, sms) == (sms, tiles)
     plans = []
@@ -266,7 +268,7 @@ def test_bf16_hybrid_past_one_wave(monkeypatch, waves, h_format):
     torch.cuda.synchronize()
     assert not plans[0].any()
     assert torch.equal(outs[0][0].view(torch.uint8), outs[1][0].view(torch.uint8))
-    assert_matches_reference(*outs[0], args, "silu", h_format, "bf16")
+    assert_matches_reference(*outs[0], args, "silu", h_format, mainloop)
 
 
 @pytest.mark.parametrize("h_format", ["fp8_group128", "bf16"])

@@ -9,7 +9,7 @@ import threading
 import cutlass
 
 from ...quant import cdiv
-from .tile_config import ACC_VALUES, BF16_MAINLOOP, HALF_N, GateUpConfig, SplitConfig, TileConfig
+from .tile_config import ACC_VALUES, BF16_MAINLOOP, FP8_MAINLOOP, HALF_N, GateUpConfig, SplitConfig, TileConfig
 
 
 # Whole tiles leave SMs idle when there are few of them: decode with I = 3584 has 28 gate_up tiles
@@ -40,22 +40,25 @@ SK_MIN_GAIN = 1.15  # stream-K only when predicted this much faster
 # wave, the last full wave and the partial one go stream-K over all CTAs ("hybrid"; every tile then
 # shared by at most two CTAs), where predicted NVFP4_HYBRID_MIN_GAIN faster (DISPATCH D46; the 64-token
 # tile, past one wave only where I > 16896, not measured so: not taken).
-# The bf16 and fp8 tiles lost so (history/gate_up.md, deepgemm.md): their k-split CTAs re-read weights.
+# The bf16 and fp8 tiles lost so (history/gate_up.md, deepgemm.md): their k-split CTAs re-read weights
+# (but for gate_up just past one wave: D48, below).
 # Fitted to gate_up and down alone on the H200 (D46; 4096×14336, 8192×3584, 2048×8192 at M = 384-1024):
 NVFP4_ITER_US = 0.85  # a 128-token tile's k tile (64 columns) a CTA, in full waves
 NVFP4_FIXUP_US = 15.0  # what the hybrid's stream-K part costs over its even share of k tiles
 NVFP4_HYBRID_MIN_GAIN = 1.05
-# The same split for the bf16 mainloop's 128-row gate_up tile just past one wave (DISPATCH D48). It pays
+# The same split for gate_up's bf16 and fp8 128-row tiles just past one wave (DISPATCH D48). It pays
 # only where the CTAs that share a weight column run close together in K, so that its k tiles meet in
 # L2 (their spread: grid_m · (tiles / SMs - 1) of K), and where K is long enough to carry the fix-up.
-# Fitted on the H200, gate_up alone: 8192×3584 at M = 577-640 (140 tiles, spread 0.3) 128-135 µs against
-# the 192-row tile's 142-152 and whole tiles' 89 a round. Where it lost: 8192×2048 at M = 1100 (spread
-# 0.8) 170 against 148, 8192×3584 at M = 704 (1.27 waves, spread 1.6) 207 against whole tiles' 182 (its
-# CTAs re-read the weight from HBM); 1536×8960 at M = 256 (K = 1536) 40 against 30-34.
-BF16_ITER_US = 0.70  # a 128-row tile's k tile (64 deep) a CTA, in full waves
-BF16_HYBRID_FIXUP_US = 34.0  # what the split costs over its even share of k tiles
-BF16_HYBRID_SPREAD = 0.35
-BF16_HYBRID_MAX_ROUNDS = 1.5  # (of whole tiles) where it runs: 2 rounds of whole tiles or 3 of half-height
+# Fitted on the H200, gate_up alone, at 8192×3584 M = 577-640 (140 tiles, spread 0.3): bf16 128-135 µs
+# against the 192-row tile's 142-152 and whole tiles' 89 a round; fp8 78-81 against the 64-row tile's
+# 91-95 and whole tiles' 51-53 a round. Where it lost: 8192×2048 at M = 1100 (bf16, spread 0.8) 170
+# against 148; at 1.27-1.45 waves (spread 1.6-2.5: 8192×3584 M = 704, 8192×7168 and 2048×8192 M = 384)
+# 3 % faster to 50 % slower than whole tiles and slower than the tile dispatched there (its CTAs re-read
+# the weight from HBM); bf16 1536×8960 at M = 256 (K = 1536) 40 against 30-34.
+HYBRID_ITER_US = {BF16_MAINLOOP: 0.70, FP8_MAINLOOP: 0.81}  # a 128-row tile's k tile a CTA, in full waves
+HYBRID_FIXUP_US = {BF16_MAINLOOP: 34.0, FP8_MAINLOOP: 25.0}  # what the split costs over its even share
+HYBRID_SPREAD = 0.35
+HYBRID_MAX_ROUNDS = 1.6  # (of whole tiles) where it runs: 2 rounds of whole tiles or 3 of half-height
 
 
 def band_rows(grid_m, a_tile_bytes, cl):
@@ -111,7 +114,7 @@ def schedule(config: TileConfig, m: int, n: int, k: int, sms: int) -> tuple[int,
         if ck * tiles > sms:
             raise ValueError(f"{config}: cluster_k = {ck} needs {ck} · tiles ≤ {sms} SMs, got {tiles} tiles (M = {m})")
         return ck * tiles, tiles
-    if bf16_hybrid_applies(config, m, n, k, sms):
+    if hybrid128_applies(config, m, n, k, sms):
         return sms, tiles % sms + sms
     k_tiles = cdiv(k, config.tile_k)
     if config.nvfp4 and config.swap_ab and config.tile_m == 128:
@@ -126,24 +129,29 @@ def schedule(config: TileConfig, m: int, n: int, k: int, sms: int) -> tuple[int,
     return plan(tiles, k_tiles, sms, grid_m, iter_bytes, iter_us, max_sk_grid_m=_max_sk_grid_m(config))
 
 
-def bf16_hybrid_applies(config: TileConfig, m: int, n: int, k: int, sms: int) -> bool:
-    """Whether ``config``'s tiles for M × N × K run nvfp4's hybrid split (above): gate_up's bf16 128-row
-    tile (not the dequantized nvfp4 one, nor the split projection's) where bf16_hybrid_rounds runs it."""
+def hybrid128_applies(config: TileConfig, m: int, n: int, k: int, sms: int) -> bool:
+    """Whether ``config``'s tiles for M × N × K run nvfp4's hybrid split (above): gate_up's bf16 or fp8
+    128 × 256 tile (not the dequantized nvfp4 one, nor the split projection's) where hybrid128_rounds
+    runs it."""
     return (isinstance(config, GateUpConfig) and not isinstance(config, SplitConfig) and not config.swap_ab
-            and config.mainloop == BF16_MAINLOOP and not config.dequantized and config.tile_m == 128
-            and config.tile_n == 2 * HALF_N and bf16_hybrid_rounds(m, n, k, sms) is not None)
+            and not config.dequantized and config.tile_m == 128 and config.tile_n == 2 * HALF_N
+            and hybrid128_rounds(config.mainloop, m, n, k, sms) is not None)
 
 
-def bf16_hybrid_rounds(m: int, n: int, k: int, sms: int) -> float | None:
-    """The bf16 hybrid's predicted time for gate_up's 128 × 256 tiles of M × N × K on ``sms`` SMs, in
-    rounds of whole tiles (one tile's k loop in one CTA): their even share and the fix-up; None where
-    it does not run (at most one wave, too wide a spread, or more than BF16_HYBRID_MAX_ROUNDS)."""
+def hybrid128_rounds(mainloop: str, m: int, n: int, k: int, sms: int) -> float | None:
+    """The hybrid's predicted time for gate_up's 128 × 256 tiles of ``mainloop`` for M × N × K on ``sms``
+    SMs, in rounds of whole tiles (one tile's k loop in one CTA): their even share and the fix-up; None
+    where it does not run (another mainloop, at most one wave, too wide a spread, or more than
+    HYBRID_MAX_ROUNDS)."""
+    if mainloop not in HYBRID_FIXUP_US:
+        return None
     grid_m = cdiv(m, 128)
     tiles = grid_m * cdiv(n, 2 * HALF_N)
-    if tiles <= sms or grid_m * (tiles / sms - 1) > BF16_HYBRID_SPREAD:
+    if tiles <= sms or grid_m * (tiles / sms - 1) > HYBRID_SPREAD:
         return None
-    rounds = tiles / sms + BF16_HYBRID_FIXUP_US / (cdiv(k, 64) * BF16_ITER_US)  # (64: the bf16 k tile)
-    return rounds if rounds <= BF16_HYBRID_MAX_ROUNDS else None
+    k_tile = 128 if mainloop == FP8_MAINLOOP else 64  # (TileConfig.tile_k)
+    rounds = tiles / sms + HYBRID_FIXUP_US[mainloop] / (cdiv(k, k_tile) * HYBRID_ITER_US[mainloop])
+    return rounds if rounds <= HYBRID_MAX_ROUNDS else None
 
 
 def nvfp4_hybrid_sk(tiles: int, k_tiles: int, sms: int) -> int:
