@@ -85,7 +85,8 @@ def main():
                 except ValueError as e:  # e.g. a split_n field where the dispatched tile is not split_n
                     print(f"H={hidden} I={inter} M={m}: variant {n} does not apply ({e})")
             for n, constants in consts.items():
-                cfgs[n] = under_constants(constants, lambda: b.gate_up_config(x, w, ws, xs, act="silu", h_format=h_format))
+                cfgs[n] = under_constants(constants,
+                                          lambda: b.gate_up_config(x, w, ws, xs, act="silu", h_format=h_format))
             checks = {n: same_h(base, c, ops[0], consts.get(n)) for n, c in cfgs.items() if n != "dispatched"}
             fns = {n: b.cycling(lambda x, xs, w, ws, c=c, k=consts.get(n, {}): under_constants(
                        k, lambda: kg.gate_up(c, x, w, ws, xs, tile_major=c.tile_major)),

@@ -284,10 +284,12 @@ def gate_up_cluster_k(m: int, n: int, sms: int, mainloop: str) -> bool:
     return _gate_up_swap_tiles(m, n) <= CLUSTER_K_MAX_TILES * sms
 
 
-def gate_up_tile_for(m: int, n: int, sms: int, mainloop: str, h_format: str = "bf16", *, k: int) -> tuple[int, int, bool]:
-    """(tile_m, stages, swap_ab) for M rows and N = 2I weight rows on ``sms`` SMs: the swap-AB tile
-    (D2), else the 64-row tile up to M = 256 where its tiles fit one wave (D6), in fp8's split64
-    range (D11, D42) or bf16's (D43), else the 128-row tile (gate_up_config may widen it: D29, D7)."""
+def gate_up_tile_for(m: int, n: int, sms: int, mainloop: str, h_format: str = "bf16", *,
+                     k: int) -> tuple[int, int, bool]:
+    """(tile_m, stages, swap_ab) for M rows, N = 2I weight rows and K columns on ``sms`` SMs: the
+    swap-AB tile (D2), else the 64-row tile up to M = 256 where its tiles fit one wave (D6), in fp8's
+    split64 range (D11, D42) or bf16's (D43, D50; both weigh the 128-row tile's hybrid split, whose
+    fix-up K carries: D48), else the 128-row tile (gate_up_config may widen it: D29, D7)."""
     if gate_up_swap_ab(m, n, sms):
         return (*GATE_UP_SWAP_TILES[0], True)
     if m <= DECODE_M or (m <= ONE_WAVE_64_M and cdiv(m, 64) * cdiv(n, 2 * GROUP) <= sms):

@@ -9,7 +9,8 @@ import threading
 import cutlass
 
 from ...quant import cdiv
-from .tile_config import ACC_VALUES, BF16_MAINLOOP, FP8_MAINLOOP, HALF_N, GateUpConfig, SplitConfig, TileConfig
+from .tile_config import (ACC_VALUES, BF16_MAINLOOP, FP8_MAINLOOP, HALF_N, GateUpConfig, SplitConfig,
+                          TileConfig)
 
 
 # Whole tiles leave SMs idle when there are few of them: decode with I = 3584 has 28 gate_up tiles
