@@ -271,6 +271,26 @@ def test_hybrid_past_one_wave(monkeypatch, waves, mainloop, h_format):
     assert_matches_reference(*outs[0], args, "silu", h_format, mainloop)
 
 
+@pytest.mark.parametrize("mainloop,h_format", [("bf16", "bf16"), ("fp8_block128", "fp8_group128")])
+def test_dispatched_hybrid_at_8192x3584(mainloop, h_format):
+    """D48 as dispatched: 8192×3584 at M = 600 on 132 SMs takes the 128 × 256 tile in the hybrid split
+    (all 140 tiles stream-K over the SMs; fp8 without the static k loop, whose tiles run whole), and
+    h is the reference's."""
+    from swiglu_fused.kernels.sm90 import gate_up as k, schedule
+
+    hidden, inter, m = 8192, 3584, 600
+    sms = schedule.sm_count(torch.device("cuda"))
+    if sms != 132:
+        pytest.skip(f"the rule's shape is one just past a wave of 132 SMs; this GPU has {sms}")
+    args = make_operands(m, hidden, inter, mainloop, seed=m)
+    cfg = k.select_config(args["x"], args["weight"], args.get("weight_scale"), args.get("x_scale"),
+                          act="silu", h_format=h_format)
+    assert (cfg.tile_m, cfg.tile_n, cfg.static_stages, cfg.cluster_m) == (128, 256, False, 1)
+    assert schedule.schedule(cfg, m, 2 * inter, hidden, sms) == (132, 140)
+    h, hs = run_kernel(cfg, args)
+    assert_matches_reference(h, hs, args, "silu", h_format, mainloop)
+
+
 @pytest.mark.parametrize("h_format", ["fp8_group128", "bf16"])
 @pytest.mark.parametrize("hidden,inter,m", [(4096, 14336, 1), (576, 1536, 129), (2048, 8192, 1100), (8192, 3584, 300)])
 def test_cluster_pairs_with_a_padding_m_tile(hidden, inter, m, h_format):
