@@ -10,7 +10,7 @@ dispatched, and launched, with dispatch's or the schedule's constants changed, e
 cost model does not pick:
 
     python -m benchmarks.ab_gate_up --mainloop bf16 --shapes 8192x3584 --m 640 \
-        --set "schedule.BF16_HYBRID_SPREAD=-1" --set "dispatch.WG3_MIN_GAIN=0;dispatch.SPLIT64_ROUNDS=10"
+        --set "schedule.HYBRID_SPREAD=-1" --set "dispatch.WG3_MIN_GAIN=0;dispatch.SPLIT64_ROUNDS=10"
 
 Every variant's h is first compared with the dispatched config's (bit-identical, or the largest
 difference is printed), then all are captured as CUDA graphs (operands rotated past L2, as in

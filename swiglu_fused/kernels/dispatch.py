@@ -418,10 +418,10 @@ def bf16_tile64_applies(m: int, n: int, sms: int, mainloop: str, h_format: str, 
     from .sm90.schedule import hybrid128_rounds
 
     tile_m, tile_n = bf16_row_tile(m, n, sms, h_format, k=k)
-    hybrid = hybrid128_rounds(BF16_MAINLOOP, m, n, k, sms)
     if tile_m != 128:
         other = rounds_time(m, n, sms, tile_m, WG3_SPEED)
     else:
+        hybrid = hybrid128_rounds(BF16_MAINLOOP, m, n, k, sms)
         other = hybrid * 128 if hybrid is not None else granule_rounds(m, n, sms, tile_n // 2) * 128 / GROUP
     return rounds_time(m, n, sms, 64, 1.0) <= BF16_TILE64_ROUNDS * other
 
@@ -616,11 +616,11 @@ def nvfp4_wide_applies(m: int, n: int, k: int, sms: int) -> bool:
     128 three in whole waves or 2.8 hybrid; 8192×3584 at M = 768 (168 tiles of 128: 1.4 rounds
     hybrid) not, and at M = 512 both are one round."""
     from .sm90.schedule import nvfp4_rounds
-    from .sm90.tile_config import NVFP4_K_ALIGN  # (the k tile)
+    from .sm90.tile_config import mainloop_tile_k
 
     if m <= NVFP4_SWAP_TILES["gate_up"][-2][0]:  # (the 16/64-token tiles' M)
         return False
-    tile128 = nvfp4_rounds(cdiv(m, 128) * cdiv(n, 2 * GROUP), cdiv(k, NVFP4_K_ALIGN), sms) * 128
+    tile128 = nvfp4_rounds(cdiv(m, 128) * cdiv(n, 2 * GROUP), cdiv(k, mainloop_tile_k(NVFP4_MAINLOOP)), sms) * 128
     return rounds_time(m, n, sms, NVFP4_WIDE_TILE[0], NVFP4_WIDE_SPEED) < NVFP4_WIDE_MIN_GAIN * tile128
 
 
@@ -776,8 +776,9 @@ def _nvfp4_gate_up_config(x, weight, weight_scale, act: str, h_format: str, tile
     m = x.shape[0]
     if nvfp4_dequantizes(m):
         return GateUpConfig(act=act, h_format=h_format, **_nvfp4_prefill_tile(m, wg3_on(x.device, m, weight.shape[0])))
+    wide = nvfp4_wide_on(x.device, m, weight.shape[0], x.shape[1])
     return GateUpConfig(act=act, h_format=h_format, mainloop=NVFP4_MAINLOOP, tile_major=tile_major,
-                        **nvfp4_tile_for(m, wide=nvfp4_wide_on(x.device, m, weight.shape[0], x.shape[1]), tile_major=tile_major))
+                        **nvfp4_tile_for(m, wide=wide, tile_major=tile_major))
 
 
 def _nvfp4_down_config(h, weight, weight_scale, residual, tile_major: bool):

@@ -197,6 +197,24 @@ def test_ops_gate_up_without_16_byte_rows_runs_the_reference(mainloop):
     assert torch.equal(h.view(torch.uint8), h_ref.view(torch.uint8)) and torch.equal(hs, hs_ref)
 
 
+def reuse_first_counters(monkeypatch) -> list:
+    """Hand every later launch the first launch's stream-K counter tensor (through gemm.launch_plan,
+    what gemm.launch calls): a counter a launch left non-zero would skip an epilogue in the next one
+    and leave the NaN poison in h. Returns [(sk_tiles, counters)] of the first launch, once it ran."""
+    from swiglu_fused.kernels.sm90 import gemm
+
+    first, real_plan = [], gemm.launch_plan
+
+    def reuse(*a):
+        ctas, sk_tiles, parts, ctr = real_plan(*a)
+        if not first:
+            first.append((sk_tiles, ctr))
+        return ctas, sk_tiles, parts, first[0][1]
+
+    monkeypatch.setattr(gemm, "launch_plan", reuse)
+    return first
+
+
 @pytest.mark.parametrize("mainloop", ["fp8_block128", "bf16"])
 @pytest.mark.parametrize("hidden,inter,m", [(8192, 3584, 16), (8192, 3584, 20), (8192, 1792, 64), (8192, 3584, 100)])
 def test_stream_k_is_repeatable_and_leaves_counters_zero(monkeypatch, mainloop, hidden, inter, m):
@@ -212,22 +230,13 @@ def test_stream_k_is_repeatable_and_leaves_counters_zero(monkeypatch, mainloop, 
     cfg = dataclasses.replace(cfg, cluster_k=1)  # K pairs (no counters) have their own test
     if cfg.split_n:  # (whole tiles only: the one-warpgroup 64-row tile's stream-K path, down's too)
         cfg = dataclasses.replace(cfg, split_n=False, stages=5, xacc_parts=1)
-    plans = []
-    real_plan = gemm.launch_plan
-    if real_plan(cfg, m, 2 * inter, hidden, args["x"].device)[1] == 0:
+    if gemm.launch_plan(cfg, m, 2 * inter, hidden, args["x"].device)[1] == 0:
         # plan() keeps whole tiles here (the cost model's choice): test the stream-K path split 3 ways
         monkeypatch.setattr(schedule, "plan", lambda tiles, *a, **kw: (3 * tiles, tiles))
-
-    def reuse_counters(*a):
-        ctas, sk_tiles, parts, ctr = real_plan(*a)
-        if not plans:
-            plans.append((sk_tiles, ctr))
-        return ctas, sk_tiles, parts, plans[0][1]
-
-    monkeypatch.setattr(gemm, "launch_plan", reuse_counters)  # what gemm.launch calls
+    first = reuse_first_counters(monkeypatch)
     outs = [run_kernel(cfg, args) for _ in range(3)]
     torch.cuda.synchronize()
-    sk_tiles, ctr = plans[0]
+    sk_tiles, ctr = first[0]
     assert sk_tiles > 0 and not ctr.any()
     for h, hs in outs[1:]:
         assert torch.equal(h.view(torch.uint8), outs[0][0].view(torch.uint8)) and torch.equal(hs, outs[0][1])
@@ -242,7 +251,7 @@ def test_hybrid_past_one_wave(monkeypatch, waves, mainloop, h_format):
     waves only where its rule is widened): every tile stream-K over all SMs, each CTA's k iterations
     over up to three tiles, M ragged. h within the reference's tolerance, launches bit-identical, the
     counters left zero."""
-    from swiglu_fused.kernels.sm90 import gate_up as k, gemm, schedule
+    from swiglu_fused.kernels.sm90 import gate_up as k, schedule
 
     hidden, inter = 8192, 3584
     sms = schedule.sm_count(torch.device("cuda"))
@@ -254,19 +263,10 @@ def test_hybrid_past_one_wave(monkeypatch, waves, mainloop, h_format):
     monkeypatch.setattr(schedule, "HYBRID_MAX_ROUNDS", 10.0)
     tiles = quant.cdiv(m, 128) * (2 * inter // 256)
     assert sms < tiles <= 1.3 * sms and schedule.schedule(cfg, m, 2 * inter, hidden, sms) == (sms, tiles)
-    plans = []
-    real_plan = gemm.launch_plan
-
-    def reuse_counters(*a):
-        ctas, sk_tiles, parts, ctr = real_plan(*a)
-        if not plans:
-            plans.append(ctr)
-        return ctas, sk_tiles, parts, plans[0]
-
-    monkeypatch.setattr(gemm, "launch_plan", reuse_counters)
+    first = reuse_first_counters(monkeypatch)
     outs = [run_kernel(cfg, args) for _ in range(2)]
     torch.cuda.synchronize()
-    assert not plans[0].any()
+    assert not first[0][1].any()
     assert torch.equal(outs[0][0].view(torch.uint8), outs[1][0].view(torch.uint8))
     assert_matches_reference(*outs[0], args, "silu", h_format, mainloop)
 

@@ -10,7 +10,7 @@ import cutlass
 
 from ...quant import cdiv
 from .tile_config import (ACC_VALUES, BF16_MAINLOOP, FP8_MAINLOOP, HALF_N, GateUpConfig, SplitConfig,
-                          TileConfig)
+                          TileConfig, mainloop_tile_k)
 
 
 # Whole tiles leave SMs idle when there are few of them: decode with I = 3584 has 28 gate_up tiles
@@ -150,8 +150,7 @@ def hybrid128_rounds(mainloop: str, m: int, n: int, k: int, sms: int) -> float |
     tiles = grid_m * cdiv(n, 2 * HALF_N)
     if tiles <= sms or grid_m * (tiles / sms - 1) > HYBRID_SPREAD:
         return None
-    k_tile = 128 if mainloop == FP8_MAINLOOP else 64  # (TileConfig.tile_k)
-    rounds = tiles / sms + HYBRID_FIXUP_US[mainloop] / (cdiv(k, k_tile) * HYBRID_ITER_US[mainloop])
+    rounds = tiles / sms + HYBRID_FIXUP_US[mainloop] / (cdiv(k, mainloop_tile_k(mainloop)) * HYBRID_ITER_US[mainloop])
     return rounds if rounds <= HYBRID_MAX_ROUNDS else None
 
 

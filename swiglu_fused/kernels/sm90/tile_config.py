@@ -42,6 +42,12 @@ TILE_M_WG3 = 192
 GRANULE = 16  # gate (and up) rows per TMA box: 16 divides 96, 112 and INTERLEAVE, so no box straddles a chunk
 
 
+def mainloop_tile_k(mainloop: str) -> int:
+    """K columns a k tile of ``mainloop`` (TileConfig.tile_k): 128 bytes of K per row, one 128B-swizzle
+    atom (fp8: 128 columns; bf16 and nvfp4's decoded bf16: 64)."""
+    return 128 if mainloop == FP8_MAINLOOP else 64
+
+
 @dataclass(frozen=True)
 class TileConfig:
     """Mainloop part of a compile-time configuration; subclasses name the epilogue."""
@@ -375,7 +381,7 @@ class TileConfig:
 
     @property
     def tile_k(self) -> int:
-        return 128 if self.fp8 else 64  # 128 bytes of K per row: one 128B-swizzle atom
+        return mainloop_tile_k(self.mainloop)
 
     @property
     def k_align(self) -> int:
