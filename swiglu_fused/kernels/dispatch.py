@@ -255,8 +255,8 @@ SPLIT64_M = 128  # fp8, 64 < M ≤ this with one wave of 128-row tiles: the spli
 SPLIT64_ROUNDS = 0.8
 # bf16's 64-row tile (one consumer warpgroup) by the same rule (D43), at its own share since D50: where
 # its rounds were 0.83-0.87 of the dispatched tile's it was 10-29 % faster at all of 10 points (8 widths);
-# not measured above 0.87
-BF16_TILE64_ROUNDS = 0.875
+# at 0.89-0.93 3-10 % (D51, 5 points), at 0.95 level, at 0.98-1.0 2-6 % slower
+BF16_TILE64_ROUNDS = 0.94
 # the rounds rule (this one, and bf16's, D43) up to this M: measured to 3104, every point it takes 1-39 %
 # faster; from 4096 the 128-row tile runs in cluster pairs (D8), not measured against (and at 23 served
 # widths the rule would fire at no M from 4096 to 16384 anyway)
@@ -409,7 +409,7 @@ def split64_applies(m: int, n: int, sms: int, mainloop: str, *, k: int) -> bool:
 def bf16_tile64_applies(m: int, n: int, sms: int, mainloop: str, h_format: str, *, k: int) -> bool:
     """Whether bf16 gate_up with M rows and N = 2I weight rows takes the 64-row tile (one consumer
     warpgroup) where the one-wave rule would not (D43): at M ≤ SPLIT64_ROUNDS_M where its rounds of
-    waves take at most BF16_TILE64_ROUNDS (D50) of those of the tile gate_up_config would run instead, the
+    waves take at most BF16_TILE64_ROUNDS (D50, D51) of those of the tile gate_up_config would run instead, the
     192-row one (wg3_applies), the granule one (granule_tile_n, with bf16 h) or the 128-row one.
     E.g. I = 18944 at M = 160: 444 tiles of 64 rows, 4 rounds (256 rows of time), against 148 of
     192 rows, 2 rounds (369): 0.69."""
