@@ -482,7 +482,7 @@ def test_warp_mma_config_cache_follows_the_constants(monkeypatch):
 # ---------------------------------------------------------------- sm_90a compile check
 def _shipped():
     cutlass = pytest.importorskip("cutlass")  # noqa: F841
-    from swiglu_fused.kernels.sm90 import down, gate_up, k_order, nvfp4_dequant, quant_x, split, warp_mma
+    from swiglu_fused.kernels.sm90 import decode_mlp, down, gate_up, k_order, nvfp4_dequant, quant_x, split, warp_mma
 
     return (
         [("quant_x", c, quant_x.compile_quant_x) for c in quant_x.shipped_configs()]
@@ -492,6 +492,8 @@ def _shipped():
         + [("down", c, down.compile_down) for c in dispatch.down_shipped()]
         + [("gate_up_split", c, split.compile_split) for c in dispatch.split_shipped()]
         + [("nvfp4_warp_mma", c, warp_mma.compile_warp_mma) for c in dispatch.warp_mma_shipped()]
+        # the fp8 decode MLP in one launch (measured, not dispatched: history/mlp.md)
+        + [("decode_mlp", pair, decode_mlp.compile_pair) for pair in decode_mlp.shipped_configs()]
         # the warp-MMA kernels without programmatic dependent launch (dispatch.WARP_MMA_PDL: measured)
         + [("nvfp4_warp_mma", warp_mma.WarpMmaConfig(op, n8=2, pdl=False), warp_mma.compile_warp_mma)
            for op in ("gate_up", "down")]

@@ -449,6 +449,19 @@ def test_gate_up_split_n_fifth_stage_where_the_weight_has_few_tiles(inter, stage
         assert cfg in dispatch.gate_up_shipped()
 
 
+@pytest.mark.parametrize("m,hidden,inter,expect", [
+    # D52: at 0.83 faster where K ≥ 5120 (measured at these four) ...
+    (600, 8192, 7168, True), (225, 7168, 18432, True), (1200, 8192, 3584, True), (300, 5120, 13824, True),
+    # ... not where K ≤ 4096 (0-8 % slower or level at these four)
+    (289, 4096, 14336, False), (577, 2048, 8192, False), (400, 4096, 11008, False), (225, 3584, 18944, False),
+    (321, 7168, 18432, False),  # (long K at 0.875, 3.3 waves: as D42, not taken)
+])
+def test_gate_up_fp8_64_row_tile_share_over_a_long_k(m, hidden, inter, expect):
+    """DISPATCH D52: fp8's 64-row tile where its rounds take at most 0.85 of the 128-row tiles' when
+    K ≥ SPLIT64_LONG_K, 0.8 below."""
+    assert dispatch.split64_applies(m, 2 * inter, 132, "fp8_block128", k=hidden) == expect
+
+
 @pytest.mark.parametrize("m,inter,expect", [
     (128, 14336, True), (80, 12288, True), (128, 13824, True),  # 112 / 96 / 108 tiles of 128 rows: one wave
     (128, 28672, False), (80, 27648, False),  # 224 / 216 tiles of 128 rows already fill 1.7 / 1.6 waves

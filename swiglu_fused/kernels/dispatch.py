@@ -253,6 +253,11 @@ SPLIT64_M = 128  # fp8, 64 < M ≤ this with one wave of 128-row tiles: the spli
 # 148 tiles of 128 rows, 1.12 waves: two rounds, against three of the 64-row tile's half-height ones,
 # 0.75; at 3.2 waves, I = 53248, 0.875 was level to 3 % slower)
 SPLIT64_ROUNDS = 0.8
+# ... and 0.85 where K ≥ SPLIT64_LONG_K (D52): at 0.83 (5 rounds against 3 of twice the height) the 64-row
+# tile was 3-10 % faster at all 4 widths with K = 5120-8192 and 0-8 % slower at 3 of 4 with K ≤ 4096 (one
+# level): its tiles' fixed cost, paid twice as often, weighs less over a longer K
+SPLIT64_ROUNDS_LONG_K = 0.85
+SPLIT64_LONG_K = 5120
 # bf16's 64-row tile (one consumer warpgroup) by the same rule (D43), at its own share since D50: where
 # its rounds were 0.83-0.87 of the dispatched tile's it was 10-29 % faster at all of 10 points (8 widths);
 # at 0.89-0.93 3-10 % (D51, 5 points), at 0.95 level, at 0.98-1.0 2-6 % slower
@@ -394,8 +399,8 @@ def split64_applies(m: int, n: int, sms: int, mainloop: str, *, k: int) -> bool:
     """Whether fp8 gate_up with M rows, N = 2I weight rows and K columns takes the 64-row tile
     (split_n) where gate_up_tile_for's one-wave rule would pick the 128-row one: at M ≤ SPLIT64_M
     where the 128-row tiles fit one wave (D11), or at M ≤ SPLIT64_ROUNDS_M where the 64-row tiles'
-    rounds of waves take at most SPLIT64_ROUNDS of the 128-row tiles' (D42), which run whole or, just
-    past one wave, in the hybrid split (D48)."""
+    rounds of waves take at most SPLIT64_ROUNDS of the 128-row tiles' (D42; SPLIT64_ROUNDS_LONG_K from
+    K = SPLIT64_LONG_K, D52), which run whole or, just past one wave, in the hybrid split (D48)."""
     from .sm90.schedule import hybrid128_rounds
 
     if mainloop != FP8_MAINLOOP:
@@ -403,7 +408,8 @@ def split64_applies(m: int, n: int, sms: int, mainloop: str, *, k: int) -> bool:
     one_wave = m <= SPLIT64_M and cdiv(n, 2 * GROUP) <= sms
     hybrid = hybrid128_rounds(FP8_MAINLOOP, m, n, k, sms)
     tile128 = hybrid * 128 if hybrid is not None else rounds_time(m, n, sms, 128, 1.0)
-    return one_wave or (m <= SPLIT64_ROUNDS_M and rounds_time(m, n, sms, 64, 1.0) <= SPLIT64_ROUNDS * tile128)
+    share = SPLIT64_ROUNDS_LONG_K if k >= SPLIT64_LONG_K else SPLIT64_ROUNDS
+    return one_wave or (m <= SPLIT64_ROUNDS_M and rounds_time(m, n, sms, 64, 1.0) <= share * tile128)
 
 
 def bf16_tile64_applies(m: int, n: int, sms: int, mainloop: str, h_format: str, *, k: int) -> bool:

@@ -279,16 +279,17 @@ class GemmKernel(MainloopMixin, Nvfp4Mixin, StreamKMixin, EpilogueMixin):
             )
         return mOut, mAux
 
-    def _shared_storage(self, a_layout, b_layout):
+    def _shared_storage(self, a_layout, b_layout, out_row_words: int | None = None):
         """The kernel's shared storage, a cute.struct. Built from a dict (this module's annotations
         are strings) so that nvfp4's decode buffers are declared for it alone: the other mainloops'
-        storage stays as it was, to the byte."""
+        storage stays as it was, to the byte. ``out_row_words``: the staging slab's row, where it is
+        not this config's (decode_mlp.py: the wider of two epilogues')."""
         cfg = self.cfg
         Align, MemRange = cute.struct.Align, cute.struct.MemRange
         fields = {
             "sA": Align[MemRange[self.ab_dtype, cute.cosize(a_layout)], 1024],
             "sB": Align[MemRange[self.w_dtype, cute.cosize(b_layout)], 1024],
-            "sO": Align[MemRange[Int32, cfg.tile_m * cfg.out_row_words], 1024],
+            "sO": Align[MemRange[Int32, cfg.tile_m * (out_row_words or cfg.out_row_words)], 1024],
             "mbar": MemRange[cutlass.Int64, cfg.stages * 2],
             "flag": MemRange[Int32, 4],  # stream-K: the arrival count seen by this CTA
             "red": MemRange[Float32, cfg.red_words],  # swap-AB: cross-warp amax
@@ -604,7 +605,18 @@ class GemmKernel(MainloopMixin, Nvfp4Mixin, StreamKMixin, EpilogueMixin):
 
         sA = storage.sA.get_tensor(a_layout.outer, swizzle=a_layout.inner)
         sB = storage.sB.get_tensor(b_layout.outer, swizzle=b_layout.inner)
+        loads, k_tiles = self._tma_loads(tma_a, mA, tma_b, mB, sA, sB)
 
+        pipeline_init_wait(cluster_shape_mn=(cfg.cluster_size, 1))
+        sched = self._cta_schedule(m, mA.shape[1], n_tiles, sk_tiles, k_tiles, bidx)
+        return storage, mainloop, sA, sB, loads, sched
+
+    def _tma_loads(self, tma_a, mA, tma_b, mB, sA, sB):
+        """(TmaLoads, k tiles per tile): the producer's TMA atoms with their smem and gmem partitions of
+        A's and W's k tiles (plain Python, inlined into _prologue; decode_mlp.py makes a second set over
+        the same stages)."""
+        cfg = self.cfg
+        cl = cfg.cluster_m
         # (bM, bK, RestM, RestK) and (bN, bK, RestN, RestK)
         gA = cute.local_tile(mA, (cfg.tile_m, cfg.tile_k), (None, None))
         gB = cute.local_tile(mB, (cfg.b_box_rows, self._w_tile_cols()), (None, None))
@@ -630,21 +642,20 @@ class GemmKernel(MainloopMixin, Nvfp4Mixin, StreamKMixin, EpilogueMixin):
             tBsB, tBgB = cute.nvgpu.cpasync.tma_partition(
                 tma_b, rank, cute.make_layout(cl), cute.group_modes(sB, 0, 2), cute.group_modes(gB, 0, 2)
             )
+        return TmaLoads(tma_a, tAgA, tAsA, tma_b, tBgB, tBsB, b_mask), k_tiles
 
-        pipeline_init_wait(cluster_shape_mn=(cfg.cluster_size, 1))
-        sched = self._cta_schedule(m, mA.shape[1], n_tiles, sk_tiles, k_tiles, bidx)
-        return storage, mainloop, sA, sB, TmaLoads(tma_a, tAgA, tAsA, tma_b, tBgB, tBsB, b_mask), sched
-
-    def _cta_schedule(self, m, k, n_tiles, sk_tiles, k_tiles, bidx) -> Schedule:
+    def _cta_schedule(self, m, k, n_tiles, sk_tiles, k_tiles, bidx, nctas=None) -> Schedule:
         """This CTA's work (plain Python, inlined; see plan()): whole tiles b, b + grid, ... <
         dp_tiles first (m varies fastest within bands of M tiles, _tile_mn: the CTAs running
         together share a few weight tiles, read once from HBM, and a band of A that stays in L2),
         then its equal share of the K iterations of the last sk_tiles tiles. Both warpgroup roles
         walk the same segments (tile, k tiles [kb0, kb1)) with a cursor over this CTA's k
-        iterations (not named v: the value loops rebind v at trace time)."""
+        iterations (not named v: the value loops rebind v at trace time). ``nctas``: the CTAs
+        sharing the work where not the whole grid (decode_mlp.py's down)."""
         cfg = self.cfg
         cl = cfg.cluster_m
-        nctas, _, _ = cute.arch.grid_dim()
+        if nctas is None:
+            nctas, _, _ = cute.arch.grid_dim()
         # a cluster's CTAs take tiles b, b + 1 (b even): same weight tile when grid_m is even
         grid_m = (m + cfg.tile_m * cl - 1) // (cfg.tile_m * cl) * cl
         tiling = (grid_m, n_tiles, band_rows(grid_m, cfg.tile_m * cfg.elem_bytes * k, cl))
@@ -738,12 +749,16 @@ class GemmKernel(MainloopMixin, Nvfp4Mixin, StreamKMixin, EpilogueMixin):
         mainloop.producer_tail(state)
 
     @cute.jit
-    def _produce_weights_early(self, mainloop, loads: TmaLoads, sched: Schedule, gmem: Gmem, storage, lane, hint_b):
+    def _produce_weights_early(self, mainloop, loads: TmaLoads, sched: Schedule, gmem: Gmem, storage, lane, hint_b,
+                               start=None):
         """TileConfig.pdl: the weight loads of this CTA's first k iterations (as many as there are
         stages, all slots free), before griddepcontrol.wait: the slot acquired (its full barrier
         expects the whole stage's bytes, so it completes only once _produce adds the activation
-        loads after the wait) and the weight's k tile and its scales loaded. Returns how many."""
-        state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.cfg.stages)
+        loads after the wait) and the weight's k tile and its scales loaded. Returns how many.
+        ``start``: the producer's pipeline state where it is not fresh (decode_mlp.py's second GEMM,
+        whose slots free as the first one's consumers release them)."""
+        state = (pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.cfg.stages) if start is None
+                 else start.clone())
         early = cutlass.min(Int32(self.cfg.stages), sched.cursor_end)
         cursor = Int32(0)
         while cursor < early:

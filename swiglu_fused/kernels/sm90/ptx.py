@@ -126,6 +126,19 @@ def _asm_volatile(result_type, operands, asm: str, constraints: str):
 
 
 @dsl_user_op
+def globaltimer(*, loc=None, ip=None) -> cutlass.Int64:
+    """The GPU's global nanosecond timer (the same clock on every SM: timelines across CTAs)."""
+    return cutlass.Int64(_asm_volatile(T.i64(), [], "mov.u64 $0, %globaltimer;", "=l"))
+
+
+@dsl_user_op
+def nanosleep(ns: int, *, loc=None, ip=None) -> None:
+    """Suspend the thread for up to ``ns`` nanoseconds: a spin's back-off, so that a waiting CTA
+    does not hammer the L2 slice of the word it polls."""
+    _asm_volatile(None, [], f"nanosleep.u32 {ns};", "")
+
+
+@dsl_user_op
 def ld_shared_b32(addr: Int32, *, loc=None, ip=None) -> Int32:
     """One 32-bit word of shared memory at byte address ``addr``."""
     return Int32(_asm_volatile(T.i32(), [Int32(addr).ir_value(loc=loc, ip=ip)], "ld.shared.b32 $0, [$1];", "=r,r"))

@@ -105,8 +105,22 @@ class SwapABKernel(GemmKernel):
         """The swap-AB consumer warpgroups (see the module docstring); its output leaves by vector
         stores (gmem.mOut, the output as 32-bit words)."""
         cfg = self.cfg
-        mOut, mAux, m, n = gmem.mOut, gmem.mAux, gmem.m, gmem.n
-        ws_last = (n + W_BLOCK - 1) // W_BLOCK - 1
+        ops, acc, tCcC, sRed = self._swap_operands(tiled_mma, sA, sB, storage, gmem, tidx, wg_idx)
+        state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, cfg.stages)
+        release = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, cfg.stages)
+        self._swap_tiles(mainloop, state, release, ops, acc, tCcC, self._slab(storage), sRed, storage, gmem, sched,
+                         tidx - 128)
+
+    def _slab(self, storage):
+        """The epilogue's staging slab in smem: (tile_m rows, out_row_words) 32-bit words."""
+        cfg = self.cfg
+        return storage.sO.get_tensor(cute.make_layout((cfg.tile_m, cfg.out_row_words), stride=(cfg.out_row_words, 1)))
+
+    def _swap_operands(self, tiled_mma, sA, sB, storage, gmem: Gmem, tidx, wg_idx):
+        """(SwapOperands, the accumulator, its coordinates, the amax exchange in smem): what the
+        consumer's mainloops and epilogues read, per CTA (plain Python, inlined)."""
+        cfg = self.cfg
+        ws_last = (gmem.n + W_BLOCK - 1) // W_BLOCK - 1
         t = tidx - 128
         thr_mma = tiled_mma.get_slice(t)
         dec = None
@@ -135,13 +149,19 @@ class SwapABKernel(GemmKernel):
         xs_a = cute.make_rmem_tensor(cute.make_layout(n_tok), Float32)  # x scales of temp's k tile
         xs_b = cute.make_rmem_tensor(cute.make_layout(n_tok), Float32)  # and of temp2's
         sc = cute.make_rmem_tensor(cute.make_layout(n_tok), Float32)
-        sO = storage.sO.get_tensor(cute.make_layout((cfg.tile_m, cfg.out_row_words), stride=(cfg.out_row_words, 1)))
         sRed = storage.red.get_tensor(cute.make_layout((4 * self.num_mma_wg, cfg.tile_m), stride=(cfg.tile_m, 1)))
         ops = SwapOperands(tiled_mma, tCrW, tCrX, num_k_blocks, temp, temp2, xrow, xs_a, xs_b, sc, n_vals, n_tok,
-                           tok0, gmem.mAS, gmem.mWS, m, ws_last, dec)
+                           tok0, gmem.mAS, gmem.mWS, gmem.m, ws_last, dec)
+        return ops, acc, tCcC, sRed
 
-        state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, cfg.stages)
-        release = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, cfg.stages)
+    @cute.jit
+    def _swap_tiles(self, mainloop, state, release, ops: SwapOperands, acc, tCcC, sO, sRed, storage, gmem: Gmem,
+                    sched: Schedule, t, after_epilogue=None):
+        """This CTA's segments (stream_k.py): mainloop, fix-up, epilogue; ``after_epilogue()`` (trace
+        time: decode_mlp.py's hand-over of h) after each epilogue. Returns the pipeline states."""
+        cfg = self.cfg
+        m, n, mOut, mAux = gmem.m, gmem.n, gmem.mOut, gmem.mAux
+        n_vals, n_tok, tok0 = ops.n_vals, ops.n_tok, ops.tok0
         cursor = Int32(0)
         cursor_end = sched.cursor_end
         while cursor < cursor_end:
@@ -156,6 +176,9 @@ class SwapABKernel(GemmKernel):
                     self._epilogue_swap(acc, tCcC, n_vals, n_tok, tok0, tm, tn, m, sO, sRed, mOut, mAux, t)
                 else:
                     self._epilogue_swap_linear(acc, tCcC, n_vals, tm, tn, m, n, sO, mOut, mAux, t)
+                if cutlass.const_expr(after_epilogue is not None):
+                    after_epilogue()
+        return state, release
 
     def _swap_mainloop(self, mainloop, state, release, ops: SwapOperands, acc, work: TileWork):
         """The swap-AB tile's mainloop for cfg.mainloop (chosen at trace time; the interface of
