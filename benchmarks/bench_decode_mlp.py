@@ -1,8 +1,8 @@
 """The fp8 MLP at decode in one launch (kernels/sm90/decode_mlp.py) against the dispatched MLP (quant_x,
 gate_up, down: three launches), in one process on the same layers (GPU). Variants of the one launch:
 
-  sk       gate_up stream-K over all SMs, then down stream-K over all SMs
   whole    gate_up's tiles whole (the SMs past them go straight to down's weight)
+  g<s>     gate_up stream-K over s CTAs a tile (the others go straight to down's weight)
   _d<s>    down stream-K over s CTAs a tile (the others leave after gate_up)
   _u<n>    the stream-K fix-ups' sums with n partials' loads in flight at a time
   pdl      launched with PDL under quant_x (its first stages' weight loads before the wait)
@@ -26,10 +26,11 @@ import torch
 from swiglu_fused import bench
 from swiglu_fused.kernels import ops
 
-VARIANTS = {"sk": dict(), "whole": dict(gate_up_stream_k=False),
-            "sk_u4": dict(fixup_unroll=4), "whole_u4": dict(gate_up_stream_k=False, fixup_unroll=4),
-            "whole_d8_u4": dict(gate_up_stream_k=False, down_split=8, fixup_unroll=4),
-            "pdl_u4": dict(pdl=True, fixup_unroll=4), "whole_pdl_u4": dict(gate_up_stream_k=False, pdl=True, fixup_unroll=4)}
+VARIANTS = {"whole_d8_u4": dict(gate_up_stream_k=False, down_split=8, fixup_unroll=4),
+            "whole_pdl_u4": dict(gate_up_stream_k=False, pdl=True, fixup_unroll=4),
+            "g2_u4": dict(gate_up_split=2, fixup_unroll=4), "g2_pdl_u4": dict(gate_up_split=2, pdl=True, fixup_unroll=4),
+            "g3_pdl_u4": dict(gate_up_split=3, pdl=True, fixup_unroll=4),
+            "g1_pdl_u4": dict(gate_up_split=1, pdl=True, fixup_unroll=4)}
 
 
 def one_launch(module, trace=None, **options):

@@ -16,7 +16,8 @@ from .tolerance import assert_bf16_close
 pytest.importorskip("cutlass")
 
 SHAPES = [(4096, 14336), (8192, 3584), (1152, 4608)]
-PLANS = [dict(gate_up_stream_k=True), dict(gate_up_stream_k=False, down_split=4), dict(down_split=2, pdl=True)]
+PLANS = [dict(gate_up_stream_k=True), dict(gate_up_stream_k=False, down_split=4), dict(down_split=2, pdl=True),
+         dict(gate_up_split=2, fixup_unroll=4)]
 
 
 def make_operands(m, hidden, inter):
@@ -34,7 +35,7 @@ def poisoned(m, hidden, inter):
     return h, hs, y
 
 
-@pytest.mark.parametrize("plan", PLANS, ids=["sk", "whole-d4", "sk-d2-pdl"])
+@pytest.mark.parametrize("plan", PLANS, ids=["sk", "whole-d4", "sk-d2-pdl", "g2-u4"])
 @pytest.mark.parametrize("hidden,inter", SHAPES)
 @pytest.mark.parametrize("m", [1, 3, 16])
 def test_decode_mlp_matches_the_reference(m, hidden, inter, plan):

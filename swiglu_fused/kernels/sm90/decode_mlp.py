@@ -1,8 +1,8 @@
 """The fp8 MLP at decode in one launch (M ≤ 16; issue 25's floor, benchmarks/history/mlp.md): gate_up
 and down, each on the 16-token swap-AB tile (swap_ab.py), one after the other in one persistent
-kernel of one CTA an SM. Measured, not dispatched: on the H200 it is 6-25 % slower than the
-dispatched three launches (4096×14336 M = 1 54.7 against 51.2 µs with quant_x; 8192×3584 37.8
-against 29.4); its timeline (trace=True) shows why: both GEMMs are bound by HBM, so down's weight
+kernel of one CTA an SM. Measured, not dispatched: on the H200 it is 6-28 % slower than the
+dispatched three launches (4096×14336 M = 1 54.2 against 50.3 µs with quant_x; 8192×3584 36.3
+against 29.1); its timeline (trace=True) shows why: both GEMMs are bound by HBM, so down's weight
 loaded under gate_up's tail only moves bytes from one phase into the other, gate_up's slowest CTAs
 end 6-12 µs after its median one, and every down CTA waits for them (all of h), then down's
 stream-K fix-ups add a tail of their own.
@@ -101,7 +101,8 @@ class DecodeMlpKernel(SwapABKernel):
         hidden: Int32,  # H / 128
         inter: Int32,  # I / 128
         ctas: Int32,  # the SM count
-        sk_a: Int32,  # gate_up: 0 (whole tiles) or its tile count (all stream-K)
+        sk_a: Int32,  # gate_up: 0 (whole tiles) or its tile count (all stream-K) ...
+        ctas_a: Int32,  # ... over CTAs [0, ctas_a); the others go straight to down
         sk_b: Int32,  # down: its tile count
         ctas_b: Int32,  # down: stream-K over CTAs [0, ctas_b); the others leave after gate_up
         words: Int32,
@@ -144,7 +145,7 @@ class DecodeMlpKernel(SwapABKernel):
         mTrace = cute.make_tensor(trace_ptr, cute.make_layout((ctas, 8), stride=(8, 1)))
         self.mlp_kernel(
             tma_x, tX, tma_wg, tWg, tma_h, tH, tma_wd, tWd, mXS, mWgS, mHo, mHS, mWdS, mY, mR, mPart, mCtr, mTrace,
-            tiled_mma, a_layout, b_layout, m, hid, itr, sk_a, sk_b, ctas_b, words,
+            tiled_mma, a_layout, b_layout, m, hid, itr, sk_a, ctas_a, sk_b, ctas_b, words,
         ).launch(grid=[ctas, 1, 1], block=[self.threads, 1, 1], stream=stream, use_pdl=gu.pdl)
 
     @cute.kernel
@@ -175,6 +176,7 @@ class DecodeMlpKernel(SwapABKernel):
         hid: Int32,
         itr: Int32,
         sk_a: Int32,
+        ctas_a: Int32,
         sk_b: Int32,
         ctas_b: Int32,
         words: Int32,
@@ -195,6 +197,11 @@ class DecodeMlpKernel(SwapABKernel):
         storage, mainloop, sA, sB, loads_a, sched_a = self._prologue(
             tma_x, mX, tma_wg, mWg, a_layout, b_layout, m, tiles_gu, sk_a, bidx
         )
+        sched_a = self._cta_schedule(m, hid, tiles_gu, sk_a, sched_a.k_tiles, bidx, ctas_a)
+        up_iters = Int32(0)
+        if bidx < ctas_a:
+            up_iters = sched_a.cursor_end
+        sched_a = sched_a._replace(cursor_end=up_iters)
         loads_b, k_tiles_b = self._tma_loads(tma_h, mH, tma_wd, mWd, sA, sB)
         sched_b = self._cta_schedule(m, itr, tiles_dn, sk_b, k_tiles_b, bidx, ctas_b)
         down_iters = Int32(0)
@@ -241,7 +248,7 @@ class DecodeMlpKernel(SwapABKernel):
                 stamp(5)
         cute.arch.barrier()
         if tidx == 0:
-            self._leave(mCtr, done, sched_a.nctas)
+            self._leave(mCtr, done, cute.arch.grid_dim()[0])
 
     @cute.jit
     def _produce_mlp(self, mainloop, loads_a, sched_a: Schedule, gm_a: Gmem, loads_b, sched_b: Schedule, gm_b: Gmem,
@@ -336,7 +343,7 @@ def compile_decode_mlp(gate_up: GateUpConfig, down: DownConfig, trace: bool = Fa
         fake_ptr(f8, 16), fake_ptr(f8, 16), fake_ptr(f32, 4), fake_ptr(f32, 4),
         fake_ptr(f8, 16), fake_ptr(f32, 4), fake_ptr(f8, 16), fake_ptr(f32, 4),
         fake_ptr(cutlass.BFloat16, 16), fake_ptr(f32, 4), fake_ptr(Int32, 4), fake_ptr(cutlass.Int64, 8),
-        Int32(1), Int32(1), Int32(1), Int32(1), Int32(0), Int32(1), Int32(1), Int32(3),
+        Int32(1), Int32(1), Int32(1), Int32(1), Int32(0), Int32(1), Int32(1), Int32(1), Int32(3),
         null_stream(),
         options=COMPILE_OPTIONS,
     )
@@ -355,29 +362,33 @@ def compile_pair(pair: tuple) -> object:
 MAX_M = 16
 
 
-def plan(m: int, hidden: int, inter: int, sms: int, gate_up_stream_k: bool = True,
-         down_split: int | None = None) -> tuple[int, int, int, int]:
-    """(sk_a, sk_b, ctas_b, counter words) of one launch on ``sms`` SMs: gate_up's 2I/256 tiles whole
-    (sk_a = 0; the CTAs past them go straight to down) or stream-K over all SMs; down's ceil(H/256)
-    tiles stream-K over all SMs, or over ``down_split`` CTAs a tile; the counters
-    (schedule.launch_plan's) and the two counts."""
+def plan(m: int, hidden: int, inter: int, sms: int, gate_up_stream_k: bool = True, down_split: int | None = None,
+         gate_up_split: int | None = None) -> tuple[int, int, int, int, int]:
+    """(sk_a, ctas_a, sk_b, ctas_b, counter words) of one launch on ``sms`` SMs: gate_up's 2I/256 tiles
+    whole (sk_a = 0; the CTAs past them go straight to down), or stream-K over all SMs, or over
+    ``gate_up_split`` CTAs a tile (the others go straight to down, whose first stages' weight they
+    load while gate_up runs); down's ceil(H/256) tiles stream-K over all SMs, or over ``down_split``
+    CTAs a tile; the counters (schedule.launch_plan's) and the two counts."""
     tiles_a, tiles_b = inter // 128, -(-hidden // 256)
-    sk_a = tiles_a if gate_up_stream_k else 0
+    stream_k = gate_up_stream_k or gate_up_split is not None
+    sk_a = tiles_a if stream_k else 0
+    ctas_a = sms if gate_up_split is None else min(sms, gate_up_split * tiles_a)
     ctas_b = sms if down_split is None else min(sms, down_split * tiles_b)
-    if (gate_up_stream_k and sk_a * (hidden // 128) < sms) or tiles_b * (inter // 128) < ctas_b:
+    if (stream_k and sk_a * (hidden // 128) < ctas_a) or tiles_b * (inter // 128) < ctas_b:
         raise ValueError(f"decode_mlp: {hidden}x{inter} has fewer k tiles than the {sms} SMs")
-    return sk_a, tiles_b, ctas_b, max(sk_a, tiles_b) + 3
+    return sk_a, ctas_a, tiles_b, ctas_b, max(sk_a, tiles_b) + 3
 
 
 def decode_mlp(x, x_scale, gate_up_weight, gate_up_scale, down_weight, down_scale, *,
                act: str = formats.ACTIVATIONS[0],
-               gate_up_stream_k: bool = True, down_split: int | None = None, pdl: bool = False, out=None,
+               gate_up_stream_k: bool = True, gate_up_split: int | None = None, down_split: int | None = None,
+               pdl: bool = False, out=None,
                h_out=None, trace=None, fixup_unroll: int = 1):
     """y bf16 [M, H] = down(act(x @ gate^T) · (x @ up^T)) in one launch, for M ≤ 16 quantized tokens
     (x e4m3 [M, H] and x_scale [M, H/128] as quant_x writes them), gate_up's weight tile-major
     (fp8_layout) and down's in packed order, both fp8_block128. ``out``: y written into it;
     ``h_out``: (h e4m3 [M, I], h_scale [M, I/128] M-major), the buffers h goes through (the tests
-    read it), else new ones. ``gate_up_stream_k``, ``down_split``, ``pdl``: plan()'s and the launch's
+    read it), else new ones. ``gate_up_stream_k``, ``gate_up_split``, ``down_split``, ``pdl``: plan()'s and the launch's
     options. ``trace``: an int64 [SMs, 8] tensor that receives the timeline (TRACE_POINTS; a kernel
     compiled with the stamps). ``fixup_unroll``: the stream-K fix-up's partials in flight at a time."""
     import torch
@@ -396,7 +407,7 @@ def decode_mlp(x, x_scale, gate_up_weight, gate_up_scale, down_weight, down_scal
     fn = compile_cache.get("decode_mlp", (gu, dn, traced, fixup_unroll),
                            lambda: compile_decode_mlp(gu, dn, traced, fixup_unroll))
     sms = sm_count(x.device)
-    sk_a, sk_b, ctas_b, words = plan(m, hidden, inter, sms, gate_up_stream_k, down_split)
+    sk_a, ctas_a, sk_b, ctas_b, words = plan(m, hidden, inter, sms, gate_up_stream_k, down_split, gate_up_split)
     stream = torch.cuda.current_stream(x.device)
     if h_out is None:
         h = torch.empty((m, inter), dtype=torch.float8_e4m3fn, device=x.device)
@@ -412,7 +423,7 @@ def decode_mlp(x, x_scale, gate_up_weight, gate_up_scale, down_weight, down_scal
        ptr(f8, h, 16), ptr(f32, hs, 4), ptr(f8, down_weight, 16), ptr(f32, down_scale, 4),
        ptr(cutlass.BFloat16, y, 16), ptr(f32, parts, 4), ptr(Int32, ctr, 4),
        ptr(cutlass.Int64, parts if trace is None else trace, 8),
-       Int32(m), Int32(hidden // 128), Int32(inter // 128), Int32(sms), Int32(sk_a), Int32(sk_b), Int32(ctas_b),
+       Int32(m), Int32(hidden // 128), Int32(inter // 128), Int32(sms), Int32(sk_a), Int32(ctas_a), Int32(sk_b), Int32(ctas_b),
        Int32(words),
        cuda.CUstream(stream.cuda_stream))
     return y
