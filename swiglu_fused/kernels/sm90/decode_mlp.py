@@ -11,13 +11,14 @@ The plan was: in two launches down's CTAs start only once gate_up's last CTA has
 Here each CTA's producer goes on from its last gate_up k tile to its first down k tiles: down's
 weight k tiles stream into the stages as gate_up's free them, while the other SMs finish gate_up.
 
-    phase A  gate_up: whole tiles over the first tiles CTAs, or every tile stream-K over all CTAs
-             (sk_a); the epilogue writes h and h_scale, then the CTA counts the h tile done
-             (release, gpu scope: every consumer thread's stores, then one atomic add)
-    phase B  down: every tile stream-K over all CTAs (sk_b), on the same pipeline and stages (the
-             pipeline states go on from phase A). The producer first loads the weight k tiles of its
-             first stages, then waits until all h tiles are counted (acquire) and loads h; the
-             consumers wait the same way before they read h_scale.
+    phase A  gate_up: whole tiles, or every tile stream-K over the first ctas_a CTAs (plan()); the
+             epilogue writes h and h_scale, then the CTA counts the h tile done (release, gpu scope:
+             every consumer thread's stores, then one atomic add). CTAs without gate_up work go
+             straight to phase B.
+    phase B  down: every tile stream-K over the first ctas_b CTAs, on the same pipeline and stages
+             (the pipeline states go on from phase A). The producer first loads the weight k tiles
+             of its first stages, then waits until all h tiles are counted (acquire) and loads h;
+             the consumers wait the same way before they read h_scale.
 
 Both GEMMs have the same stage shape (16 × 128 activations, 256 × 128 weight, fp8) and the same
 accumulator, so one set of consumer operands serves both; the staging slab is the wider of the two
@@ -27,8 +28,9 @@ CTAs that have left; the last CTA to leave re-zeroes both, so every launch leave
 (schedule.stream_k_counters' contract).
 
 Every CTA must be resident at once (a CTA waiting for h would otherwise wait for CTAs that cannot
-start): the grid is the SM count and a CTA fills an SM's shared memory, so none shares an SM; the
-launch refuses a device with fewer SMs free than that (decode_mlp()).
+start): the grid is the device's SM count and a CTA fills an SM's shared memory, so none shares an
+SM. Not checked: where a process gets fewer SMs than the device has (MPS limits, green contexts),
+a launch could wait forever; one more reason it is not dispatched.
 """
 
 from __future__ import annotations
@@ -256,49 +258,23 @@ class DecodeMlpKernel(SwapABKernel):
         """The producer warp: gate_up's k tiles, then down's weight k tiles of the first stages, the
         wait for h, and the rest of down's."""
         lane = cute.arch.lane_idx()
-        hint_a, hint_b = self._l2_hints()
+        hints = self._l2_hints()
         state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.cfg.stages)
         early = None
         if cutlass.const_expr(self._weights_before_wait()):
-            early = self._produce_weights_early(mainloop, loads_a, sched_a, gm_a, storage, lane, hint_b)
+            early = self._produce_weights_early(mainloop, loads_a, sched_a, gm_a, storage, lane, hints[1])
             cute.arch.griddepcontrol_wait()
-        state = self._load_phase(mainloop, loads_a, sched_a, state, early, hint_a, hint_b)
+        state = self._load_segments(mainloop, loads_a, sched_a, gm_a, storage, state, early, lane, hints)
         if lane == 0:
             stamp(1)
-        early_b = self._produce_weights_early(mainloop, loads_b, sched_b, gm_b, storage, lane, hint_b, state)
+        early_b = self._produce_weights_early(mainloop, loads_b, sched_b, gm_b, storage, lane, hints[1], state)
         if lane == 0:
             self._wait_h(gm_b.mCtr, done, h_tiles)
             stamp(3)
         cute.arch.sync_warp()
         cute.arch.fence_proxy("async.global")  # h's generic stores (other SMs), before this TMA reads them
-        state = self._load_phase(mainloop, loads_b, sched_b, state, early_b, hint_a, hint_b)
+        state = self._load_segments(mainloop, loads_b, sched_b, gm_b, storage, state, early_b, lane, hints)
         mainloop.producer_tail(state)
-
-    @cute.jit
-    def _load_phase(self, mainloop, loads, sched: Schedule, state, early, hint_a, hint_b):
-        """One GEMM's TMA loads from ``state`` on (GemmKernel._produce's loop, without smem scales or
-        nvfp4's): the k tiles' slots acquired and weight loaded, but the first ``early`` ones', which
-        _produce_weights_early issued. Returns the state after them."""
-        tma_a, tAgA, tAsA = loads.tma_a, loads.tAgA, loads.tAsA
-        cursor = Int32(0)
-        cursor_end = sched.cursor_end
-        i = Int32(0)
-        while cursor < cursor_end:
-            tile, kb0, kb1 = self._segment(cursor, sched)
-            tm, tn = self._tile_mn(tile, sched.tiling)
-            cursor += kb1 - kb0
-            for kt in cutlass.range(kb0, kb1, unroll=1):
-                due = self._due(i, early)
-                if due:
-                    mainloop.producer_acquire(state)
-                bar = mainloop.producer_get_barrier(state)
-                cute.copy(tma_a, tAgA[(None, tm, kt)], tAsA[(None, state.index)], tma_bar_ptr=bar, **hint_a)
-                if due:
-                    self._load_b(loads, tn, kt, state.index, bar, hint_b)
-                mainloop.producer_commit(state)
-                state.advance()
-                i += 1
-        return state
 
     @cute.jit
     def _h_tile_done(self, mCtr, done, t):

@@ -703,24 +703,37 @@ class GemmKernel(MainloopMixin, Nvfp4Mixin, StreamKMixin, EpilogueMixin):
     @cute.jit
     def _produce(self, mainloop, loads: TmaLoads, sched: Schedule, gmem: Gmem, storage):
         """The producer warp: TMA loads of A and W k tiles for this CTA's segments, in order."""
-        tma_a, tAgA, tAsA = loads.tma_a, loads.tAgA, loads.tAsA
         state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.cfg.stages)
-        cursor = Int32(0)
-        mAS, mWS, m, n = gmem.mAS, gmem.mWS, gmem.m, gmem.n  # (for smem_scales)
-        cursor_end = sched.cursor_end
         lane = cute.arch.lane_idx()
-        ws_last = (n + W_BLOCK - 1) // W_BLOCK - 1
-        sScl = None
-        if cutlass.const_expr(self.cfg.smem_scales):
-            sScl = storage.scl.get_tensor(self._scale_layout())
-        hint_a, hint_b = self._l2_hints()
+        hints = self._l2_hints()
         early = None
         if cutlass.const_expr(self._weights_before_wait()):
-            early = self._produce_weights_early(mainloop, loads, sched, gmem, storage, lane, hint_b)
+            early = self._produce_weights_early(mainloop, loads, sched, gmem, storage, lane, hints[1])
             cute.arch.griddepcontrol_wait()
         elif cutlass.const_expr(self._prefetches_weights()):
             self._prefetch_weights_early(sched, gmem, lane)
             cute.arch.griddepcontrol_wait()
+        state = self._load_segments(mainloop, loads, sched, gmem, storage, state, early, lane, hints)
+        if cutlass.const_expr(self.cfg.pdl):  # the next kernel may be placed and load its weights
+            cute.arch.griddepcontrol_launch_dependents()
+        mainloop.producer_tail(state)
+
+    @cute.jit
+    def _load_segments(self, mainloop, loads: TmaLoads, sched: Schedule, gmem: Gmem, storage, state, early, lane,
+                       hints):
+        """The TMA loads of this CTA's segments from the producer's pipeline ``state`` on: each k
+        tile's slot acquired and its weight loaded, but for the first ``early`` ones (whose
+        _produce_weights_early issued those), and its A tile (and staged scales). Returns the state
+        after them (decode_mlp.py walks two GEMMs' segments in turn)."""
+        tma_a, tAgA, tAsA = loads.tma_a, loads.tAgA, loads.tAsA
+        hint_a, hint_b = hints
+        cursor = Int32(0)
+        mAS, mWS, m, n = gmem.mAS, gmem.mWS, gmem.m, gmem.n  # (for smem_scales)
+        cursor_end = sched.cursor_end
+        ws_last = (n + W_BLOCK - 1) // W_BLOCK - 1
+        sScl = None
+        if cutlass.const_expr(self.cfg.smem_scales):
+            sScl = storage.scl.get_tensor(self._scale_layout())
         i = Int32(0)
         while cursor < cursor_end:
             tile, kb0, kb1 = self._segment(cursor, sched)
@@ -744,9 +757,7 @@ class GemmKernel(MainloopMixin, Nvfp4Mixin, StreamKMixin, EpilogueMixin):
                 mainloop.producer_commit(state)
                 state.advance()
                 i += 1
-        if cutlass.const_expr(self.cfg.pdl):  # the next kernel may be placed and load its weights
-            cute.arch.griddepcontrol_launch_dependents()
-        mainloop.producer_tail(state)
+        return state
 
     @cute.jit
     def _produce_weights_early(self, mainloop, loads: TmaLoads, sched: Schedule, gmem: Gmem, storage, lane, hint_b,
