@@ -197,25 +197,14 @@ class DecodeMlpKernel(SwapABKernel):
         tiles_gu = n_gu // gu.tile_n
         tiles_dn = (hid + dn.tile_n - 1) // dn.tile_n
         storage, mainloop, sA, sB, loads_a, sched_a = self._prologue(
-            tma_x, mX, tma_wg, mWg, a_layout, b_layout, m, tiles_gu, sk_a, bidx
+            tma_x, mX, tma_wg, mWg, a_layout, b_layout, m, tiles_gu, sk_a, bidx, ctas_a
         )
-        sched_a = self._cta_schedule(m, hid, tiles_gu, sk_a, sched_a.k_tiles, bidx, ctas_a)
-        up_iters = Int32(0)
-        if bidx < ctas_a:
-            up_iters = sched_a.cursor_end
-        sched_a = sched_a._replace(cursor_end=up_iters)
         loads_b, k_tiles_b = self._tma_loads(tma_h, mH, tma_wd, mWd, sA, sB)
         sched_b = self._cta_schedule(m, itr, tiles_dn, sk_b, k_tiles_b, bidx, ctas_b)
-        down_iters = Int32(0)
-        if bidx < ctas_b:
-            down_iters = sched_b.cursor_end
-        sched_b = sched_b._replace(cursor_end=down_iters)
         done = words - 2  # the word counting h tiles done; the next, the CTAs that have left
         h_tiles = sched_a.tiling[0] * tiles_gu
         gm_a = Gmem(mXS, mWgS, mHo, mHS, mPart, mCtr, tma_x, mX, m, n_gu)
         gm_b = Gmem(mHS, mWdS, mY, mR, mPart, mCtr, tma_x, mX, m, hid)
-        if cutlass.const_expr(gu.pdl and not self._weights_before_wait()):
-            cute.arch.griddepcontrol_wait()
         stamp = lambda point: self._stamp(mTrace, bidx, point)  # noqa: E731 (trace time)
         if tidx == 0:
             stamp(0)

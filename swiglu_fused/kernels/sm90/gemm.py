@@ -574,9 +574,10 @@ class GemmKernel(MainloopMixin, Nvfp4Mixin, StreamKMixin, EpilogueMixin):
                     acc[(part * n_part + v, 0, 1)] = sX[v, t]
             self._epilogue_gated(acc, n_vals, r0, col0, tm, tn, m, sO, mOut, mAux, 0, t, h_store)
 
-    def _prologue(self, tma_a, mA, tma_b, mB, a_layout, b_layout, m, n_tiles, sk_tiles, bidx):
+    def _prologue(self, tma_a, mA, tma_b, mB, a_layout, b_layout, m, n_tiles, sk_tiles, bidx, nctas=None):
         """The setup both kernels (this one and swap_ab's) share, plain Python inlined at trace time:
-        shared storage, the TMA pipeline, the smem / gmem tile partitions and this CTA's schedule."""
+        shared storage, the TMA pipeline, the smem / gmem tile partitions and this CTA's schedule
+        (over ``nctas`` CTAs: _cta_schedule)."""
         cfg = self.cfg
         smem = cutlass.utils.SmemAllocator()
         storage = smem.allocate(self.shared_storage)
@@ -608,7 +609,7 @@ class GemmKernel(MainloopMixin, Nvfp4Mixin, StreamKMixin, EpilogueMixin):
         loads, k_tiles = self._tma_loads(tma_a, mA, tma_b, mB, sA, sB)
 
         pipeline_init_wait(cluster_shape_mn=(cfg.cluster_size, 1))
-        sched = self._cta_schedule(m, mA.shape[1], n_tiles, sk_tiles, k_tiles, bidx)
+        sched = self._cta_schedule(m, mA.shape[1], n_tiles, sk_tiles, k_tiles, bidx, nctas)
         return storage, mainloop, sA, sB, loads, sched
 
     def _tma_loads(self, tma_a, mA, tma_b, mB, sA, sB):
@@ -651,10 +652,12 @@ class GemmKernel(MainloopMixin, Nvfp4Mixin, StreamKMixin, EpilogueMixin):
         then its equal share of the K iterations of the last sk_tiles tiles. Both warpgroup roles
         walk the same segments (tile, k tiles [kb0, kb1)) with a cursor over this CTA's k
         iterations (not named v: the value loops rebind v at trace time). ``nctas``: the CTAs
-        sharing the work where not the whole grid (decode_mlp.py's down)."""
+        [0, nctas) that share the work where not the whole grid (decode_mlp.py's two GEMMs); the
+        CTAs past them get none (their iterations clamped to empty ranges)."""
         cfg = self.cfg
         cl = cfg.cluster_m
-        if nctas is None:
+        part = nctas is not None
+        if not part:
             nctas, _, _ = cute.arch.grid_dim()
         # a cluster's CTAs take tiles b, b + 1 (b even): same weight tile when grid_m is even
         grid_m = (m + cfg.tile_m * cl - 1) // (cfg.tile_m * cl) * cl
@@ -664,6 +667,10 @@ class GemmKernel(MainloopMixin, Nvfp4Mixin, StreamKMixin, EpilogueMixin):
         it_begin = sk_iter_begin(bidx, nctas, sk_iters)
         it_end = sk_iter_begin(bidx + 1, nctas, sk_iters)
         dp_iters = (dp_tiles - bidx + nctas - 1) // nctas * k_tiles
+        if part:  # (trace time: the whole-grid schedule's formulas stay as they were)
+            it_begin = cutlass.min(it_begin, sk_iters)
+            it_end = cutlass.min(it_end, sk_iters)
+            dp_iters = (cutlass.max(dp_tiles - bidx, 0) + nctas - 1) // nctas * k_tiles
         cursor_end = dp_iters + it_end - it_begin
         return Schedule(bidx, nctas, k_tiles, tiling, dp_tiles, sk_iters, it_begin, it_end, dp_iters, cursor_end)
 
