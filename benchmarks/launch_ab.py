@@ -101,10 +101,15 @@ def main(argv=None):
                    help="one more variant: the dispatched configs with these fields changed (repeatable)")
     p.add_argument("--set", action="append", default=[], dest="sets", metavar="MODULE.NAME=VALUE;...",
                    help="one more variant: dispatch's or schedule's constants changed (repeatable)")
+    p.add_argument("--skip", default="", metavar="NAME,...",
+                   help="leave these of the standing variants out (no_pdl, memset), e.g. where no launch has PDL")
     a = p.parse_args(argv)
     abs_ = {f"ab{i + 1}": parse_ab(spec) for i, spec in enumerate(a.ab)}
     sets = {f"set{i + 1}": parse_set(spec) for i, spec in enumerate(a.sets)}
-    wraps = variants(abs_, sets)
+    skip = set(filter(None, a.skip.split(",")))
+    if skip - {"no_pdl", "memset"}:
+        raise SystemExit(f"launch_ab: --skip {a.skip!r}: only no_pdl and memset can be left out")
+    wraps = {name: wrap for name, wrap in variants(abs_, sets).items() if name not in skip}
     names = tuple(wraps)
     shown = {**abs_, **{f"set{i + 1}": spec for i, spec in enumerate(a.sets)}}
     try:

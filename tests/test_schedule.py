@@ -901,3 +901,34 @@ def test_every_dispatched_config_at_common_widths_is_shipped(deepgemm_down, monk
     kinds = {(type(c).__name__, getattr(c, "mainloop", "nvfp4"), getattr(c, "tile_m", 0), getattr(c, "swap_ab", 0))
              for c in seen - {None}}
     assert len(seen) > 60 and len(kinds) > 15, (len(seen), sorted(kinds))
+
+
+@pytest.mark.parametrize("m,hidden,inter,expect", [
+    # D53: where it fires, the bf16 MLP on cuBLAS + act·mul was 1-22 % faster (launch_ab, H200)
+    (300, 8192, 3584, True), (640, 8192, 3584, True), (1200, 8192, 3584, True), (3600, 8192, 3584, True),
+    (640, 8192, 2048, True), (270, 8192, 7168, True), (321, 4096, 14336, True), (200, 3584, 4736, True),
+    (350, 7168, 20480, True),
+    # ... and where it does not, cuBLAS's was level or 2-15 % slower
+    (449, 4096, 14336, False), (1024, 8192, 3584, False), (704, 2048, 8192, False), (2600, 8192, 2048, False),
+    (704, 5120, 13824, False), (16, 4096, 14336, False),  # (the swap-AB tile streams the weight)
+])
+def test_bf16_gate_up_on_cublas_where_predicted_faster(m, hidden, inter, expect, monkeypatch):
+    """DISPATCH D53: bf16 gate_up with bf16 h runs cuBLAS's GEMM + the act·mul kernel where the rounds of
+    cuBLAS's best-fitting tiles and the act·mul are predicted shorter than the dispatched tile's; never
+    with fp8 h; BF16_GATE_UP "kernel" / "cublas" force either (what launch_ab compares)."""
+    assert dispatch.bf16_gate_up_on_cublas(m, 2 * inter, hidden, 132, "bf16") == expect
+    assert not dispatch.bf16_gate_up_on_cublas(m, 2 * inter, hidden, 132, "fp8_group128")
+    monkeypatch.setattr(dispatch, "BF16_GATE_UP", "kernel")
+    assert not dispatch.bf16_gate_up_on_cublas(m, 2 * inter, hidden, 132, "bf16")
+    monkeypatch.setattr(dispatch, "BF16_GATE_UP", "cublas")
+    assert dispatch.bf16_gate_up_on_cublas(m, 2 * inter, hidden, 132, "bf16")
+
+
+def test_cublas_gate_up_needs_cuda_bf16_operands():
+    import torch
+
+    from swiglu_fused.kernels import cublas
+
+    x, w = torch.empty(4, 256, dtype=torch.bfloat16), torch.empty(512, 256, dtype=torch.bfloat16)
+    assert not cublas.supports_gate_up(x, w)  # (CPU: the reference runs)
+    assert dispatch.gate_up_backend(x, w, None, None, None, 128, "silu", "bf16")[0] == dispatch.REFERENCE

@@ -1,4 +1,5 @@
-"""down on CUDA through cuBLAS: ops.down's path wherever the sm90 down kernel (sm90/down.py) was
+"""bf16 gate_up's GEMM where dispatch.bf16_gate_up_on_cublas predicts it faster with a separate
+act·mul (D53), and down on CUDA through cuBLAS: ops.down's path wherever the sm90 down kernel (sm90/down.py) was
 not measured faster (dispatch.beats_cublas: for bf16 where the kernel's tiles do not fill the SMs
 or M > 4096; for fp8 all but the decode tiles, small M with a long K shared out by stream-K, and
 the static 128-row tile's whole waves), and for fp16/fp32 outputs, non-bf16 residuals, GPUs other
@@ -54,6 +55,27 @@ def supports_down(h: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Ten
     return (weight.dtype == FP8 and h.dtype == FP8 and weight_scale is not None and h_scale is not None
             and weight_scale.dtype == torch.float32 and n % formats.FP8_BLOCK == 0
             and reads_scales_right(k) and torch.cuda.get_device_capability(h.device) >= (9, 0))
+
+
+def supports_gate_up(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    """Whether bf16 gate_up can run as cuBLAS's GEMM + the sm90 act·mul (sm90/act_mul.py; the
+    dispatch has checked the kernels are usable and the interleave is theirs)."""
+    return (x.is_cuda and x.dtype == torch.bfloat16 and weight.dtype == torch.bfloat16
+            and weight.shape[0] % (2 * formats.FP8_BLOCK) == 0)
+
+
+def gate_up(x: torch.Tensor, weight: torch.Tensor, act: str) -> torch.Tensor:
+    """bf16 h = act(x @ gate^T) · (x @ up^T) from the packed weight [2I, K] (interleave 128): cuBLAS's
+    GEMM into y [M, 2I] (bf16, as torch.mm rounds it), then act_mul's kernel (the reference's epilogue
+    where y is too large for its 32-bit offsets). y's rounding is one more than the fused kernel's;
+    DESIGN §4's bf16 tolerance covers it."""
+    from . import reference
+    from .sm90 import act_mul
+
+    y = x @ weight.t()
+    if act_mul.takes(y):
+        return act_mul.act_mul(y, act)
+    return reference.gate_up_epilogue(y, act=act)[0]
 
 
 def down(h, weight, weight_scale, h_scale, residual, out_dtype):

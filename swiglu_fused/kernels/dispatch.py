@@ -1,8 +1,9 @@
 """Kernel selection: for each call, which backend runs it and with which kernel configuration.
 
     backend     quant_x_backend, gate_up_backend, split_backend, down_backend, module_backend:
-                "sm90" (the CuTe DSL kernels), "cublas" or "deepgemm" (down only; DeepGEMM where a user
-                has it installed) or "reference" (kernels/reference.py)
+                "sm90" (the CuTe DSL kernels), "cublas" (down; bf16 gate_up's GEMM before the sm90
+                act·mul, D53), "deepgemm" (down only; where a user has it installed) or "reference"
+                (kernels/reference.py)
     config      quant_x_map, gate_up_config, down_config: the sm90 kernel's compile-time
                 configuration for these operands (None: the kernel does not implement them)
     shipped     gate_up_shipped, split_shipped, down_shipped: every config the rules can return (CI
@@ -138,7 +139,8 @@ def quant_x_backend(x: torch.Tensor) -> str:
 
 def gate_up_backend(x, weight, weight_scale, x_scale, global_scale, interleave, act, h_format, tile_major=False):
     """(SM90, GateUpConfig) where the kernel implements these arguments (g = 128, a global scale
-    only with an nvfp4 weight, 16-byte rows, gate_up_config not None), else (REFERENCE, None).
+    only with an nvfp4 weight, 16-byte rows, gate_up_config not None) and, for bf16, is predicted the
+    faster (else (CUBLAS, None): cuBLAS's GEMM + the sm90 act·mul, D53), else (REFERENCE, None).
     ``tile_major``: the nvfp4 weight's order (nvfp4_layout), which its W4A16 configs compile in; at
     decode sizes a tile-major nvfp4 weight's config is a WarpMmaConfig (warp_mma_config, D33)."""
     nvfp4 = weight.dtype == torch.uint8
@@ -150,6 +152,11 @@ def gate_up_backend(x, weight, weight_scale, x_scale, global_scale, interleave, 
         return REFERENCE, None
     if cfg is None or not rows_16_bytes("gate_up", x=x, weight=weight):
         return REFERENCE, None
+    if weight.dtype == torch.bfloat16 and cublas.supports_gate_up(x, weight):
+        from .sm90.schedule import sm_count
+
+        if bf16_gate_up_on_cublas(x.shape[0], weight.shape[0], x.shape[1], sm_count(x.device), h_format):
+            return CUBLAS, None
     if nvfp4:
         from .sm90.schedule import sm_count
 
@@ -421,15 +428,65 @@ def bf16_tile64_applies(m: int, n: int, sms: int, mainloop: str, h_format: str, 
     192 rows, 2 rounds (369): 0.69."""
     if mainloop != BF16_MAINLOOP or m > SPLIT64_ROUNDS_M:
         return False
+    return rounds_time(m, n, sms, 64, 1.0) <= BF16_TILE64_ROUNDS * 128 * bf16_row_tile_rounds(m, n, sms, h_format,
+                                                                                               k=k)
+
+
+def bf16_row_tile_rounds(m: int, n: int, sms: int, h_format: str, *, k: int) -> float:
+    """The predicted time of bf16_row_tile's tile for M × N × K, in rounds of whole 128 × 256 tiles:
+    the 192-row tile's rounds at WG3_SPEED, the hybrid's (D48), or the granule tile's."""
     from .sm90.schedule import hybrid128_rounds
 
     tile_m, tile_n = bf16_row_tile(m, n, sms, h_format, k=k)
     if tile_m != 128:
-        other = rounds_time(m, n, sms, tile_m, WG3_SPEED)
-    else:
-        hybrid = hybrid128_rounds(BF16_MAINLOOP, m, n, k, sms)
-        other = hybrid * 128 if hybrid is not None else granule_rounds(m, n, sms, tile_n // 2) * 128 / GROUP
-    return rounds_time(m, n, sms, 64, 1.0) <= BF16_TILE64_ROUNDS * other
+        return rounds_time(m, n, sms, tile_m, WG3_SPEED) / 128
+    hybrid = hybrid128_rounds(BF16_MAINLOOP, m, n, k, sms)
+    return hybrid if hybrid is not None else granule_rounds(m, n, sms, tile_n // 2) / GROUP
+
+
+def bf16_gate_up_rounds(m: int, n: int, sms: int, h_format: str, *, k: int) -> float | None:
+    """The predicted time of the tile gate_up_config runs for bf16 M × N × K, in rounds of whole
+    128 × 256 tiles (None for the swap-AB tile, whose decode sizes stream the weight)."""
+    tile_m, _, swap = gate_up_tile_for(m, n, sms, BF16_MAINLOOP, h_format, k=k)
+    if swap:
+        return None
+    if tile_m == 64:
+        return rounds_time(m, n, sms, 64, 1.0) / 128
+    return bf16_row_tile_rounds(m, n, sms, h_format, k=k)
+
+
+# bf16 gate_up as cuBLAS's GEMM + sm90/act_mul.py (D53), where that is predicted CUBLAS_GATE_UP_GAIN of
+# our tile's time. cuBLAS's persistent kernels pick tiles whose count fills the SMs (e.g. 144 × 128 at
+# 8192×3584 M = 640, 168 × 128 at M = 704: torch.profiler, D48), so its GEMM is modelled as the best of
+# 128-row tiles CUBLAS_TILE_NS wide (along 2I) in rounds of whole waves, at our tile's rate, and the act·mul
+# as its bytes (2I read, I written a row) at ACT_MUL_BYTES_PER_US plus ACT_MUL_US.
+# "kernel": never (what launch_ab compares); "cublas": wherever cuBLAS takes the operands
+BF16_GATE_UP = "rounds"
+CUBLAS_TILE_NS = tuple(range(128, 257, 16))
+CUBLAS_GATE_UP_GAIN = 1.0
+ACT_MUL_BYTES_PER_US, ACT_MUL_US = 3.0e6, 2.0
+
+
+def cublas_gate_up_rounds(m: int, n: int, k: int, sms: int) -> float:
+    """cuBLAS's bf16 GEMM (M × N × K) + the act·mul, in rounds of our whole 128 × 256 tiles (a k tile
+    of them at schedule.HYBRID_ITER_US)."""
+    from .sm90.schedule import HYBRID_ITER_US, mainloop_tile_k
+
+    gemm = min(cdiv(cdiv(m, 128) * cdiv(n, tn), sms) * tn / (2 * GROUP) for tn in CUBLAS_TILE_NS)
+    act_us = ACT_MUL_US + 3 * m * n / ACT_MUL_BYTES_PER_US
+    return gemm + act_us / (cdiv(k, mainloop_tile_k(BF16_MAINLOOP)) * HYBRID_ITER_US[BF16_MAINLOOP])
+
+
+def bf16_gate_up_on_cublas(m: int, n: int, k: int, sms: int, h_format: str) -> bool:
+    """Whether bf16 gate_up (M × N = 2I × K, bf16 h) runs as cuBLAS's GEMM + act_mul (D53;
+    BF16_GATE_UP)."""
+    hf = formats.H_FORMATS.get(h_format)
+    if BF16_GATE_UP == "kernel" or hf is None or hf.scaled or hf.dtype != torch.bfloat16:
+        return False
+    if BF16_GATE_UP == "cublas":
+        return True
+    ours = bf16_gate_up_rounds(m, n, sms, h_format, k=k)
+    return ours is not None and cublas_gate_up_rounds(m, n, k, sms) < CUBLAS_GATE_UP_GAIN * ours
 
 
 def gate_up_l2_hint(tile_m: int, swap_ab: bool) -> str:

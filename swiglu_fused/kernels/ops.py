@@ -205,7 +205,10 @@ def _gate_up_impl(
     h_rs_order = dispatch.gate_up_h_in_rs_order(h_order, x, weight)
     backend, cfg = dispatch.gate_up_backend(x, weight, weight_scale, x_scale, global_scale, interleave, act, h_format,
                                             tile_major)
-    if backend == dispatch.SM90:
+    if backend == dispatch.CUBLAS:
+        with torch.cuda.device(x.device):
+            h, h_scale = cublas.gate_up(x, weight, act), None
+    elif backend == dispatch.SM90:
         _kernel_operands_ok(dict(x=x, weight=weight), dict(weight_scale=weight_scale, x_scale=x_scale,
                                                            global_scale=global_scale))
         from .sm90 import gate_up as sm90_gate_up, warp_mma
