@@ -64,18 +64,11 @@ def supports_gate_up(x: torch.Tensor, weight: torch.Tensor) -> bool:
             and weight.shape[0] % (2 * formats.FP8_BLOCK) == 0)
 
 
-def gate_up(x: torch.Tensor, weight: torch.Tensor, act: str) -> torch.Tensor:
-    """bf16 h = act(x @ gate^T) · (x @ up^T) from the packed weight [2I, K] (interleave 128): cuBLAS's
-    GEMM into y [M, 2I] (bf16, as torch.mm rounds it), then act_mul's kernel (the reference's epilogue
-    where y is too large for its 32-bit offsets). y's rounding is one more than the fused kernel's;
-    DESIGN §4's bf16 tolerance covers it."""
-    from . import reference
-    from .sm90 import act_mul
-
-    y = x @ weight.t()
-    if act_mul.takes(y):
-        return act_mul.act_mul(y, act)
-    return reference.gate_up_epilogue(y, act=act)[0]
+def gate_up_gemm(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """bf16 gate_up's GEMM (D53): y [M, 2I] = x @ W^T in the packed column order, rounded to bf16 as
+    torch.mm rounds it (one rounding more than the fused kernel's; DESIGN §4's bf16 tolerance covers
+    it). ops applies the act·mul to it (sm90/act_mul.py)."""
+    return x @ weight.t()
 
 
 def down(h, weight, weight_scale, h_scale, residual, out_dtype):

@@ -206,8 +206,7 @@ def _gate_up_impl(
     backend, cfg = dispatch.gate_up_backend(x, weight, weight_scale, x_scale, global_scale, interleave, act, h_format,
                                             tile_major)
     if backend == dispatch.CUBLAS:
-        with torch.cuda.device(x.device):
-            h, h_scale = cublas.gate_up(x, weight, act), None
+        h, h_scale = _cublas_gate_up(x, weight, act), None
     elif backend == dispatch.SM90:
         _kernel_operands_ok(dict(x=x, weight=weight), dict(weight_scale=weight_scale, x_scale=x_scale,
                                                            global_scale=global_scale))
@@ -231,6 +230,16 @@ def _gate_up_impl(
         h_scale = h.new_empty((h.shape[0], 0), dtype=torch.float32)
     # M-major on every backend: what both down GEMMs read (the sm90 kernel and cuBLAS) without a copy
     return h.contiguous(), quant.m_major(h_scale)
+
+
+def _cublas_gate_up(x: torch.Tensor, weight: torch.Tensor, act: str) -> torch.Tensor:
+    """bf16 h as cuBLAS's GEMM, then the sm90 act·mul kernel (DISPATCH D53); the reference's epilogue
+    where y is too large for the kernel's 32-bit offsets."""
+    from .sm90 import act_mul
+
+    with torch.cuda.device(x.device):
+        y = cublas.gate_up_gemm(x, weight)
+        return act_mul.act_mul(y, act) if act_mul.takes(y) else reference.gate_up_epilogue(y, act=act)[0]
 
 
 def _rs_reorder(t: torch.Tensor) -> torch.Tensor:

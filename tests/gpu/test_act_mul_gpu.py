@@ -68,12 +68,12 @@ def test_dispatch_takes_cublas_at_8192x3584_just_past_a_wave():
                                            "bf16"):
         pytest.skip("the rule does not fire on this GPU's SM count")
     calls = []
-    real = cublas.gate_up
+    real = cublas.gate_up_gemm
     try:
-        cublas.gate_up = lambda *a: calls.append(1) or real(*a)
+        cublas.gate_up_gemm = lambda *a: calls.append(1) or real(*a)
         h, _ = ops.gate_up(**args)
     finally:
-        cublas.gate_up = real
+        cublas.gate_up_gemm = real
     assert calls and not h.isnan().any()
     assert_bf16_close(h, reference.gate_up(**args)[0])
     assert dispatch.gate_up_backend(args["x"], args["weight"], None, None, None, 128, "silu",
