@@ -934,3 +934,16 @@ def test_cublas_gate_up_needs_cuda_bf16_operands():
     x, w = torch.empty(4, 256, dtype=torch.bfloat16), torch.empty(512, 256, dtype=torch.bfloat16)
     assert not cublas.supports_gate_up(x, w)  # (CPU: the reference runs)
     assert dispatch.gate_up_backend(x, w, None, None, None, 128, "silu", "bf16")[0] == dispatch.REFERENCE
+
+
+@pytest.mark.parametrize("m,hidden,inter,expect", [
+    # D54: nvfp4's dequantized prefill on cuBLAS + the scaled act·mul, where measured 2.5-11 % faster ...
+    (1500, 8192, 3584, True), (1536, 8192, 3584, True), (1850, 8192, 3584, True), (2048, 8192, 3584, True),
+    (1500, 8192, 7168, True),
+    # ... and never at these widths from M = 1409 (its 128- / 192-row tiles fill their waves)
+    (1536, 4096, 14336, False), (2048, 4096, 14336, False), (2048, 2048, 8192, False), (4096, 3072, 8192, False),
+])
+def test_nvfp4_prefill_gate_up_on_cublas_where_predicted_faster(m, hidden, inter, expect):
+    """DISPATCH D54: D53's model against the dequantized prefill's own tile (the 192-row one where
+    wg3_applies, else whole 128-row tiles)."""
+    assert dispatch.bf16_gate_up_on_cublas(m, 2 * inter, hidden, 132, "bf16", dequantized=True) == expect

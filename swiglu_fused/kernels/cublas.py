@@ -59,8 +59,9 @@ def supports_down(h: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Ten
 
 def supports_gate_up(x: torch.Tensor, weight: torch.Tensor) -> bool:
     """Whether bf16 gate_up can run as cuBLAS's GEMM + the sm90 act·mul (sm90/act_mul.py; the
-    dispatch has checked the kernels are usable and the interleave is theirs)."""
-    return (x.is_cuda and x.dtype == torch.bfloat16 and weight.dtype == torch.bfloat16
+    dispatch has checked the kernels are usable and the interleave is theirs), on a bf16 weight or an
+    nvfp4 one dequantized for the call (uint8: the dispatch has checked it is at a prefill M)."""
+    return (x.is_cuda and x.dtype == torch.bfloat16 and weight.dtype in (torch.bfloat16, torch.uint8)
             and weight.shape[0] % (2 * formats.FP8_BLOCK) == 0)
 
 

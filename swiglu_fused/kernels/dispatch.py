@@ -140,7 +140,8 @@ def quant_x_backend(x: torch.Tensor) -> str:
 def gate_up_backend(x, weight, weight_scale, x_scale, global_scale, interleave, act, h_format, tile_major=False):
     """(SM90, GateUpConfig) where the kernel implements these arguments (g = 128, a global scale
     only with an nvfp4 weight, 16-byte rows, gate_up_config not None) and, for bf16, is predicted the
-    faster (else (CUBLAS, None): cuBLAS's GEMM + the sm90 act·mul, D53), else (REFERENCE, None).
+    faster (else (CUBLAS, None): cuBLAS's GEMM + the sm90 act·mul, D53; for nvfp4 at prefill on the
+    weight dequantized for the call, D54), else (REFERENCE, None).
     ``tile_major``: the nvfp4 weight's order (nvfp4_layout), which its W4A16 configs compile in; at
     decode sizes a tile-major nvfp4 weight's config is a WarpMmaConfig (warp_mma_config, D33)."""
     nvfp4 = weight.dtype == torch.uint8
@@ -152,10 +153,12 @@ def gate_up_backend(x, weight, weight_scale, x_scale, global_scale, interleave, 
         return REFERENCE, None
     if cfg is None or not rows_16_bytes("gate_up", x=x, weight=weight):
         return REFERENCE, None
-    if weight.dtype == torch.bfloat16 and cublas.supports_gate_up(x, weight):
+    dequantized = nvfp4 and cfg.dequantized
+    if (weight.dtype == torch.bfloat16 or dequantized) and cublas.supports_gate_up(x, weight):
         from .sm90.schedule import sm_count
 
-        if bf16_gate_up_on_cublas(x.shape[0], weight.shape[0], x.shape[1], sm_count(x.device), h_format):
+        if bf16_gate_up_on_cublas(x.shape[0], weight.shape[0], x.shape[1], sm_count(x.device), h_format,
+                                  dequantized=dequantized):
             return CUBLAS, None
     if nvfp4:
         from .sm90.schedule import sm_count
@@ -477,15 +480,25 @@ def cublas_gate_up_rounds(m: int, n: int, k: int, sms: int) -> float:
     return gemm + act_us / (cdiv(k, mainloop_tile_k(BF16_MAINLOOP)) * HYBRID_ITER_US[BF16_MAINLOOP])
 
 
-def bf16_gate_up_on_cublas(m: int, n: int, k: int, sms: int, h_format: str) -> bool:
+def nvfp4_prefill_gate_up_rounds(m: int, n: int, sms: int) -> float:
+    """The predicted time of the dequantized nvfp4 gate_up's tile (_nvfp4_prefill_tile: the 192-row
+    tile where wg3_applies, else whole 128-row ones), in rounds of whole 128 × 256 tiles."""
+    from .sm90.tile_config import TILE_M_WG3
+
+    wg3 = wg3_applies(m, n, sms)
+    return rounds_time(m, n, sms, TILE_M_WG3 if wg3 else 128, WG3_SPEED if wg3 else 1.0) / 128
+
+
+def bf16_gate_up_on_cublas(m: int, n: int, k: int, sms: int, h_format: str, *, dequantized: bool = False) -> bool:
     """Whether bf16 gate_up (M × N = 2I × K, bf16 h) runs as cuBLAS's GEMM + act_mul (D53;
-    BF16_GATE_UP)."""
+    BF16_GATE_UP); ``dequantized``: nvfp4's prefill, its weight dequantized to bf16 for the call,
+    against its own tile (nvfp4_prefill_gate_up_rounds; D54)."""
     hf = formats.H_FORMATS.get(h_format)
     if BF16_GATE_UP == "kernel" or hf is None or hf.scaled or hf.dtype != torch.bfloat16:
         return False
     if BF16_GATE_UP == "cublas":
         return True
-    ours = bf16_gate_up_rounds(m, n, sms, h_format, k=k)
+    ours = nvfp4_prefill_gate_up_rounds(m, n, sms) if dequantized else bf16_gate_up_rounds(m, n, sms, h_format, k=k)
     return ours is not None and cublas_gate_up_rounds(m, n, k, sms) < CUBLAS_GATE_UP_GAIN * ours
 
 

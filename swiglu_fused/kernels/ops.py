@@ -206,7 +206,10 @@ def _gate_up_impl(
     backend, cfg = dispatch.gate_up_backend(x, weight, weight_scale, x_scale, global_scale, interleave, act, h_format,
                                             tile_major)
     if backend == dispatch.CUBLAS:
-        h, h_scale = _cublas_gate_up(x, weight, act), None
+        _kernel_operands_ok(dict(weight=weight), dict(weight_scale=weight_scale, global_scale=global_scale))
+        h, h_scale = _cublas_gate_up(x, weight, weight_scale, global_scale, act, tile_major), None
+        if h_rs_order:
+            h = _rs_reorder(h)
     elif backend == dispatch.SM90:
         _kernel_operands_ok(dict(x=x, weight=weight), dict(weight_scale=weight_scale, x_scale=x_scale,
                                                            global_scale=global_scale))
@@ -232,14 +235,26 @@ def _gate_up_impl(
     return h.contiguous(), quant.m_major(h_scale)
 
 
-def _cublas_gate_up(x: torch.Tensor, weight: torch.Tensor, act: str) -> torch.Tensor:
-    """bf16 h as cuBLAS's GEMM, then the sm90 act·mul kernel (DISPATCH D53); the reference's epilogue
-    where y is too large for the kernel's 32-bit offsets."""
+def _cublas_gate_up(x, weight, weight_scale, global_scale, act: str, tile_major: bool) -> torch.Tensor:
+    """bf16 h as cuBLAS's GEMM, then the sm90 act·mul kernel (DISPATCH D53); an nvfp4 weight is first
+    dequantized for the call (nvfp4_dequant.py, as the dequantized prefill's kernels read it) and the
+    act·mul applies its global scales. The reference's epilogue where y is too large for the kernel's
+    32-bit offsets."""
     from .sm90 import act_mul
 
     with torch.cuda.device(x.device):
+        multipliers = None
+        if weight.dtype == torch.uint8:
+            from .sm90 import gemm, nvfp4_dequant
+
+            weight = nvfp4_dequant.dequantize(weight, weight_scale, tile_major=tile_major)
+            multipliers = gemm.nvfp4_global_scales(global_scale, 2)
         y = cublas.gate_up_gemm(x, weight)
-        return act_mul.act_mul(y, act) if act_mul.takes(y) else reference.gate_up_epilogue(y, act=act)[0]
+        if act_mul.takes(y):
+            return act_mul.act_mul(y, act, multipliers=multipliers)
+        if multipliers is not None:  # (per half of each 2g chunk)
+            y = (y.float().view(y.shape[0], -1, 2, GROUP) * (multipliers * 2.0 ** act_mul.UNSHIFT).view(2, 1)).flatten(1)
+        return reference.gate_up_epilogue(y, act=act)[0]
 
 
 def _rs_reorder(t: torch.Tensor) -> torch.Tensor:

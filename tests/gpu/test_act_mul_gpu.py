@@ -95,3 +95,40 @@ def test_mlp_on_cublas_gate_up_in_a_cuda_graph(monkeypatch):
         graph.replay()
     assert_bf16_close(y, _reference(mlp, x).cuda())
     assert torch.equal(static_y, y)
+
+
+@pytest.mark.parametrize("act", ACTS)
+def test_scaled_act_mul_applies_the_global_scale_multipliers(act):
+    """act_mul's ``multipliers`` (y over a weight dequantized to the true one · 2^-UNSHIFT): gate and
+    up times their own multiplier · 2^UNSHIFT before the act·mul (unequal, so a swap shows)."""
+    from swiglu_fused.kernels.sm90 import act_mul
+
+    g = torch.Generator(device="cuda").manual_seed(7)
+    y = (torch.randn(300, 2 * 1536, device="cuda", generator=g) * 2.0 ** -act_mul.UNSHIFT).to(torch.bfloat16)
+    mult = torch.tensor([0.75, 3.0], device="cuda")
+    h = torch.full((300, 1536), float("nan"), dtype=torch.bfloat16, device="cuda")
+    act_mul.act_mul(y, act, out=h, multipliers=mult)
+    scaled = (y.float().view(300, -1, 2, 128) * (mult * 2.0 ** act_mul.UNSHIFT).view(2, 1)).flatten(1)
+    ref, _ = reference.gate_up_epilogue(scaled, act=act, h_format="bf16")
+    assert not h.isnan().any() and rel_frobenius(h, ref) <= 2e-3
+    swapped, _ = reference.gate_up_epilogue((y.float().view(300, -1, 2, 128) * (mult.flip(0) * 2.0 ** act_mul.UNSHIFT)
+                                             .view(2, 1)).flatten(1), act=act, h_format="bf16")
+    assert rel_frobenius(swapped, ref) > 0.1
+
+
+@pytest.mark.parametrize("tile_major", [False, True])
+@pytest.mark.parametrize("m,hidden,inter", [(1500, 8192, 3584), (1409, 576, 1536)])
+def test_ops_gate_up_nvfp4_prefill_on_cublas(monkeypatch, m, hidden, inter, tile_major):
+    """An nvfp4 gate_up at a prefill M (dequantized for the call) on cuBLAS + the scaled act·mul: within
+    the nvfp4 tests' tolerance of the reference, unequal gate/up global scales, both weight orders."""
+    from swiglu_fused.kernels import nvfp4_layout
+    from .test_nvfp4_gpu import TOL, gate_up_operands
+
+    monkeypatch.setattr(dispatch, "BF16_GATE_UP", "cublas")
+    x, w, ws, gs = gate_up_operands(m, hidden, inter, seed=m)
+    want = reference.gate_up(x, w, ws, None, gs)[0]
+    if tile_major:
+        w, ws = nvfp4_layout.to_tile_major(w, ws)
+    assert dispatch.gate_up_backend(x, w, ws, None, gs, 128, "silu", "bf16", tile_major)[0] == dispatch.CUBLAS
+    h, _ = ops.gate_up(x, w, ws, None, gs, tile_major=tile_major)
+    assert rel_frobenius(h, want) <= TOL

@@ -1,7 +1,10 @@
 """act(gate) · up of a GEMM's output in the packed column order, on sm_90a: y [M, 2I] bf16, its
 columns in chunks of 2g (g = 128: g gate columns, then their g up columns) → h [M, I] bf16. The
 second half of bf16 gate_up where cuBLAS's GEMM runs the first (DISPATCH D53); ground truth:
-reference.gate_up_epilogue on y.
+reference.gate_up_epilogue on y. ``scaled``: y is the GEMM over an nvfp4 weight dequantized for the
+call (nvfp4_dequant.py: the true weight · 2^-UNSHIFT), and gate and up are first multiplied by their
+global scale multipliers [2] (read from device memory: no host sync) · 2^UNSHIFT, as the W4A16 and
+dequantized GEMMs' epilogues do.
 
 Thread t takes one 16-byte chunk of h (8 columns, 4 words of two bf16): it loads the gate and up
 chunks behind it (16 bytes each, g columns apart), computes act(gate) · up in fp32 with the GEMM
@@ -16,15 +19,16 @@ from dataclasses import dataclass
 import cuda.bindings.driver as cuda
 import cutlass
 import cutlass.cute as cute
-from cutlass import Int32
+from cutlass import Float32, Int32
 
 from ... import formats
 from .activations_and_h import ACTIVATIONS, activation
-from .ptx import bf16_hi_to_f32, bf16_lo_to_f32, cvt_bf16x2
+from .ptx import DECODE_SHIFT, bf16_hi_to_f32, bf16_lo_to_f32, cvt_bf16x2
 
 G = formats.FP8_BLOCK  # the interleave the sm90 kernels take (dispatch.GROUP)
 CHUNK_WORDS = 4  # a thread's output: one 16-byte chunk, 8 bf16
 CHUNKS_PER_GROUP = G // (2 * CHUNK_WORDS)  # 16-byte chunks of h a pair of g-column groups makes
+UNSHIFT = 126 - DECODE_SHIFT  # (nvfp4.UNSHIFT: the dequantized weight is the true one · 2^-UNSHIFT)
 
 
 @dataclass(frozen=True)
@@ -33,6 +37,7 @@ class ActMulConfig:
 
     act: str = formats.ACTIVATIONS[0]
     threads: int = 256
+    scaled: bool = False
 
     def __post_init__(self):
         activation(self.act)  # raises naming act
@@ -45,7 +50,8 @@ class ActMulKernel:
         self.config = config
 
     @cute.jit
-    def __call__(self, y_ptr: cute.Pointer, h_ptr: cute.Pointer, m: Int32, groups_v: Int32, stream: cuda.CUstream):
+    def __call__(self, y_ptr: cute.Pointer, h_ptr: cute.Pointer, s_ptr: cute.Pointer, m: Int32, groups_v: Int32,
+                 stream: cuda.CUstream):
         cfg = self.config
         chunks = cute.assume(groups_v * CHUNKS_PER_GROUP, divby=CHUNKS_PER_GROUP)  # h's 16-byte chunks a row
         h_words = cute.assume(chunks * CHUNK_WORDS, divby=G // 2)
@@ -53,11 +59,12 @@ class ActMulKernel:
                                                                                      stride=(2 * h_words, 1)))
         mH = cute.make_tensor(cute.recast_ptr(h_ptr, dtype=Int32), cute.make_layout((m, h_words),
                                                                                      stride=(h_words, 1)))
+        mS = cute.make_tensor(s_ptr, cute.make_layout(2))
         grid = (m * chunks + cfg.threads - 1) // cfg.threads
-        self.kernel(mY, mH, m, chunks).launch(grid=[grid, 1, 1], block=[cfg.threads, 1, 1], stream=stream)
+        self.kernel(mY, mH, mS, m, chunks).launch(grid=[grid, 1, 1], block=[cfg.threads, 1, 1], stream=stream)
 
     @cute.kernel
-    def kernel(self, mY: cute.Tensor, mH: cute.Tensor, m: Int32, chunks: Int32):
+    def kernel(self, mY: cute.Tensor, mH: cute.Tensor, mS: cute.Tensor, m: Int32, chunks: Int32):
         cfg = self.config
         act = activation(cfg.act)
         tidx, _, _ = cute.arch.thread_idx()
@@ -77,9 +84,12 @@ class ActMulKernel:
             h = cute.make_rmem_tensor(words, Int32)
             cute.copy(vec, gY[((0, None), (row, gate))], g)
             cute.copy(vec, gY[((0, None), (row, gate + CHUNKS_PER_GROUP))], u)
+            sg, su = Float32(1.0), Float32(1.0)
+            if cutlass.const_expr(cfg.scaled):
+                sg, su = mS[0] * Float32(2.0 ** UNSHIFT), mS[1] * Float32(2.0 ** UNSHIFT)
             for w in cutlass.range_constexpr(CHUNK_WORDS):
-                h[w] = cvt_bf16x2(act(bf16_lo_to_f32(g[w])) * bf16_lo_to_f32(u[w]),
-                                  act(bf16_hi_to_f32(g[w])) * bf16_hi_to_f32(u[w]))
+                h[w] = cvt_bf16x2(act(bf16_lo_to_f32(g[w]) * sg) * (bf16_lo_to_f32(u[w]) * su),
+                                  act(bf16_hi_to_f32(g[w]) * sg) * (bf16_hi_to_f32(u[w]) * su))
             cute.copy(vec, h, gH[((0, None), (row, chunk))])
 
 
@@ -89,11 +99,11 @@ def compile_act_mul(config: ActMulConfig = ActMulConfig()):
     from .compile_cache import COMPILE_OPTIONS, fake_ptr, null_stream
 
     return cute.compile(ActMulKernel(config), fake_ptr(cutlass.BFloat16, 16), fake_ptr(cutlass.BFloat16, 16),
-                        Int32(1), Int32(1), null_stream(), options=COMPILE_OPTIONS)
+                        fake_ptr(Float32, 4), Int32(1), Int32(1), null_stream(), options=COMPILE_OPTIONS)
 
 
 def shipped_configs() -> list[ActMulConfig]:
-    return [ActMulConfig(act=a) for a in ACTIVATIONS]
+    return [ActMulConfig(act=a, scaled=s) for a in ACTIVATIONS for s in (False, True)]
 
 
 def takes(y) -> bool:
@@ -105,9 +115,10 @@ def takes(y) -> bool:
             and y.shape[1] % (2 * G) == 0 and y.data_ptr() % 16 == 0 and y.numel() // 2 < 2 ** 31)
 
 
-def act_mul(y, act: str = formats.ACTIVATIONS[0], out=None):
+def act_mul(y, act: str = formats.ACTIVATIONS[0], out=None, multipliers=None):
     """h [M, I] bf16 = act(gate) · up of y [M, 2I] (``takes(y)``; the caller checks), into ``out``
-    (contiguous, 16-byte aligned: the tests' poisoned h) or a new tensor."""
+    (contiguous, 16-byte aligned: the tests' poisoned h) or a new tensor. ``multipliers``: fp32 [2] on
+    y's device (gate, up), each times 2^UNSHIFT first (y over a dequantized nvfp4 weight)."""
     import torch
 
     from . import compile_cache
@@ -116,9 +127,10 @@ def act_mul(y, act: str = formats.ACTIVATIONS[0], out=None):
     h = torch.empty(m, n // 2, dtype=torch.bfloat16, device=y.device) if out is None else out
     if m == 0:
         return h
-    config = ActMulConfig(act=act)
+    config = ActMulConfig(act=act, scaled=multipliers is not None)
     fn = compile_cache.get("act_mul", config, lambda: compile_act_mul(config))
     stream = cuda.CUstream(torch.cuda.current_stream(y.device).cuda_stream)
-    fn(compile_cache.ptr(cutlass.BFloat16, y, 16), compile_cache.ptr(cutlass.BFloat16, h, 16), Int32(m),
-       Int32(n // (2 * G)), stream)
+    s = multipliers.contiguous() if multipliers is not None else y  # (not read unscaled)
+    fn(compile_cache.ptr(cutlass.BFloat16, y, 16), compile_cache.ptr(cutlass.BFloat16, h, 16),
+       compile_cache.ptr(Float32, s, 4), Int32(m), Int32(n // (2 * G)), stream)
     return h
