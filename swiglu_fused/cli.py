@@ -107,7 +107,9 @@ process on the same random bf16 input x [M, H] and the same random weights:
                       DeepGEMM is installed: timed as a peer, never needed
   ours_FORMAT         FusedSwiGLUMLP in each --format (default: bf16, fp8_block128 and nvfp4, all on
                       sm90 kernels; nvfp4 is W4A16: its 4-bit weight decoded to bf16 in the kernel,
-                      or above 1408 tokens dequantized to bf16 for the call, then the bf16 kernels)
+                      or above 1408 tokens dequantized to bf16 for the call, then the bf16 kernels;
+                      bf16 gate_up runs as cuBLAS's GEMM + our act·mul kernel at the M where that is
+                      predicted faster, DISPATCH D53/D54)
 
 How it is timed: each pipeline is captured as a CUDA graph of 10 calls (--no-cuda-graphs: 10 plain
 eager calls, host launch cost included) and timed with CUDA events --iters times a round; the median
