@@ -54,3 +54,10 @@ def test_a_set_variant_settles_the_modules_layout_under_its_constants():
     held = Held()
     run = launch_ab.variants({}, {"set1": launch_ab.parse_set("dispatch.FP8_TILE_MAJOR=False")})["set1"](held)
     assert held.seen is False and dispatch.FP8_TILE_MAJOR is True and run(None) is False
+
+
+def test_skip_names_only_the_standing_variants():
+    """--skip leaves out no_pdl / memset (e.g. a bf16 sweep, where no launch has PDL); anything else is
+    refused before a GPU is asked for."""
+    with pytest.raises(SystemExit, match="only no_pdl and memset"):
+        launch_ab.main(["--skip", "shipped"])
