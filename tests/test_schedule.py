@@ -434,6 +434,17 @@ def test_gate_up_fp8_64_row_tile_on_two_warpgroups():
         gate_up.GateUpConfig(tile_m=64, stages=5, xacc_parts=2)
 
 
+def test_fixup_unroll_is_a_config_field_off_in_every_shipped_config():
+    """TileConfig.fixup_unroll (the stream-K fix-up's partials in flight at a time): to be measured,
+    so 1 in everything the dispatch returns; 1, 2, 4 or 8 only."""
+    from swiglu_fused.kernels.sm90 import gate_up
+
+    assert all(c.fixup_unroll == 1 for c in dispatch.gate_up_shipped() + dispatch.down_shipped())
+    assert gate_up.GateUpConfig(tile_m=16, stages=5, swap_ab=True, fixup_unroll=4).fixup_unroll == 4
+    with pytest.raises(ValueError, match="fixup_unroll"):
+        gate_up.GateUpConfig(tile_m=16, stages=5, swap_ab=True, fixup_unroll=3)
+
+
 @pytest.mark.parametrize("inter,stages", [
     (1024, 5), (3584, 5), (5120, 5),  # 8, 28, 40 weight tiles of 256 rows: few streams, a fifth stage
     (5248, 4), (7168, 4), (14336, 4),  # 41, 56, 112

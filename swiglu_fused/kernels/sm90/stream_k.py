@@ -46,8 +46,8 @@ class Schedule(NamedTuple):
 
 
 class StreamKMixin:
-    # the last CTA's sum of a tile's partials, this many partials' loads in flight at a time (decode_mlp.py
-    # measures more, where a tile has 8 contributors; 1 in every shipped kernel)
+    # the last CTA's sum of a tile's partials, this many partials' loads in flight at a time
+    # (TileConfig.fixup_unroll; decode_mlp.py sets its own)
     fixup_unroll = 1
 
     @cute.jit

@@ -166,6 +166,11 @@ class TileConfig:
     # stages, and so its static k loop (DISPATCH D36). (Storing y straight from registers, no slab,
     # measured slower where K is short: history/down.md.)
     y_slab_cols: int = HALF_N
+    # stream-K's fix-up: the last CTA of a shared tile sums the others' partials this many at a time
+    # (their loads in flight together; StreamKMixin). 4 took 1-2 µs off the one-launch decode MLP, whose
+    # tiles have 8-16 contributors (history/mlp.md); the shipped tiles have 2-5: to be measured
+    # (launch_ab --ab gate_up:fixup_unroll=4,down:fixup_unroll=4), 1 until then
+    fixup_unroll: int = 1
 
     # the epilogue and the bytes per element of the staged output (set by subclasses)
     epilogue = "gated"
@@ -181,6 +186,8 @@ class TileConfig:
             raise ValueError(f"{name}.tile_m = {TILE_M_WG3} is the bf16 mainloop's tile of 256 weight rows "
                              f"(no granules, clusters or tma_store); got {self}")
 
+        if self.fixup_unroll not in (1, 2, 4, 8):
+            raise ValueError(f"{name}.fixup_unroll: expected 1, 2, 4 or 8 partials at a time, got {self.fixup_unroll}")
         if self.ctas_per_sm not in (0, 1, 2):
             raise ValueError(f"{name}.ctas_per_sm: expected 0 (none), 1 or 2, got {self.ctas_per_sm}")
         if self.cluster_m not in (1, 2) or (self.swap_ab and self.cluster_m != 1):
