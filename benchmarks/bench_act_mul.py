@@ -26,21 +26,14 @@ def point(m: int, inter: int, iters: int, rounds: int) -> dict:
 
     nbytes = bench.act_quant_bytes(m, inter, fp8=False)
     sets = [torch.randn(m, 2 * inter, device="cuda").to(torch.bfloat16) for _ in range(max(2, 200_000_000 // nbytes))]
-    err = (act_mul.act_mul(sets[0]).float() - reference.gate_up_epilogue(sets[0])[0].float()).norm()
-    err = (err / reference.gate_up_epilogue(sets[0])[0].float().norm()).item()
+    want = reference.gate_up_epilogue(sets[0])[0].float()
+    err = ((act_mul.act_mul(sets[0]).float() - want).norm() / want.norm()).item()
     if not err < 2e-3:
         raise RuntimeError(f"act_mul differs from the reference at M = {m}, I = {inter}: {err:.2e}")
-    turn = {"i": 0}
-
-    def cycling(fn):
-        def run():
-            turn["i"] = (turn["i"] + 1) % len(sets)
-            return fn(sets[turn["i"]])
-        return run
-
-    fns = {"ours": cycling(act_mul.act_mul), "eager": cycling(bench.act_mul_bf16)}
+    sets = [(y,) for y in sets]
+    fns = {"ours": bench.cycling(act_mul.act_mul, sets), "eager": bench.cycling(bench.act_mul_bf16, sets)}
     if bench.triton is not None:
-        fns["triton"] = cycling(lambda y: bench.act_quant_triton(y, fp8=False))
+        fns["triton"] = bench.cycling(lambda y: bench.act_quant_triton(y, fp8=False), sets)
     t = {k: statistics.median(v) for k, v in bench.interleaved_us(fns, iters, rounds).items()}
     row = dict(m=m, inter=inter, bytes=nbytes, **{f"{k}_us": v for k, v in t.items()},
                **{f"{k}_tbps": nbytes / v / 1e6 for k, v in t.items()}, rel_err=err)

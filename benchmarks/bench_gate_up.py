@@ -9,7 +9,8 @@ in the JSON), so small shapes are not timed from cache.
     python -m benchmarks.bench_gate_up [--shapes 4096x14336,...] [--m 16,64,1024,4096] [--json out.json]
                                        [--rounds 5]   # ours and the peers timed in turn, 5 times
 
-Prints a table: µs and TFLOP/s (2·M·H·2I) of every GEMM pipeline (ours, cuBLAS GEMM alone, cuBLAS GEMM
+Prints a table: µs and TFLOP/s (2·M·H·2I) of every GEMM pipeline (ours: the fused kernel, and for bf16 where
+the dispatch runs cuBLAS + act·mul instead (D53) that too, "dispatched"; cuBLAS GEMM alone, cuBLAS GEMM
 + separate act·quant; where DeepGEMM is importable, its GEMM alone and with the act·quant too), the act·quant kernel's µs and TB/s, ours' speed-up over each cuBLAS peer, and
 ours against the roofline floor: the larger of a memory floor (weight + x + h bytes at the 2.96 TB/s
 copy rate) and a compute floor (the flops at cuBLAS's 8192³ rate: 1257 TFLOP/s fp8 block-scaled, 775
@@ -32,11 +33,12 @@ from benchmarks.harness import (
     quant_x_m_major, rotation, write_json,
 )
 from swiglu_fused import quant
+from swiglu_fused.kernels import dispatch, ops
 from swiglu_fused.kernels.sm90 import gate_up as k
 
 # table/JSON name of each timed pipeline whose time covers the GEMM (act·quant alone has no GEMM flops)
 GEMM_PIPELINES = {"fused": "fused", "gemm": "gemm", "sep": "separate", "tile256": "tile256", "copyout": "copyout",
-                  "dg": "deepgemm", "dgsep": "deepgemm_separate"}
+                  "dg": "deepgemm", "dgsep": "deepgemm_separate", "dispatched": "dispatched"}
 
 QX_SHAPES = ((1, 4096), (16, 4096), (64, 8192), (128, 4096), (128, 8192), (256, 4096), (256, 8192),
              (1024, 4096), (1024, 8192), (4096, 4096), (4096, 8192), (16384, 4096))
@@ -128,11 +130,20 @@ def ours(a, cfg, sets):
         return cycling(lambda x, xs, w, ws: k.gate_up(c, x, w, ws, xs), sets)
 
     fns = {"fused": run(cfg)}
+    if cfg.mainloop == dispatch.BF16_MAINLOOP and dispatch_takes_cublas(sets[0]):  # what ops.gate_up runs (D53)
+        fns["dispatched"] = cycling(lambda x, xs, w, ws: ops.gate_up(x, w)[0], sets)
     if a.store_ab and cfg.h_tma_store:
         fns["copyout"] = run(dataclasses.replace(cfg, tma_store=False))
     if cfg.granules:
         fns["tile256"] = run(dataclasses.replace(cfg, tile_n=256))
     return fns
+
+
+def dispatch_takes_cublas(operands) -> bool:
+    """Whether ops.gate_up runs these bf16 operands as cuBLAS's GEMM + the act·mul (DISPATCH D53), not
+    the fused kernel the table's "ours" column times."""
+    x, _, w, _ = operands
+    return dispatch.gate_up_backend(x, w, None, None, None, 128, "silu", "bf16")[0] == dispatch.CUBLAS
 
 
 def peers(gemm_fn, psets, fp8, act_quant_c):
@@ -192,7 +203,7 @@ def bench_point(a, m, hidden, inter, act_quant_c):
              cublas_rel_err=gemm_err, deepgemm_rel_err=dg_err, act_quant_kernel=actq_name,
              act_quant_tbps=act_quant_bytes(m, inter, fp8) / t["actq"] / 1e6,
              **derived(t, per_round, gemm_flops(m, hidden, inter), nbytes, a.mainloop))
-    for name in ("tile256", "copyout", "dg", "dgsep"):
+    for name in ("tile256", "copyout", "dg", "dgsep", "dispatched"):
         if name in t:
             r.update({f"{name}_us": t[name], f"{name}_per_round": per_round[name]})
     if "copyout" in t:
@@ -252,7 +263,7 @@ def print_row(r, cfg, rounds):
                     for label, key in (("gemm/ours", "speedup_vs_gemm_per_round"), ("sep/ours", "speedup_per_round"))
                     if rounds > 1 and r[key])
     for name, label in (("copyout", "copy-out"), ("tile256", "tile_n=256"), ("dg", "DeepGEMM GEMM alone"),
-                        ("dgsep", "DeepGEMM + act·quant")):
+                        ("dgsep", "DeepGEMM + act·quant"), ("dispatched", "dispatched: cuBLAS + act·mul (D53)")):
         if f"{name}_us" in r:
             extra += f"  {label} {r[f'{name}_us']:.1f} µs {r[f'{GEMM_PIPELINES[name]}_tflops']:.0f} TF/s"
     if "speedup_vs_deepgemm" in r:
