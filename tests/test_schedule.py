@@ -929,12 +929,27 @@ def test_bf16_gate_up_on_cublas_where_predicted_faster(m, hidden, inter, expect,
     """DISPATCH D53: bf16 gate_up with bf16 h runs cuBLAS's GEMM + the act·mul kernel where the rounds of
     cuBLAS's best-fitting tiles and the act·mul are predicted shorter than the dispatched tile's; never
     with fp8 h; BF16_GATE_UP "kernel" / "cublas" force either (what launch_ab compares)."""
-    assert dispatch.bf16_gate_up_on_cublas(m, 2 * inter, hidden, 132, "bf16") == expect
-    assert not dispatch.bf16_gate_up_on_cublas(m, 2 * inter, hidden, 132, "fp8_group128")
+    def on_cublas(h_format):
+        return dispatch.bf16_gate_up_on_cublas(_bf16_gate_up_config(m, hidden, inter, h_format), m, 2 * inter, hidden,
+                                               132)
+
+    assert on_cublas("bf16") == expect
+    assert not on_cublas("fp8_group128")
     monkeypatch.setattr(dispatch, "BF16_GATE_UP", "kernel")
-    assert not dispatch.bf16_gate_up_on_cublas(m, 2 * inter, hidden, 132, "bf16")
+    assert not on_cublas("bf16")
     monkeypatch.setattr(dispatch, "BF16_GATE_UP", "cublas")
-    assert dispatch.bf16_gate_up_on_cublas(m, 2 * inter, hidden, 132, "bf16")
+    assert on_cublas("bf16")
+
+
+def _bf16_gate_up_config(m, hidden, inter, h_format):
+    """gate_up_config's pick for bf16 x and weight on 132 SMs."""
+    from unittest import mock
+
+    import torch
+
+    x, w = torch.empty(m, hidden, dtype=torch.bfloat16), torch.empty(2 * inter, hidden, dtype=torch.bfloat16)
+    with mock.patch("swiglu_fused.kernels.sm90.schedule.sm_count", lambda device: 132):
+        return dispatch.gate_up_config(x, w, None, None, act="silu", h_format=h_format)
 
 
 def test_cublas_gate_up_needs_cuda_bf16_operands():
@@ -956,5 +971,9 @@ def test_cublas_gate_up_needs_cuda_bf16_operands():
 ])
 def test_nvfp4_prefill_gate_up_on_cublas_where_predicted_faster(m, hidden, inter, expect):
     """DISPATCH D54: D53's model against the dequantized prefill's own tile (the 192-row one where
-    wg3_applies, else whole 128-row tiles)."""
-    assert dispatch.bf16_gate_up_on_cublas(m, 2 * inter, hidden, 132, "bf16", dequantized=True) == expect
+    wg3_applies, else whole 128-row tiles: the config gate_up_config picks on a GPU of 132 SMs)."""
+    from swiglu_fused.kernels.sm90.tile_config import GateUpConfig
+
+    cfg = GateUpConfig(act="silu", h_format="bf16",
+                       **dispatch._nvfp4_prefill_tile(m, dispatch.wg3_applies(m, 2 * inter, 132)))
+    assert cfg.dequantized and dispatch.bf16_gate_up_on_cublas(cfg, m, 2 * inter, hidden, 132) == expect

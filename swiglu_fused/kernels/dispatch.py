@@ -153,18 +153,14 @@ def gate_up_backend(x, weight, weight_scale, x_scale, global_scale, interleave, 
         return REFERENCE, None
     if cfg is None or not rows_16_bytes("gate_up", x=x, weight=weight):
         return REFERENCE, None
-    dequantized = nvfp4 and cfg.dequantized
-    if (weight.dtype == torch.bfloat16 or dequantized) and cublas.supports_gate_up(x, weight):
-        from .sm90.schedule import sm_count
+    from .sm90.schedule import sm_count
 
-        if bf16_gate_up_on_cublas(x.shape[0], weight.shape[0], x.shape[1], sm_count(x.device), h_format,
-                                  dequantized=dequantized):
-            return CUBLAS, None
+    sms = sm_count(x.device)
+    if ((weight.dtype == torch.bfloat16 or nvfp4 and cfg.dequantized) and cublas.supports_gate_up(x, weight)
+            and bf16_gate_up_on_cublas(cfg, x.shape[0], weight.shape[0], x.shape[1], sms)):
+        return CUBLAS, None
     if nvfp4:
-        from .sm90.schedule import sm_count
-
-        warp = warp_mma_config("gate_up", x.shape[0], weight.shape[0], x.shape[1], tile_major, act,
-                               sms=sm_count(x.device))
+        warp = warp_mma_config("gate_up", x.shape[0], weight.shape[0], x.shape[1], tile_major, act, sms=sms)
         cfg = cfg if warp is None else warp
     return SM90, cfg
 
@@ -447,15 +443,20 @@ def bf16_row_tile_rounds(m: int, n: int, sms: int, h_format: str, *, k: int) -> 
     return hybrid if hybrid is not None else granule_rounds(m, n, sms, tile_n // 2) / GROUP
 
 
-def bf16_gate_up_rounds(m: int, n: int, sms: int, h_format: str, *, k: int) -> float | None:
-    """The predicted time of the tile gate_up_config runs for bf16 M × N × K, in rounds of whole
-    128 × 256 tiles (None for the swap-AB tile, whose decode sizes stream the weight)."""
-    tile_m, _, swap = gate_up_tile_for(m, n, sms, BF16_MAINLOOP, h_format, k=k)
-    if swap:
+def tile_rounds(config, m: int, n: int, k: int, sms: int) -> float | None:
+    """The predicted time of gate_up ``config``'s tiles for M × N × K on ``sms`` SMs, in rounds of whole
+    128 × 256 tiles: the 64-row tile's, the 192-row one's at WG3_SPEED, the hybrid split's where it
+    runs them (D48), else the 128-row tile's over its h columns (granule_rounds); None for the swap-AB
+    tile, whose decode sizes stream the weight."""
+    from .sm90.schedule import hybrid128_applies, hybrid128_rounds
+
+    if config.swap_ab:
         return None
-    if tile_m == 64:
-        return rounds_time(m, n, sms, 64, 1.0) / 128
-    return bf16_row_tile_rounds(m, n, sms, h_format, k=k)
+    if config.tile_m != 128:
+        return rounds_time(m, n, sms, config.tile_m, 1.0 if config.tile_m == 64 else WG3_SPEED) / 128
+    if hybrid128_applies(config, m, n, k, sms):
+        return hybrid128_rounds(config.mainloop, m, n, k, sms)
+    return granule_rounds(m, n, sms, config.tile_n // 2) / GROUP
 
 
 # bf16 gate_up as cuBLAS's GEMM + sm90/act_mul.py (D53), where that is predicted CUBLAS_GATE_UP_GAIN of
@@ -480,25 +481,16 @@ def cublas_gate_up_rounds(m: int, n: int, k: int, sms: int) -> float:
     return gemm + act_us / (cdiv(k, mainloop_tile_k(BF16_MAINLOOP)) * HYBRID_ITER_US[BF16_MAINLOOP])
 
 
-def nvfp4_prefill_gate_up_rounds(m: int, n: int, sms: int) -> float:
-    """The predicted time of the dequantized nvfp4 gate_up's tile (_nvfp4_prefill_tile: the 192-row
-    tile where wg3_applies, else whole 128-row ones), in rounds of whole 128 × 256 tiles."""
-    from .sm90.tile_config import TILE_M_WG3
-
-    wg3 = wg3_applies(m, n, sms)
-    return rounds_time(m, n, sms, TILE_M_WG3 if wg3 else 128, WG3_SPEED if wg3 else 1.0) / 128
-
-
-def bf16_gate_up_on_cublas(m: int, n: int, k: int, sms: int, h_format: str, *, dequantized: bool = False) -> bool:
-    """Whether bf16 gate_up (M × N = 2I × K, bf16 h) runs as cuBLAS's GEMM + act_mul (D53;
-    BF16_GATE_UP); ``dequantized``: nvfp4's prefill, its weight dequantized to bf16 for the call,
-    against its own tile (nvfp4_prefill_gate_up_rounds; D54)."""
-    hf = formats.H_FORMATS.get(h_format)
+def bf16_gate_up_on_cublas(config, m: int, n: int, k: int, sms: int) -> bool:
+    """Whether gate_up over a bf16 weight (M × N = 2I × K) with bf16 h runs as cuBLAS's GEMM + act_mul
+    instead of ``config``, the bf16 config gate_up_config picked (D53; BF16_GATE_UP), or nvfp4's
+    dequantized prefill config, its weight dequantized to bf16 for the call (D54)."""
+    hf = formats.H_FORMATS.get(config.h_format)
     if BF16_GATE_UP == "kernel" or hf is None or hf.scaled or hf.dtype != torch.bfloat16:
         return False
     if BF16_GATE_UP == "cublas":
         return True
-    ours = nvfp4_prefill_gate_up_rounds(m, n, sms) if dequantized else bf16_gate_up_rounds(m, n, sms, h_format, k=k)
+    ours = tile_rounds(config, m, n, k, sms)
     return ours is not None and cublas_gate_up_rounds(m, n, k, sms) < CUBLAS_GATE_UP_GAIN * ours
 
 

@@ -253,7 +253,8 @@ def _cublas_gate_up(x, weight, weight_scale, global_scale, act: str, tile_major:
         if act_mul.takes(y):
             return act_mul.act_mul(y, act, multipliers=multipliers)
         if multipliers is not None:  # (per half of each 2g chunk)
-            y = (y.float().view(y.shape[0], -1, 2, GROUP) * (multipliers * 2.0 ** act_mul.UNSHIFT).view(2, 1)).flatten(1)
+            y = y.float().view(y.shape[0], -1, 2, GROUP) * (multipliers * 2.0 ** act_mul.UNSHIFT).view(2, 1)
+            y = y.flatten(1)
         return reference.gate_up_epilogue(y, act=act)[0]
 
 

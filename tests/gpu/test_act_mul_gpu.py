@@ -64,8 +64,9 @@ def test_dispatch_takes_cublas_at_8192x3584_just_past_a_wave():
     """D53's rule on this GPU's SMs: where it fires, ops.gate_up runs cuBLAS's GEMM (not the fused
     kernel) and the result is the reference's within tolerance; fp8 h and the fp8 mainloop never."""
     args = make_operands(600, 8192, 3584, "bf16", seed=3)
-    if not dispatch.bf16_gate_up_on_cublas(600, 7168, 8192, torch.cuda.get_device_properties(0).multi_processor_count,
-                                           "bf16"):
+    cfg = dispatch.gate_up_config(args["x"], args["weight"], None, None, act="silu", h_format="bf16")
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    if not dispatch.bf16_gate_up_on_cublas(cfg, 600, 7168, 8192, sms):
         pytest.skip("the rule does not fire on this GPU's SM count")
     calls = []
     real = cublas.gate_up_gemm
