@@ -35,6 +35,8 @@ a launch could wait forever; one more reason it is not dispatched.
 
 from __future__ import annotations
 
+import dataclasses
+
 import cuda.bindings.driver as cuda
 import cutlass
 import cutlass.cute as cute
@@ -77,12 +79,11 @@ def check_configs(gate_up: TileConfig, down: TileConfig) -> None:
 class DecodeMlpKernel(SwapABKernel):
     """gate_up's swap-AB kernel (self.cfg) with down's (self.dn) as its second phase."""
 
-    def __init__(self, gate_up: TileConfig, down: TileConfig, trace: bool = False, fixup_unroll: int = 1):
+    def __init__(self, gate_up: TileConfig, down: TileConfig, trace: bool = False):
         check_configs(gate_up, down)
         super().__init__(gate_up)
         self.dn = SwapABKernel(down)
         self.trace = trace  # compile in the timeline stamps (TRACE_POINTS; benchmarks/bench_decode_mlp.py --trace)
-        self.fixup_unroll = self.dn.fixup_unroll = fixup_unroll  # (stream_k.StreamKMixin)
 
     @cute.jit
     def __call__(
@@ -298,13 +299,13 @@ class DecodeMlpKernel(SwapABKernel):
 
 
 # ---------------------------------------------------------------- host
-def compile_decode_mlp(gate_up: GateUpConfig, down: DownConfig, trace: bool = False, fixup_unroll: int = 1):
+def compile_decode_mlp(gate_up: GateUpConfig, down: DownConfig, trace: bool = False):
     """Compile for sm_90a (no GPU needed: fake pointers, runtime Int32 sizes)."""
     from .compile_cache import COMPILE_OPTIONS, fake_ptr, null_stream
 
     f8, _, f32, _ = operand_dtypes(gate_up)
     return cute.compile(
-        DecodeMlpKernel(gate_up, down, trace, fixup_unroll),
+        DecodeMlpKernel(gate_up, down, trace),
         fake_ptr(f8, 16), fake_ptr(f8, 16), fake_ptr(f32, 4), fake_ptr(f32, 4),
         fake_ptr(f8, 16), fake_ptr(f32, 4), fake_ptr(f8, 16), fake_ptr(f32, 4),
         fake_ptr(cutlass.BFloat16, 16), fake_ptr(f32, 4), fake_ptr(Int32, 4), fake_ptr(cutlass.Int64, 8),
@@ -355,7 +356,7 @@ def decode_mlp(x, x_scale, gate_up_weight, gate_up_scale, down_weight, down_scal
     ``h_out``: (h e4m3 [M, I], h_scale [M, I/128] M-major), the buffers h goes through (the tests
     read it), else new ones. ``gate_up_stream_k``, ``gate_up_split``, ``down_split``, ``pdl``: plan()'s and the launch's
     options. ``trace``: an int64 [SMs, 8] tensor that receives the timeline (TRACE_POINTS; a kernel
-    compiled with the stamps). ``fixup_unroll``: the stream-K fix-up's partials in flight at a time."""
+    compiled with the stamps). ``fixup_unroll``: both configs' TileConfig.fixup_unroll."""
     import torch
 
     from . import compile_cache
@@ -367,10 +368,9 @@ def decode_mlp(x, x_scale, gate_up_weight, gate_up_scale, down_weight, down_scal
         raise ValueError(f"decode_mlp: x has {m} rows; the one-launch MLP takes 1 to {MAX_M}")
     if hidden % 128 or inter % 128:
         raise ValueError(f"decode_mlp: H = {hidden} and I = {inter} must be multiples of 128")
-    gu, dn = mlp_configs(act, pdl)
+    gu, dn = (dataclasses.replace(c, fixup_unroll=fixup_unroll) for c in mlp_configs(act, pdl))
     traced = trace is not None
-    fn = compile_cache.get("decode_mlp", (gu, dn, traced, fixup_unroll),
-                           lambda: compile_decode_mlp(gu, dn, traced, fixup_unroll))
+    fn = compile_cache.get("decode_mlp", (gu, dn, traced), lambda: compile_decode_mlp(gu, dn, traced))
     sms = sm_count(x.device)
     sk_a, ctas_a, sk_b, ctas_b, words = plan(m, hidden, inter, sms, gate_up_stream_k, down_split, gate_up_split)
     stream = torch.cuda.current_stream(x.device)

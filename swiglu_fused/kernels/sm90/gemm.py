@@ -142,7 +142,6 @@ class TmaLoads(NamedTuple):
 class GemmKernel(MainloopMixin, Nvfp4Mixin, StreamKMixin, EpilogueMixin):
     def __init__(self, config: TileConfig):
         self.cfg = config
-        self.fixup_unroll = config.fixup_unroll  # (StreamKMixin)
         # the wgmma's operand type; the weight as TMA loads it (nvfp4: packed bytes, decoded to bf16)
         self.ab_dtype = cutlass.Float8E4M3FN if config.fp8 else cutlass.BFloat16
         self.w_dtype = cutlass.Uint8 if config.nvfp4 else self.ab_dtype

@@ -46,9 +46,6 @@ class Schedule(NamedTuple):
 
 
 class StreamKMixin:
-    # the last CTA's sum of a tile's partials, this many partials' loads in flight at a time
-    # (TileConfig.fixup_unroll; decode_mlp.py sets its own)
-    fixup_unroll = 1
 
     @cute.jit
     def _segment(self, cursor, sched: Schedule):
@@ -108,7 +105,7 @@ class StreamKMixin:
         if sFlag[0] == c_last - c_first:
             last = Int32(1)
             acc.fill(0.0)
-            for c in cutlass.range(c_first, c_last + 1, unroll=self.fixup_unroll):
+            for c in cutlass.range(c_first, c_last + 1, unroll=self.cfg.fixup_unroll):  # (TileConfig)
                 slot_c = self._sk_slot(c, s, sched)
                 self._partial(acc, n_vals, row_a < m, row_b < m, mPart, c * 2 + slot_c, t, True)
             if t == 0:
