@@ -463,10 +463,15 @@ def tile_rounds(config, m: int, n: int, k: int, sms: int) -> float | None:
 # our tile's time. cuBLAS's persistent kernels pick tiles whose count fills the SMs (e.g. 144 × 128 at
 # 8192×3584 M = 640, 168 × 128 at M = 704: torch.profiler, D48), so its GEMM is modelled as the best of
 # 128-row tiles CUBLAS_TILE_NS wide (along 2I) in rounds of whole waves, at our tile's rate, and the act·mul
-# as its bytes (2I read, I written a row) at ACT_MUL_BYTES_PER_US plus ACT_MUL_US.
+# as its bytes (2I read, I written a row) at ACT_MUL_BYTES_PER_US plus ACT_MUL_US. Where narrower tiles
+# fit one wave, cuBLAS takes them too (128 × 64 at 8192×3584 M = 128, 112 × 128 at M = 256; 64 × 64 at
+# 8192×2048 M = 128), so CUBLAS_SMALL_TILE_NS count there, but no shorter than the weight's read at
+# CUBLAS_HBM_BYTES_PER_US (the H200's copy rate): a small M's tiles wait on HBM, not the tensor cores (D55).
 # "kernel": never (what launch_ab compares); "cublas": wherever cuBLAS takes the operands
 BF16_GATE_UP = "rounds"
 CUBLAS_TILE_NS = tuple(range(128, 257, 16))
+CUBLAS_SMALL_TILE_NS = (64, 96, 112)
+CUBLAS_HBM_BYTES_PER_US = 4.1e6
 CUBLAS_GATE_UP_GAIN = 1.02
 ACT_MUL_BYTES_PER_US, ACT_MUL_US = 3.0e6, 2.0
 
@@ -476,9 +481,12 @@ def cublas_gate_up_rounds(m: int, n: int, k: int, sms: int) -> float:
     of them at schedule.HYBRID_ITER_US)."""
     from .sm90.schedule import HYBRID_ITER_US, mainloop_tile_k
 
-    gemm = min(cdiv(cdiv(m, 128) * cdiv(n, tn), sms) * tn / (2 * GROUP) for tn in CUBLAS_TILE_NS)
+    round_us = cdiv(k, mainloop_tile_k(BF16_MAINLOOP)) * HYBRID_ITER_US[BF16_MAINLOOP]
+    weight_read = 2 * n * k / CUBLAS_HBM_BYTES_PER_US / round_us
+    waves = [cdiv(cdiv(m, 128) * cdiv(n, tn), sms) * tn / (2 * GROUP) for tn in CUBLAS_TILE_NS]
+    one_wave = [max(tn / (2 * GROUP), weight_read) for tn in CUBLAS_SMALL_TILE_NS if cdiv(m, 128) * cdiv(n, tn) <= sms]
     act_us = ACT_MUL_US + 3 * m * n / ACT_MUL_BYTES_PER_US
-    return gemm + act_us / (cdiv(k, mainloop_tile_k(BF16_MAINLOOP)) * HYBRID_ITER_US[BF16_MAINLOOP])
+    return min(waves + one_wave) + act_us / round_us
 
 
 def bf16_gate_up_on_cublas(config, m: int, n: int, k: int, sms: int) -> bool:
