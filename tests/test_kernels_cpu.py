@@ -513,8 +513,8 @@ def _shipped():
         # the register count fixed at entry (TileConfig.ctas_per_sm; to be measured): nvfp4 down with PDL
         + [("down", down.DownConfig(tile_m=16, stages=6, mainloop="nvfp4", swap_ab=True, tile_major=True,
                                     decode_buffers=1, pdl=True, ctas_per_sm=1), down.compile_down)]
-        # the stream-K fix-up's partials summed 4 at a time (TileConfig.fixup_unroll: to be measured), on the
-        # swap-AB decode tiles and down's 64-row tile
+        # the stream-K fix-up's partials summed 4 at a time (TileConfig.fixup_unroll: level on the shipped
+        # tiles, kept for decode_mlp), on the swap-AB decode tiles and down's 64-row tile
         + [("gate_up", gate_up.GateUpConfig(tile_m=16, stages=5, swap_ab=True, fixup_unroll=4), gate_up.compile_gate_up),
            ("down", down.DownConfig(tile_m=16, stages=5, swap_ab=True, fixup_unroll=4), down.compile_down),
            ("down", down.DownConfig(tile_m=64, stages=5, fixup_unroll=4), down.compile_down)]

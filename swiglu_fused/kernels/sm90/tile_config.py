@@ -168,8 +168,8 @@ class TileConfig:
     y_slab_cols: int = HALF_N
     # stream-K's fix-up: the last CTA of a shared tile sums the others' partials this many at a time
     # (their loads in flight together; StreamKMixin). 4 took 1-2 µs off the one-launch decode MLP, whose
-    # tiles have 8-16 contributors (history/mlp.md); the shipped tiles have 2-5: to be measured
-    # (launch_ab --ab gate_up:fixup_unroll=4,down:fixup_unroll=4), 1 until then
+    # tiles have 8-16 contributors; on the shipped tiles (2-5) it measured level, so they keep 1
+    # (launch_ab --ab gate_up:fixup_unroll=4,down:fixup_unroll=4; history/mlp.md)
     fixup_unroll: int = 1
 
     # the epilogue and the bytes per element of the staged output (set by subclasses)
