@@ -473,6 +473,38 @@ def test_gate_up_fp8_64_row_tile_share_over_a_long_k(m, hidden, inter, expect):
     assert dispatch.split64_applies(m, 2 * inter, 132, "fp8_block128", k=hidden) == expect
 
 
+@pytest.mark.parametrize("m,hidden,inter,expect", [
+    # D56: predicted at 0.56-0.75 of the 64-row tiles' round, measured 3-25 % faster (the MLP) ...
+    (96, 16384, 2048, True), (256, 16384, 2048, True), (128, 16384, 1024, True), (192, 12288, 1536, True),
+    (96, 12288, 2048, True), (256, 16384, 2560, True), (65, 16384, 2048, True),
+    # ... not at 0.77-0.95 (7 % faster to 15 % slower) nor above 1 (7-22 % slower)
+    (96, 12288, 2560, False), (128, 16384, 3072, False), (192, 16384, 3072, False), (128, 12288, 3072, False),
+    (128, 8192, 2048, False), (256, 7168, 2048, False), (128, 8192, 3584, False), (128, 4096, 2048, False),
+    (128, 2048, 8192, False),
+    # ... nor past two M tiles of 128 rows (plan() keeps them whole), nor at decode (the swap-AB tiles)
+    (257, 16384, 2048, False), (64, 16384, 2048, False),
+])
+def test_gate_up_fp8_128_row_stream_k_over_a_long_k(m, hidden, inter, expect):
+    """DISPATCH D56: fp8 gate_up takes the 128-row tile in stream-K instead of the 64-row tile where
+    schedule's cost model predicts its plan at most SK128_SHARE of the 64-row tiles' round; never bf16."""
+    assert dispatch.sk128_applies(m, 2 * inter, 132, "fp8_block128", k=hidden) == expect
+    assert not dispatch.sk128_applies(m, 2 * inter, 132, "bf16", k=hidden)
+    tile = dispatch.gate_up_tile_for(m, 2 * inter, 132, "fp8_block128", k=hidden)
+    assert tile == (128, 4, False) if expect else tile[0] != 128 or m > 256
+
+
+def test_plan_us_is_plan_with_its_time():
+    """schedule.plan_us: plan()'s answer, and the cost model's time for it (whole tiles: their rounds,
+    at least the weight's read; stream-K: the split's share plus the fix-up)."""
+    from swiglu_fused.kernels.sm90 import schedule
+
+    for tiles, k_tiles, grid_m in ((16, 128, 1), (28, 64, 1), (112, 32, 2), (300, 128, 1), (16, 4, 1), (40, 64, 3)):
+        (grid, sk), t = schedule.plan_us(tiles, k_tiles, 132, grid_m, iter_us=0.84)
+        assert (grid, sk) == schedule.plan(tiles, k_tiles, 132, grid_m, iter_us=0.84) and t > 0
+    assert schedule.plan_us(16, 128, 132, 1, iter_us=0.84)[1] == pytest.approx(max(26 * 0.84, 16 * 128 * 32768 / 2.6e6)
+                                                                               + 4.0 + 2.5 * 5)
+
+
 @pytest.mark.parametrize("m,inter,expect", [
     (128, 14336, True), (80, 12288, True), (128, 13824, True),  # 112 / 96 / 108 tiles of 128 rows: one wave
     (128, 28672, False), (80, 27648, False),  # 224 / 216 tiles of 128 rows already fill 1.7 / 1.6 waves

@@ -272,6 +272,11 @@ BF16_TILE64_ROUNDS = 0.94
 # faster; from 4096 the 128-row tile runs in cluster pairs (D8), not measured against (and at 23 served
 # widths the rule would fire at no M from 4096 to 16384 anyway)
 SPLIT64_ROUNDS_M = CLUSTER_M_MIN - 1
+# fp8's 128-row tile in stream-K instead of the 64-row tile those rules pick, where schedule's cost model
+# predicts its plan at most this share of the 64-row tiles' round (D56): at 0.56-0.75 (K = 12288-16384,
+# I = 1024-3072, M = 96-256) the MLP was 3-25 % faster at all 22 points, at 0.77-0.95 7 % faster to 15 %
+# slower (level on the whole), above 1 7-22 % slower
+SK128_SHARE = 0.75
 # the bf16 mainloop's 192-row tile (D29): its rows a unit of time over the 128-row tile's in whole
 # waves (measured 1.03-1.06 at 40-70 waves), and how much shorter its predicted rounds must be
 WG3_SPEED = 1.04
@@ -300,13 +305,13 @@ def gate_up_tile_for(m: int, n: int, sms: int, mainloop: str, h_format: str = "b
     """(tile_m, stages, swap_ab) for M rows, N = 2I weight rows and K columns on ``sms`` SMs: the
     swap-AB tile (D2), else the 64-row tile up to M = 256 where its tiles fit one wave (D6), in fp8's
     split64 range (D11, D42) or bf16's (D43, D50; both weigh the 128-row tile's hybrid split, whose
-    fix-up K carries: D48), else the 128-row tile (gate_up_config may widen it: D29, D7)."""
+    fix-up K carries: D48) unless fp8's 128-row tile in stream-K is predicted far shorter (D56), else
+    the 128-row tile (gate_up_config may widen it: D29, D7)."""
     if gate_up_swap_ab(m, n, sms):
         return (*GATE_UP_SWAP_TILES[0], True)
-    if m <= DECODE_M or (m <= ONE_WAVE_64_M and cdiv(m, 64) * cdiv(n, 2 * GROUP) <= sms):
-        return 64, 5, False
-    if split64_applies(m, n, sms, mainloop, k=k) or bf16_tile64_applies(m, n, sms, mainloop, h_format, k=k):
-        return 64, 5, False
+    if m <= DECODE_M or (m <= ONE_WAVE_64_M and cdiv(m, 64) * cdiv(n, 2 * GROUP) <= sms) or (
+            split64_applies(m, n, sms, mainloop, k=k) or bf16_tile64_applies(m, n, sms, mainloop, h_format, k=k)):
+        return (128, 4, False) if sk128_applies(m, n, sms, mainloop, k=k) else (64, 5, False)
     return 128, 4, False
 
 
@@ -416,6 +421,22 @@ def split64_applies(m: int, n: int, sms: int, mainloop: str, *, k: int) -> bool:
     tile128 = hybrid * 128 if hybrid is not None else rounds_time(m, n, sms, 128, 1.0)
     share = SPLIT64_ROUNDS_LONG_K if k >= SPLIT64_LONG_K else SPLIT64_ROUNDS
     return one_wave or (m <= SPLIT64_ROUNDS_M and rounds_time(m, n, sms, 64, 1.0) <= share * tile128)
+
+
+def sk128_applies(m: int, n: int, sms: int, mainloop: str, *, k: int) -> bool:
+    """Whether fp8 gate_up with DECODE_M < M rows, N = 2I weight rows and K columns takes the 128-row
+    tile in stream-K where gate_up_tile_for's other rules take the 64-row one, whose tiles run whole
+    (D56): where schedule's cost model predicts the 128-row tile's plan at most SK128_SHARE of the
+    64-row tiles' time. E.g. 16384×2048 at M = 128: 32 tiles of 64 rows, each over all 128 k tiles
+    on one SM (100 SMs idle), against 16 tiles of 128 rows split 5 ways: 0.64."""
+    from .sm90.schedule import ITER_US, plan_us
+
+    if mainloop != FP8_MAINLOOP or m <= DECODE_M:
+        return False
+    k_tiles, n_tiles = cdiv(k, 128), cdiv(n, 2 * GROUP)
+    t64 = plan_us(cdiv(m, 64) * n_tiles, k_tiles, sms, cdiv(m, 64), iter_us=ITER_US[64], max_sk_grid_m=0)[1]
+    (_, sk_tiles), t128 = plan_us(cdiv(m, 128) * n_tiles, k_tiles, sms, cdiv(m, 128), iter_us=ITER_US[128])
+    return sk_tiles > 0 and t128 <= SK128_SHARE * t64
 
 
 def bf16_tile64_applies(m: int, n: int, sms: int, mainloop: str, h_format: str, *, k: int) -> bool:
@@ -726,7 +747,7 @@ WARP_MMA_SPLITS = 8
 # 8 of 512 (3.4 waves); 4096×11008's keeps 8 of 512 (2.6 waves), its 4 of 1024 (1.3) 2-4 % slower
 # (history/nvfp4.md v25). False: the rule above alone (what launch_ab compares)
 WARP_MMA_WIDE = True
-WARP_MMA_DEPTH = 2  # 128-column blocks of loads ahead (WarpMmaConfig.depth)
+WARP_MMA_DEPTH = {"gate_up": 2, "down": 2}  # 128-column blocks of loads ahead (WarpMmaConfig.depth), by op
 # warps a CTA (WarpMmaConfig.warps): 8 (a whole 256-row tile) where the grid of such CTAs fits in one
 # wave of WARP_MMA_CTAS_PER_SM an SM (their ~100 registers a thread), else 4 (half a tile: the last
 # wave finer). 0: by that rule; 4 or 8: always (history/nvfp4.md v22)
@@ -735,6 +756,9 @@ WARP_MMA_CTAS_PER_SM = 2
 # 32 tokens (n8 = 4) take 146 registers a thread uncapped (one 8-warp CTA an SM); capped to keep
 # this many warps an SM, as the 8- and 16-token configs have (128 registers, a few bytes spilled)
 WARP_MMA_WARPS_PER_SM = 16
+# the same for 8 and 16 tokens, by op (0: no cap, what ptxas picks). Loads four blocks ahead (depth 4)
+# take 3072×8192's 4-warp gate_up from 96 to 112 registers, five CTAs an SM to four; 20 keeps five (v32)
+WARP_MMA_SMALL_WARPS_PER_SM = {"gate_up": 0, "down": 0}
 # programmatic dependent launch of the warp-MMA kernels (WarpMmaConfig.pdl): down's launch and first
 # weight loads under gate_up's K-share sums. Off while one-value global-scale ops ran between the
 # two (2-3 % slower at M = 16); since they are gone (v23) 2-7 % faster at M ≤ 32, except 4096×14336
@@ -755,8 +779,9 @@ def warp_mma_config(op: str, m: int, n: int, k: int, tile_major: bool, act: str 
 
 def _warp_mma_constants() -> tuple:
     """The module constants warp_mma_config's answer depends on (its cache key's last part)."""
-    return (WARP_MMA_M, tuple(WARP_MMA_K_CTA), WARP_MMA_SPLITS, WARP_MMA_WIDE, WARP_MMA_DEPTH, WARP_MMA_WARPS,
-            WARP_MMA_CTAS_PER_SM, WARP_MMA_WARPS_PER_SM, WARP_MMA_PDL)
+    return (WARP_MMA_M, tuple(WARP_MMA_K_CTA), WARP_MMA_SPLITS, WARP_MMA_WIDE, tuple(WARP_MMA_DEPTH.items()),
+            WARP_MMA_WARPS, WARP_MMA_CTAS_PER_SM, WARP_MMA_WARPS_PER_SM, tuple(WARP_MMA_SMALL_WARPS_PER_SM.items()),
+            WARP_MMA_PDL)
 
 
 @functools.lru_cache(maxsize=4096)
@@ -784,9 +809,9 @@ def _warp_mma_config(op, m, n, k, tile_major, act, residual, sms, constants):
     n8 = next(n8 for n8 in (1, 2, 4) if m <= 8 * n8)
     if not _warp_mma_takes(warps, n8):
         return None
-    return warp_mma.WarpMmaConfig(op, warps=warps, n8=n8, k_cta=k_cta, split_k=k > k_cta, depth=WARP_MMA_DEPTH,
+    return warp_mma.WarpMmaConfig(op, warps=warps, n8=n8, k_cta=k_cta, split_k=k > k_cta, depth=WARP_MMA_DEPTH[op],
                                   act=act if op == "gate_up" else "silu", residual=residual, pdl=WARP_MMA_PDL,
-                                  ctas_per_sm=_warp_mma_cap(warps, n8))
+                                  ctas_per_sm=_warp_mma_cap(op, warps, n8))
 
 
 def _last_wave_fill(ctas: int, slots: int) -> float:
@@ -800,9 +825,9 @@ def _warp_mma_takes(warps: int, n8: int) -> bool:
     return bool(WARP_MMA_WARPS) or warps == 8 or n8 < 4
 
 
-def _warp_mma_cap(warps: int, n8: int) -> int:
-    """WarpMmaConfig.ctas_per_sm: WARP_MMA_WARPS_PER_SM for 32 tokens, else none."""
-    return WARP_MMA_WARPS_PER_SM // warps if n8 == 4 else 0
+def _warp_mma_cap(op: str, warps: int, n8: int) -> int:
+    """WarpMmaConfig.ctas_per_sm: WARP_MMA_WARPS_PER_SM for 32 tokens, else the op's WARP_MMA_SMALL_WARPS_PER_SM."""
+    return (WARP_MMA_WARPS_PER_SM if n8 == 4 else WARP_MMA_SMALL_WARPS_PER_SM[op]) // warps
 
 
 def warp_mma_shipped() -> list:
@@ -812,12 +837,11 @@ def warp_mma_shipped() -> list:
     n8s = [n8 for n8 in (1, 2, 4) if 4 * n8 < min(WARP_MMA_M, warp_mma.MAX_TOKENS)]  # M ≤ 8, ≤ 16, ≤ 32
     shapes = [(w, n8, k_cta, split) for w in ((WARP_MMA_WARPS,) if WARP_MMA_WARPS else (4, 8)) for n8 in n8s
               for k_cta in WARP_MMA_K_CTA for split in (False, True) if _warp_mma_takes(w, n8)]
-    common = {"depth": WARP_MMA_DEPTH, "pdl": WARP_MMA_PDL}
-    return ([warp_mma.WarpMmaConfig("gate_up", warps=w, n8=n8, k_cta=c, split_k=s, act=act,
-                                    ctas_per_sm=_warp_mma_cap(w, n8), **common)
+    return ([warp_mma.WarpMmaConfig("gate_up", warps=w, n8=n8, k_cta=c, split_k=s, act=act, pdl=WARP_MMA_PDL,
+                                    depth=WARP_MMA_DEPTH["gate_up"], ctas_per_sm=_warp_mma_cap("gate_up", w, n8))
              for act in activations_and_h.ACTIVATIONS for w, n8, c, s in shapes]
-            + [warp_mma.WarpMmaConfig("down", warps=w, n8=n8, k_cta=c, split_k=s, residual=r,
-                                      ctas_per_sm=_warp_mma_cap(w, n8), **common)
+            + [warp_mma.WarpMmaConfig("down", warps=w, n8=n8, k_cta=c, split_k=s, residual=r, pdl=WARP_MMA_PDL,
+                                      depth=WARP_MMA_DEPTH["down"], ctas_per_sm=_warp_mma_cap("down", w, n8))
                for r in (False, True) for w, n8, c, s in shapes])
 
 

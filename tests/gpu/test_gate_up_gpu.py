@@ -292,6 +292,28 @@ def test_dispatched_hybrid_at_8192x3584(mainloop, h_format):
 
 
 @pytest.mark.parametrize("h_format", ["fp8_group128", "bf16"])
+@pytest.mark.parametrize("m", [65, 128, 256])
+def test_dispatched_128_row_stream_k_on_a_long_k(m, h_format):
+    """D56 as dispatched: fp8 16384×2048 at M = 65-256 on 132 SMs takes the 128 × 256 tile in stream-K
+    (16 tiles, or 32 at M > 128, each split 5 or 4 ways) instead of the 64-row tile, and h is the
+    reference's (poisoned before the run)."""
+    from swiglu_fused.kernels.sm90 import gate_up as k, schedule
+
+    hidden, inter = 16384, 2048
+    sms = schedule.sm_count(torch.device("cuda"))
+    if sms != 132:
+        pytest.skip(f"the rule's shape is one measured on 132 SMs; this GPU has {sms}")
+    args = make_operands(m, hidden, inter, "fp8_block128", seed=m)
+    cfg = k.select_config(args["x"], args["weight"], args["weight_scale"], args["x_scale"], act="silu",
+                          h_format=h_format)
+    assert (cfg.tile_m, cfg.split_n, cfg.swap_ab, cfg.static_stages) == (128, False, False, False)
+    ctas, sk_tiles = schedule.schedule(cfg, m, 2 * inter, hidden, sms)
+    assert sk_tiles == 16 * (1 if m <= 128 else 2) and ctas > sk_tiles
+    h, hs = run_kernel(cfg, args)
+    assert_matches_reference(h, hs, args, "silu", h_format)
+
+
+@pytest.mark.parametrize("h_format", ["fp8_group128", "bf16"])
 @pytest.mark.parametrize("hidden,inter,m", [(4096, 14336, 1), (576, 1536, 129), (2048, 8192, 1100), (8192, 3584, 300)])
 def test_cluster_pairs_with_a_padding_m_tile(hidden, inter, m, h_format):
     """Cluster pairs (cluster_m = 2, weight k tiles multicast to two M tiles) pad the M tiles to

@@ -88,17 +88,23 @@ def plan(tiles: int, k_tiles: int, sms: int, grid_m: int = 1, iter_bytes: int = 
     more M tiles CTAs on different K ranges no longer share weight tiles in L2 (DISPATCH D19); 4
     for the 16-token swap-AB tile, i.e. M ≤ 64), with about the CTAs that keep HBM busy, and only
     where the cost model predicts SK_MIN_GAIN."""
+    return plan_us(tiles, k_tiles, sms, grid_m, iter_bytes, iter_us, max_sk_grid_m)[0]
+
+
+def plan_us(tiles: int, k_tiles: int, sms: int, grid_m: int = 1, iter_bytes: int = 32768,
+            iter_us: float = ITER_US[64], max_sk_grid_m: int = 2) -> tuple[tuple[int, int], float]:
+    """(plan()'s answer, the cost model's µs for it)."""
     whole = (max(1, min(tiles, sms)), 0)
-    if tiles <= 0 or grid_m > max_sk_grid_m or k_tiles < 2 * SK_MIN_ITERS:
-        return whole
-    t_hbm = tiles // grid_m * k_tiles * iter_bytes / HBM_BYTES_PER_US  # each weight byte read once
+    t_hbm = tiles // max(grid_m, 1) * k_tiles * iter_bytes / HBM_BYTES_PER_US  # each weight byte read once
     t_whole = max(cdiv(tiles, sms) * k_tiles * iter_us, t_hbm)
+    if tiles <= 0 or grid_m > max_sk_grid_m or k_tiles < 2 * SK_MIN_ITERS:
+        return whole, t_whole
     hbm_ctas = HBM_BYTES_PER_US * iter_us / iter_bytes * grid_m
     split = int(min(cdiv(hbm_ctas, tiles), k_tiles // SK_MIN_ITERS, sms // tiles))
     if split < 2:
-        return whole
+        return whole, t_whole
     t_sk = max(cdiv(k_tiles, split) * iter_us, t_hbm) + FIXUP_US[0] + FIXUP_US[1] * split
-    return (tiles * split, tiles) if t_whole > SK_MIN_GAIN * t_sk else whole
+    return ((tiles * split, tiles), t_sk) if t_whole > SK_MIN_GAIN * t_sk else (whole, t_whole)
 
 
 def schedule(config: TileConfig, m: int, n: int, k: int, sms: int) -> tuple[int, int]:
