@@ -471,17 +471,18 @@ def test_warp_mma_config_cache_follows_the_constants(monkeypatch):
     for op, m, n, k in cases:
         for _ in range(2):  # (the second from the cache)
             assert c(op, m, n, k, True) == fresh(op, m, n, k, True, "silu", False, 132, dispatch._warp_mma_constants())
+    # the loads' depth and the register cap at 8-16 tokens are per op (launch_ab moves one kernel alone)
+    monkeypatch.setattr(dispatch, "WARP_MMA_DEPTH", {"gate_up": 4, "down": 2})
+    monkeypatch.setattr(dispatch, "WARP_MMA_SMALL_WARPS_PER_SM", {"gate_up": 20, "down": 0})
+    gu, dn = c("gate_up", 16, 16384, 3072, True), c("down", 16, 3072, 8192, True)
+    assert (gu.warps, gu.depth, gu.ctas_per_sm, dn.warps, dn.depth, dn.ctas_per_sm) == (4, 4, 5, 8, 2, 0)
+    monkeypatch.undo()
     assert c("down", 1, 4096, 14336, True).pdl
     monkeypatch.setattr(dispatch, "WARP_MMA_PDL", False)
     assert not c("down", 1, 4096, 14336, True).pdl
     before = c("down", 1, 4096, 4096, True)
     monkeypatch.setattr(dispatch, "WARP_MMA_K_CTA", [1024, 512])  # (a list, as launch_ab's --set may give)
     assert before.k_cta == 512 and c("down", 1, 4096, 4096, True).k_cta == 1024
-    # the loads' depth and the register cap at 8-16 tokens are per op (launch_ab moves one kernel alone)
-    monkeypatch.setattr(dispatch, "WARP_MMA_DEPTH", {"gate_up": 4, "down": 2})
-    monkeypatch.setattr(dispatch, "WARP_MMA_SMALL_WARPS_PER_SM", {"gate_up": 20, "down": 0})
-    gu, dn = c("gate_up", 16, 16384, 3072, True), c("down", 16, 3072, 8192, True)
-    assert (gu.warps, gu.depth, gu.ctas_per_sm, dn.warps, dn.depth, dn.ctas_per_sm) == (4, 4, 5, 8, 2, 0)
 
 
 # ---------------------------------------------------------------- sm_90a compile check
