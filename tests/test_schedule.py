@@ -484,13 +484,45 @@ def test_gate_up_fp8_64_row_tile_share_over_a_long_k(m, hidden, inter, expect):
     # ... nor past two M tiles of 128 rows (plan() keeps them whole), nor at decode (the swap-AB tiles)
     (257, 16384, 2048, False), (64, 16384, 2048, False),
 ])
-def test_gate_up_fp8_128_row_stream_k_over_a_long_k(m, hidden, inter, expect):
+def test_gate_up_fp8_128_row_stream_k_over_a_long_k(monkeypatch, m, hidden, inter, expect):
     """DISPATCH D56: fp8 gate_up takes the 128-row tile in stream-K instead of the 64-row tile where
-    schedule's cost model predicts its plan at most SK128_SHARE of the 64-row tiles' round; never bf16."""
+    schedule's cost model predicts its plan at most SK128_SHARE of the 64-row tiles' whole round
+    (as measured, before D57 split the 64-row tile too); never bf16."""
+    monkeypatch.setattr(dispatch, "SPLIT_N_SK", False)
     assert dispatch.sk128_applies(m, 2 * inter, 132, "fp8_block128", k=hidden) == expect
     assert not dispatch.sk128_applies(m, 2 * inter, 132, "bf16", k=hidden)
     tile = dispatch.gate_up_tile_for(m, 2 * inter, 132, "fp8_block128", k=hidden)
     assert tile == (128, 4, False) if expect else tile[0] != 128 or m > 256
+
+
+@pytest.mark.parametrize("m,hidden,inter,expect", [
+    # D57: the split_n 64-row tile in stream-K, measured 8-67 % faster than its whole tiles and 3-27 % than
+    # D56's 128-row split at all 30 points (10 widths, M = 65-128) ...
+    (65, 16384, 2048, (96, 32)), (128, 16384, 1024, (96, 16)), (96, 12288, 1536, (96, 24)),
+    (128, 12288, 2048, (96, 32)), (96, 16384, 2560, (120, 40)), (128, 12288, 2560, (120, 40)),
+    (96, 16384, 3072, (96, 48)), (65, 12288, 3072, (96, 48)), (128, 8192, 2048, (96, 32)), (96, 7168, 2048, (96, 32)),
+    # ... not where plan() keeps whole tiles (predicted < 1.15× faster split) nor past two M tiles
+    (128, 8192, 3584, None), (96, 4096, 2048, None), (128, 2048, 8192, None), (192, 8192, 2048, None),
+])
+def test_gate_up_fp8_split_n_stream_k(m, hidden, inter, expect):
+    """DISPATCH D57: gate_up_config gives the split_n tile its stream-K fix-up (split_n_sk) exactly where
+    plan() splits it, and then D56's 128-row tile does not beat it."""
+    from unittest import mock
+
+    import torch
+
+    from swiglu_fused.kernels.sm90 import schedule
+
+    x, w = torch.empty(m, hidden, dtype=torch.float8_e4m3fn), torch.empty(2 * inter, hidden, dtype=torch.float8_e4m3fn)
+    xs, ws = torch.empty(m, hidden // 128), torch.empty(2 * inter // 128, hidden // 128)
+    with mock.patch("swiglu_fused.kernels.sm90.schedule.sm_count", lambda device: 132):
+        cfg = dispatch.gate_up_config(x, w, ws, xs, act="silu", h_format="fp8_group128", tile_major=True)
+    assert cfg.tile_m == 64 and cfg.split_n and cfg.split_n_sk == (expect is not None)
+    if expect:
+        assert schedule.schedule(cfg, m, 2 * inter, hidden, 132) == expect
+        assert cfg in dispatch.gate_up_shipped()
+    else:
+        assert cfg.whole_tiles
 
 
 def test_plan_us_is_plan_with_its_time():

@@ -228,8 +228,8 @@ def test_stream_k_is_repeatable_and_leaves_counters_zero(monkeypatch, mainloop, 
     cfg = k.select_config(args["x"], args["weight"], args.get("weight_scale"), args.get("x_scale"),
                           act="silu", h_format="fp8_group128")
     cfg = dataclasses.replace(cfg, cluster_k=1)  # K pairs (no counters) have their own test
-    if cfg.split_n:  # (whole tiles only: the one-warpgroup 64-row tile's stream-K path, down's too)
-        cfg = dataclasses.replace(cfg, split_n=False, stages=5, xacc_parts=1)
+    if cfg.split_n:  # (the fp8 64-row tile: with its fix-up compiled in, D57)
+        cfg = dataclasses.replace(cfg, split_n_sk=True)
     if gemm.launch_plan(cfg, m, 2 * inter, hidden, args["x"].device)[1] == 0:
         # plan() keeps whole tiles here (the cost model's choice): test the stream-K path split 3 ways
         monkeypatch.setattr(schedule, "plan", lambda tiles, *a, **kw: (3 * tiles, tiles))
@@ -292,11 +292,33 @@ def test_dispatched_hybrid_at_8192x3584(mainloop, h_format):
 
 
 @pytest.mark.parametrize("h_format", ["fp8_group128", "bf16"])
-@pytest.mark.parametrize("m", [65, 128, 256])
+@pytest.mark.parametrize("hidden,inter,m", [(8192, 2048, 65), (8192, 2048, 128), (16384, 2048, 100),
+                                            (12288, 2560, 128)])
+def test_dispatched_split_n_stream_k(hidden, inter, m, h_format):
+    """D57 as dispatched: fp8's split_n 64-row tile at narrow widths and 64 < M ≤ 128 on 132 SMs runs
+    in plan()'s stream-K (its fix-up compiled in: split_n_sk), and h is the reference's (poisoned
+    before the run)."""
+    from swiglu_fused.kernels.sm90 import gate_up as k, schedule
+
+    sms = schedule.sm_count(torch.device("cuda"))
+    if sms != 132:
+        pytest.skip(f"the rule's shapes are ones measured on 132 SMs; this GPU has {sms}")
+    args = make_operands(m, hidden, inter, "fp8_block128", seed=m + hidden)
+    cfg = k.select_config(args["x"], args["weight"], args["weight_scale"], args["x_scale"], act="silu",
+                          h_format=h_format)
+    assert (cfg.tile_m, cfg.split_n, cfg.split_n_sk) == (64, True, True)
+    ctas, sk_tiles = schedule.schedule(cfg, m, 2 * inter, hidden, sms)
+    assert sk_tiles == 2 * 2 * inter // 256 and ctas > sk_tiles
+    h, hs = run_kernel(cfg, args)
+    assert_matches_reference(h, hs, args, "silu", h_format)
+
+
+@pytest.mark.parametrize("h_format", ["fp8_group128", "bf16"])
+@pytest.mark.parametrize("m", [129, 200, 256])
 def test_dispatched_128_row_stream_k_on_a_long_k(m, h_format):
-    """D56 as dispatched: fp8 16384×2048 at M = 65-256 on 132 SMs takes the 128 × 256 tile in stream-K
-    (16 tiles, or 32 at M > 128, each split 5 or 4 ways) instead of the 64-row tile, and h is the
-    reference's (poisoned before the run)."""
+    """D56 as dispatched: fp8 16384×2048 at M = 129-256 on 132 SMs takes the 128 × 256 tile in stream-K
+    (32 tiles, each split 4 ways) instead of the 64-row tile (whole tiles past two M tiles), and h is
+    the reference's (poisoned before the run)."""
     from swiglu_fused.kernels.sm90 import gate_up as k, schedule
 
     hidden, inter = 16384, 2048
@@ -308,7 +330,7 @@ def test_dispatched_128_row_stream_k_on_a_long_k(m, h_format):
                           h_format=h_format)
     assert (cfg.tile_m, cfg.split_n, cfg.swap_ab, cfg.static_stages) == (128, False, False, False)
     ctas, sk_tiles = schedule.schedule(cfg, m, 2 * inter, hidden, sms)
-    assert sk_tiles == 16 * (1 if m <= 128 else 2) and ctas > sk_tiles
+    assert sk_tiles == 32 and ctas > sk_tiles
     h, hs = run_kernel(cfg, args)
     assert_matches_reference(h, hs, args, "silu", h_format)
 

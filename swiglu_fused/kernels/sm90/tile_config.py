@@ -110,8 +110,11 @@ class TileConfig:
     # half w (gate, up) over all 64 rows in N = 128 chains, double-buffered; the up warpgroup hands
     # its accumulator to the gate one through smem for the epilogue. The one-warpgroup tile uses
     # N = 64 chains (its registers hold no more), whose SS operands take all of smem's 128 B/clk
-    # at the tensor pipe's rate. Whole tiles only.
+    # at the tensor pipe's rate. Whole tiles, unless split_n_sk.
     split_n: bool = False
+    # split_n with the stream-K fix-up compiled in, so that plan() may split its tiles over K (the
+    # whole tiles of a long K over few of them leave SMs idle: DISPATCH D57)
+    split_n_sk: bool = False
     # split_n: k tiles per run of back-to-back wgmma chains (2 temps alternate; each chain is
     # promoted while the next runs, the last one of a run with the tensor pipe idle)
     split_unroll: int = 2
@@ -213,6 +216,8 @@ class TileConfig:
                              or self.tma_store or self.epilogue != "gated" or self.tile_n != 2 * HALF_N):
             raise ValueError(f"{name}.split_n: the fp8 mainloop's 64-row gate_up tile only (no swap_ab, clusters "
                              f"or tma_store); got {self}")
+        if self.split_n_sk and not self.split_n:
+            raise ValueError(f"{name}.split_n_sk: the split_n tile's stream-K, so split_n too; got {self}")
         if self.xacc_parts not in (1, 2, 4) or (self.xacc_parts > 1 and not self.split_n):
             raise ValueError(f"{name}.xacc_parts: expected 1, 2 or 4 (more than 1 with split_n only), "
                              f"got {self.xacc_parts}")
@@ -278,7 +283,8 @@ class TileConfig:
         """Whether the tiles run whole (no stream-K: their epilogues have no fix-up)."""
         # (nvfp4's 192-token swap-AB tile: its 192 accumulator values a thread exceed the stream-K
         # partials' ACC_VALUES slots)
-        return self.granules or self.split_n or self.tile_m == TILE_M_WG3 or self.static_stages
+        return (self.granules or (self.split_n and not self.split_n_sk) or self.tile_m == TILE_M_WG3
+                or self.static_stages)
 
     @property
     def granules(self) -> bool:
