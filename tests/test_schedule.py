@@ -501,8 +501,12 @@ def test_gate_up_fp8_128_row_stream_k_over_a_long_k(monkeypatch, m, hidden, inte
     (65, 16384, 2048, (96, 32)), (128, 16384, 1024, (96, 16)), (96, 12288, 1536, (96, 24)),
     (128, 12288, 2048, (96, 32)), (96, 16384, 2560, (120, 40)), (128, 12288, 2560, (120, 40)),
     (96, 16384, 3072, (96, 48)), (65, 12288, 3072, (96, 48)), (128, 8192, 2048, (96, 32)), (96, 7168, 2048, (96, 32)),
-    # ... not where plan() keeps whole tiles (predicted < 1.15× faster split) nor past two M tiles
-    (128, 8192, 3584, None), (96, 4096, 2048, None), (128, 2048, 8192, None), (192, 8192, 2048, None),
+    # ... and past two M tiles, to four (SPLIT_N_MAX_SK_GRID_M): 3-11 % faster at all 7 points measured
+    (192, 8192, 2048, (96, 48)), (200, 8192, 2048, (128, 64)), (256, 16384, 2048, (128, 64)),
+    (192, 12288, 2560, (120, 60)), (192, 7168, 2048, (96, 48)),
+    # ... not where plan() keeps whole tiles (predicted < 1.15× faster split) nor past four M tiles
+    (128, 8192, 3584, None), (96, 4096, 2048, None), (128, 2048, 8192, None), (320, 8192, 2048, None),
+    (256, 12288, 2560, None),
 ])
 def test_gate_up_fp8_split_n_stream_k(m, hidden, inter, expect):
     """DISPATCH D57: gate_up_config gives the split_n tile its stream-K fix-up (split_n_sk) exactly where

@@ -36,6 +36,10 @@ ITER_US = {64: 0.52, 128: 0.84, "swap16": 0.40, "swap32": 0.48, "swap64": 1.07,
 HBM_BYTES_PER_US = 2.6e6  # what many CTAs together reach (2.96e6 for a plain copy)
 FIXUP_US = (4.0, 2.5)  # fix-up cost: base + per CTA sharing a tile
 SK_MIN_GAIN = 1.15  # stream-K only when predicted this much faster
+# M tiles up to which plan() considers stream-K for fp8's split_n 64-row tile (DISPATCH D57): 4, not the
+# other tiles' 2 (_max_sk_grid_m, measured on wide weights): where this tile splits at all its weight is
+# narrow (I ≤ 2560, ≤ 64 tiles), and there four were 2-22 % faster at M = 129-256
+SPLIT_N_MAX_SK_GRID_M = 4
 # nvfp4's 128-token swap-AB tile past one wave (M = 129-1024) is bound by its decode, not by the
 # weight's bytes (4 bits: the stream-K tiles' weight stays in L2), so where its tiles end in a partial
 # wave, the last full wave and the partial one go stream-K over all CTAs ("hybrid"; every tile then
@@ -191,7 +195,7 @@ def _max_sk_grid_m(config: TileConfig) -> int:
     decode, not the weight bytes (DISPATCH D31: down at M = 512 had 64 whole tiles for 132 SMs)."""
     if config.swap_ab:
         return 64 // config.tile_m if config.tile_m < 128 else 8
-    return 2
+    return SPLIT_N_MAX_SK_GRID_M if config.split_n else 2
 
 
 def launch_plan(config: TileConfig, m: int, n: int, k: int, device, stream=None):
