@@ -427,10 +427,10 @@ def split64_applies(m: int, n: int, sms: int, mainloop: str, *, k: int) -> bool:
 
 def sk128_applies(m: int, n: int, sms: int, mainloop: str, *, k: int) -> bool:
     """Whether fp8 gate_up with DECODE_M < M rows, N = 2I weight rows and K columns takes the 128-row
-    tile in stream-K where gate_up_tile_for's other rules take the 64-row one, whose tiles run whole
-    (D56): where schedule's cost model predicts the 128-row tile's plan at most SK128_SHARE of the
-    64-row tiles' time. E.g. 16384×2048 at M = 128: 32 tiles of 64 rows, each over all 128 k tiles
-    on one SM (100 SMs idle), against 16 tiles of 128 rows split 5 ways: 0.64."""
+    tile in stream-K where gate_up_tile_for's other rules take the 64-row one (D56): where schedule's
+    cost model predicts the 128-row tile's plan at most SK128_SHARE of the 64-row tile's plan (whole
+    tiles, or D57's split where plan() splits it). E.g. 16384×2560 at M = 256: 80 whole tiles of 64
+    rows, each over all 128 k tiles on one SM, against 40 tiles of 128 rows split 3 ways: 0.72."""
     from .sm90.schedule import ITER_US, SPLIT_N_MAX_SK_GRID_M, plan_us
 
     if mainloop != FP8_MAINLOOP or m <= DECODE_M:

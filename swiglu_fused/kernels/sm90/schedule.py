@@ -89,8 +89,8 @@ def plan(tiles: int, k_tiles: int, sms: int, grid_m: int = 1, iter_bytes: int = 
     tiles) of ``k_tiles`` k tiles, each reading ``iter_bytes`` of weights in ``iter_us`` per CTA:
     whole tiles (sk_tiles = 0), or all tiles stream-K split ``split`` ways. Stream-K is considered
     only while weights dominate (grid_m ≤ max_sk_grid_m: 2 for the 64/128-row tiles, since with
-    more M tiles CTAs on different K ranges no longer share weight tiles in L2 (DISPATCH D19); 4
-    for the 16-token swap-AB tile, i.e. M ≤ 64), with about the CTAs that keep HBM busy, and only
+    more M tiles CTAs on different K ranges no longer share weight tiles in L2 (DISPATCH D19), but 4
+    for fp8's split_n tile (D57); 4 for the 16-token swap-AB tile, i.e. M ≤ 64), with about the CTAs that keep HBM busy, and only
     where the cost model predicts SK_MIN_GAIN."""
     return plan_us(tiles, k_tiles, sms, grid_m, iter_bytes, iter_us, max_sk_grid_m)[0]
 
@@ -189,7 +189,8 @@ def _nvfp4_hybrid_pays(tiles: int, k_tiles: int, sms: int) -> float | None:
 
 
 def _max_sk_grid_m(config: TileConfig) -> int:
-    """M tiles up to which plan() considers stream-K: 2 for the 64/128-row tiles, M ≤ 64 for the
+    """M tiles up to which plan() considers stream-K: 2 for the 64/128-row tiles (SPLIT_N_MAX_SK_GRID_M
+    for fp8's split_n tile), M ≤ 64 for the
     16/64-token swap-AB tiles; 8 (M ≤ 1024; past it the tiles outnumber the SMs at every served width,
     so plan() keeps them whole) for nvfp4's 128-token swap-AB tile, whose k tiles are bound by the
     decode, not the weight bytes (DISPATCH D31: down at M = 512 had 64 whole tiles for 132 SMs)."""
