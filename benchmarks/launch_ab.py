@@ -14,7 +14,10 @@ Variants, each its own module (its eager CUDA graphs are captured with its launc
             time plans the cost model does not pick
 
 Each line: µs medians and, per variant, the range over rounds of shipped's speed-up over it
-(> 1: the dispatched launches are faster), and whether its output differs from shipped's.
+(> 1: the dispatched launches are faster), and whether its output differs from shipped's. With
+--timeline, each variant's kernels in one call (torch.profiler over its CUDA graph; profile_mlp's
+cut): per kernel its median µs and the gap from its end to the next kernel's start (negative: the
+next one started before it ended, i.e. a programmatic dependent launch under its tail).
 
     python -m benchmarks.launch_ab --format fp8_block128 --m 1,16,64,256 --rounds 5
     python -m benchmarks.launch_ab --format nvfp4 --ab gate_up:ctas_per_sm=1,down:ctas_per_sm=1 \
@@ -90,6 +93,17 @@ def under_constants(constants: dict, fn):
             setattr(mod, name, value)
 
 
+def timeline(name: str, call, replays: int = 3) -> str:
+    """One line: ``call``'s kernels, one call's worth (profile_mlp's per_position over ``replays``
+    replays of a CUDA graph of bench.REPS calls): median µs of each, then the gap to the next start."""
+    from benchmarks.profile_mlp import kernel_records, per_position, short
+
+    with torch.no_grad():
+        rows, span = per_position(kernel_records(bench.capture(call), replays), replays * bench.REPS)
+    return f"    {name:>8}: {span:6.1f} µs a call | " + " | ".join(
+        f"{short(r['name'], 28)} {r['us']:.1f} ({r['gap_us']:+.1f})" for r in rows)
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--shapes", default="4096x14336,8192x3584")
@@ -103,6 +117,8 @@ def main(argv=None):
                    help="one more variant: dispatch's or schedule's constants changed (repeatable)")
     p.add_argument("--skip", default="", metavar="NAME,...",
                    help="leave these of the standing variants out (no_pdl, memset), e.g. where no launch has PDL")
+    p.add_argument("--timeline", action="store_true",
+                   help="also each variant's kernels in one call: median µs and the gap to the next kernel's start")
     a = p.parse_args(argv)
     abs_ = {f"ab{i + 1}": parse_ab(spec) for i, spec in enumerate(a.ab)}
     sets = {f"set{i + 1}": parse_set(spec) for i, spec in enumerate(a.sets)}
@@ -134,6 +150,9 @@ def main(argv=None):
                 print(f"{fmt:>12} {hidden}x{inter} M={m:>5} shipped {med['shipped']:7.1f} "
                       + " ".join(f"| {v} {med[v]:7.1f} ({min(gain[v]):.3f}-{max(gain[v]):.3f}x"
                                  f"{'' if same[v] else ', DIFFERS'})" for v in names[1:]), flush=True)
+                if a.timeline:
+                    for v in names:
+                        print(timeline(v, bench.rotating(layers, v, x)), flush=True)
             del layers
             torch.cuda.empty_cache()
 

@@ -505,6 +505,9 @@ def _shipped():
         # the warp-MMA kernels without programmatic dependent launch (dispatch.WARP_MMA_PDL: measured)
         + [("nvfp4_warp_mma", warp_mma.WarpMmaConfig(op, n8=2, pdl=False), warp_mma.compile_warp_mma)
            for op in ("gate_up", "down")]
+        # down's CTAs one an SM by a shared-memory floor (history/nvfp4.md v34: measured, not dispatched)
+        + [("nvfp4_warp_mma", warp_mma.WarpMmaConfig("down", n8=1, k_cta=1024, pdl=True, smem_floor_kb=120),
+            warp_mma.compile_warp_mma)]
         # the warp-MMA kernels' 32 tokens (dispatch.WARP_MMA_M), uncapped and capped
         + [("nvfp4_warp_mma", warp_mma.WarpMmaConfig(op, warps=w, n8=4, ctas_per_sm=c), warp_mma.compile_warp_mma)
            for op in ("gate_up", "down") for w in (4, 8) for c in (0, 16 // w)]

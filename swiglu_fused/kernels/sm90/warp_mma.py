@@ -72,10 +72,13 @@ class WarpMmaConfig:
     pdl: bool = False
     # CTAs an SM the registers must allow (ptxas caps them at 65536 / (threads · this)); 0: no cap
     ctas_per_sm: int = 0
+    # shared memory a CTA reserves at least, in KB (0: what it uses); > 114 leaves room for one CTA an
+    # SM (a measurement of where the block scheduler places a small grid, history/nvfp4.md v34)
+    smem_floor_kb: int = 0
 
     def __post_init__(self):
         if (self.epilogue not in EPILOGUES or self.warps not in (4, 8) or self.n8 not in (1, 2, 4)
-                or self.k_cta % BLOCK_K or self.depth < 1 or self.ctas_per_sm < 0):
+                or self.k_cta % BLOCK_K or self.depth < 1 or self.ctas_per_sm < 0 or not 0 <= self.smem_floor_kb <= 227):
             raise ValueError(f"WarpMmaConfig: not a config of the warp-MMA kernel: {self}")
 
     @property
@@ -127,6 +130,9 @@ class WarpMmaKernel:
         cfg = self.cfg
         Align, MemRange = cute.struct.Align, cute.struct.MemRange
         fields = {"x": Align[MemRange[Int32, 8 * cfg.n8 * cfg.x_words], 16], "flag": MemRange[Int32, 4]}
+        pad = cfg.smem_floor_kb * 256 - 8 * cfg.n8 * cfg.x_words - 4  # (words)
+        if pad > 0:
+            fields["pad"] = MemRange[Int32, pad]
         return cute.struct(type("WarpMmaStorage", (), {"__annotations__": fields}))
 
     @cute.kernel
