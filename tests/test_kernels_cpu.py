@@ -508,6 +508,9 @@ def _shipped():
         # down's CTAs one an SM by a shared-memory floor (history/nvfp4.md v34: measured, not dispatched)
         + [("nvfp4_warp_mma", warp_mma.WarpMmaConfig("down", n8=1, k_cta=1024, pdl=True, smem_floor_kb=120),
             warp_mma.compile_warp_mma)]
+        # ... and the next kernel launched only as its CTAs leave (late_trigger: to be measured, v34)
+        + [("nvfp4_warp_mma", warp_mma.WarpMmaConfig(op, n8=1, pdl=True, late_trigger=True), warp_mma.compile_warp_mma)
+           for op in ("gate_up", "down")]
         # the warp-MMA kernels' 32 tokens (dispatch.WARP_MMA_M), uncapped and capped
         + [("nvfp4_warp_mma", warp_mma.WarpMmaConfig(op, warps=w, n8=4, ctas_per_sm=c), warp_mma.compile_warp_mma)
            for op in ("gate_up", "down") for w in (4, 8) for c in (0, 16 // w)]

@@ -70,6 +70,10 @@ class WarpMmaConfig:
     # issued before griddepcontrol.wait, which x waits behind; the next kernel may launch once this
     # one's k loop is done (its loads all landed), under the K shares' sums and the epilogue
     pdl: bool = False
+    # pdl: the next kernel may launch only once this one's K-share sums and epilogue are done (each CTA
+    # triggers as it leaves), not after its k loop: its CTAs then find this kernel's SMs freed as they
+    # launch (a measurement of v34's placement loss, history/nvfp4.md; off everywhere)
+    late_trigger: bool = False
     # CTAs an SM the registers must allow (ptxas caps them at 65536 / (threads · this)); 0: no cap
     ctas_per_sm: int = 0
     # shared memory a CTA reserves at least, in KB (0: what it uses); > 114 leaves room for one CTA an
@@ -78,7 +82,8 @@ class WarpMmaConfig:
 
     def __post_init__(self):
         if (self.epilogue not in EPILOGUES or self.warps not in (4, 8) or self.n8 not in (1, 2, 4)
-                or self.k_cta % BLOCK_K or self.depth < 1 or self.ctas_per_sm < 0 or not 0 <= self.smem_floor_kb <= 227):
+                or self.k_cta % BLOCK_K or self.depth < 1 or self.ctas_per_sm < 0 or not 0 <= self.smem_floor_kb <= 227
+                or (self.late_trigger and not self.pdl)):
             raise ValueError(f"WarpMmaConfig: not a config of the warp-MMA kernel: {self}")
 
     @property
@@ -156,13 +161,15 @@ class WarpMmaKernel:
         vals = cute.make_rmem_tensor(cute.make_layout(cfg.values), Float32)
         for i, value in enumerate(self._mainloop(storage, lanes, ring, block0, tidx)):
             vals[i] = value
-        if cutlass.const_expr(cfg.pdl):
+        if cutlass.const_expr(cfg.pdl and not cfg.late_trigger):
             cute.arch.griddepcontrol_launch_dependents()
         last = Int32(1)
         if cutlass.const_expr(cfg.split_k):
             last = self._reduce(vals, mPart, mCtr, storage, m, cta, split, ctas, tidx)
         if last == 1:
             self._epilogue(vals, mGS, mOut, mRes, m, tn, v, tidx)
+        if cutlass.const_expr(cfg.pdl and cfg.late_trigger):
+            cute.arch.griddepcontrol_launch_dependents()
 
     # ------------------------------------------------------------------ the k loop (plain Python:
     # every loop is unrolled at trace time)
