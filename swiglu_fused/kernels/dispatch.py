@@ -431,13 +431,13 @@ def sk128_applies(m: int, n: int, sms: int, mainloop: str, *, k: int) -> bool:
     cost model predicts the 128-row tile's plan at most SK128_SHARE of the 64-row tile's plan (whole
     tiles, or D57's split where plan() splits it). E.g. 16384×2560 at M = 256: 80 whole tiles of 64
     rows, each over all 128 k tiles on one SM, against 40 tiles of 128 rows split 3 ways: 0.72."""
-    from .sm90.schedule import ITER_US, SPLIT_N_MAX_SK_GRID_M, plan_us
+    from .sm90.schedule import ITER_US, SPLIT_N_MAX_SK_GRID_M, SPLIT_N_SK_MIN_GAIN, plan_us
 
     if mainloop != FP8_MAINLOOP or m <= DECODE_M:
         return False
     k_tiles, n_tiles = cdiv(k, 128), cdiv(n, 2 * GROUP)
-    t64 = plan_us(cdiv(m, 64) * n_tiles, k_tiles, sms, cdiv(m, 64), iter_us=ITER_US[64],
-                  max_sk_grid_m=SPLIT_N_MAX_SK_GRID_M if SPLIT_N_SK else 0)[1]  # (whole tiles, or D57's split)
+    t64 = plan_us(cdiv(m, 64) * n_tiles, k_tiles, sms, cdiv(m, 64), iter_us=ITER_US[64],  # (whole, or D57's split)
+                  max_sk_grid_m=SPLIT_N_MAX_SK_GRID_M if SPLIT_N_SK else 0, min_gain=SPLIT_N_SK_MIN_GAIN)[1]
     (_, sk_tiles), t128 = plan_us(cdiv(m, 128) * n_tiles, k_tiles, sms, cdiv(m, 128), iter_us=ITER_US[128])
     return sk_tiles > 0 and t128 <= SK128_SHARE * t64
 

@@ -40,6 +40,10 @@ SK_MIN_GAIN = 1.15  # stream-K only when predicted this much faster
 # other tiles' 2 (_max_sk_grid_m, measured on wide weights): where this tile splits at all its weight is
 # narrow (I ≤ 2560, ≤ 64 tiles), and there four were 2-22 % faster at M = 129-256
 SPLIT_N_MAX_SK_GRID_M = 4
+# ... and the predicted gain it needs (SK_MIN_GAIN's, as measured; every plan() at 1.0 was 3-4 % faster at
+# 8192×3584 M = 65-96 and 2-3 % slower at 8192×7168, with the other tiles' plans moved too: this one alone
+# is to be measured, STATUS)
+SPLIT_N_SK_MIN_GAIN = SK_MIN_GAIN
 # nvfp4's 128-token swap-AB tile past one wave (M = 129-1024) is bound by its decode, not by the
 # weight's bytes (4 bits: the stream-K tiles' weight stays in L2), so where its tiles end in a partial
 # wave, the last full wave and the partial one go stream-K over all CTAs ("hybrid"; every tile then
@@ -84,19 +88,20 @@ def sk_cta_of(it, ctas, sk_iters):
 
 
 def plan(tiles: int, k_tiles: int, sms: int, grid_m: int = 1, iter_bytes: int = 32768,
-         iter_us: float = ITER_US[64], max_sk_grid_m: int = 2) -> tuple[int, int]:
+         iter_us: float = ITER_US[64], max_sk_grid_m: int = 2, min_gain: float | None = None) -> tuple[int, int]:
     """(grid, sk_tiles) for ``tiles`` output tiles (``grid_m`` of them along M, sharing weight
     tiles) of ``k_tiles`` k tiles, each reading ``iter_bytes`` of weights in ``iter_us`` per CTA:
     whole tiles (sk_tiles = 0), or all tiles stream-K split ``split`` ways. Stream-K is considered
     only while weights dominate (grid_m ≤ max_sk_grid_m: 2 for the 64/128-row tiles, since with
     more M tiles CTAs on different K ranges no longer share weight tiles in L2 (DISPATCH D19), but 4
     for fp8's split_n tile (D57); 4 for the 16-token swap-AB tile, i.e. M ≤ 64), with about the CTAs that keep HBM busy, and only
-    where the cost model predicts SK_MIN_GAIN."""
-    return plan_us(tiles, k_tiles, sms, grid_m, iter_bytes, iter_us, max_sk_grid_m)[0]
+    where the cost model predicts ``min_gain`` (default SK_MIN_GAIN)."""
+    return plan_us(tiles, k_tiles, sms, grid_m, iter_bytes, iter_us, max_sk_grid_m, min_gain)[0]
 
 
 def plan_us(tiles: int, k_tiles: int, sms: int, grid_m: int = 1, iter_bytes: int = 32768,
-            iter_us: float = ITER_US[64], max_sk_grid_m: int = 2) -> tuple[tuple[int, int], float]:
+            iter_us: float = ITER_US[64], max_sk_grid_m: int = 2,
+            min_gain: float | None = None) -> tuple[tuple[int, int], float]:
     """(plan()'s answer, the cost model's µs for it)."""
     whole = (max(1, min(tiles, sms)), 0)
     t_hbm = tiles // max(grid_m, 1) * k_tiles * iter_bytes / HBM_BYTES_PER_US  # each weight byte read once
@@ -108,7 +113,8 @@ def plan_us(tiles: int, k_tiles: int, sms: int, grid_m: int = 1, iter_bytes: int
     if split < 2:
         return whole, t_whole
     t_sk = max(cdiv(k_tiles, split) * iter_us, t_hbm) + FIXUP_US[0] + FIXUP_US[1] * split
-    return ((tiles * split, tiles), t_sk) if t_whole > SK_MIN_GAIN * t_sk else (whole, t_whole)
+    gain = SK_MIN_GAIN if min_gain is None else min_gain
+    return ((tiles * split, tiles), t_sk) if t_whole > gain * t_sk else (whole, t_whole)
 
 
 def schedule(config: TileConfig, m: int, n: int, k: int, sms: int) -> tuple[int, int]:
@@ -137,7 +143,8 @@ def schedule(config: TileConfig, m: int, n: int, k: int, sms: int) -> tuple[int,
         iter_us = ITER_US["nvfp4"]
     else:
         iter_us = ITER_US[f"swap{config.tile_m}" if config.swap_ab else config.tile_m] * iter_bytes / 32768
-    return plan(tiles, k_tiles, sms, grid_m, iter_bytes, iter_us, max_sk_grid_m=_max_sk_grid_m(config))
+    return plan(tiles, k_tiles, sms, grid_m, iter_bytes, iter_us, max_sk_grid_m=_max_sk_grid_m(config),
+                min_gain=SPLIT_N_SK_MIN_GAIN if config.split_n else None)
 
 
 def hybrid128_applies(config: TileConfig, m: int, n: int, k: int, sms: int) -> bool:
