@@ -94,8 +94,8 @@ def plan(tiles: int, k_tiles: int, sms: int, grid_m: int = 1, iter_bytes: int = 
     whole tiles (sk_tiles = 0), or all tiles stream-K split ``split`` ways. Stream-K is considered
     only while weights dominate (grid_m ≤ max_sk_grid_m: 2 for the 64/128-row tiles, since with
     more M tiles CTAs on different K ranges no longer share weight tiles in L2 (DISPATCH D19), but 4
-    for fp8's split_n tile (D57); 4 for the 16-token swap-AB tile, i.e. M ≤ 64), with about the CTAs that keep HBM busy, and only
-    where the cost model predicts ``min_gain`` (default SK_MIN_GAIN)."""
+    for fp8's split_n tile (D57); 4 for the 16-token swap-AB tile, i.e. M ≤ 64), with about the CTAs
+    that keep HBM busy, and only where the cost model predicts ``min_gain`` (default SK_MIN_GAIN)."""
     return plan_us(tiles, k_tiles, sms, grid_m, iter_bytes, iter_us, max_sk_grid_m, min_gain)[0]
 
 
