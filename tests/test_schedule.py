@@ -488,7 +488,9 @@ def test_gate_up_fp8_128_row_stream_k_over_a_long_k(monkeypatch, m, hidden, inte
     """DISPATCH D56: fp8 gate_up takes the 128-row tile in stream-K instead of the 64-row tile where
     schedule's cost model predicts its plan at most SK128_SHARE of the 64-row tiles' whole round
     (as measured, before D57 split the 64-row tile too); never bf16."""
-    monkeypatch.setattr(dispatch, "SPLIT_N_SK", False)
+    from swiglu_fused.kernels.sm90 import schedule
+
+    monkeypatch.setattr(schedule, "SPLIT_N_MAX_SK_GRID_M", 0)  # (the split_n tile's split off)
     assert dispatch.sk128_applies(m, 2 * inter, 132, "fp8_block128", k=hidden) == expect
     assert not dispatch.sk128_applies(m, 2 * inter, 132, "bf16", k=hidden)
     tile = dispatch.gate_up_tile_for(m, 2 * inter, 132, "fp8_block128", k=hidden)

@@ -277,8 +277,6 @@ SPLIT64_ROUNDS_M = CLUSTER_M_MIN - 1
 # I = 1024-3072, M = 96-256) the MLP was 3-25 % faster at all 22 points, at 0.77-0.95 7 % faster to 15 %
 # slower (level on the whole), above 1 7-22 % slower
 SK128_SHARE = 0.75
-# the split_n 64-row tile in plan()'s stream-K where plan() splits it (D57); off: whole tiles always
-SPLIT_N_SK = True
 # the bf16 mainloop's 192-row tile (D29): its rows a unit of time over the 128-row tile's in whole
 # waves (measured 1.03-1.06 at 40-70 waves), and how much shorter its predicted rounds must be
 WG3_SPEED = 1.04
@@ -437,7 +435,7 @@ def sk128_applies(m: int, n: int, sms: int, mainloop: str, *, k: int) -> bool:
         return False
     k_tiles, n_tiles = cdiv(k, 128), cdiv(n, 2 * GROUP)
     t64 = plan_us(cdiv(m, 64) * n_tiles, k_tiles, sms, cdiv(m, 64), iter_us=ITER_US[64],  # (whole, or D57's split)
-                  max_sk_grid_m=SPLIT_N_MAX_SK_GRID_M if SPLIT_N_SK else 0, min_gain=SPLIT_N_SK_MIN_GAIN)[1]
+                  max_sk_grid_m=SPLIT_N_MAX_SK_GRID_M, min_gain=SPLIT_N_SK_MIN_GAIN)[1]
     (_, sk_tiles), t128 = plan_us(cdiv(m, 128) * n_tiles, k_tiles, sms, cdiv(m, 128), iter_us=ITER_US[128])
     return sk_tiles > 0 and t128 <= SK128_SHARE * t64
 
@@ -606,10 +604,11 @@ def gate_up_config(x, weight, weight_scale, x_scale, *, act: str, h_format: str,
 
 def with_split_n_sk(config, m: int, n: int, k: int, sms: int):
     """``config`` with TileConfig.split_n_sk where it is the split_n tile and plan() splits that
-    over K (D57), else as it is (whole tiles: no fix-up compiled in)."""
+    over K (D57; schedule.SPLIT_N_MAX_SK_GRID_M = 0: never), else as it is (whole tiles: no fix-up
+    compiled in)."""
     from .sm90.schedule import schedule
 
-    if not (SPLIT_N_SK and config.split_n):
+    if not config.split_n:
         return config
     sk = dataclasses.replace(config, split_n_sk=True)
     return sk if schedule(sk, m, n, k, sms)[1] else config
@@ -945,7 +944,7 @@ def _gate_up_pdl_variants(tile_m: int, swap: bool, mainloop: str) -> tuple[bool,
 
 def gate_up_shipped() -> list:
     """Every GateUpConfig gate_up_config can return (what CI compile-checks)."""
-    from .sm90 import activations_and_h
+    from .sm90 import activations_and_h, schedule
     from .sm90.tile_config import TILE_M_WG3, TILE_N_GRANULES, GateUpConfig
 
     swap_tm, swap_stages = GATE_UP_SWAP_TILES[0]
@@ -976,7 +975,7 @@ def gate_up_shipped() -> list:
                     out.extend(GateUpConfig(tile_m=128, tile_n=tile_n, stages=4, act=act, h_format=h_format,
                                             mainloop=mainloop) for tile_n in TILE_N_GRANULES)
     out += [dataclasses.replace(c, static_stages=True) for c in out if c.smem_scales]  # (with_static_stages)
-    if SPLIT_N_SK:
+    if schedule.SPLIT_N_MAX_SK_GRID_M:
         out += [dataclasses.replace(c, split_n_sk=True) for c in out if c.split_n]  # (with_split_n_sk)
     if FP8_TILE_MAJOR:  # (fp8_tile_major: the modules' fp8 gate_up weight)
         out += [dataclasses.replace(c, tile_major=True) for c in out if c.fp8]

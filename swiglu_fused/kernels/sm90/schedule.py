@@ -38,7 +38,8 @@ FIXUP_US = (4.0, 2.5)  # fix-up cost: base + per CTA sharing a tile
 SK_MIN_GAIN = 1.15  # stream-K only when predicted this much faster
 # M tiles up to which plan() considers stream-K for fp8's split_n 64-row tile (DISPATCH D57): 4, not the
 # other tiles' 2 (_max_sk_grid_m, measured on wide weights): where this tile splits at all its weight is
-# narrow (I ≤ 2560, ≤ 64 tiles), and there four were 2-22 % faster at M = 129-256
+# narrow (I ≤ 2560, ≤ 64 tiles), and there four were 2-22 % faster at M = 129-256. 0: the split_n tile
+# always runs whole tiles (no fix-up compiled in; before D57)
 SPLIT_N_MAX_SK_GRID_M = 4
 # ... and the predicted gain it needs (SK_MIN_GAIN's, as measured; every plan() at 1.0 was 3-4 % faster at
 # 8192×3584 M = 65-96 and 2-3 % slower at 8192×7168, with the other tiles' plans moved too: this one alone
@@ -104,7 +105,8 @@ def plan_us(tiles: int, k_tiles: int, sms: int, grid_m: int = 1, iter_bytes: int
             min_gain: float | None = None) -> tuple[tuple[int, int], float]:
     """(plan()'s answer, the cost model's µs for it)."""
     whole = (max(1, min(tiles, sms)), 0)
-    t_hbm = tiles // max(grid_m, 1) * k_tiles * iter_bytes / HBM_BYTES_PER_US  # each weight byte read once
+    # (each weight byte read once; grid_m is 0 only with no tiles, M = 0)
+    t_hbm = tiles // max(grid_m, 1) * k_tiles * iter_bytes / HBM_BYTES_PER_US
     t_whole = max(cdiv(tiles, sms) * k_tiles * iter_us, t_hbm)
     if tiles <= 0 or grid_m > max_sk_grid_m or k_tiles < 2 * SK_MIN_ITERS:
         return whole, t_whole
