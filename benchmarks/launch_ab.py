@@ -38,7 +38,9 @@ from benchmarks.harness import ALL_PDL, parse_ab, with_configs
 from swiglu_fused import bench
 
 
-NO_PDL = {family: {"pdl": False} for family in ALL_PDL}  # what dispatch picks with PDL_M = 0
+# what dispatch picks with PDL_M = 0 and WARP_MMA_PDL off (no late trigger without PDL: D58)
+NO_PDL = {family: {"pdl": False} | ({"late_trigger": False} if family == "warp_mma_gate_up" else {})
+          for family in ALL_PDL}
 
 
 def variants(abs_: dict, sets: dict) -> dict:

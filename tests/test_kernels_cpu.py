@@ -459,6 +459,34 @@ def test_warp_mma_configs_follow_m_and_k(monkeypatch):
     assert c("down", 17, 4096, 14336, True) is None and all(cfg.n8 < 4 for cfg in dispatch.warp_mma_shipped())
 
 
+@pytest.mark.parametrize("hidden,inter,late", [
+    # down's grid within half of 132 SMs and gate_up's filling one CTA an SM (128 CTAs) or two (256):
+    # 2048×8192 (down 64 CTAs, gate_up 256), 1024×8192 (32, 128), 2048×4096 (64, 128) ...
+    (2048, 8192, True), (1024, 8192, True), (2048, 4096, True),
+    # ... not where gate_up leaves SMs free: 1536×4096 (48, 96), 2048×6144 (48, 192), 1024×3072 (24, 48)
+    (1536, 4096, False), (2048, 6144, False), (1024, 3072, False),
+    # ... nor above half the SMs: 3072×8192 (96), 8192×3584 (224), 4096×14336 (256)
+    (3072, 8192, False), (8192, 3584, False), (4096, 14336, False),
+])
+def test_warp_mma_gate_up_triggers_late_before_a_small_down(hidden, inter, late, monkeypatch):
+    """DISPATCH D58: nvfp4 gate_up's warp-MMA kernel launches down only as its CTAs leave where down's
+    warp-MMA grid is at most WARP_MMA_LATE_TRIGGER_SHARE of the SMs and gate_up's fills its SMs (at 32
+    tokens only two CTAs an SM); down never; not without PDL or with the share 0; every such config
+    shipped."""
+    pytest.importorskip("cutlass")
+    c = dispatch.warp_mma_config
+    shipped = dispatch.warp_mma_shipped()
+    for m in (1, 8, 16):
+        gu, dn = c("gate_up", m, 2 * inter, hidden, True), c("down", m, hidden, inter, True)
+        assert gu.late_trigger == late and not dn.late_trigger and gu in shipped
+    assert c("gate_up", 32, 16384, 2048, True).late_trigger and not c("gate_up", 32, 16384, 1024, True).late_trigger
+    monkeypatch.setattr(dispatch, "WARP_MMA_LATE_TRIGGER_SHARE", 0)
+    assert not c("gate_up", 1, 16384, 2048, True).late_trigger
+    monkeypatch.setattr(dispatch, "WARP_MMA_LATE_TRIGGER_SHARE", 0.5)
+    monkeypatch.setattr(dispatch, "WARP_MMA_PDL", False)
+    assert not c("gate_up", 1, 16384, 2048, True).late_trigger
+
+
 def test_warp_mma_config_cache_follows_the_constants(monkeypatch):
     """warp_mma_config's answers are cached (eager decode's host time) on the arguments and every
     constant they read: each cached answer is the one computed afresh, and a changed constant (as
@@ -508,9 +536,10 @@ def _shipped():
         # down's CTAs one an SM by a shared-memory floor (history/nvfp4.md v34: measured, not dispatched)
         + [("nvfp4_warp_mma", warp_mma.WarpMmaConfig("down", n8=1, k_cta=1024, pdl=True, smem_floor_kb=120),
             warp_mma.compile_warp_mma)]
-        # ... and the next kernel launched only as its CTAs leave (late_trigger: to be measured, v34)
-        + [("nvfp4_warp_mma", warp_mma.WarpMmaConfig(op, n8=1, pdl=True, late_trigger=True), warp_mma.compile_warp_mma)
-           for op in ("gate_up", "down")]
+        # ... and down launching the next kernel only as its CTAs leave (late_trigger: measured slower, v35;
+        # gate_up's is shipped, D58)
+        + [("nvfp4_warp_mma", warp_mma.WarpMmaConfig("down", n8=1, pdl=True, late_trigger=True),
+            warp_mma.compile_warp_mma)]
         # the warp-MMA kernels' 32 tokens (dispatch.WARP_MMA_M), uncapped and capped
         + [("nvfp4_warp_mma", warp_mma.WarpMmaConfig(op, warps=w, n8=4, ctas_per_sm=c), warp_mma.compile_warp_mma)
            for op in ("gate_up", "down") for w in (4, 8) for c in (0, 16 // w)]

@@ -61,3 +61,17 @@ def test_skip_names_only_the_standing_variants():
     refused before a GPU is asked for."""
     with pytest.raises(SystemExit, match="only no_pdl and memset"):
         launch_ab.main(["--skip", "shipped"])
+
+
+def test_no_pdl_also_drops_gate_ups_late_trigger():
+    """no_pdl on a dispatched nvfp4 gate_up that triggers late (D58) is a valid config without PDL,
+    not a ValueError (a late trigger means nothing without PDL)."""
+    import dataclasses
+
+    from swiglu_fused.kernels import dispatch
+
+    late = dispatch.warp_mma_config("gate_up", 1, 16384, 2048, True)
+    assert late.late_trigger
+    plain = dataclasses.replace(late, **launch_ab.NO_PDL["warp_mma_gate_up"])
+    assert not plain.pdl and not plain.late_trigger
+    assert dataclasses.replace(dispatch.warp_mma_config("down", 1, 2048, 8192, True), **launch_ab.NO_PDL["warp_mma_down"])

@@ -506,8 +506,10 @@ def test_gate_up_fp8_128_row_stream_k_over_a_long_k(monkeypatch, m, hidden, inte
     # ... and past two M tiles, to four (SPLIT_N_MAX_SK_GRID_M): 3-11 % faster at all 7 points measured
     (192, 8192, 2048, (96, 48)), (200, 8192, 2048, (128, 64)), (256, 16384, 2048, (128, 64)),
     (192, 12288, 2560, (120, 60)), (192, 7168, 2048, (96, 48)),
-    # ... not where plan() keeps whole tiles (predicted < 1.15× faster split) nor past four M tiles
-    (128, 8192, 3584, None), (96, 4096, 2048, None), (128, 2048, 8192, None), (320, 8192, 2048, None),
+    # ... and at any predicted gain (D59: SPLIT_N_SK_MIN_GAIN 1.0; 1.4-4.2 % faster at M = 65-128)
+    (65, 8192, 3584, (112, 56)), (128, 8192, 3584, (112, 56)),
+    # ... not where plan() keeps whole tiles (predicted no faster split) nor past four M tiles
+    (96, 4096, 2048, None), (128, 2048, 8192, None), (320, 8192, 2048, None),
     (256, 12288, 2560, None),
 ])
 def test_gate_up_fp8_split_n_stream_k(m, hidden, inter, expect):

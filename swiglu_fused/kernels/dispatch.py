@@ -777,6 +777,15 @@ WARP_MMA_SMALL_WARPS_PER_SM = {"gate_up": 0, "down": 0}
 # two (2-3 % slower at M = 16); since they are gone (v23) 2-7 % faster at M ≤ 32, except 4096×14336
 # at 32 tokens, where gate_up is the wgmma tile (0-1.3 % slower; history/nvfp4.md v23)
 WARP_MMA_PDL = True
+# ... where down's warp-MMA grid is at most this share of the SMs and gate_up's grid fills at least
+# WARP_MMA_LATE_TRIGGER_FILL of one or two CTAs an SM (at 32 tokens: of two), gate_up triggers down's
+# launch as its CTAs leave, after its K-share sums and epilogue (WarpMmaConfig.late_trigger), not after
+# its k loop. Launched early into such a full grid, down's CTAs shared SMs (2048×8192 M = 1: down 14.4
+# against 9.0 µs without PDL); late, they find gate_up's SMs free: 3-22 % faster at 2048×8192,
+# 1024×8192 and 2048×4096. Where gate_up leaves slots free (grids of 48-192) late was 1-10 % slower.
+# 0: never (history/nvfp4.md v34, v35; DISPATCH D58)
+WARP_MMA_LATE_TRIGGER_SHARE = 0.5
+WARP_MMA_LATE_TRIGGER_FILL = 0.9
 
 
 def warp_mma_config(op: str, m: int, n: int, k: int, tile_major: bool, act: str = "silu", residual: bool = False,
@@ -794,7 +803,7 @@ def _warp_mma_constants() -> tuple:
     """The module constants warp_mma_config's answer depends on (its cache key's last part)."""
     return (WARP_MMA_M, tuple(WARP_MMA_K_CTA), WARP_MMA_SPLITS, WARP_MMA_WIDE, tuple(WARP_MMA_DEPTH.items()),
             WARP_MMA_WARPS, WARP_MMA_CTAS_PER_SM, WARP_MMA_WARPS_PER_SM, tuple(WARP_MMA_SMALL_WARPS_PER_SM.items()),
-            WARP_MMA_PDL)
+            WARP_MMA_PDL, WARP_MMA_LATE_TRIGGER_SHARE, WARP_MMA_LATE_TRIGGER_FILL)
 
 
 @functools.lru_cache(maxsize=4096)
@@ -822,9 +831,31 @@ def _warp_mma_config(op, m, n, k, tile_major, act, residual, sms, constants):
     n8 = next(n8 for n8 in (1, 2, 4) if m <= 8 * n8)
     if not _warp_mma_takes(warps, n8):
         return None
-    return warp_mma.WarpMmaConfig(op, warps=warps, n8=n8, k_cta=k_cta, split_k=k > k_cta, depth=WARP_MMA_DEPTH[op],
-                                  act=act if op == "gate_up" else "silu", residual=residual, pdl=WARP_MMA_PDL,
-                                  ctas_per_sm=_warp_mma_cap(op, warps, n8))
+    cfg = warp_mma.WarpMmaConfig(op, warps=warps, n8=n8, k_cta=k_cta, split_k=k > k_cta, depth=WARP_MMA_DEPTH[op],
+                                 act=act if op == "gate_up" else "silu", residual=residual, pdl=WARP_MMA_PDL,
+                                 ctas_per_sm=_warp_mma_cap(op, warps, n8))
+    if op == "gate_up" and warps == 8 and WARP_MMA_PDL and _late_trigger_applies(cfg, m, n, k, tile_major, sms, constants):
+        cfg = dataclasses.replace(cfg, late_trigger=True)
+    return cfg
+
+
+def _late_trigger_applies(gate_up, m, n, k, tile_major, sms, constants) -> bool:
+    """Whether ``gate_up`` (8 warps, N = 2I, K = H) launches down only as its CTAs leave (D58): down
+    runs the warp-MMA kernel on a grid of at most WARP_MMA_LATE_TRIGGER_SHARE of the SMs, and gate_up's
+    grid fills WARP_MMA_LATE_TRIGGER_FILL of one CTA an SM (not at 32 tokens) or of two."""
+    down = _warp_mma_config("down", m, k, n // 2, tile_major, "silu", False, sms, constants)
+    if down is None or warp_mma_grid(down, k, n // 2) > WARP_MMA_LATE_TRIGGER_SHARE * sms:
+        return False
+    grid = warp_mma_grid(gate_up, n, k)
+    per_sm = 1 if grid <= sms and gate_up.n8 <= 2 else 2
+    return WARP_MMA_LATE_TRIGGER_FILL * per_sm * sms <= grid <= per_sm * sms
+
+
+def warp_mma_grid(config, n: int, k: int) -> int:
+    """CTAs of a warp-MMA launch over N weight rows and K columns (its K shares included)."""
+    from .sm90 import warp_mma
+
+    return n // warp_mma.ROWS * config.parts * (k // config.k_cta)
 
 
 def _last_wave_fill(ctas: int, slots: int) -> float:
@@ -850,9 +881,13 @@ def warp_mma_shipped() -> list:
     n8s = [n8 for n8 in (1, 2, 4) if 4 * n8 < min(WARP_MMA_M, warp_mma.MAX_TOKENS)]  # M ≤ 8, ≤ 16, ≤ 32
     shapes = [(w, n8, k_cta, split) for w in ((WARP_MMA_WARPS,) if WARP_MMA_WARPS else (4, 8)) for n8 in n8s
               for k_cta in WARP_MMA_K_CTA for split in (False, True) if _warp_mma_takes(w, n8)]
+    # (late_trigger only in whole-tile CTAs, where the rule takes it: the grids it was measured at)
+    lates = (False, True) if WARP_MMA_PDL and WARP_MMA_LATE_TRIGGER_SHARE else (False,)
     return ([warp_mma.WarpMmaConfig("gate_up", warps=w, n8=n8, k_cta=c, split_k=s, act=act, pdl=WARP_MMA_PDL,
-                                    depth=WARP_MMA_DEPTH["gate_up"], ctas_per_sm=_warp_mma_cap("gate_up", w, n8))
-             for act in activations_and_h.ACTIVATIONS for w, n8, c, s in shapes]
+                                    depth=WARP_MMA_DEPTH["gate_up"], ctas_per_sm=_warp_mma_cap("gate_up", w, n8),
+                                    late_trigger=late)
+             for act in activations_and_h.ACTIVATIONS for w, n8, c, s in shapes for late in lates
+             if not late or w == 8]
             + [warp_mma.WarpMmaConfig("down", warps=w, n8=n8, k_cta=c, split_k=s, residual=r, pdl=WARP_MMA_PDL,
                                       depth=WARP_MMA_DEPTH["down"], ctas_per_sm=_warp_mma_cap("down", w, n8))
                for r in (False, True) for w, n8, c, s in shapes])

@@ -293,11 +293,12 @@ def test_dispatched_hybrid_at_8192x3584(mainloop, h_format):
 
 @pytest.mark.parametrize("h_format", ["fp8_group128", "bf16"])
 @pytest.mark.parametrize("hidden,inter,m", [(8192, 2048, 65), (8192, 2048, 128), (16384, 2048, 100),
-                                            (12288, 2560, 128), (8192, 2048, 200), (12288, 2560, 192)])
+                                            (12288, 2560, 128), (8192, 2048, 200), (12288, 2560, 192),
+                                            (8192, 3584, 96)])
 def test_dispatched_split_n_stream_k(hidden, inter, m, h_format):
     """D57 as dispatched: fp8's split_n 64-row tile at narrow widths and 64 < M ≤ 256 on 132 SMs runs
     in plan()'s stream-K (its fix-up compiled in: split_n_sk), and h is the reference's (poisoned
-    before the run)."""
+    before the run); 8192×3584 M = 96 at a predicted gain below SK_MIN_GAIN (D59)."""
     from swiglu_fused.kernels.sm90 import gate_up as k, schedule
 
     sms = schedule.sm_count(torch.device("cuda"))

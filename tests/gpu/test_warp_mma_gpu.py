@@ -126,3 +126,31 @@ def test_programmatic_dependent_launch_gives_the_same_bits(monkeypatch):
         out = pdl(x)
     graph.replay()
     assert torch.equal(out, want)
+
+
+@pytest.mark.parametrize("m", [1, 16])
+def test_late_trigger_gives_the_same_bits(m, monkeypatch):
+    """gate_up launching down only as its CTAs leave (D58: at 2048×4096 down's grid is 64 CTAs, within
+    half the SMs, and gate_up's 128 fill one an SM), eagerly and in a CUDA graph: the same bits as the
+    trigger after the k loop, and the reference's values."""
+    from swiglu_fused.kernels.sm90 import warp_mma
+
+    launched = []
+    launch = warp_mma._launch
+    monkeypatch.setattr(warp_mma, "_launch", lambda config, *a: launched.append(config) or launch(config, *a))
+    x = torch.randn(m, 2048, device="cuda").to(torch.bfloat16)
+    monkeypatch.setattr(dispatch, "WARP_MMA_LATE_TRIGGER_SHARE", 0)
+    want = _mlp()(x)
+    assert not any(c.late_trigger for c in launched)
+    monkeypatch.setattr(dispatch, "WARP_MMA_LATE_TRIGGER_SHARE", 0.5)
+    late = _mlp()
+    _poisoned(m, 4096)
+    assert torch.equal(late(x), want)
+    assert {c.epilogue for c in launched if c.late_trigger} == {"gate_up"}
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = late(x)
+    out.fill_(float("nan"))
+    graph.replay()
+    assert torch.equal(out, want)
+    assert_bf16_close(want, _cpu_reference(late, x).cuda(), 1e-2)

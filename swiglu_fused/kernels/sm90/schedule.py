@@ -41,10 +41,10 @@ SK_MIN_GAIN = 1.15  # stream-K only when predicted this much faster
 # narrow (I ≤ 2560, ≤ 64 tiles), and there four were 2-22 % faster at M = 129-256. 0: the split_n tile
 # always runs whole tiles (no fix-up compiled in; before D57)
 SPLIT_N_MAX_SK_GRID_M = 4
-# ... and the predicted gain it needs (SK_MIN_GAIN's, as measured; every plan() at 1.0 was 3-4 % faster at
-# 8192×3584 M = 65-96 and 2-3 % slower at 8192×7168, with the other tiles' plans moved too: this one alone
-# is to be measured, STATUS)
-SPLIT_N_SK_MIN_GAIN = SK_MIN_GAIN
+# ... and the predicted gain it needs: any (1.0, DISPATCH D59). Of 24 widths at M = 17-512 it moves only
+# 8192×3584 M = 65-128 (predicted 1.0-1.15× faster), where the split was 1.4-4.2 % faster than whole
+# tiles (SK_MIN_GAIN there, as the other tiles keep: every tile's plan() at 1.0 was 2-3 % slower at 8192×7168)
+SPLIT_N_SK_MIN_GAIN = 1.0
 # nvfp4's 128-token swap-AB tile past one wave (M = 129-1024) is bound by its decode, not by the
 # weight's bytes (4 bits: the stream-K tiles' weight stays in L2), so where its tiles end in a partial
 # wave, the last full wave and the partial one go stream-K over all CTAs ("hybrid"; every tile then

@@ -72,7 +72,7 @@ class WarpMmaConfig:
     pdl: bool = False
     # pdl: the next kernel may launch only once this one's K-share sums and epilogue are done (each CTA
     # triggers as it leaves), not after its k loop: its CTAs then find this kernel's SMs freed as they
-    # launch (a measurement of v34's placement loss, history/nvfp4.md; off everywhere)
+    # launch (gate_up's where down's grid is small: dispatch.WARP_MMA_LATE_TRIGGER_SHARE, D58)
     late_trigger: bool = False
     # CTAs an SM the registers must allow (ptxas caps them at 65536 / (threads · this)); 0: no cap
     ctas_per_sm: int = 0
