@@ -745,7 +745,8 @@ def nvfp4_wide_on(device: torch.device, m: int, n: int, k: int) -> bool:
 # (the modules' order on the GPU), M ≤ WARP_MMA_M, K a multiple of its 128-column step. 0: the
 # swap-AB wgmma tiles above run these M too (what launch_ab --set dispatch.WARP_MMA_M=0 compares). Above
 # 16 tokens (four token tiles a warp) only in whole-tile CTAs: in half tiles the 64-token wgmma tile
-# was faster there (4096×14336's gate_up at M = 32: 49.0 against 43.5 µs; history/nvfp4.md v22).
+# was faster there (4096×14336's gate_up at M = 32: 49.0 against 43.5 µs; history/nvfp4.md v22), except
+# gate_up where that tile wastes a wave (WARP_MMA_HALF_32_WASTE, D60).
 WARP_MMA_M = 32
 # columns a CTA: the first of these that divides K into at most WARP_MMA_SPLITS CTAs a tile (512: the
 # probe's best; 1024 where K is long: the tile's last CTA then sums fewer partials; history/nvfp4.md
