@@ -843,7 +843,8 @@ def _warp_mma_config(op, m, n, k, tile_major, act, residual, sms, constants):
     cfg = warp_mma.WarpMmaConfig(op, warps=warps, n8=n8, k_cta=k_cta, split_k=k > k_cta, depth=WARP_MMA_DEPTH[op],
                                  act=act if op == "gate_up" else "silu", residual=residual, pdl=WARP_MMA_PDL,
                                  ctas_per_sm=_warp_mma_cap(op, warps, n8))
-    if op == "gate_up" and warps == 8 and WARP_MMA_PDL and _late_trigger_applies(cfg, m, n, k, tile_major, sms, constants):
+    late = op == "gate_up" and warps == 8 and WARP_MMA_PDL
+    if late and _late_trigger_applies(cfg, m, n, k, tile_major, sms, constants):
         cfg = dataclasses.replace(cfg, late_trigger=True)
     return cfg
 
@@ -882,15 +883,10 @@ def _warp_mma_takes(warps: int, n8: int, op: str, n: int | None = None, sms: int
         return False
     if n is None:
         return True
-    tiles = cdiv(n, warp_mma_tile_rows())
-    return tiles * WARP_MMA_HALF_32_WASTE <= cdiv(tiles, sms) * sms
-
-
-def warp_mma_tile_rows() -> int:
-    """Weight rows of the 64-token wgmma tile (NVFP4_SWAP_TILES) and of a warp-MMA tile: 256 (nvfp4_layout.ROWS)."""
     from . import nvfp4_layout
 
-    return nvfp4_layout.ROWS
+    tiles = cdiv(n, nvfp4_layout.ROWS)  # (the 64-token wgmma tile's weight rows, as a warp-MMA tile's)
+    return tiles * WARP_MMA_HALF_32_WASTE <= cdiv(tiles, sms) * sms
 
 
 def _warp_mma_cap(op: str, warps: int, n8: int) -> int:
