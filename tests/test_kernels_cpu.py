@@ -454,36 +454,9 @@ def test_warp_mma_configs_follow_m_and_k(monkeypatch):
     assert [c("down", m, 4096, 14336, True).n8 for m in (16, 17, 32)] == [2, 4, 4]
     assert [c("down", m, 4096, 14336, True).ctas_per_sm for m in (16, 32)] == [0, 2]  # 16 warps an SM
     assert c("gate_up", 32, 8192, 4096, True) in shipped
-    assert not [cfg for cfg in shipped if cfg.n8 == 4 and cfg.warps == 4 and cfg.epilogue == "down"]
+    assert not [cfg for cfg in shipped if cfg.n8 == 4 and cfg.warps == 4]
     monkeypatch.setattr(dispatch, "WARP_MMA_M", 16)
     assert c("down", 17, 4096, 14336, True) is None and all(cfg.n8 < 4 for cfg in dispatch.warp_mma_shipped())
-
-
-@pytest.mark.parametrize("hidden,inter,half", [
-    # the 64-token wgmma tile's whole waves against its tiles' even share: 3584×18944 148 tiles, 1.79×;
-    # 7168×20480 160, 1.65× ...
-    (3584, 18944, True), (7168, 20480, True),
-    # ... not 8192×28672 (224, 1.18×), 5120×27648 (216, 1.22×), 4096×14336 (112, 1.18×), 3072×24576 (192, 1.38×)
-    (8192, 28672, False), (5120, 27648, False), (4096, 14336, False), (3072, 24576, False),
-])
-def test_warp_mma_gate_up_takes_32_tokens_in_half_tiles_where_the_wgmma_tile_wastes_a_wave(hidden, inter, half,
-                                                                                        monkeypatch):
-    """DISPATCH D60: gate_up at 17-32 tokens runs the warp-MMA kernel in half-tile CTAs (16 warps an SM)
-    where the 64-token wgmma tile's whole waves take WARP_MMA_HALF_32_WASTE of its tiles' even share; down
-    never in half tiles at 32 tokens; none with the threshold 0; every such config shipped."""
-    pytest.importorskip("cutlass")
-    c = dispatch.warp_mma_config
-    shipped = dispatch.warp_mma_shipped()
-    for m in (17, 24, 32):
-        gu = c("gate_up", m, 2 * inter, hidden, True)
-        assert (gu is not None) == half
-        if half:
-            assert (gu.warps, gu.n8, gu.ctas_per_sm) == (4, 4, 4) and gu in shipped
-        dn = c("down", m, hidden, inter, True)
-        assert dn is None or dn.warps == 8
-    assert c("gate_up", 16, 2 * inter, hidden, True) is not None  # (16 tokens: as before)
-    monkeypatch.setattr(dispatch, "WARP_MMA_HALF_32_WASTE", 0)
-    assert c("gate_up", 24, 2 * inter, hidden, True) is None
 
 
 @pytest.mark.parametrize("hidden,inter,late", [

@@ -689,7 +689,7 @@ def test_nvfp4_128_token_tile_shares_k_at_any_m_it_runs():
 
 
 def test_nvfp4_hybrid_stream_k_past_a_partial_wave():
-    """D46: nvfp4's 128-token swap-AB tiles whose last wave is partial run the last full wave and the
+    """D46, D61: nvfp4's 128- and 64-token swap-AB tiles whose last wave is partial run the last full wave and the
     partial one stream-K over all SMs where predicted 5 % faster: gate_up 8192×3584 at M = 1024 (224
     tiles: all stream-K, 1.8 rounds against 2), not 4096×14336 at M = 1024 (896 tiles: 6.8 waves, the
     fix-up costs what the evened wave saves) nor a whole wave; 4096×14336 at M = 768 (672 tiles) 144 of
@@ -714,8 +714,11 @@ def test_nvfp4_hybrid_stream_k_past_a_partial_wave():
         assert g.nvfp4_rounds(tiles, k_tiles, 132) * g.NVFP4_HYBRID_MIN_GAIN <= -(-tiles // 132)
     fp8 = GateUpConfig(act="silu", h_format="fp8_group128", tile_m=128, stages=4)
     assert g.schedule(fp8, 1024, 7168, 8192, 132) == (132, 0)
-    t64 = dataclasses.replace(nv, tile_m=64, stages=6)  # (148 tiles at I = 18944: not measured so, whole tiles)
-    assert g.schedule(t64, 64, 37888, 3584, 132) == (132, 0)
+    # the 64-token tile likewise (D61): 148 tiles at I = 18944 all stream-K, 224 at I = 28672; one wave whole
+    t64 = dataclasses.replace(nv, tile_m=64, stages=6)
+    assert g.schedule(t64, 64, 37888, 3584, 132) == (132, 148)
+    assert g.schedule(t64, 48, 57344, 8192, 132) == (132, 224)
+    assert g.schedule(t64, 64, 28672, 4096, 132) == (112, 0)
 
 
 @pytest.mark.parametrize("m,hidden,inter,expect", [

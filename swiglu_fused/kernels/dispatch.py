@@ -745,8 +745,8 @@ def nvfp4_wide_on(device: torch.device, m: int, n: int, k: int) -> bool:
 # (the modules' order on the GPU), M ≤ WARP_MMA_M, K a multiple of its 128-column step. 0: the
 # swap-AB wgmma tiles above run these M too (what launch_ab --set dispatch.WARP_MMA_M=0 compares). Above
 # 16 tokens (four token tiles a warp) only in whole-tile CTAs: in half tiles the 64-token wgmma tile
-# was faster there (4096×14336's gate_up at M = 32: 49.0 against 43.5 µs; history/nvfp4.md v22), except
-# gate_up where that tile wastes a wave (WARP_MMA_HALF_32_WASTE, D60).
+# was faster there (4096×14336's gate_up at M = 32: 49.0 against 43.5 µs; history/nvfp4.md v22; where
+# that tile leaves a second wave nearly empty, its hybrid split (D61) is faster still than half tiles, D60).
 WARP_MMA_M = 32
 # columns a CTA: the first of these that divides K into at most WARP_MMA_SPLITS CTAs a tile (512: the
 # probe's best; 1024 where K is long: the tile's last CTA then sums fewer partials; history/nvfp4.md
@@ -766,13 +766,6 @@ WARP_MMA_DEPTH = {"gate_up": 2, "down": 2}  # 128-column blocks of loads ahead (
 # wave of WARP_MMA_CTAS_PER_SM an SM (their ~100 registers a thread), else 4 (half a tile: the last
 # wave finer). 0: by that rule; 4 or 8: always (history/nvfp4.md v22)
 WARP_MMA_WARPS = 0
-# ... but gate_up at 17-32 tokens also in half-tile CTAs where the 64-token wgmma tile it would run instead
-# takes whole waves of at least this many times its tiles' even share: there that tile's second, nearly
-# empty wave costs more than the half-tile CTAs' finer grid (3584×18944: 148 tiles on 132 SMs, 1.79×; 4-16 %
-# faster; 7168×20480 1.65×, 4-12 %), while where its waves fill better (1.18-1.22×: 8192×28672, 5120×27648,
-# 4096×14336, 5120×13824) they were 1-25 % slower; down in half-tile CTAs was slower at all six widths.
-# 0: never (history/nvfp4.md v37; DISPATCH D60)
-WARP_MMA_HALF_32_WASTE = 1.5
 WARP_MMA_CTAS_PER_SM = 2
 # 32 tokens (n8 = 4) take 146 registers a thread uncapped (one 8-warp CTA an SM); capped to keep
 # this many warps an SM, as the 8- and 16-token configs have (128 registers, a few bytes spilled)
@@ -810,7 +803,7 @@ def warp_mma_config(op: str, m: int, n: int, k: int, tile_major: bool, act: str 
 def _warp_mma_constants() -> tuple:
     """The module constants warp_mma_config's answer depends on (its cache key's last part)."""
     return (WARP_MMA_M, tuple(WARP_MMA_K_CTA), WARP_MMA_SPLITS, WARP_MMA_WIDE, tuple(WARP_MMA_DEPTH.items()),
-            WARP_MMA_WARPS, WARP_MMA_HALF_32_WASTE, WARP_MMA_CTAS_PER_SM, WARP_MMA_WARPS_PER_SM,
+            WARP_MMA_WARPS, WARP_MMA_CTAS_PER_SM, WARP_MMA_WARPS_PER_SM,
             tuple(WARP_MMA_SMALL_WARPS_PER_SM.items()), WARP_MMA_PDL, WARP_MMA_LATE_TRIGGER_SHARE,
             WARP_MMA_LATE_TRIGGER_FILL)
 
@@ -838,7 +831,7 @@ def _warp_mma_config(op, m, n, k, tile_major, act, residual, sms, constants):
         k_cta = min(filter(one_wave, fits), default=max(fits))
     warps = WARP_MMA_WARPS or (8 if one_wave(k_cta) else 4)
     n8 = next(n8 for n8 in (1, 2, 4) if m <= 8 * n8)
-    if not _warp_mma_takes(warps, n8, op, n, sms):
+    if not _warp_mma_takes(warps, n8):
         return None
     cfg = warp_mma.WarpMmaConfig(op, warps=warps, n8=n8, k_cta=k_cta, split_k=k > k_cta, depth=WARP_MMA_DEPTH[op],
                                  act=act if op == "gate_up" else "silu", residual=residual, pdl=WARP_MMA_PDL,
@@ -873,20 +866,10 @@ def _last_wave_fill(ctas: int, slots: int) -> float:
     return ctas / (-(-ctas // slots) * slots)
 
 
-def _warp_mma_takes(warps: int, n8: int, op: str, n: int | None = None, sms: int = 132) -> bool:
-    """32 tokens only in whole-tile CTAs (WARP_MMA_M's comment), or gate_up's of N weight rows in
-    half-tile ones where the 64-token wgmma tile wastes WARP_MMA_HALF_32_WASTE of its waves (D60; N None:
-    at some N), unless WARP_MMA_WARPS forces the CTA size (a measurement, a test)."""
-    if WARP_MMA_WARPS or warps == 8 or n8 < 4:
-        return True
-    if op != "gate_up" or not WARP_MMA_HALF_32_WASTE:
-        return False
-    if n is None:
-        return True
-    from . import nvfp4_layout
-
-    tiles = cdiv(n, nvfp4_layout.ROWS)  # (the 64-token wgmma tile's weight rows, as a warp-MMA tile's)
-    return tiles * WARP_MMA_HALF_32_WASTE <= cdiv(tiles, sms) * sms
+def _warp_mma_takes(warps: int, n8: int) -> bool:
+    """32 tokens only in whole-tile CTAs (WARP_MMA_M's comment), unless WARP_MMA_WARPS forces the
+    CTA size (a measurement, a test)."""
+    return bool(WARP_MMA_WARPS) or warps == 8 or n8 < 4
 
 
 def _warp_mma_cap(op: str, warps: int, n8: int) -> int:
@@ -899,19 +882,18 @@ def warp_mma_shipped() -> list:
     from .sm90 import activations_and_h, warp_mma
 
     n8s = [n8 for n8 in (1, 2, 4) if 4 * n8 < min(WARP_MMA_M, warp_mma.MAX_TOKENS)]  # M ≤ 8, ≤ 16, ≤ 32
-    def shapes(op):
-        return [(w, n8, k_cta, split) for w in ((WARP_MMA_WARPS,) if WARP_MMA_WARPS else (4, 8)) for n8 in n8s
-                for k_cta in WARP_MMA_K_CTA for split in (False, True) if _warp_mma_takes(w, n8, op)]
+    shapes = [(w, n8, k_cta, split) for w in ((WARP_MMA_WARPS,) if WARP_MMA_WARPS else (4, 8)) for n8 in n8s
+              for k_cta in WARP_MMA_K_CTA for split in (False, True) if _warp_mma_takes(w, n8)]
     # (late_trigger only in whole-tile CTAs, where the rule takes it: the grids it was measured at)
     lates = (False, True) if WARP_MMA_PDL and WARP_MMA_LATE_TRIGGER_SHARE else (False,)
     return ([warp_mma.WarpMmaConfig("gate_up", warps=w, n8=n8, k_cta=c, split_k=s, act=act, pdl=WARP_MMA_PDL,
                                     depth=WARP_MMA_DEPTH["gate_up"], ctas_per_sm=_warp_mma_cap("gate_up", w, n8),
                                     late_trigger=late)
-             for act in activations_and_h.ACTIVATIONS for w, n8, c, s in shapes("gate_up") for late in lates
+             for act in activations_and_h.ACTIVATIONS for w, n8, c, s in shapes for late in lates
              if not late or w == 8]
             + [warp_mma.WarpMmaConfig("down", warps=w, n8=n8, k_cta=c, split_k=s, residual=r, pdl=WARP_MMA_PDL,
                                       depth=WARP_MMA_DEPTH["down"], ctas_per_sm=_warp_mma_cap("down", w, n8))
-               for r in (False, True) for w, n8, c, s in shapes("down")])
+               for r in (False, True) for w, n8, c, s in shapes])
 
 
 def _nvfp4_tile(tile: tuple[int, int, int]) -> dict:

@@ -407,3 +407,33 @@ def test_k_order_kernel_is_rs_k_order(m, k):
         got = k_order.rs_order(a)
         assert torch.equal(got.view(torch.int16), want.view(torch.int16))
     assert torch.equal(k_order.k_order(want), x[:, 64:].contiguous())  # (its own inverse)
+
+
+@pytest.mark.parametrize("m", [24, 48, 64])
+def test_64_token_tile_past_a_partial_wave_as_dispatched(m, monkeypatch):
+    """D61: the 64-token tile past one wave (2048×17408: 136 tiles on 132 SMs) runs D46's hybrid
+    stream-K, as ops.gate_up dispatches it on the tile-major weight (at M = 24 with the warp-MMA
+    kernel kept out, D60); h (poisoned first) within bf16 rounding of the reference, and of the same
+    tile in whole tiles."""
+    from unittest import mock
+
+    from swiglu_fused.kernels import nvfp4_layout
+    from swiglu_fused.kernels.sm90 import schedule
+
+    if schedule.sm_count(torch.device("cuda")) != 132:
+        pytest.skip("the tile counts are for 132 SMs")
+    monkeypatch.setattr(dispatch, "WARP_MMA_M", 16)
+    hidden, inter = 2048, 17408
+    x, w, ws, gs = gate_up_operands(m, hidden, inter, seed=m + 61)
+    cfg = dispatch.gate_up_config(x, w, ws, None, act="silu", h_format="bf16", tile_major=True)
+    assert cfg.swap_ab and cfg.tile_m == 64 and schedule.schedule(cfg, m, 2 * inter, hidden, 132) == (132, 136)
+    wt, wst = nvfp4_layout.to_tile_major(w, ws)
+    want = reference.gate_up(x, w, ws, None, gs, interleave=128, act="silu", h_format="bf16")[0]
+    h = {}
+    for hybrid in (True, False):
+        with mock.patch.object(schedule, "NVFP4_HYBRID_MIN_GAIN", 1.05 if hybrid else 1e9):
+            torch.full((m, inter), float("nan"), dtype=torch.bfloat16, device="cuda")  # (freed: the poison)
+            h[hybrid] = ops.gate_up(x, wt, wst, None, gs, tile_major=True)[0]
+            torch.cuda.synchronize()
+        assert_bf16_close(h[hybrid], want, TOL)
+    assert rel_frobenius(h[True], h[False]) < 1e-3

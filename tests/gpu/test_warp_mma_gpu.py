@@ -155,22 +155,3 @@ def test_late_trigger_gives_the_same_bits(m, monkeypatch):
     assert torch.equal(out, want)
     assert_bf16_close(want, _cpu_reference(late, x).cuda(), 1e-2)
 
-
-@pytest.mark.parametrize("m", [17, 24, 32])
-def test_gate_up_in_half_tiles_at_32_tokens_as_dispatched(m, monkeypatch):
-    """D60: where the 64-token wgmma tile would waste most of a second wave (here 1024×17408: 136 tiles
-    on 132 SMs, two K shares each: 272 whole-tile CTAs, over a wave), gate_up at 17-32 tokens runs the
-    warp-MMA kernel in half-tile CTAs; the MLP's output (poisoned first) matches the reference."""
-    from swiglu_fused.kernels.sm90 import schedule, warp_mma
-
-    if schedule.sm_count(torch.device("cuda")) != 132:
-        pytest.skip("the rule's tile counts are for 132 SMs")
-    launched = []
-    launch = warp_mma._launch
-    monkeypatch.setattr(warp_mma, "_launch", lambda config, *a: launched.append(config) or launch(config, *a))
-    mlp = _mlp(hidden=1024, inter=17408, seed=m)
-    x = torch.randn(m, 1024, device="cuda").to(torch.bfloat16)
-    _poisoned(m, 1024)
-    y = mlp(x)
-    assert [(c.warps, c.n8) for c in launched if c.epilogue == "gate_up"][:1] == [(4, 4)]
-    assert_bf16_close(y, _cpu_reference(mlp, x).cuda(), 1e-2)

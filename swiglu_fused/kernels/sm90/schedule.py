@@ -48,14 +48,15 @@ SPLIT_N_SK_MIN_GAIN = 1.0
 # nvfp4's 128-token swap-AB tile past one wave (M = 129-1024) is bound by its decode, not by the
 # weight's bytes (4 bits: the stream-K tiles' weight stays in L2), so where its tiles end in a partial
 # wave, the last full wave and the partial one go stream-K over all CTAs ("hybrid"; every tile then
-# shared by at most two CTAs), where predicted NVFP4_HYBRID_MIN_GAIN faster (DISPATCH D46; the 64-token
-# tile, past one wave only where I > 16896, not measured so: not taken).
+# shared by at most two CTAs), where predicted NVFP4_HYBRID_MIN_GAIN faster (DISPATCH D46); the 64-token
+# tile too, past one wave where I > 16896 (D61: the MLP 4-25 % faster at M = 40-64 at four such widths).
 # The bf16 and fp8 tiles lost so (history/gate_up.md, deepgemm.md): their k-split CTAs re-read weights
 # (but for gate_up just past one wave: D48, below).
 # Fitted to gate_up and down alone on the H200 (D46; 4096×14336, 8192×3584, 2048×8192 at M = 384-1024):
 NVFP4_ITER_US = 0.85  # a 128-token tile's k tile (64 columns) a CTA, in full waves
 NVFP4_FIXUP_US = 15.0  # what the hybrid's stream-K part costs over its even share of k tiles
 NVFP4_HYBRID_MIN_GAIN = 1.05
+NVFP4_HYBRID_TOKENS = (64, 128)  # the swap-AB tiles (tokens) that run it
 # The same split for gate_up's bf16 and fp8 128-row tiles just past one wave (DISPATCH D48). It pays
 # only where the CTAs that share a weight column run close together in K, so that its k tiles meet in
 # L2 (their spread: grid_m · (tiles / SMs - 1) of K), and where K is long enough to carry the fix-up.
@@ -136,7 +137,7 @@ def schedule(config: TileConfig, m: int, n: int, k: int, sms: int) -> tuple[int,
     if hybrid128_applies(config, m, n, k, sms):
         return sms, tiles % sms + sms
     k_tiles = cdiv(k, config.tile_k)
-    if config.nvfp4 and config.swap_ab and config.tile_m == 128:
+    if config.nvfp4 and config.swap_ab and config.tile_m in NVFP4_HYBRID_TOKENS:
         sk_tiles = nvfp4_hybrid_sk(tiles, k_tiles, sms)
         if sk_tiles:
             return sms, sk_tiles
