@@ -57,6 +57,11 @@ NVFP4_ITER_US = 0.85  # a 128-token tile's k tile (64 columns) a CTA, in full wa
 NVFP4_FIXUP_US = 15.0  # what the hybrid's stream-K part costs over its even share of k tiles
 NVFP4_HYBRID_MIN_GAIN = 1.05
 NVFP4_HYBRID_TOKENS = (64, 128)  # the swap-AB tiles (tokens) that run it
+# A measurement, off: the 64-token tile's one partial wave (more than half the SMs, fewer than all) in
+# stream-K over every SM too. Those tiles are bound by their decode and wgmma (history/nvfp4.md v36), so
+# the idle SMs (4096×14336: 112 tiles, 20 idle) might pay for the fix-up; the hybrid's constants,
+# fitted at prefill, predict not (STATUS's next list)
+NVFP4_SK_PARTIAL_WAVE = False
 # The same split for gate_up's bf16 and fp8 128-row tiles just past one wave (DISPATCH D48). It pays
 # only where the CTAs that share a weight column run close together in K, so that its k tiles meet in
 # L2 (their spread: grid_m · (tiles / SMs - 1) of K), and where K is long enough to carry the fix-up.
@@ -141,6 +146,8 @@ def schedule(config: TileConfig, m: int, n: int, k: int, sms: int) -> tuple[int,
         sk_tiles = nvfp4_hybrid_sk(tiles, k_tiles, sms)
         if sk_tiles:
             return sms, sk_tiles
+        if NVFP4_SK_PARTIAL_WAVE and config.tile_m == 64 and sms // 2 < tiles < sms:
+            return sms, tiles
     iter_bytes = config.w_stage_bytes
     if config.nvfp4:
         iter_us = ITER_US["nvfp4"]
