@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 import os
 import warnings
 
@@ -847,18 +848,11 @@ def _late_trigger_applies(gate_up, m, n, k, tile_major, sms, constants) -> bool:
     runs the warp-MMA kernel on a grid of at most WARP_MMA_LATE_TRIGGER_SHARE of the SMs, and gate_up's
     grid fills WARP_MMA_LATE_TRIGGER_FILL of one CTA an SM (not at 32 tokens) or of two."""
     down = _warp_mma_config("down", m, k, n // 2, tile_major, "silu", False, sms, constants)
-    if down is None or warp_mma_grid(down, k, n // 2) > WARP_MMA_LATE_TRIGGER_SHARE * sms:
+    if down is None or math.prod(down.grid(k, n // 2)) > WARP_MMA_LATE_TRIGGER_SHARE * sms:
         return False
-    grid = warp_mma_grid(gate_up, n, k)
+    grid = math.prod(gate_up.grid(n, k))
     per_sm = 1 if grid <= sms and gate_up.n8 <= 2 else 2
     return WARP_MMA_LATE_TRIGGER_FILL * per_sm * sms <= grid <= per_sm * sms
-
-
-def warp_mma_grid(config, n: int, k: int) -> int:
-    """CTAs of a warp-MMA launch over N weight rows and K columns (its K shares included)."""
-    from .sm90 import warp_mma
-
-    return n // warp_mma.ROWS * config.parts * (k // config.k_cta)
 
 
 def _last_wave_fill(ctas: int, slots: int) -> float:

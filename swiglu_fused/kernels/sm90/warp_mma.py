@@ -95,6 +95,11 @@ class WarpMmaConfig:
         """CTAs a 256-row tile."""
         return 8 // self.warps
 
+    def grid(self, n, k):
+        """(CTAs along N, K shares) of a launch over N weight rows and K columns (ints, or the
+        kernel's traced Int32s)."""
+        return n // ROWS * self.parts, k // self.k_cta
+
     @property
     def values(self) -> int:
         """fp32 accumulator values a thread: two row blocks × n8 token tiles × 4."""
@@ -116,8 +121,7 @@ class WarpMmaKernel:
                  out_ptr: cute.Pointer, res_ptr: cute.Pointer, part_ptr: cute.Pointer, ctr_ptr: cute.Pointer,
                  m: Int32, n: Int32, k: Int32, stream: cuda.CUstream):
         cfg = self.cfg
-        ctas = n // ROWS * cfg.parts  # along n
-        splits = k // cfg.k_cta
+        ctas, splits = cfg.grid(n, k)
         out_cols = n // 2 if cutlass.const_expr(cfg.epilogue == "gate_up") else n
         mOut = cute.make_tensor(out_ptr, cute.make_layout((m, out_cols), stride=(out_cols, 1)))
         mRes = cute.make_tensor(res_ptr, cute.make_layout((m, n), stride=(n, 1)))
@@ -397,7 +401,7 @@ def _launch(config, a, weight, weight_scale, gs, out, residual):
                          f"(split_k: K > k_cta), N of {ROWS}, M at most {8 * config.n8}")
     a = a.contiguous()
     stream = torch.cuda.current_stream(a.device)
-    ctas, splits = n // ROWS * config.parts, k // config.k_cta
+    ctas, splits = config.grid(n, k)
     if config.split_k:
         part = torch.empty(splits * ctas * config.values * config.threads, dtype=torch.float32, device=a.device)
         ctr = schedule.stream_k_counters(a.device, ctas, stream)
