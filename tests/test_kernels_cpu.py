@@ -328,7 +328,7 @@ def test_down_configs():
 
 
 def test_nvfp4_configs_decode_buffers(monkeypatch):
-    """The 16-token swap-AB tile decodes into one buffer (D30), the 64-token and row tiles into two;
+    """The 16- and 32-token swap-AB tiles decode into one buffer (D30, D62), the 64-token and row tiles into two;
     every pick is shipped (compile-checked), and one buffer is refused where no mainloop reads it."""
     pytest.importorskip("cutlass")
     from swiglu_fused.kernels.sm90 import down, gate_up
@@ -338,9 +338,10 @@ def test_nvfp4_configs_decode_buffers(monkeypatch):
     w, ws = (pack.pack_gate_up(g, u, 128)[k] for k in ("weight_packed", "weight_scale"))
     d = pack.quantize(torch.randn(256, 128), "nvfp4", "down", "divisor").tensors
     dw, dws = d["weight_packed"], d["weight_scale"]
-    for rs in (True, False):  # (D45: the register-sourced tiles of 64 and 128 tokens hold one register set)
+    for rs in (True, False):  # (D45: the register-sourced tiles of 32-128 tokens hold one register set)
         monkeypatch.setattr(dispatch, "NVFP4_RS", rs)
-        for m, tokens, buffers in ((1, 16, (1, 1)), (16, 16, (1, 1)), (17, 64, (2, 2)), (64, 64, (2, 2)),
+        for m, tokens, buffers in ((1, 16, (1, 1)), (16, 16, (1, 1)), (17, 32, (1, 1)), (32, 32, (1, 1)),
+                                   (33, 64, (2, 2)), (64, 64, (2, 2)),
                                    (100, 128, (2, 1)), (1023, 128, (2, 1))):
             x = torch.randn(m, 256).bfloat16()
             gcfg = dispatch.gate_up_config(x, w, ws, None, act="silu", h_format="bf16", tile_major=True)
@@ -435,7 +436,7 @@ def test_warp_mma_configs_follow_m_and_k(monkeypatch):
     # CTAs), else the fewest CTAs (32 tiles × 28 shares of 1024)
     assert c("down", 1, 4096, 14336, True, sms=120).k_cta == 1024 and c("down", 1, 8192, 28672, True).k_cta == 1024
     assert not c("down", 1, 4096, 512, True).split_k and c("down", 1, 4096, 1024, True).split_k
-    assert c("down", dispatch.WARP_MMA_M + 1, 4096, 4096, True) is None
+    assert c("down", dispatch.WARP_MMA_M["down"] + 1, 4096, 4096, True) is None
     assert c("gate_up", 32, 28672, 4096, True) is None  # 32 tokens in half-tile CTAs: the wgmma tile
     assert c("down", 1, 4096, 4096, False) is None and c("down", 1, 4096, 576, True) is None
     # half-tile CTAs where whole-tile ones would take more than one wave of two an SM
@@ -450,12 +451,15 @@ def test_warp_mma_configs_follow_m_and_k(monkeypatch):
     monkeypatch.setattr(dispatch, "WARP_MMA_WIDE", True)
     assert c("down", 1, 4096, 14336, True).warps == 8  # 16 × 16 = 256
     assert c("down", 1, 4096, 14336, True, sms=100).warps == 4
-    # 32 tokens (four token tiles) in whole-tile CTAs, 16 warps an SM
-    assert [c("down", m, 4096, 14336, True).n8 for m in (16, 17, 32)] == [2, 4, 4]
-    assert [c("down", m, 4096, 14336, True).ctas_per_sm for m in (16, 32)] == [0, 2]  # 16 warps an SM
-    assert c("gate_up", 32, 8192, 4096, True) in shipped
+    # 32 tokens (four token tiles) in whole-tile CTAs, 16 warps an SM, where H or I ≤ 2048 (D62)
+    assert [c("down", m, 2048, 8192, True).n8 for m in (16, 17, 32)] == [2, 4, 4]
+    assert [c("down", m, 2048, 8192, True).ctas_per_sm for m in (16, 32)] == [0, 2]  # 16 warps an SM
+    assert c("gate_up", 32, 16384, 2048, True) in shipped and c("gate_up", 32, 4096, 8192, True) in shipped
+    assert c("down", 24, 8192, 2048, True) is not None and c("down", 24, 4096, 14336, True) is None
+    assert c("gate_up", 17, 7168, 8192, True) is None and c("down", 17, 8192, 3584, True) is None
+    assert c("down", 16, 4096, 14336, True) is not None  # (up to 16 tokens at any width)
     assert not [cfg for cfg in shipped if cfg.n8 == 4 and cfg.warps == 4]
-    monkeypatch.setattr(dispatch, "WARP_MMA_M", 16)
+    monkeypatch.setattr(dispatch, "WARP_MMA_M", {"gate_up": 16, "down": 16})
     assert c("down", 17, 4096, 14336, True) is None and all(cfg.n8 < 4 for cfg in dispatch.warp_mma_shipped())
 
 

@@ -719,24 +719,10 @@ def test_nvfp4_hybrid_stream_k_past_a_partial_wave():
     assert g.schedule(t64, 64, 37888, 3584, 132) == (132, 148)
     assert g.schedule(t64, 48, 57344, 8192, 132) == (132, 224)
     assert g.schedule(t64, 64, 28672, 4096, 132) == (112, 0)
-
-
-def test_nvfp4_64_token_partial_wave_in_stream_k_is_a_measurement(monkeypatch):
-    """schedule.NVFP4_SK_PARTIAL_WAVE (off): the 64-token tile's one partial wave of more than half the
-    SMs in stream-K over all of them (4096×14336: 112 tiles on 132 SMs), every k tile done once and every
-    CTA given some; not for half a wave or less, nor the 128-token tile."""
-    from swiglu_fused.kernels.sm90.tile_config import GateUpConfig
-
-    t64 = GateUpConfig(act="silu", h_format="bf16", mainloop="nvfp4", tile_m=64, stages=6, swap_ab=True,
-                       decode_buffers=1, rs_decode=True, tile_major=True)
-    t128 = dataclasses.replace(t64, tile_m=128, stages=4)
-    others = [(t64, 48, 16384, 3072), (t128, 128, 28672, 4096)]  # (64 tiles: half a wave; the 128-token tile)
-    before = [g.schedule(cfg, m, n, k, 132) for cfg, m, n, k in others]
-    assert g.schedule(t64, 48, 28672, 4096, 132) == (112, 0)
-    monkeypatch.setattr(g, "NVFP4_SK_PARTIAL_WAVE", True)
-    assert g.schedule(t64, 48, 28672, 4096, 132) == (132, 112)
-    assert min(check_schedule(132, 112, 112, 4096 // 64)) > 0
-    assert [g.schedule(cfg, m, n, k, 132) for cfg, m, n, k in others] == before
+    # and the 32-token tile (D62): the same plans
+    t32 = dataclasses.replace(nv, tile_m=32, stages=6)
+    assert g.schedule(t32, 24, 37888, 3584, 132) == (132, 148)
+    assert g.schedule(t32, 32, 28672, 4096, 132) == (112, 0)
 
 
 @pytest.mark.parametrize("m,hidden,inter,expect", [

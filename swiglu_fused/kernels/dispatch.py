@@ -616,13 +616,15 @@ def with_split_n_sk(config, m: int, n: int, k: int, sms: int):
 
 
 # ---------------------------------------------------------------- nvfp4 (W4A16)
-# The swap-AB tiles of 16 and 64 tokens up to 64 rows (each M tile decodes the whole weight again,
-# so the fewest M tiles: DISPATCH D24), the 128-token one above (D31: 6-14 % faster than the 128-row
-# tile it replaced, whose wgmma reads more smem a k tile); whole tiles or stream-K, no clusters. The
-# 16-token tile decodes into one buffer (D30), as does down's 128-token one (D31); the others two.
+# The swap-AB tiles of 16, 32 and 64 tokens up to 64 rows (each M tile decodes the whole weight again,
+# so the fewest M tiles: DISPATCH D24; the 32-token one for 17-32 rows: the same sums as the 64-token
+# tile's, bit for bit, in half its MMA, 10-15 % faster in the MLP, D62), the 128-token one above (D31:
+# 6-14 % faster than the 128-row tile it replaced, whose wgmma reads more smem a k tile); whole tiles
+# or stream-K, no clusters. The 16- and 32-token tiles decode into one buffer (D30), as does down's
+# 128-token one (D31); the others two.
 NVFP4_SWAP_TILES = {  # (tokens, stages, decode buffers); the last one takes every M below NVFP4_DEQUANT_M
-    "gate_up": ((16, 6, 1), (64, 6, 2), (128, 4, 2)),
-    "down": ((16, 6, 1), (64, 6, 2), (128, 5, 1)),
+    "gate_up": ((16, 6, 1), (32, 6, 1), (64, 6, 2), (128, 4, 2)),
+    "down": ((16, 6, 1), (32, 6, 1), (64, 6, 2), (128, 5, 1)),
 }
 NVFP4_ROW_TILE = (128, 4)  # the split projection's W4A16 tile (D25), and the dequantized prefill's
 # gate_up's 192-token swap-AB tile (whole tiles; 3 stages, two decode buffers): where its rounds of
@@ -635,9 +637,9 @@ NVFP4_DEQUANT_M = 1409  # from this M the weight is dequantized to bf16 for the 
 # The swap-AB tiles that decode a tile-major weight straight into their wgmma's A registers
 # (TileConfig.rs_decode, one register set), their activations in nvfp4_layout.rs_k_order: 2-25 %
 # faster alone than decoding into smem at 64 and 128 tokens, slower at 192 (D45; history/nvfp4.md
-# v28). gate_up then orders x by a copy a call and writes h in that order where down reads it so
+# v28; the 32-token tile since D62). gate_up then orders x by a copy a call and writes h in that order where down reads it so
 # (GateUpConfig.h_rs_order; the ops' h_order="auto", which pipeline.mlp passes: h_in_rs_order).
-NVFP4_RS_TOKENS = (64, 128)
+NVFP4_RS_TOKENS = (32, 64, 128)
 NVFP4_RS = True  # False: every tile decodes into smem (what launch_ab compares)
 
 
@@ -743,12 +745,18 @@ def nvfp4_wide_on(device: torch.device, m: int, n: int, k: int) -> bool:
 
 
 # nvfp4 at decode sizes on warp-level mma.sync (kernels/sm90/warp_mma.py, D33): a tile-major weight
-# (the modules' order on the GPU), M ≤ WARP_MMA_M, K a multiple of its 128-column step. 0: the
-# swap-AB wgmma tiles above run these M too (what launch_ab --set dispatch.WARP_MMA_M=0 compares). Above
+# (the modules' order on the GPU), M ≤ WARP_MMA_M[op], K a multiple of its 128-column step. 0: the
+# swap-AB wgmma tiles above run these M too (what launch_ab --set "dispatch.WARP_MMA_M={...}" compares). Above
 # 16 tokens (four token tiles a warp) only in whole-tile CTAs: in half tiles the 64-token wgmma tile
 # was faster there (4096×14336's gate_up at M = 32: 49.0 against 43.5 µs; history/nvfp4.md v22; where
 # that tile leaves a second wave nearly empty, its hybrid split (D61) is faster still than half tiles, D60).
-WARP_MMA_M = 32
+WARP_MMA_M = {"gate_up": 32, "down": 32}
+# ... and above 16 tokens only where the MLP's hidden or intermediate size is at most this (gate_up:
+# K or N / 2; down: N or K): elsewhere the 32-token wgmma tile, whose stream-K then has enough weight
+# tiles and k tiles, is 2-22 % faster (3072×8192 12 %, 4096×14336 and 8192×7168 21 %, 8192×3584
+# 6-12 %); at H or I ≤ 2048 the warp-MMA kernel is 3-45 % faster (1024×8192, 2048×4096, 4096×2048,
+# 8192×2048; DISPATCH D62). 0: no such bound
+WARP_MMA_32_MAX_SIDE = 2048
 # columns a CTA: the first of these that divides K into at most WARP_MMA_SPLITS CTAs a tile (512: the
 # probe's best; 1024 where K is long: the tile's last CTA then sums fewer partials; history/nvfp4.md
 # v21); where none does, the one whose whole-tile grid is the largest that fits in WARP_MMA_CTAS_PER_SM
@@ -803,7 +811,7 @@ def warp_mma_config(op: str, m: int, n: int, k: int, tile_major: bool, act: str 
 
 def _warp_mma_constants() -> tuple:
     """The module constants warp_mma_config's answer depends on (its cache key's last part)."""
-    return (WARP_MMA_M, tuple(WARP_MMA_K_CTA), WARP_MMA_SPLITS, WARP_MMA_WIDE, tuple(WARP_MMA_DEPTH.items()),
+    return (tuple(WARP_MMA_M.items()), WARP_MMA_32_MAX_SIDE, tuple(WARP_MMA_K_CTA), WARP_MMA_SPLITS, WARP_MMA_WIDE, tuple(WARP_MMA_DEPTH.items()),
             WARP_MMA_WARPS, WARP_MMA_CTAS_PER_SM, WARP_MMA_WARPS_PER_SM,
             tuple(WARP_MMA_SMALL_WARPS_PER_SM.items()), WARP_MMA_PDL, WARP_MMA_LATE_TRIGGER_SHARE,
             WARP_MMA_LATE_TRIGGER_FILL)
@@ -815,8 +823,11 @@ def _warp_mma_config(op, m, n, k, tile_major, act, residual, sms, constants):
     module's)."""
     from .sm90 import warp_mma
 
-    if not (tile_major and 0 < m <= min(WARP_MMA_M, warp_mma.MAX_TOKENS) and n % warp_mma.ROWS == 0
+    if not (tile_major and 0 < m <= min(WARP_MMA_M[op], warp_mma.MAX_TOKENS) and n % warp_mma.ROWS == 0
             and k % warp_mma.BLOCK_K == 0):
+        return None
+    hidden, inter = (k, n // 2) if op == "gate_up" else (n, k)
+    if m > 16 and WARP_MMA_32_MAX_SIDE and min(hidden, inter) > WARP_MMA_32_MAX_SIDE:
         return None
     def one_wave(c):  # the whole-tile CTAs of shares of c columns fit in one wave
         return n // warp_mma.ROWS * (k // c) <= WARP_MMA_CTAS_PER_SM * sms
@@ -875,7 +886,7 @@ def warp_mma_shipped() -> list:
     """Every WarpMmaConfig warp_mma_config can return (what CI compile-checks)."""
     from .sm90 import activations_and_h, warp_mma
 
-    n8s = [n8 for n8 in (1, 2, 4) if 4 * n8 < min(WARP_MMA_M, warp_mma.MAX_TOKENS)]  # M ≤ 8, ≤ 16, ≤ 32
+    n8s = [n8 for n8 in (1, 2, 4) if 4 * n8 < min(max(WARP_MMA_M.values()), warp_mma.MAX_TOKENS)]  # M ≤ 8, ≤ 16, ≤ 32
     shapes = [(w, n8, k_cta, split) for w in ((WARP_MMA_WARPS,) if WARP_MMA_WARPS else (4, 8)) for n8 in n8s
               for k_cta in WARP_MMA_K_CTA for split in (False, True) if _warp_mma_takes(w, n8)]
     # (late_trigger only in whole-tile CTAs, where the rule takes it: the grids it was measured at)

@@ -153,11 +153,12 @@ def _cpu_reference(mlp, x):
                          global_scale_kind=mlp.global_scale_kind)
 
 
-@pytest.mark.parametrize("m", [1, 16, 300])
-def test_module_runs_the_kernels_and_matches_the_reference(m):
-    mlp = _mlp()
+@pytest.mark.parametrize("m,hidden,inter", [(1, 2048, 4096), (16, 2048, 4096), (300, 2048, 4096),
+                                           (24, 2048, 4096), (24, 3072, 4096)])  # (24: warp-MMA, the 32-token tile: D62)
+def test_module_runs_the_kernels_and_matches_the_reference(m, hidden, inter):
+    mlp = _mlp(hidden, inter)
     assert mlp.backend == "sm90"
-    x = torch.randn(m, 2048, device="cuda").to(torch.bfloat16)
+    x = torch.randn(m, hidden, device="cuda").to(torch.bfloat16)
     assert_bf16_close(mlp(x), _cpu_reference(mlp, x).cuda(), 1e-2)
 
 
@@ -211,7 +212,7 @@ def _same(got, want, m):
     runs the warp-MMA kernel (D33), and with dispatch.NVFP4_RS to NVFP4_DEQUANT_M the
     register-sourced tiles (D45, their own k order): other summation orders, within bf16 rounding."""
     assert not want.isnan().any()
-    if m <= dispatch.WARP_MMA_M or (dispatch.NVFP4_RS and not dispatch.nvfp4_dequantizes(m)):
+    if m <= max(dispatch.WARP_MMA_M.values()) or (dispatch.NVFP4_RS and not dispatch.nvfp4_dequantizes(m)):
         assert_bf16_close(got, want, TOL)
     else:
         assert torch.equal(got, want)
@@ -411,7 +412,7 @@ def test_k_order_kernel_is_rs_k_order(m, k):
 
 @pytest.mark.parametrize("m", [24, 48, 64])
 def test_64_token_tile_past_a_partial_wave_as_dispatched(m, monkeypatch):
-    """D61: the 64-token tile past one wave (2048×17408: 136 tiles on 132 SMs) runs D46's hybrid
+    """D61: the 64-token tile (at M = 24 the 32-token one, D62) past one wave (2048×17408: 136 tiles on 132 SMs) runs D46's hybrid
     stream-K, as ops.gate_up dispatches it on the tile-major weight (at M = 24 with the warp-MMA
     kernel kept out, D60); h (poisoned first) within bf16 rounding of the reference, and of the same
     tile in whole tiles."""
@@ -422,11 +423,12 @@ def test_64_token_tile_past_a_partial_wave_as_dispatched(m, monkeypatch):
 
     if schedule.sm_count(torch.device("cuda")) != 132:
         pytest.skip("the tile counts are for 132 SMs")
-    monkeypatch.setattr(dispatch, "WARP_MMA_M", 16)
+    monkeypatch.setattr(dispatch, "WARP_MMA_M", {"gate_up": 16, "down": 16})
     hidden, inter = 2048, 17408
     x, w, ws, gs = gate_up_operands(m, hidden, inter, seed=m + 61)
     cfg = dispatch.gate_up_config(x, w, ws, None, act="silu", h_format="bf16", tile_major=True)
-    assert cfg.swap_ab and cfg.tile_m == 64 and schedule.schedule(cfg, m, 2 * inter, hidden, 132) == (132, 136)
+    assert cfg.swap_ab and cfg.tile_m == (32 if m <= 32 else 64)  # (D62)
+    assert schedule.schedule(cfg, m, 2 * inter, hidden, 132) == (132, 136)
     wt, wst = nvfp4_layout.to_tile_major(w, ws)
     want = reference.gate_up(x, w, ws, None, gs, interleave=128, act="silu", h_format="bf16")[0]
     h = {}
@@ -437,3 +439,45 @@ def test_64_token_tile_past_a_partial_wave_as_dispatched(m, monkeypatch):
             torch.cuda.synchronize()
         assert_bf16_close(h[hybrid], want, TOL)
     assert rel_frobenius(h[True], h[False]) < 1e-3
+
+
+@pytest.mark.parametrize("hidden,inter", [(4096, 14336), (8192, 3584)])
+@pytest.mark.parametrize("m", [17, 32])
+def test_32_token_tile_as_dispatched(hidden, inter, m):
+    """D62: 17-32 rows where the MLP's H and I exceed WARP_MMA_32_MAX_SIDE run the 32-token wgmma tile
+    (register-sourced decode on the tile-major weight), not the warp-MMA kernel: h and y (with a
+    residual; both poisoned first) within bf16 rounding of the reference, through the ops; on both
+    weight orders the tile's h and y are the 64-token tile's bit for bit (the same sums, half the MMA)."""
+    from swiglu_fused.kernels import nvfp4_layout
+    from swiglu_fused.kernels.sm90 import down as kd
+
+    x, w, ws, gs = gate_up_operands(m, hidden, inter, seed=m + 41)
+    wt, wst = nvfp4_layout.to_tile_major(w, ws)
+    cfg = dispatch.gate_up_config(x, w, ws, None, act="silu", h_format="bf16", tile_major=True)
+    assert cfg.tile_m == 32 and cfg.rs_decode and dispatch.warp_mma_config("gate_up", m, 2 * inter, hidden, True) is None
+    want = reference.gate_up(x, w, ws, None, gs, interleave=128, act="silu", h_format="bf16")[0]
+    torch.full((m, inter), float("nan"), dtype=torch.bfloat16, device="cuda")  # (freed: the poison)
+    assert_bf16_close(ops.gate_up(x, wt, wst, None, gs, tile_major=True)[0], want, TOL)
+    packed = dict(tile_major=False, rs_decode=False, h_rs_order=False)  # (the packed order decodes into smem)
+    h = _kernel_gate_up(dataclasses.replace(cfg, **packed, **dispatch.nvfp4_tile_for(m)), x, w, ws, gs)
+    assert_bf16_close(h, want, TOL)
+    assert torch.equal(h, _kernel_gate_up(dataclasses.replace(cfg, **packed, **dispatch.nvfp4_tile_for(64)), x, w, ws, gs))
+
+    hd, wd, wsd, gsd = down_operands(m, hidden, inter, seed=m + 43)
+    res = torch.randn(m, hidden, device="cuda").to(torch.bfloat16)
+    dcfg = dispatch.down_config(hd, wd, wsd, None, res, torch.bfloat16, True)
+    assert dcfg.tile_m == 32 and dcfg.rs_decode and dispatch.warp_mma_config("down", m, hidden, inter, True) is None
+    want = reference.down(hd, wd, wsd, None, gsd, residual=res)
+    wdt, wsdt = nvfp4_layout.to_tile_major(wd, wsd)
+    torch.full((m, hidden), float("nan"), dtype=torch.bfloat16, device="cuda")
+    assert_bf16_close(ops.down(hd, wdt, wsdt, None, gsd, residual=res, tile_major=True), want, TOL)
+    y = {}
+    for tokens, major in ((32, True), (64, True), (32, False), (64, False)):
+        y[tokens, major] = torch.full((m, hidden), float("nan"), dtype=torch.bfloat16, device="cuda")
+        fields = {"rs_decode": False, **dispatch.nvfp4_tile_for(tokens, "down", tile_major=major)}
+        args = (wdt, wsdt) if major else (wd, wsd)
+        kd.down(dataclasses.replace(dcfg, tile_major=major, **fields), hd, *args, None, res, gsd, out=y[tokens, major],
+                tile_major=major)
+    assert_bf16_close(y[32, True], want, TOL)
+    assert_bf16_close(y[32, False], want, TOL)
+    assert torch.equal(y[32, True], y[64, True]) and torch.equal(y[32, False], y[64, False])

@@ -22,10 +22,12 @@ SHAPES = [(4096, 14336), (8192, 3584), (2048, 8192), (512, 384), (768, 1536)]
 
 @pytest.fixture(autouse=True)
 def every_m_the_kernel_takes(monkeypatch):
-    """Up to its 32 tokens, whatever dispatch.WARP_MMA_M (a measured bound) says."""
+    """Up to its 32 tokens at every width, whatever dispatch.WARP_MMA_M and WARP_MMA_32_MAX_SIDE (measured
+    bounds) say."""
     from swiglu_fused.kernels.sm90 import warp_mma
 
-    monkeypatch.setattr(dispatch, "WARP_MMA_M", warp_mma.MAX_TOKENS)
+    monkeypatch.setattr(dispatch, "WARP_MMA_M", dict.fromkeys(("gate_up", "down"), warp_mma.MAX_TOKENS))
+    monkeypatch.setattr(dispatch, "WARP_MMA_32_MAX_SIDE", 0)
 
 
 @pytest.fixture(params=[8, 4], ids=["warps8", "warps4"])
