@@ -328,7 +328,8 @@ def test_down_configs():
 
 
 def test_nvfp4_configs_decode_buffers(monkeypatch):
-    """The 16- and 32-token swap-AB tiles decode into one buffer (D30, D62), the 64-token and row tiles into two;
+    """The 16-48-token swap-AB tiles decode into one buffer (D30, D62, D63), the 64-token and row tiles into two
+    (down's 32-64-token tiles sum their partials four at a time: D63);
     every pick is shipped (compile-checked), and one buffer is refused where no mainloop reads it."""
     pytest.importorskip("cutlass")
     from swiglu_fused.kernels.sm90 import down, gate_up
@@ -341,7 +342,7 @@ def test_nvfp4_configs_decode_buffers(monkeypatch):
     for rs in (True, False):  # (D45: the register-sourced tiles of 32-128 tokens hold one register set)
         monkeypatch.setattr(dispatch, "NVFP4_RS", rs)
         for m, tokens, buffers in ((1, 16, (1, 1)), (16, 16, (1, 1)), (17, 32, (1, 1)), (32, 32, (1, 1)),
-                                   (33, 64, (2, 2)), (64, 64, (2, 2)),
+                                   (33, 48, (1, 1)), (48, 48, (1, 1)), (49, 64, (2, 2)), (64, 64, (2, 2)),
                                    (100, 128, (2, 1)), (1023, 128, (2, 1))):
             x = torch.randn(m, 256).bfloat16()
             gcfg = dispatch.gate_up_config(x, w, ws, None, act="silu", h_format="bf16", tile_major=True)
@@ -350,6 +351,7 @@ def test_nvfp4_configs_decode_buffers(monkeypatch):
             buffers = (1, 1) if gcfg.rs_decode else buffers
             assert (gcfg.decode_buffers, dcfg.decode_buffers) == buffers and gcfg.swap_ab and dcfg.swap_ab, m
             assert gcfg.tile_m == dcfg.tile_m == tokens, m
+            assert (gcfg.fixup_unroll, dcfg.fixup_unroll) == (1, 4 if 32 <= tokens <= 64 else 1), m
             assert gcfg in dispatch.gate_up_shipped() and dcfg in dispatch.down_shipped()
             h_rs = dataclasses.replace(gcfg, h_rs_order=True)
             assert (h_rs in dispatch.gate_up_shipped()) == gcfg.rs_decode, m

@@ -412,7 +412,7 @@ def test_k_order_kernel_is_rs_k_order(m, k):
 
 @pytest.mark.parametrize("m", [24, 48, 64])
 def test_64_token_tile_past_a_partial_wave_as_dispatched(m, monkeypatch):
-    """D61: the 64-token tile (at M = 24 the 32-token one, D62) past one wave (2048×17408: 136 tiles on 132 SMs) runs D46's hybrid
+    """D61: the 64-token tile (at M = 24 / 48 the 32- / 48-token one, D62, D63) past one wave (2048×17408: 136 tiles on 132 SMs) runs D46's hybrid
     stream-K, as ops.gate_up dispatches it on the tile-major weight (at M = 24 with the warp-MMA
     kernel kept out, D60); h (poisoned first) within bf16 rounding of the reference, and of the same
     tile in whole tiles."""
@@ -427,7 +427,7 @@ def test_64_token_tile_past_a_partial_wave_as_dispatched(m, monkeypatch):
     hidden, inter = 2048, 17408
     x, w, ws, gs = gate_up_operands(m, hidden, inter, seed=m + 61)
     cfg = dispatch.gate_up_config(x, w, ws, None, act="silu", h_format="bf16", tile_major=True)
-    assert cfg.swap_ab and cfg.tile_m == (32 if m <= 32 else 64)  # (D62)
+    assert cfg.swap_ab and cfg.tile_m == (32 if m <= 32 else 48 if m <= 48 else 64)  # (D62, D63)
     assert schedule.schedule(cfg, m, 2 * inter, hidden, 132) == (132, 136)
     wt, wst = nvfp4_layout.to_tile_major(w, ws)
     want = reference.gate_up(x, w, ws, None, gs, interleave=128, act="silu", h_format="bf16")[0]
@@ -442,19 +442,21 @@ def test_64_token_tile_past_a_partial_wave_as_dispatched(m, monkeypatch):
 
 
 @pytest.mark.parametrize("hidden,inter", [(4096, 14336), (8192, 3584)])
-@pytest.mark.parametrize("m", [17, 32])
-def test_32_token_tile_as_dispatched(hidden, inter, m):
-    """D62: 17-32 rows where the MLP's H and I exceed WARP_MMA_32_MAX_SIDE run the 32-token wgmma tile
-    (register-sourced decode on the tile-major weight), not the warp-MMA kernel: h and y (with a
-    residual; both poisoned first) within bf16 rounding of the reference, through the ops; on both
-    weight orders the tile's h and y are the 64-token tile's bit for bit (the same sums, half the MMA)."""
+@pytest.mark.parametrize("m", [17, 32, 33, 48])
+def test_32_and_48_token_tiles_as_dispatched(hidden, inter, m):
+    """D62, D63: 17-32 rows where the MLP's H and I exceed WARP_MMA_32_MAX_SIDE run the 32-token wgmma
+    tile (register-sourced decode on the tile-major weight), not the warp-MMA kernel, and 33-48 rows the
+    48-token one (down's partials four at a time): h and y (with a residual; both poisoned first) within
+    bf16 rounding of the reference, through the ops; on both weight orders the tile's h and y are the
+    64-token tile's bit for bit (the same sums, less of the MMA)."""
+    tokens = 32 if m <= 32 else 48
     from swiglu_fused.kernels import nvfp4_layout
     from swiglu_fused.kernels.sm90 import down as kd
 
     x, w, ws, gs = gate_up_operands(m, hidden, inter, seed=m + 41)
     wt, wst = nvfp4_layout.to_tile_major(w, ws)
     cfg = dispatch.gate_up_config(x, w, ws, None, act="silu", h_format="bf16", tile_major=True)
-    assert cfg.tile_m == 32 and cfg.rs_decode and dispatch.warp_mma_config("gate_up", m, 2 * inter, hidden, True) is None
+    assert cfg.tile_m == tokens and cfg.rs_decode and dispatch.warp_mma_config("gate_up", m, 2 * inter, hidden, True) is None
     want = reference.gate_up(x, w, ws, None, gs, interleave=128, act="silu", h_format="bf16")[0]
     torch.full((m, inter), float("nan"), dtype=torch.bfloat16, device="cuda")  # (freed: the poison)
     assert_bf16_close(ops.gate_up(x, wt, wst, None, gs, tile_major=True)[0], want, TOL)
@@ -466,18 +468,19 @@ def test_32_token_tile_as_dispatched(hidden, inter, m):
     hd, wd, wsd, gsd = down_operands(m, hidden, inter, seed=m + 43)
     res = torch.randn(m, hidden, device="cuda").to(torch.bfloat16)
     dcfg = dispatch.down_config(hd, wd, wsd, None, res, torch.bfloat16, True)
-    assert dcfg.tile_m == 32 and dcfg.rs_decode and dispatch.warp_mma_config("down", m, hidden, inter, True) is None
+    assert dcfg.tile_m == tokens and dcfg.rs_decode and dcfg.fixup_unroll == 4
+    assert dispatch.warp_mma_config("down", m, hidden, inter, True) is None
     want = reference.down(hd, wd, wsd, None, gsd, residual=res)
     wdt, wsdt = nvfp4_layout.to_tile_major(wd, wsd)
     torch.full((m, hidden), float("nan"), dtype=torch.bfloat16, device="cuda")
     assert_bf16_close(ops.down(hd, wdt, wsdt, None, gsd, residual=res, tile_major=True), want, TOL)
     y = {}
-    for tokens, major in ((32, True), (64, True), (32, False), (64, False)):
-        y[tokens, major] = torch.full((m, hidden), float("nan"), dtype=torch.bfloat16, device="cuda")
-        fields = {"rs_decode": False, **dispatch.nvfp4_tile_for(tokens, "down", tile_major=major)}
+    for t, major in ((tokens, True), (64, True), (tokens, False), (64, False)):
+        y[t, major] = torch.full((m, hidden), float("nan"), dtype=torch.bfloat16, device="cuda")
+        fields = {"rs_decode": False, **dispatch.nvfp4_tile_for(t, "down", tile_major=major)}
         args = (wdt, wsdt) if major else (wd, wsd)
-        kd.down(dataclasses.replace(dcfg, tile_major=major, **fields), hd, *args, None, res, gsd, out=y[tokens, major],
+        kd.down(dataclasses.replace(dcfg, tile_major=major, **fields), hd, *args, None, res, gsd, out=y[t, major],
                 tile_major=major)
-    assert_bf16_close(y[32, True], want, TOL)
-    assert_bf16_close(y[32, False], want, TOL)
-    assert torch.equal(y[32, True], y[64, True]) and torch.equal(y[32, False], y[64, False])
+    assert_bf16_close(y[tokens, True], want, TOL)
+    assert_bf16_close(y[tokens, False], want, TOL)
+    assert torch.equal(y[tokens, True], y[64, True]) and torch.equal(y[tokens, False], y[64, False])

@@ -48,8 +48,8 @@ SPLIT_N_SK_MIN_GAIN = 1.0
 # nvfp4's 128-token swap-AB tile past one wave (M = 129-1024) is bound by its decode, not by the
 # weight's bytes (4 bits: the stream-K tiles' weight stays in L2), so where its tiles end in a partial
 # wave, the last full wave and the partial one go stream-K over all CTAs ("hybrid"; every tile then
-# shared by at most two CTAs), where predicted NVFP4_HYBRID_MIN_GAIN faster (DISPATCH D46); the 64- and
-# 32-token tiles too, past one wave where I > 16896 (D61: the MLP 4-25 % faster at M = 40-64 at four such
+# shared by at most two CTAs), where predicted NVFP4_HYBRID_MIN_GAIN faster (DISPATCH D46); the 32- to
+# 64-token tiles too, past one wave where I > 16896 (D61: the MLP 4-25 % faster at M = 40-64 at four such
 # widths; D62: with the 32-token tile 20-25 % faster at M = 17-32 than the 64-token one's hybrid).
 # The bf16 and fp8 tiles lost so (history/gate_up.md, deepgemm.md): their k-split CTAs re-read weights
 # (but for gate_up just past one wave: D48, below).
@@ -57,7 +57,7 @@ SPLIT_N_SK_MIN_GAIN = 1.0
 NVFP4_ITER_US = 0.85  # a 128-token tile's k tile (64 columns) a CTA, in full waves
 NVFP4_FIXUP_US = 15.0  # what the hybrid's stream-K part costs over its even share of k tiles
 NVFP4_HYBRID_MIN_GAIN = 1.05
-NVFP4_HYBRID_TOKENS = (32, 64, 128)  # the swap-AB tiles (tokens) that run it (32: D62)
+NVFP4_HYBRID_TOKENS = (32, 48, 64, 128)  # the swap-AB tiles (tokens) that run it (32, 48: D62, D63)
 # The same split for gate_up's bf16 and fp8 128-row tiles just past one wave (DISPATCH D48). It pays
 # only where the CTAs that share a weight column run close together in K, so that its k tiles meet in
 # L2 (their spread: grid_m · (tiles / SMs - 1) of K), and where K is long enough to carry the fix-up.

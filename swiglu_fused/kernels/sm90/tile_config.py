@@ -53,7 +53,7 @@ class TileConfig:
     """Mainloop part of a compile-time configuration; subclasses name the epilogue."""
 
     # 128 (prefill: 2 consumer warpgroups) or 64 (decode: 1); swap-AB: 16, 32 or 64 tokens (nvfp4 also
-    # 128 and 192: DISPATCH D31, D32); 192 (three consumer warpgroups: the bf16 mainloop's whole-tile
+    # 48, 128 and 192: DISPATCH D63, D31, D32); 192 (three consumer warpgroups: the bf16 mainloop's whole-tile
     # prefill tile, TILE_M_WG3)
     tile_m: int = 128
     # weight rows per tile: 256 = two 128-row halves (h columns [128n, 128n + 128)), or 192 / 224
@@ -171,8 +171,9 @@ class TileConfig:
     y_slab_cols: int = HALF_N
     # stream-K's fix-up: the last CTA of a shared tile sums the others' partials this many at a time
     # (their loads in flight together; StreamKMixin). 4 took 1-2 µs off the one-launch decode MLP, whose
-    # tiles have 8-16 contributors; on the shipped tiles (2-5) it measured level, so they keep 1
-    # (launch_ab --ab gate_up:fixup_unroll=4,down:fixup_unroll=4; history/mlp.md)
+    # tiles have 8-16 contributors; on the fp8 tiles (2-5) it measured level, so they keep 1
+    # (launch_ab --ab gate_up:fixup_unroll=4,down:fixup_unroll=4; history/mlp.md); nvfp4's down takes 4
+    # on its 32-64-token tiles (DISPATCH D63)
     fixup_unroll: int = 1
 
     # the epilogue and the bytes per element of the staged output (set by subclasses)
@@ -181,7 +182,7 @@ class TileConfig:
 
     def __post_init__(self):
         name = type(self).__name__
-        allowed = (16, 32, 64, *((128, TILE_M_WG3) if self.nvfp4 else ())) if self.swap_ab else (64, 128, TILE_M_WG3)
+        allowed = (16, 32, 64, *((48, 128, TILE_M_WG3) if self.nvfp4 else ())) if self.swap_ab else (64, 128, TILE_M_WG3)
         if self.tile_m not in allowed:
             raise ValueError(f"{name}.tile_m: expected one of {allowed} (swap_ab={self.swap_ab}), got {self.tile_m}")
         if self.tile_m == TILE_M_WG3 and not self.swap_ab and (
