@@ -640,8 +640,9 @@ NVFP4_DEQUANT_M = 1409  # from this M the weight is dequantized to bf16 for the 
 # The swap-AB tiles that decode a tile-major weight straight into their wgmma's A registers
 # (TileConfig.rs_decode, one register set), their activations in nvfp4_layout.rs_k_order: 2-25 %
 # faster alone than decoding into smem at 64 and 128 tokens, slower at 192 (D45; history/nvfp4.md
-# v28; the 32- and 48-token tiles since D62, D63). gate_up then orders x by a copy a call and writes h in that order where down reads it so
-# (GateUpConfig.h_rs_order; the ops' h_order="auto", which pipeline.mlp passes: h_in_rs_order).
+# v28; the 32- and 48-token tiles since D62, D63). gate_up then orders x by a copy a call and writes h
+# in that order where down reads it so (GateUpConfig.h_rs_order; the ops' h_order="auto", which
+# pipeline.mlp passes: h_in_rs_order).
 NVFP4_RS_TOKENS = (32, 48, 64, 128)
 NVFP4_RS = True  # False: every tile decodes into smem (what launch_ab compares)
 
@@ -749,7 +750,7 @@ def nvfp4_wide_on(device: torch.device, m: int, n: int, k: int) -> bool:
 
 # nvfp4 at decode sizes on warp-level mma.sync (kernels/sm90/warp_mma.py, D33): a tile-major weight
 # (the modules' order on the GPU), M ≤ WARP_MMA_M[op], K a multiple of its 128-column step. 0: the
-# swap-AB wgmma tiles above run these M too (what launch_ab --set "dispatch.WARP_MMA_M={...}" compares). Above
+# swap-AB wgmma tiles above run these M too (launch_ab --set "dispatch.WARP_MMA_M={...}" compares). Above
 # 16 tokens (four token tiles a warp) only in whole-tile CTAs: in half tiles the 64-token wgmma tile
 # was faster there (4096×14336's gate_up at M = 32: 49.0 against 43.5 µs; history/nvfp4.md v22; where
 # that tile leaves a second wave nearly empty, its hybrid split (D61) is faster still than half tiles, D60).
@@ -814,8 +815,8 @@ def warp_mma_config(op: str, m: int, n: int, k: int, tile_major: bool, act: str 
 
 def _warp_mma_constants() -> tuple:
     """The module constants warp_mma_config's answer depends on (its cache key's last part)."""
-    return (tuple(WARP_MMA_M.items()), WARP_MMA_32_MAX_SIDE, tuple(WARP_MMA_K_CTA), WARP_MMA_SPLITS, WARP_MMA_WIDE, tuple(WARP_MMA_DEPTH.items()),
-            WARP_MMA_WARPS, WARP_MMA_CTAS_PER_SM, WARP_MMA_WARPS_PER_SM,
+    return (tuple(WARP_MMA_M.items()), WARP_MMA_32_MAX_SIDE, tuple(WARP_MMA_K_CTA), WARP_MMA_SPLITS, WARP_MMA_WIDE,
+            tuple(WARP_MMA_DEPTH.items()), WARP_MMA_WARPS, WARP_MMA_CTAS_PER_SM, WARP_MMA_WARPS_PER_SM,
             tuple(WARP_MMA_SMALL_WARPS_PER_SM.items()), WARP_MMA_PDL, WARP_MMA_LATE_TRIGGER_SHARE,
             WARP_MMA_LATE_TRIGGER_FILL)
 
@@ -889,7 +890,8 @@ def warp_mma_shipped() -> list:
     """Every WarpMmaConfig warp_mma_config can return (what CI compile-checks)."""
     from .sm90 import activations_and_h, warp_mma
 
-    n8s = [n8 for n8 in (1, 2, 4) if 4 * n8 < min(max(WARP_MMA_M.values()), warp_mma.MAX_TOKENS)]  # M ≤ 8, ≤ 16, ≤ 32
+    most = min(max(WARP_MMA_M.values()), warp_mma.MAX_TOKENS)
+    n8s = [n8 for n8 in (1, 2, 4) if 4 * n8 < most]  # M ≤ 8, ≤ 16, ≤ 32
     shapes = [(w, n8, k_cta, split) for w in ((WARP_MMA_WARPS,) if WARP_MMA_WARPS else (4, 8)) for n8 in n8s
               for k_cta in WARP_MMA_K_CTA for split in (False, True) if _warp_mma_takes(w, n8)]
     # (late_trigger only in whole-tile CTAs, where the rule takes it: the grids it was measured at)

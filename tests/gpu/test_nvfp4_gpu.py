@@ -412,10 +412,10 @@ def test_k_order_kernel_is_rs_k_order(m, k):
 
 @pytest.mark.parametrize("m", [24, 48, 64])
 def test_64_token_tile_past_a_partial_wave_as_dispatched(m, monkeypatch):
-    """D61: the 64-token tile (at M = 24 / 48 the 32- / 48-token one, D62, D63) past one wave (2048×17408: 136 tiles on 132 SMs) runs D46's hybrid
-    stream-K, as ops.gate_up dispatches it on the tile-major weight (at M = 24 with the warp-MMA
-    kernel kept out, D60); h (poisoned first) within bf16 rounding of the reference, and of the same
-    tile in whole tiles."""
+    """D61: the 64-token tile (at M = 24 / 48 the 32- / 48-token one, D62, D63) past one wave
+    (2048×17408: 136 tiles on 132 SMs) runs D46's hybrid stream-K, as ops.gate_up dispatches it on the
+    tile-major weight (at M = 24 with the warp-MMA kernel kept out); h (poisoned first) within bf16
+    rounding of the reference, and of the same tile in whole tiles."""
     from unittest import mock
 
     from swiglu_fused.kernels import nvfp4_layout
