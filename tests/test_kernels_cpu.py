@@ -577,6 +577,13 @@ def _shipped():
             gate_up.compile_gate_up),
            ("down", down.DownConfig(tile_m=128, stages=5, swap_ab=True, mainloop="nvfp4", tile_major=True,
                                     decode_buffers=1, rs_decode=True, residual=True), down.compile_down)]
+        # nvfp4's 80-112-token tiles (register-sourced decode): compiled for the next measurement, not
+        # dispatched (history/nvfp4.md v40)
+        + [("gate_up", gate_up.GateUpConfig(tile_m=t, stages=4, swap_ab=True, mainloop="nvfp4", tile_major=True,
+                                            decode_buffers=1, rs_decode=True, h_rs_order=True, h_format="bf16"),
+            gate_up.compile_gate_up) for t in (80, 96, 112)]
+        + [("down", down.DownConfig(tile_m=t, stages=5, swap_ab=True, mainloop="nvfp4", tile_major=True,
+                                    decode_buffers=1, rs_decode=True), down.compile_down) for t in (80, 96, 112)]
         # h by TMA stores (TileConfig.tma_store) and the 64-row tile's K pairs: measured, not dispatched
         + [("gate_up", gate_up.GateUpConfig(tile_m=128, stages=4, tma_store=True, h_format=f), gate_up.compile_gate_up)
            for f in ("fp8_group128", "bf16")]

@@ -723,6 +723,9 @@ def test_nvfp4_hybrid_stream_k_past_a_partial_wave():
     t32 = dataclasses.replace(nv, tile_m=32, stages=6)
     assert g.schedule(t32, 24, 37888, 3584, 132) == (132, 148)
     assert g.schedule(t32, 32, 28672, 4096, 132) == (112, 0)
+    # the 80-112-token tiles (not dispatched) plan as the 128-token one: 4096×14336's down stream-K
+    for t in (80, 96, 112, 128):
+        assert g.schedule(dataclasses.replace(down, tile_m=t), 72, 4096, 14336, 132) == (128, 16), t
 
 
 @pytest.mark.parametrize("m,hidden,inter,expect", [

@@ -202,11 +202,13 @@ def _nvfp4_hybrid_pays(tiles: int, k_tiles: int, sms: int) -> float | None:
 def _max_sk_grid_m(config: TileConfig) -> int:
     """M tiles up to which plan() considers stream-K: 2 for the 64/128-row tiles (SPLIT_N_MAX_SK_GRID_M
     for fp8's split_n tile), M ≤ 64 for the
-    16/64-token swap-AB tiles; 8 (M ≤ 1024; past it the tiles outnumber the SMs at every served width,
+    16-64-token swap-AB tiles; 8 (M ≤ 1024; past it the tiles outnumber the SMs at every served width,
     so plan() keeps them whole) for nvfp4's 128-token swap-AB tile, whose k tiles are bound by the
-    decode, not the weight bytes (DISPATCH D31: down at M = 512 had 64 whole tiles for 132 SMs)."""
+    decode, not the weight bytes (DISPATCH D31: down at M = 512 had 64 whole tiles for 132 SMs), and for
+    its 80-112-token tiles (measured, not dispatched: with 64 // tile_m they had run down's 16 tiles
+    whole at 4096×14336, 1.6-2.1× slower; history/nvfp4.md v40)."""
     if config.swap_ab:
-        return 64 // config.tile_m if config.tile_m < 128 else 8
+        return 64 // config.tile_m if config.tile_m <= 64 else 8
     return SPLIT_N_MAX_SK_GRID_M if config.split_n else 2
 
 

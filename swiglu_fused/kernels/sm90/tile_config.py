@@ -53,7 +53,8 @@ class TileConfig:
     """Mainloop part of a compile-time configuration; subclasses name the epilogue."""
 
     # 128 (prefill: 2 consumer warpgroups) or 64 (decode: 1); swap-AB: 16, 32 or 64 tokens (nvfp4 also
-    # 48, 128 and 192: DISPATCH D63, D31, D32); 192 (three consumer warpgroups: the bf16 mainloop's whole-tile
+    # 48, 128 and 192: DISPATCH D63, D31, D32; and 80, 96, 112: compiled, not dispatched; a 56-token
+    # tile does not compile); 192 (three consumer warpgroups: the bf16 mainloop's whole-tile
     # prefill tile, TILE_M_WG3)
     tile_m: int = 128
     # weight rows per tile: 256 = two 128-row halves (h columns [128n, 128n + 128)), or 192 / 224
@@ -182,7 +183,8 @@ class TileConfig:
 
     def __post_init__(self):
         name = type(self).__name__
-        allowed = (16, 32, 64, *((48, 128, TILE_M_WG3) if self.nvfp4 else ())) if self.swap_ab else (64, 128, TILE_M_WG3)
+        nvfp4_swap = (48, 80, 96, 112, 128, TILE_M_WG3) if self.nvfp4 else ()
+        allowed = (16, 32, 64, *nvfp4_swap) if self.swap_ab else (64, 128, TILE_M_WG3)
         if self.tile_m not in allowed:
             raise ValueError(f"{name}.tile_m: expected one of {allowed} (swap_ab={self.swap_ab}), got {self.tile_m}")
         if self.tile_m == TILE_M_WG3 and not self.swap_ab and (
