@@ -546,6 +546,10 @@ def _shipped():
         # gate_up's is shipped, D58)
         + [("nvfp4_warp_mma", warp_mma.WarpMmaConfig("down", n8=1, pdl=True, late_trigger=True),
             warp_mma.compile_warp_mma)]
+        # two warp sets splitting a CTA's columns (WarpMmaConfig.k_warps: measured next, history/nvfp4.md v41)
+        + [("nvfp4_warp_mma", warp_mma.WarpMmaConfig(op, warps=8, n8=n8, k_cta=1792, k_warps=2, pdl=True,
+                                                     ctas_per_sm=1 if n8 == 4 else 0), warp_mma.compile_warp_mma)
+           for op in ("gate_up", "down") for n8 in (1, 4)]
         # the warp-MMA kernels' 32 tokens (dispatch.WARP_MMA_M), uncapped and capped
         + [("nvfp4_warp_mma", warp_mma.WarpMmaConfig(op, warps=w, n8=4, ctas_per_sm=c), warp_mma.compile_warp_mma)
            for op in ("gate_up", "down") for w in (4, 8) for c in (0, 16 // w)]
