@@ -434,12 +434,15 @@ def test_gate_up_fp8_64_row_tile_on_two_warpgroups():
         gate_up.GateUpConfig(tile_m=64, stages=5, xacc_parts=2)
 
 
-def test_fixup_unroll_is_a_config_field_off_in_every_shipped_config():
-    """TileConfig.fixup_unroll (the stream-K fix-up's partials in flight at a time): to be measured,
-    so 1 in everything the dispatch returns; 1, 2, 4 or 8 only."""
+def test_fixup_unroll_is_on_only_in_nvfp4_downs_32_to_64_token_tiles():
+    """TileConfig.fixup_unroll (the stream-K fix-up's partials in flight at a time): 1 in every other
+    config the dispatch returns (level where measured, history/mlp.md), 4 in nvfp4 down's 32-64-token
+    swap-AB tiles (DISPATCH D63); 1, 2, 4 or 8 only."""
     from swiglu_fused.kernels.sm90 import gate_up
 
-    assert all(c.fixup_unroll == 1 for c in dispatch.gate_up_shipped() + dispatch.down_shipped())
+    unrolled = [c for c in dispatch.gate_up_shipped() + dispatch.down_shipped() if c.fixup_unroll != 1]
+    assert unrolled and all(c.epilogue == "linear" and c.nvfp4 and c.swap_ab and 32 <= c.tile_m <= 64
+                            and c.fixup_unroll == 4 for c in unrolled)
     assert gate_up.GateUpConfig(tile_m=16, stages=5, swap_ab=True, fixup_unroll=4).fixup_unroll == 4
     with pytest.raises(ValueError, match="fixup_unroll"):
         gate_up.GateUpConfig(tile_m=16, stages=5, swap_ab=True, fixup_unroll=3)
