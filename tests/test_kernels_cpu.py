@@ -461,6 +461,13 @@ def test_warp_mma_configs_follow_m_and_k(monkeypatch):
     assert c("gate_up", 17, 7168, 8192, True) is None and c("down", 17, 8192, 3584, True) is None
     assert c("down", 16, 4096, 14336, True) is not None  # (up to 16 tokens at any width)
     assert not [cfg for cfg in shipped if cfg.n8 == 4 and cfg.warps == 4]
+    # two warp sets a CTA (a measurement, v41): twice the share where K holds it, 16 warps an SM at 32 tokens
+    monkeypatch.setattr(dispatch, "WARP_MMA_K_WARPS", {"gate_up": 1, "down": 2})
+    two = c("down", 1, 4096, 14336, True)
+    assert (two.k_warps, two.k_cta, two.threads) == (2, 1792, 512) and c("gate_up", 1, 28672, 4096, True).k_warps == 1
+    assert c("down", 1, 4096, 3584, True).k_warps == 1  # (K = 7 shares of 512: no twice)
+    assert c("down", 32, 2048, 8192, True).ctas_per_sm == 1
+    monkeypatch.setattr(dispatch, "WARP_MMA_K_WARPS", {"gate_up": 1, "down": 1})
     monkeypatch.setattr(dispatch, "WARP_MMA_M", {"gate_up": 16, "down": 16})
     assert c("down", 17, 4096, 14336, True) is None and all(cfg.n8 < 4 for cfg in dispatch.warp_mma_shipped())
 
