@@ -759,7 +759,7 @@ WARP_MMA_M = {"gate_up": 32, "down": 32}
 # K or N / 2; down: N or K): elsewhere the 32-token wgmma tile, whose stream-K then has enough weight
 # tiles and k tiles, is 2-22 % faster (3072×8192 12 %, 4096×14336 and 8192×7168 21 %, 8192×3584
 # 6-12 %); at H or I ≤ 2048 the warp-MMA kernel is 3-45 % faster (1024×8192, 2048×4096, 4096×2048,
-# 8192×2048; DISPATCH D62). 0: no such bound
+# 8192×2048; DISPATCH D62). One miss measured: 3072×2560 (the warp-MMA kernel 14-18 % faster). 0: no bound
 WARP_MMA_32_MAX_SIDE = 2048
 # columns a CTA: the first of these that divides K into at most WARP_MMA_SPLITS CTAs a tile (512: the
 # probe's best; 1024 where K is long: the tile's last CTA then sums fewer partials; history/nvfp4.md
