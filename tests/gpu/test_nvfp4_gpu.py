@@ -484,3 +484,44 @@ def test_32_and_48_token_tiles_as_dispatched(hidden, inter, m):
     assert_bf16_close(y[tokens, True], want, TOL)
     assert_bf16_close(y[tokens, False], want, TOL)
     assert torch.equal(y[tokens, True], y[64, True]) and torch.equal(y[tokens, False], y[64, False])
+
+
+@pytest.mark.parametrize("hidden,inter", [(4096, 14336), (8192, 3584)])
+@pytest.mark.parametrize("tokens", [80, 96, 112])
+def test_80_to_112_token_tiles_are_the_128_token_tiles_sums(hidden, inter, tokens):
+    """The 80-112-token swap-AB tiles (allowed and compiled, not dispatched: history/nvfp4.md v40) at
+    M = tokens - 8, on the tile-major weight with the register-sourced decode: the same plan as the
+    128-token tile the dispatch runs there, so the same h and y (with a residual) bit for bit, and
+    within bf16 rounding of the reference (outputs poisoned first)."""
+    from swiglu_fused.kernels import nvfp4_layout
+    from swiglu_fused.kernels.sm90 import down as kd
+    from swiglu_fused.kernels.sm90 import gate_up as kg
+    from swiglu_fused.kernels.sm90 import schedule
+
+    m = tokens - 8
+    sms = schedule.sm_count(torch.device("cuda"))
+    x, w, ws, gs = gate_up_operands(m, hidden, inter, seed=m + 83)
+    wt, wst = nvfp4_layout.to_tile_major(w, ws)
+    cfg = dispatch.gate_up_config(x, w, ws, None, act="silu", h_format="bf16", tile_major=True)
+    assert cfg.tile_m == 128 and cfg.rs_decode
+    h = {}
+    for c in (cfg, dataclasses.replace(cfg, tile_m=tokens)):
+        assert schedule.schedule(c, m, 2 * inter, hidden, sms) == schedule.schedule(cfg, m, 2 * inter, hidden, sms)
+        h[c.tile_m] = torch.full((m, inter), float("nan"), dtype=torch.bfloat16, device="cuda")
+        kg.gate_up(c, x, wt, wst, None, gs, out=(h[c.tile_m], None), tile_major=True)
+    assert_bf16_close(h[tokens], reference.gate_up(x, w, ws, None, gs, interleave=128, act="silu", h_format="bf16")[0],
+                      TOL)
+    assert torch.equal(h[tokens], h[128])
+
+    hd, wd, wsd, gsd = down_operands(m, hidden, inter, seed=m + 87)
+    res = torch.randn(m, hidden, device="cuda").to(torch.bfloat16)
+    wdt, wsdt = nvfp4_layout.to_tile_major(wd, wsd)
+    dcfg = dispatch.down_config(hd, wd, wsd, None, res, torch.bfloat16, True)
+    assert dcfg.tile_m == 128 and dcfg.rs_decode
+    y = {}
+    for c in (dcfg, dataclasses.replace(dcfg, tile_m=tokens)):
+        assert schedule.schedule(c, m, hidden, inter, sms) == schedule.schedule(dcfg, m, hidden, inter, sms)
+        y[c.tile_m] = torch.full((m, hidden), float("nan"), dtype=torch.bfloat16, device="cuda")
+        kd.down(c, hd, wdt, wsdt, None, res, gsd, out=y[c.tile_m], tile_major=True)
+    assert_bf16_close(y[tokens], reference.down(hd, wd, wsd, None, gsd, residual=res), TOL)
+    assert torch.equal(y[tokens], y[128])
