@@ -622,13 +622,12 @@ def with_split_n_sk(config, m: int, n: int, k: int, sms: int):
 # D63), the 128-token one above (D31: 6-14 % faster than the 128-row tile it replaced, whose wgmma reads
 # more smem a k tile); whole tiles or stream-K, no clusters. The 16-48-token tiles decode into one
 # buffer (D30), as does down's 128-token one (D31); the others two. Down's 32-64-token tiles sum their
-# stream-K partials NVFP4_DOWN_FIXUP_UNROLL at a time (TileConfig.fixup_unroll; 8 and more CTAs share a
+# stream-K partials four at a time (a fourth field: TileConfig.fixup_unroll; 8 and more CTAs share a
 # tile there): the MLP 1-2 % faster, 6-7 % at 2048×8192 (D63).
-NVFP4_SWAP_TILES = {  # (tokens, stages, decode buffers); the last one takes every M below NVFP4_DEQUANT_M
+NVFP4_SWAP_TILES = {  # (tokens, stages, decode buffers[, fixup_unroll]); the last takes every M below NVFP4_DEQUANT_M
     "gate_up": ((16, 6, 1), (32, 6, 1), (48, 6, 1), (64, 6, 2), (128, 4, 2)),
-    "down": ((16, 6, 1), (32, 6, 1), (48, 6, 1), (64, 6, 2), (128, 5, 1)),
+    "down": ((16, 6, 1), (32, 6, 1, 4), (48, 6, 1, 4), (64, 6, 2, 4), (128, 5, 1)),
 }
-NVFP4_DOWN_FIXUP_UNROLL = (32, 64, 4)  # (fewest tokens, most tokens, partials at a time)
 NVFP4_ROW_TILE = (128, 4)  # the split projection's W4A16 tile (D25), and the dequantized prefill's
 # gate_up's 192-token swap-AB tile (whole tiles; 3 stages, two decode buffers): where its rounds of
 # whole waves, at NVFP4_WIDE_SPEED the 128-token tile's tokens a unit of time (it decodes each weight
@@ -673,7 +672,7 @@ def nvfp4_tile_for(m: int, op: str = "gate_up", wide: bool = False, tile_major: 
     if wide:
         return _nvfp4_tile(NVFP4_WIDE_TILE)
     tiles = NVFP4_SWAP_TILES[op]
-    return _nvfp4_rs(_nvfp4_tile(next((t for t in tiles if m <= t[0]), tiles[-1]), op), tile_major)
+    return _nvfp4_rs(_nvfp4_tile(next((t for t in tiles if m <= t[0]), tiles[-1])), tile_major)
 
 
 def _nvfp4_rs(fields: dict, tile_major: bool, on: bool | None = None) -> dict:
@@ -820,9 +819,9 @@ def warp_mma_config(op: str, m: int, n: int, k: int, tile_major: bool, act: str 
 def _warp_mma_constants() -> tuple:
     """The module constants warp_mma_config's answer depends on (its cache key's last part)."""
     return (tuple(WARP_MMA_M.items()), WARP_MMA_32_MAX_SIDE, tuple(WARP_MMA_K_CTA), WARP_MMA_SPLITS, WARP_MMA_WIDE,
-            tuple(WARP_MMA_DEPTH.items()), tuple(WARP_MMA_K_WARPS.items()), WARP_MMA_WARPS, WARP_MMA_CTAS_PER_SM, WARP_MMA_WARPS_PER_SM,
-            tuple(WARP_MMA_SMALL_WARPS_PER_SM.items()), WARP_MMA_PDL, WARP_MMA_LATE_TRIGGER_SHARE,
-            WARP_MMA_LATE_TRIGGER_FILL)
+            tuple(WARP_MMA_DEPTH.items()), tuple(WARP_MMA_K_WARPS.items()), WARP_MMA_WARPS, WARP_MMA_CTAS_PER_SM,
+            WARP_MMA_WARPS_PER_SM, tuple(WARP_MMA_SMALL_WARPS_PER_SM.items()), WARP_MMA_PDL,
+            WARP_MMA_LATE_TRIGGER_SHARE, WARP_MMA_LATE_TRIGGER_FILL)
 
 
 @functools.lru_cache(maxsize=4096)
@@ -912,12 +911,11 @@ def warp_mma_shipped() -> list:
                for r in (False, True) for w, n8, c, s in shapes])
 
 
-def _nvfp4_tile(tile: tuple[int, int, int], op: str = "gate_up") -> dict:
-    """The config fields of a (tokens, stages, decode buffers) swap-AB tile of ``op`` (every W4A16 tile
-    is one; down's fix-up unroll: NVFP4_DOWN_FIXUP_UNROLL)."""
-    tokens, stages, buffers = tile
-    lo, hi, unroll = NVFP4_DOWN_FIXUP_UNROLL
-    fixup = {"fixup_unroll": unroll} if op == "down" and lo <= tokens <= hi else {}
+def _nvfp4_tile(tile: tuple[int, ...]) -> dict:
+    """The config fields of a (tokens, stages, decode buffers[, fixup_unroll]) swap-AB tile (every W4A16
+    tile is one)."""
+    tokens, stages, buffers, *unroll = tile
+    fixup = {"fixup_unroll": unroll[0]} if unroll else {}
     return dict(tile_m=tokens, stages=stages, swap_ab=True, decode_buffers=buffers, **fixup)
 
 
@@ -971,14 +969,13 @@ def nvfp4_shipped(config_cls, variants) -> list:
     """The nvfp4 configs of config_cls for each of ``variants`` (keyword dicts): the W4A16 tiles in
     both weight orders (nvfp4_layout) and the dequantized prefill tile with and without cluster pairs."""
     clusters = config_cls.epilogue == "gated"  # (_nvfp4_down_config: no cluster pairs)
-    op = "gate_up" if clusters else "down"
     tiles = NVFP4_SWAP_TILES["gate_up"] + (NVFP4_WIDE_TILE,) if clusters else NVFP4_SWAP_TILES["down"]  # (wide: D32)
     prefill = [config_cls(**_nvfp4_prefill_tile(m, wg3, clusters), **v)
                for v in variants for m in (NVFP4_DEQUANT_M, CLUSTER_M_MIN) for wg3 in (False, True)]
-    w4a16 = [config_cls(mainloop=NVFP4_MAINLOOP, tile_major=major, **_nvfp4_tile(tile, op), **v)
+    w4a16 = [config_cls(mainloop=NVFP4_MAINLOOP, tile_major=major, **_nvfp4_tile(tile), **v)
              for v in variants for tile in tiles for major in (False, True)]
     # D45's register-sourced tiles, and gate_up's tiles writing h in their k order
-    rs = [config_cls(mainloop=NVFP4_MAINLOOP, tile_major=True, **_nvfp4_rs(_nvfp4_tile(tile, op), True, on=True), **v)
+    rs = [config_cls(mainloop=NVFP4_MAINLOOP, tile_major=True, **_nvfp4_rs(_nvfp4_tile(tile), True, on=True), **v)
           for v in variants for tile in tiles if tile[0] in NVFP4_RS_TOKENS]
     wide = [c for c in w4a16 if c.tile_major and c.tile_m == NVFP4_WIDE_TILE[0]]
     h_rs = [dataclasses.replace(c, h_rs_order=True) for c in rs + wide] if clusters else []

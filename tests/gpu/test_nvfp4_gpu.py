@@ -449,9 +449,10 @@ def test_32_and_48_token_tiles_as_dispatched(hidden, inter, m):
     48-token one (down's partials four at a time): h and y (with a residual; both poisoned first) within
     bf16 rounding of the reference, through the ops; on both weight orders the tile's h and y are the
     64-token tile's bit for bit (the same sums, less of the MMA)."""
-    tokens = 32 if m <= 32 else 48
     from swiglu_fused.kernels import nvfp4_layout
     from swiglu_fused.kernels.sm90 import down as kd
+
+    tokens = 32 if m <= 32 else 48
 
     x, w, ws, gs = gate_up_operands(m, hidden, inter, seed=m + 41)
     wt, wst = nvfp4_layout.to_tile_major(w, ws)

@@ -158,7 +158,6 @@ def test_late_trigger_gives_the_same_bits(m, monkeypatch):
     assert_bf16_close(want, _cpu_reference(late, x).cuda(), 1e-2)
 
 
-
 @pytest.mark.parametrize("hidden,inter,m,n_warps,k_gate_up,k_down", [
     (4096, 14336, 1, 8, 1024, 1792), (4096, 14336, 16, 4, 2048, 1792), (8192, 3584, 32, 8, 2048, 1792),
     (2048, 8192, 9, 8, 1024, 2048), (512, 1024, 3, 8, 512, 1024),  # (the last: K in one CTA, no shares)

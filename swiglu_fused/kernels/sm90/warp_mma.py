@@ -102,6 +102,11 @@ class WarpMmaConfig:
         return 32 * self.warps
 
     @property
+    def set_blocks(self) -> int:
+        """128-column blocks of one warp set's k loop (the CTA's, or half of them with k_warps = 2)."""
+        return self.k_cta // BLOCK_K // self.k_warps
+
+    @property
     def parts(self) -> int:
         """CTAs a 256-row tile."""
         return 8 // self.warps
@@ -171,13 +176,13 @@ class WarpMmaKernel:
         rt, wb0, xb0 = tidx, block0, 0  # this thread in its warp set, its set's first block (of K, of x's)
         if cutlass.const_expr(cfg.k_warps > 1):
             rt = tidx % cfg.row_threads
-            xb0 = tidx // cfg.row_threads * (cfg.k_cta // BLOCK_K // cfg.k_warps)
+            xb0 = tidx // cfg.row_threads * cfg.set_blocks
             wb0 = block0 + xb0
         tn, v = cta, rt // 32  # the CTA's tile, this warp's row block pair (module docstring)
         if cutlass.const_expr(cfg.parts > 1):
             tn, v = cta // cfg.parts, cta % cfg.parts * cfg.warps + rt // 32
         lanes = self._lanes(w_ptr, s_ptr, k, tn, v, rt)
-        ring = [self._load(lanes, wb0 + i) for i in range(min(cfg.depth, cfg.k_cta // BLOCK_K // cfg.k_warps))]
+        ring = [self._load(lanes, wb0 + i) for i in range(min(cfg.depth, cfg.set_blocks))]
         if cutlass.const_expr(cfg.pdl):
             cute.arch.griddepcontrol_wait()  # x is the previous kernel's output (the weight is no kernel's)
         self._stage_x(storage, x_ptr, m, k, block0, tidx)
@@ -236,7 +241,7 @@ class WarpMmaKernel:
         row = lane % 8 + (lane // 16) * 8  # this lane's ldmatrix row (token) and its 8-column half
         x_lane = storage.x.data_ptr().toint() + (row * cfg.x_words + (lane // 8 % 2) * 4) * 4
         sel = (2 * (t % 2)) | ((4 + 2 * (t % 2)) << 4)  # byte 2(t % 2) of row g's scale word, of row g + 8's
-        blocks = cfg.k_cta // BLOCK_K // cfg.k_warps
+        blocks = cfg.set_blocks
         for i in range(blocks):
             data = ring[i % cfg.depth]
             if i + cfg.depth < blocks:
