@@ -328,8 +328,8 @@ def test_down_configs():
 
 
 def test_nvfp4_configs_decode_buffers(monkeypatch):
-    """The 16-48-token swap-AB tiles decode into one buffer (D30, D62, D63), the 64-token and row tiles into two
-    (down's 32-64-token tiles sum their partials four at a time: D63);
+    """The 16-48-token swap-AB tiles decode into one buffer (D30, D62, D63), the 64-128-token tiles into two
+    (down's 80-128-token ones into one: D31, D64; down's 32-64-token tiles sum their partials four at a time: D63);
     every pick is shipped (compile-checked), and one buffer is refused where no mainloop reads it."""
     pytest.importorskip("cutlass")
     from swiglu_fused.kernels.sm90 import down, gate_up
@@ -343,7 +343,8 @@ def test_nvfp4_configs_decode_buffers(monkeypatch):
         monkeypatch.setattr(dispatch, "NVFP4_RS", rs)
         for m, tokens, buffers in ((1, 16, (1, 1)), (16, 16, (1, 1)), (17, 32, (1, 1)), (32, 32, (1, 1)),
                                    (33, 48, (1, 1)), (48, 48, (1, 1)), (49, 64, (2, 2)), (64, 64, (2, 2)),
-                                   (100, 128, (2, 1)), (1023, 128, (2, 1))):
+                                   (65, 80, (2, 1)), (80, 80, (2, 1)), (81, 96, (2, 1)), (100, 112, (2, 1)),
+                                   (113, 128, (2, 1)), (1023, 128, (2, 1))):
             x = torch.randn(m, 256).bfloat16()
             gcfg = dispatch.gate_up_config(x, w, ws, None, act="silu", h_format="bf16", tile_major=True)
             dcfg = dispatch.down_config(x[:, :128], dw, dws, None, None, torch.bfloat16, True)

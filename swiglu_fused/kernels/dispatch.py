@@ -625,9 +625,13 @@ def with_split_n_sk(config, m: int, n: int, k: int, sms: int):
 # stream-K partials four at a time (a fourth field: TileConfig.fixup_unroll; 8 and more CTAs share a
 # tile there): the MLP 1-2 % faster, 6-7 % at 2048×8192 (D63).
 NVFP4_SWAP_TILES = {  # (tokens, stages, decode buffers[, fixup_unroll]); the last takes every M below NVFP4_DEQUANT_M
-    "gate_up": ((16, 6, 1), (32, 6, 1), (48, 6, 1), (64, 6, 2), (128, 4, 2)),
-    "down": ((16, 6, 1), (32, 6, 1, 4), (48, 6, 1, 4), (64, 6, 2, 4), (128, 5, 1)),
+    "gate_up": ((16, 6, 1), (32, 6, 1), (48, 6, 1), (64, 6, 2), (80, 4, 2), (96, 4, 2), (112, 4, 2), (128, 4, 2)),
+    "down": ((16, 6, 1), (32, 6, 1, 4), (48, 6, 1, 4), (64, 6, 2, 4), (80, 5, 1), (96, 5, 1), (112, 5, 1), (128, 5, 1)),
 }
+# Above the last tile's tokens, M tiles of equal size: the fewest M tiles the last tile needs, each the
+# smallest tile that holds its share (M = 160: two 80-token tiles, not two of 128). False: the last
+# tile (what launch_ab compares)
+NVFP4_EVEN_TILES = True
 NVFP4_ROW_TILE = (128, 4)  # the split projection's W4A16 tile (D25), and the dequantized prefill's
 # gate_up's 192-token swap-AB tile (whole tiles; 3 stages, two decode buffers): where its rounds of
 # whole waves, at NVFP4_WIDE_SPEED the 128-token tile's tokens a unit of time (it decodes each weight
@@ -642,7 +646,7 @@ NVFP4_DEQUANT_M = 1409  # from this M the weight is dequantized to bf16 for the 
 # v28; the 32- and 48-token tiles since D62, D63). gate_up then orders x by a copy a call and writes h
 # in that order where down reads it so (GateUpConfig.h_rs_order; the ops' h_order="auto", which
 # pipeline.mlp passes: h_in_rs_order).
-NVFP4_RS_TOKENS = (32, 48, 64, 128)
+NVFP4_RS_TOKENS = (32, 48, 64, 80, 96, 112, 128)
 NVFP4_RS = True  # False: every tile decodes into smem (what launch_ab compares)
 
 
@@ -672,6 +676,8 @@ def nvfp4_tile_for(m: int, op: str = "gate_up", wide: bool = False, tile_major: 
     if wide:
         return _nvfp4_tile(NVFP4_WIDE_TILE)
     tiles = NVFP4_SWAP_TILES[op]
+    if NVFP4_EVEN_TILES and m > tiles[-1][0]:
+        m = cdiv(m, cdiv(m, tiles[-1][0]))  # (each M tile's share)
     return _nvfp4_rs(_nvfp4_tile(next((t for t in tiles if m <= t[0]), tiles[-1])), tile_major)
 
 
@@ -734,7 +740,7 @@ def nvfp4_wide_applies(m: int, n: int, k: int, sms: int) -> bool:
     from .sm90.schedule import nvfp4_rounds
     from .sm90.tile_config import mainloop_tile_k
 
-    if m <= NVFP4_SWAP_TILES["gate_up"][-2][0]:  # (the 16/64-token tiles' M)
+    if m <= NVFP4_SWAP_TILES["gate_up"][-2][0]:  # (the 16-112-token tiles' M)
         return False
     tile128 = nvfp4_rounds(cdiv(m, 128) * cdiv(n, 2 * GROUP), cdiv(k, mainloop_tile_k(NVFP4_MAINLOOP)), sms) * 128
     return rounds_time(m, n, sms, NVFP4_WIDE_TILE[0], NVFP4_WIDE_SPEED) < NVFP4_WIDE_MIN_GAIN * tile128

@@ -57,7 +57,7 @@ SPLIT_N_SK_MIN_GAIN = 1.0
 NVFP4_ITER_US = 0.85  # a 128-token tile's k tile (64 columns) a CTA, in full waves
 NVFP4_FIXUP_US = 15.0  # what the hybrid's stream-K part costs over its even share of k tiles
 NVFP4_HYBRID_MIN_GAIN = 1.05
-NVFP4_HYBRID_TOKENS = (32, 48, 64, 128)  # the swap-AB tiles (tokens) that run it (32, 48: D62, D63)
+NVFP4_HYBRID_TOKENS = (32, 48, 64, 80, 96, 112, 128)  # the swap-AB tiles (tokens) that run it (32, 48: D62, D63; 80-112: D64)
 # The same split for gate_up's bf16 and fp8 128-row tiles just past one wave (DISPATCH D48). It pays
 # only where the CTAs that share a weight column run close together in K, so that its k tiles meet in
 # L2 (their spread: grid_m · (tiles / SMs - 1) of K), and where K is long enough to carry the fix-up.
