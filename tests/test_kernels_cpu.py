@@ -462,13 +462,6 @@ def test_warp_mma_configs_follow_m_and_k(monkeypatch):
     assert c("gate_up", 17, 7168, 8192, True) is None and c("down", 17, 8192, 3584, True) is None
     assert c("down", 16, 4096, 14336, True) is not None  # (up to 16 tokens at any width)
     assert not [cfg for cfg in shipped if cfg.n8 == 4 and cfg.warps == 4]
-    # two warp sets a CTA (a measurement, v41): twice the share where K holds it, 16 warps an SM at 32 tokens
-    monkeypatch.setattr(dispatch, "WARP_MMA_K_WARPS", {"gate_up": 1, "down": 2})
-    two = c("down", 1, 4096, 14336, True)
-    assert (two.k_warps, two.k_cta, two.threads) == (2, 1792, 512) and c("gate_up", 1, 28672, 4096, True).k_warps == 1
-    assert c("down", 1, 4096, 3584, True).k_warps == 1  # (K = 7 shares of 512: no twice)
-    assert c("down", 32, 2048, 8192, True).ctas_per_sm == 1
-    monkeypatch.setattr(dispatch, "WARP_MMA_K_WARPS", {"gate_up": 1, "down": 1})
     monkeypatch.setattr(dispatch, "WARP_MMA_M", {"gate_up": 16, "down": 16})
     assert c("down", 17, 4096, 14336, True) is None and all(cfg.n8 < 4 for cfg in dispatch.warp_mma_shipped())
 
@@ -554,10 +547,6 @@ def _shipped():
         # gate_up's is shipped, D58)
         + [("nvfp4_warp_mma", warp_mma.WarpMmaConfig("down", n8=1, pdl=True, late_trigger=True),
             warp_mma.compile_warp_mma)]
-        # two warp sets splitting a CTA's columns (WarpMmaConfig.k_warps: measured next, history/nvfp4.md v41)
-        + [("nvfp4_warp_mma", warp_mma.WarpMmaConfig(op, warps=8, n8=n8, k_cta=1792, k_warps=2, pdl=True,
-                                                     ctas_per_sm=1 if n8 == 4 else 0), warp_mma.compile_warp_mma)
-           for op in ("gate_up", "down") for n8 in (1, 4)]
         # the warp-MMA kernels' 32 tokens (dispatch.WARP_MMA_M), uncapped and capped
         + [("nvfp4_warp_mma", warp_mma.WarpMmaConfig(op, warps=w, n8=4, ctas_per_sm=c), warp_mma.compile_warp_mma)
            for op in ("gate_up", "down") for w in (4, 8) for c in (0, 16 // w)]

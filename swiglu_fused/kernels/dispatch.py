@@ -780,10 +780,6 @@ WARP_MMA_SPLITS = 8
 # (history/nvfp4.md v25). False: the rule above alone (what launch_ab compares)
 WARP_MMA_WIDE = True
 WARP_MMA_DEPTH = {"gate_up": 2, "down": 2}  # 128-column blocks of loads ahead (WarpMmaConfig.depth), by op
-# warp sets a CTA splitting its columns (WarpMmaConfig.k_warps), by op: 2 doubles the share picked below
-# where K holds twice it, a second set of warps taking its second half (half the K shares and partials,
-# the same warps an SM). A measurement, not yet run (history/nvfp4.md v41): 1 for both
-WARP_MMA_K_WARPS = {"gate_up": 1, "down": 1}
 # warps a CTA (WarpMmaConfig.warps): 8 (a whole 256-row tile) where the grid of such CTAs fits in one
 # wave of WARP_MMA_CTAS_PER_SM an SM (their ~100 registers a thread), else 4 (half a tile: the last
 # wave finer). 0: by that rule; 4 or 8: always (history/nvfp4.md v22)
@@ -825,9 +821,9 @@ def warp_mma_config(op: str, m: int, n: int, k: int, tile_major: bool, act: str 
 def _warp_mma_constants() -> tuple:
     """The module constants warp_mma_config's answer depends on (its cache key's last part)."""
     return (tuple(WARP_MMA_M.items()), WARP_MMA_32_MAX_SIDE, tuple(WARP_MMA_K_CTA), WARP_MMA_SPLITS, WARP_MMA_WIDE,
-            tuple(WARP_MMA_DEPTH.items()), tuple(WARP_MMA_K_WARPS.items()), WARP_MMA_WARPS, WARP_MMA_CTAS_PER_SM,
-            WARP_MMA_WARPS_PER_SM, tuple(WARP_MMA_SMALL_WARPS_PER_SM.items()), WARP_MMA_PDL,
-            WARP_MMA_LATE_TRIGGER_SHARE, WARP_MMA_LATE_TRIGGER_FILL)
+            tuple(WARP_MMA_DEPTH.items()), WARP_MMA_WARPS, WARP_MMA_CTAS_PER_SM, WARP_MMA_WARPS_PER_SM,
+            tuple(WARP_MMA_SMALL_WARPS_PER_SM.items()), WARP_MMA_PDL, WARP_MMA_LATE_TRIGGER_SHARE,
+            WARP_MMA_LATE_TRIGGER_FILL)
 
 
 @functools.lru_cache(maxsize=4096)
@@ -858,11 +854,9 @@ def _warp_mma_config(op, m, n, k, tile_major, act, residual, sms, constants):
     n8 = next(n8 for n8 in (1, 2, 4) if m <= 8 * n8)
     if not _warp_mma_takes(warps, n8):
         return None
-    sets = WARP_MMA_K_WARPS[op] if k % (2 * k_cta) == 0 else 1
-    k_cta *= sets
     cfg = warp_mma.WarpMmaConfig(op, warps=warps, n8=n8, k_cta=k_cta, split_k=k > k_cta, depth=WARP_MMA_DEPTH[op],
                                  act=act if op == "gate_up" else "silu", residual=residual, pdl=WARP_MMA_PDL,
-                                 ctas_per_sm=_warp_mma_cap(op, warps * sets, n8), k_warps=sets)
+                                 ctas_per_sm=_warp_mma_cap(op, warps, n8))
     late = op == "gate_up" and warps == 8 and WARP_MMA_PDL
     if late and _late_trigger_applies(cfg, m, n, k, tile_major, sms, constants):
         cfg = dataclasses.replace(cfg, late_trigger=True)
@@ -898,7 +892,7 @@ def _warp_mma_cap(op: str, warps: int, n8: int) -> int:
 
 
 def warp_mma_shipped() -> list:
-    """Every WarpMmaConfig warp_mma_config can return (what CI compile-checks) with WARP_MMA_K_WARPS 1."""
+    """Every WarpMmaConfig warp_mma_config can return (what CI compile-checks)."""
     from .sm90 import activations_and_h, warp_mma
 
     most = min(max(WARP_MMA_M.values()), warp_mma.MAX_TOKENS)

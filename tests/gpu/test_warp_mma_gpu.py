@@ -157,37 +157,3 @@ def test_late_trigger_gives_the_same_bits(m, monkeypatch):
     assert torch.equal(out, want)
     assert_bf16_close(want, _cpu_reference(late, x).cuda(), 1e-2)
 
-
-@pytest.mark.parametrize("hidden,inter,m,n_warps,k_gate_up,k_down", [
-    (4096, 14336, 1, 8, 1024, 1792), (4096, 14336, 16, 4, 2048, 1792), (8192, 3584, 32, 8, 2048, 1792),
-    (2048, 8192, 9, 8, 1024, 2048), (512, 1024, 3, 8, 512, 1024),  # (the last: K in one CTA, no shares)
-])
-def test_two_warp_sets_split_a_ctas_columns(hidden, inter, m, n_warps, k_gate_up, k_down):
-    """WarpMmaConfig.k_warps = 2 (measured, not dispatched): a second set of warps takes the second half
-    of each CTA's columns and adds its values through shared memory before the K shares meet. h and y
-    (with a residual; both poisoned first) within bf16 rounding of the reference, and the same bits
-    on a second call."""
-    from swiglu_fused.kernels.sm90 import warp_mma
-
-    n8 = next(n for n in (1, 2, 4) if m <= 8 * n)
-    cap = 1 if n8 == 4 and n_warps == 8 else 0  # (512 threads at 32 tokens: 128 registers a thread)
-
-    def cfg(op, k, k_cta, **kw):
-        return warp_mma.WarpMmaConfig(op, warps=n_warps, n8=n8, k_cta=k_cta, split_k=k > k_cta, k_warps=2,
-                                      ctas_per_sm=cap, **kw)
-
-    x, w, ws, gs = gate_up_operands(m, hidden, inter, seed=m + 71)
-    tw, ts = nvfp4_layout.to_tile_major(w, ws)
-    c = cfg("gate_up", hidden, k_gate_up)
-    _poisoned(m, inter)
-    h = warp_mma.gate_up(c, x, tw, ts, gs)
-    assert_bf16_close(h, reference.gate_up(x, w, ws, None, gs, interleave=128, act="silu", h_format="bf16")[0], TOL)
-    assert torch.equal(warp_mma.gate_up(c, x, tw, ts, gs), h)
-    hd, wd, wsd, gsd = down_operands(m, hidden, inter, seed=m + 73)
-    res = torch.randn(m, hidden, device="cuda").to(torch.bfloat16)
-    twd, tsd = nvfp4_layout.to_tile_major(wd, wsd)
-    c = cfg("down", inter, k_down, residual=True)
-    _poisoned(m, hidden)
-    y = warp_mma.down(c, hd, twd, tsd, gsd, res)
-    assert_bf16_close(y, reference.down(hd, wd, wsd, None, gsd, residual=res), TOL)
-    assert torch.equal(warp_mma.down(c, hd, twd, tsd, gsd, res), y)

@@ -79,32 +79,16 @@ class WarpMmaConfig:
     # shared memory a CTA reserves at least, in KB (0: what it uses); > 114 leaves room for one CTA an
     # SM (a measurement of where the block scheduler places a small grid, history/nvfp4.md v34)
     smem_floor_kb: int = 0
-    # warp sets that split a CTA's k_cta columns: with 2, a second set of ``warps`` warps takes the
-    # second half of them and adds its values to the first set's through shared memory before the K
-    # shares meet, so a CTA twice as wide in K (half the shares, half the partials) keeps each warp's
-    # loop as long (a measurement, not dispatched: history/nvfp4.md v41)
-    k_warps: int = 1
 
     def __post_init__(self):
         if (self.epilogue not in EPILOGUES or self.warps not in (4, 8) or self.n8 not in (1, 2, 4)
                 or self.k_cta % BLOCK_K or self.depth < 1 or self.ctas_per_sm < 0 or not 0 <= self.smem_floor_kb <= 227
-                or (self.late_trigger and not self.pdl) or self.k_warps not in (1, 2)
-                or self.k_cta // BLOCK_K % self.k_warps):
+                or (self.late_trigger and not self.pdl)):
             raise ValueError(f"WarpMmaConfig: not a config of the warp-MMA kernel: {self}")
 
     @property
     def threads(self) -> int:
-        return 32 * self.warps * self.k_warps
-
-    @property
-    def row_threads(self) -> int:
-        """Threads of one warp set (k_warps): each holds its rows' values, and a partial's slots."""
         return 32 * self.warps
-
-    @property
-    def set_blocks(self) -> int:
-        """128-column blocks of one warp set's k loop (the CTA's, or half of them with k_warps = 2)."""
-        return self.k_cta // BLOCK_K // self.k_warps
 
     @property
     def parts(self) -> int:
@@ -142,9 +126,8 @@ class WarpMmaKernel:
         mOut = cute.make_tensor(out_ptr, cute.make_layout((m, out_cols), stride=(out_cols, 1)))
         mRes = cute.make_tensor(res_ptr, cute.make_layout((m, n), stride=(n, 1)))
         mGS = cute.make_tensor(gs_ptr, cute.make_layout(2))  # (down reads [0] only: one value will do)
-        rt = cfg.row_threads
-        mPart = cute.make_tensor(part_ptr, cute.make_layout((splits * ctas, cfg.values, rt),
-                                                            stride=(cfg.values * rt, rt, 1)))
+        mPart = cute.make_tensor(part_ptr, cute.make_layout((splits * ctas, cfg.values, cfg.threads),
+                                                            stride=(cfg.values * cfg.threads, cfg.threads, 1)))
         mCtr = cute.make_tensor(ctr_ptr, cute.make_layout(ctas))
         # (a carveout given, -1 = the driver's default, keeps the DSL from asking a GPU for its
         # shared memory at compile time)
@@ -156,10 +139,7 @@ class WarpMmaKernel:
         cfg = self.cfg
         Align, MemRange = cute.struct.Align, cute.struct.MemRange
         fields = {"x": Align[MemRange[Int32, 8 * cfg.n8 * cfg.x_words], 16], "flag": MemRange[Int32, 4]}
-        red = cfg.values * cfg.row_threads if cfg.k_warps > 1 else 0  # (the second warp set's values)
-        if red:
-            fields["red"] = Align[MemRange[Float32, red], 16]
-        pad = cfg.smem_floor_kb * 256 - 8 * cfg.n8 * cfg.x_words - 4 - red  # (words)
+        pad = cfg.smem_floor_kb * 256 - 8 * cfg.n8 * cfg.x_words - 4  # (words)
         if pad > 0:
             fields["pad"] = MemRange[Int32, pad]
         return cute.struct(type("WarpMmaStorage", (), {"__annotations__": fields}))
@@ -173,35 +153,25 @@ class WarpMmaKernel:
         cta, split, _ = cute.arch.block_idx()
         storage = cutlass.utils.SmemAllocator().allocate(self._storage())
         block0 = split * (cfg.k_cta // BLOCK_K)
-        rt, wb0, xb0 = tidx, block0, 0  # this thread in its warp set, its set's first block (of K, of x's)
-        if cutlass.const_expr(cfg.k_warps > 1):
-            rt = tidx % cfg.row_threads
-            xb0 = tidx // cfg.row_threads * cfg.set_blocks
-            wb0 = block0 + xb0
-        tn, v = cta, rt // 32  # the CTA's tile, this warp's row block pair (module docstring)
+        tn, v = cta, tidx // 32  # the CTA's tile, this warp's row block pair (module docstring)
         if cutlass.const_expr(cfg.parts > 1):
-            tn, v = cta // cfg.parts, cta % cfg.parts * cfg.warps + rt // 32
-        lanes = self._lanes(w_ptr, s_ptr, k, tn, v, rt)
-        ring = [self._load(lanes, wb0 + i) for i in range(min(cfg.depth, cfg.set_blocks))]
+            tn, v = cta // cfg.parts, cta % cfg.parts * cfg.warps + tidx // 32
+        lanes = self._lanes(w_ptr, s_ptr, k, tn, v, tidx)
+        ring = [self._load(lanes, block0 + i) for i in range(min(cfg.depth, cfg.k_cta // BLOCK_K))]
         if cutlass.const_expr(cfg.pdl):
             cute.arch.griddepcontrol_wait()  # x is the previous kernel's output (the weight is no kernel's)
         self._stage_x(storage, x_ptr, m, k, block0, tidx)
         cute.arch.barrier()
         vals = cute.make_rmem_tensor(cute.make_layout(cfg.values), Float32)
-        for i, value in enumerate(self._mainloop(storage, lanes, ring, wb0, xb0, tidx)):
+        for i, value in enumerate(self._mainloop(storage, lanes, ring, block0, tidx)):
             vals[i] = value
-        kw = 0  # this thread's warp set (k_warps): the first (0) sums the sets' values and stores
-        if cutlass.const_expr(cfg.k_warps > 1):
-            kw = tidx // cfg.row_threads
-            self._add_sets(vals, storage, rt, kw)
         if cutlass.const_expr(cfg.pdl and not cfg.late_trigger):
             cute.arch.griddepcontrol_launch_dependents()
         last = Int32(1)
         if cutlass.const_expr(cfg.split_k):
-            last = self._reduce(vals, mPart, mCtr, storage, m, cta, split, ctas, tidx, rt, kw)
+            last = self._reduce(vals, mPart, mCtr, storage, m, cta, split, ctas, tidx)
         if last == 1:
-            if kw == 0:
-                self._epilogue(vals, mGS, mOut, mRes, m, tn, v, rt)
+            self._epilogue(vals, mGS, mOut, mRes, m, tn, v, tidx)
         if cutlass.const_expr(cfg.pdl and cfg.late_trigger):
             cute.arch.griddepcontrol_launch_dependents()
 
@@ -230,10 +200,9 @@ class WarpMmaKernel:
                         ld_global_nc_b32(scale), ld_global_nc_b32(scale + 8 * 4)))
         return out
 
-    def _mainloop(self, storage, lanes, ring, block0, xb0, tidx):
-        """The warp set's columns (the CTA's, or half of them from x's block ``xb0``): decode and mma,
-        ``depth`` blocks of loads ahead → this thread's fp32 values, (row block r, token tile j, value e)
-        in that order."""
+    def _mainloop(self, storage, lanes, ring, block0, tidx):
+        """The CTA's columns: decode and mma, ``depth`` blocks of loads ahead → this thread's fp32
+        values, (row block r, token tile j, value e) in that order."""
         cfg = self.cfg
         t = lanes[3]
         lane = tidx % 32
@@ -241,7 +210,7 @@ class WarpMmaKernel:
         row = lane % 8 + (lane // 16) * 8  # this lane's ldmatrix row (token) and its 8-column half
         x_lane = storage.x.data_ptr().toint() + (row * cfg.x_words + (lane // 8 % 2) * 4) * 4
         sel = (2 * (t % 2)) | ((4 + 2 * (t % 2)) << 4)  # byte 2(t % 2) of row g's scale word, of row g + 8's
-        blocks = cfg.set_blocks
+        blocks = cfg.k_cta // BLOCK_K
         for i in range(blocks):
             data = ring[i % cfg.depth]
             if i + cfg.depth < blocks:
@@ -253,7 +222,7 @@ class WarpMmaKernel:
                     sg, sg8 = scales[r][q // 2]
                     pairs.append((e2m1x8_to_bf16x2x4(data[r][0][q], sg), e2m1x8_to_bf16x2x4(data[r][1][q], sg8)))
                 for h in range(2):  # k16 step 2q + h: pairs 2h and 2h + 1 of the two rows' words
-                    b = self._b(x_lane + ((xb0 + i) * BLOCK_K + (2 * q + h) * 16) * 2)
+                    b = self._b(x_lane + (i * BLOCK_K + (2 * q + h) * 16) * 2)
                     for r in range(2):
                         pg, pg8 = pairs[r]
                         a = (pg[2 * h], pg8[2 * h], pg[2 * h + 1], pg8[2 * h + 1])
@@ -318,35 +287,19 @@ class WarpMmaKernel:
                         st_shared_b32(dst + 16 * e, got[4 * (j - j0) + e])
 
     @cute.jit
-    def _add_sets(self, vals, storage, rt, kw):
-        """k_warps = 2: the second warp set's values into the first set's threads (the same rows,
-        the other half of the CTA's columns), first + second: the same order at every launch."""
-        cfg = self.cfg
-        sRed = storage.red.get_tensor(cute.make_layout((cfg.values, cfg.row_threads), stride=(cfg.row_threads, 1)))
-        if kw == 1:
-            for i in cutlass.range_constexpr(cfg.values):
-                sRed[i, rt] = vals[i]
-        cute.arch.barrier()
-        if kw == 0:
-            for i in cutlass.range_constexpr(cfg.values):
-                vals[i] = vals[i] + sRed[i, rt]
-
-    @cute.jit
-    def _reduce(self, vals, mPart, mCtr, storage, m, cta, split, ctas, tidx, rt, kw):
+    def _reduce(self, vals, mPart, mCtr, storage, m, cta, split, ctas, tidx):
         """This CTA's values → its partial (tokens < M only); the last CTA of its rows to arrive sums
         every split's in split order into ``vals`` (deterministic whatever the arrival order),
         re-zeroes the counter (schedule.stream_k_counters keeps them at zero between launches) and
-        returns 1; the others return 0. Only the first warp set (``kw`` 0; k_warps) stores and sums,
-        its thread ``rt`` in the partials' slots; every thread meets at the barriers. Memory order as
-        stream_k._fixup: the barrier orders the stores before thread 0's acq_rel atomic, whose acquire
-        on the last CTA, then the barrier, orders the loads after it."""
+        returns 1; the others return 0. Memory order as stream_k._fixup: the barrier orders the
+        stores before thread 0's acq_rel atomic, whose acquire on the last CTA, then the barrier,
+        orders the loads after it."""
         cfg = self.cfg
         t = tidx % 4
         splits = mPart.shape[0] // ctas
-        if kw == 0:
-            for i in cutlass.range_constexpr(cfg.values):
-                if self._token(i, t) < m:
-                    mPart[split * ctas + cta, i, rt] = vals[i]
+        for i in cutlass.range_constexpr(cfg.values):
+            if self._token(i, t) < m:
+                mPart[split * ctas + cta, i, tidx] = vals[i]
         cute.arch.barrier()
         sFlag = storage.flag.get_tensor(cute.make_layout(4))
         if tidx == 0:
@@ -355,30 +308,23 @@ class WarpMmaKernel:
         last = Int32(0)
         if sFlag[0] == splits - 1:
             last = Int32(1)
-            if kw == 0:
-                self._sum_splits(vals, mPart, m, cta, ctas, splits, t, rt)
+            vals.fill(0.0)
+            # RED_LOADS partial values in flight a thread: a round trip for every few splits, not each
+            batch = max(1, RED_LOADS // cfg.values)
+            got = cute.make_rmem_tensor(cute.make_layout(batch * cfg.values), Float32)
+            for s0 in cutlass.range(0, splits, batch, unroll=1):
+                for u in cutlass.range_constexpr(batch):
+                    for i in cutlass.range_constexpr(cfg.values):
+                        got[u * cfg.values + i] = Float32(0.0)
+                        if s0 + u < splits:
+                            if self._token(i, t) < m:
+                                got[u * cfg.values + i] = mPart[(s0 + u) * ctas + cta, i, tidx]
+                for u in cutlass.range_constexpr(batch):  # (in split order)
+                    for i in cutlass.range_constexpr(cfg.values):
+                        vals[i] = vals[i] + got[u * cfg.values + i]
             if tidx == 0:
                 mCtr[cta] = Int32(0)
         return last
-
-    @cute.jit
-    def _sum_splits(self, vals, mPart, m, cta, ctas, splits, t, rt):
-        """``vals`` = the sum of every split's partial of this CTA's rows, in split order."""
-        cfg = self.cfg
-        vals.fill(0.0)
-        # RED_LOADS partial values in flight a thread: a round trip for every few splits, not each
-        batch = max(1, RED_LOADS // cfg.values)
-        got = cute.make_rmem_tensor(cute.make_layout(batch * cfg.values), Float32)
-        for s0 in cutlass.range(0, splits, batch, unroll=1):
-            for u in cutlass.range_constexpr(batch):
-                for i in cutlass.range_constexpr(cfg.values):
-                    got[u * cfg.values + i] = Float32(0.0)
-                    if s0 + u < splits:
-                        if self._token(i, t) < m:
-                            got[u * cfg.values + i] = mPart[(s0 + u) * ctas + cta, i, rt]
-            for u in cutlass.range_constexpr(batch):  # (in split order)
-                for i in cutlass.range_constexpr(cfg.values):
-                    vals[i] = vals[i] + got[u * cfg.values + i]
 
     @cute.jit
     def _epilogue(self, vals, mGS, mOut, mRes, m, tn, v, tidx):
@@ -457,7 +403,7 @@ def _launch(config, a, weight, weight_scale, gs, out, residual):
     stream = torch.cuda.current_stream(a.device)
     ctas, splits = config.grid(n, k)
     if config.split_k:
-        part = torch.empty(splits * ctas * config.values * config.row_threads, dtype=torch.float32, device=a.device)
+        part = torch.empty(splits * ctas * config.values * config.threads, dtype=torch.float32, device=a.device)
         ctr = schedule.stream_k_counters(a.device, ctas, stream)
     else:  # (never dereferenced)
         part, ctr = gs, gs
