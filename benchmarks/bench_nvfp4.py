@@ -24,8 +24,7 @@ shipped (> 1: shipped faster), and the stream-K split (ctas, sk_tiles) each runs
 against whole waves on the 128-token tile:
 
     python -m benchmarks.bench_nvfp4 --m 640,1024 --rounds 7 \
-        --set "dispatch.NVFP4_WIDE_MIN_GAIN=0;schedule.NVFP4_HYBRID_MIN_GAIN=0" \
-        --set "dispatch.NVFP4_WIDE_MIN_GAIN=0;schedule.NVFP4_HYBRID_MIN_GAIN=1e9"
+        --set "schedule.NVFP4_HYBRID_MIN_GAIN=0" --set "schedule.NVFP4_HYBRID_MIN_GAIN=1e9"
 """
 
 from __future__ import annotations

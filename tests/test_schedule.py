@@ -714,7 +714,6 @@ def test_nvfp4_hybrid_stream_k_past_a_partial_wave():
         sk = g.nvfp4_hybrid_sk(tiles, k_tiles, 132)
         assert sk == tiles % 132 + 132 and (tiles - sk) % 132 == 0
         assert min(check_schedule(132, tiles, sk, k_tiles)) > 0  # (every CTA gets k tiles)
-        assert g.nvfp4_rounds(tiles, k_tiles, 132) * g.NVFP4_HYBRID_MIN_GAIN <= -(-tiles // 132)
     fp8 = GateUpConfig(act="silu", h_format="fp8_group128", tile_m=128, stages=4)
     assert g.schedule(fp8, 1024, 7168, 8192, 132) == (132, 0)
     # the 64-token tile likewise (D61): 148 tiles at I = 18944 all stream-K, 224 at I = 28672; one wave whole
@@ -775,24 +774,33 @@ def test_hybrid_just_past_one_wave(m, hidden, inter, expect, mainloop):
         assert g.hybrid128_applies(dataclasses.replace(cfg, h_format="fp8_group128"), m, 2 * inter, hidden, 132)
 
 
-def test_nvfp4_192_token_tile_where_its_waves_pay():
-    """D32's rule against the 128-token tile as schedule() runs it (whole waves, or D46's hybrid):
-    4096×14336 (N 28672, K 4096) at M = 192 takes the 192-token tile (one round of 112 tiles against
-    224 tiles of 128 tokens, 1.7 waves); at M = 384 and 768, which took it against whole waves of the
-    128-token tile (D32), the hybrid's 2.8 and 5.4 rounds are as short; 8192×3584 (N 7168) at M = 768
-    (168 tiles of 128 tokens: 1.4 rounds hybrid) not either."""
-    wide = {(n, m) for n, k in ((28672, 4096), (7168, 8192)) for m in (192, 256, 384, 512, 640, 768, 1024)
-            if dispatch.nvfp4_wide_applies(m, n, k, 132)}
-    assert wide == {(28672, 192)}
-    assert not dispatch.nvfp4_wide_applies(64, 28672, 4096, 132)
-    with pytest.MonkeyPatch.context() as mp:  # (D32 as it was measured: the 128-token tile in whole waves)
-        mp.setattr(g, "NVFP4_HYBRID_MIN_GAIN", 1e9)
-        wide = {(n, m) for n, k in ((28672, 4096), (7168, 8192)) for m in (256, 384, 512, 768, 1024)
-                if dispatch.nvfp4_wide_applies(m, n, k, 132)}
-        assert wide == {(28672, 384), (28672, 768), (7168, 768)}
+def test_nvfp4_tiling_follows_its_model(monkeypatch):
+    """D64: past 128 rows on a GPU, each op's M tiles (equal, between the fewest 160-token tiles and the
+    fewest 128-token ones) and gate_up's 192-token tile (D32) by schedule.nvfp4_swap_us, as measured on
+    the H200: 4096×14336 (gate_up N 28672, K 4096; down N 4096, K 14336) at M = 144 on one 144-token
+    tile (19 % faster than two of 80); 2048×8192 (N 16384, K 2048: one M tile leaves half the SMs idle)
+    on two of 80 (one of 144: 40 % slower); gate_up's 192-token tile at 4096×14336 M = 192 (6 % faster
+    than two of 96), not at 160 (19 % slower than one of 160). Without the SMs (a CPU tensor's config)
+    the fewest 128-token tiles; up to 128 rows one tile, the smallest that holds them."""
+    tiling = dispatch.nvfp4_tiling
+    assert tiling("gate_up", 144, 28672, 4096, 132)[0] == tiling("down", 144, 4096, 14336, 132)[0] == 144
+    assert tiling("gate_up", 144, 16384, 2048, 132)[0] == tiling("down", 144, 2048, 8192, 132)[0] == 80
+    assert tiling("gate_up", 192, 28672, 4096, 132) == dispatch.NVFP4_WIDE_TILE
+    assert tiling("gate_up", 160, 28672, 4096, 132)[0] == 160
+    assert [tiling("down", m, 8192, 3584, 132)[0] for m in (300, 640, 1024)] == [160, 160, 128]
+    tile = dispatch.nvfp4_tile_for
+    assert tile(100, shape=(28672, 4096, 132), tile_major=True)["tile_m"] == 112
+    assert tile(300, tile_major=True)["tile_m"] == 112 and tile(144, tile_major=True)["tile_m"] == 80
+    assert tile(144, shape=(28672, 4096, 132), tile_major=False)["tile_m"] == 80  # (144, 160: registers only)
+    monkeypatch.setattr(g, "NVFP4_SMEM_DECODE_COST", 0.5)  # (the cache's key holds the model's constants)
+    assert tiling("gate_up", 160, 28672, 4096, 132) == dispatch.NVFP4_WIDE_TILE
+    monkeypatch.setattr(dispatch, "NVFP4_TILE_MODEL", False)
+    assert tile(144, shape=(28672, 4096, 132), tile_major=True)["tile_m"] == 80
     cfgs = [c for c in dispatch.gate_up_shipped() if c.nvfp4 and c.swap_ab and c.tile_m == 192]
     assert len(cfgs) == 6 and all(c.whole_tiles and c.stages == 3 for c in cfgs)
     assert sorted(c.act for c in cfgs if c.h_rs_order) == ["gelu_tanh", "silu"]  # (D45: h in down's k order)
+    big = [c for c in dispatch.gate_up_shipped() + dispatch.down_shipped() if c.nvfp4 and c.tile_m in (144, 160)]
+    assert big and all(c.rs_decode and c.tile_major for c in big)
 
 
 @pytest.mark.parametrize("mainloop", [tile_config.FP8_MAINLOOP, tile_config.BF16_MAINLOOP])

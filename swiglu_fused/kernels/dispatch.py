@@ -359,7 +359,7 @@ def bf16_row_tile(m: int, n: int, sms: int, h_format: str, *, k: int) -> tuple[i
 def rounds_time(m: int, n: int, sms: int, tile_m: int, speed: float) -> float:
     """Rounds of whole waves of a GEMM of M rows (tokens) on tiles of ``tile_m`` rows and 256 weight
     rows (N of them) over ``sms`` SMs, times the tile's rows over its ``speed`` (rows a unit of time,
-    relative): how wg3_applies and nvfp4_wide_applies compare two tile heights."""
+    relative): how wg3_applies compares two tile heights."""
     return cdiv(cdiv(m, tile_m) * cdiv(n, 2 * GROUP), sms) * tile_m / speed
 
 
@@ -619,34 +619,40 @@ def with_split_n_sk(config, m: int, n: int, k: int, sms: int):
 # The swap-AB tiles of 16, 32, 48 and 64 tokens up to 64 rows (each M tile decodes the whole weight
 # again, so the fewest M tiles: DISPATCH D24; the 32- and 48-token ones: the same sums as the 64-token
 # tile's, bit for bit, in a half or three quarters of its MMA, the MLP 10-15 % and 8-9 % faster, D62,
-# D63), the 128-token one above (D31: 6-14 % faster than the 128-row tile it replaced, whose wgmma reads
-# more smem a k tile); whole tiles or stream-K, no clusters. The 16-48-token tiles decode into one
-# buffer (D30), as does down's 128-token one (D31); the others two. Down's 32-64-token tiles sum their
-# stream-K partials four at a time (a fourth field: TileConfig.fixup_unroll; 8 and more CTAs share a
-# tile there): the MLP 1-2 % faster, 6-7 % at 2048×8192 (D63).
-NVFP4_SWAP_TILES = {  # (tokens, stages, decode buffers[, fixup_unroll]); the last takes every M below NVFP4_DEQUANT_M
-    "gate_up": ((16, 6, 1), (32, 6, 1), (48, 6, 1), (64, 6, 2), (80, 4, 2), (96, 4, 2), (112, 4, 2), (128, 4, 2)),
-    "down": ((16, 6, 1), (32, 6, 1, 4), (48, 6, 1, 4), (64, 6, 2, 4), (80, 5, 1), (96, 5, 1), (112, 5, 1), (128, 5, 1)),
+# D63), the 80-, 96-, 112- and 128-token ones above (D31: the 128-token tile 6-14 % faster than the 128-row
+# tile it replaced, whose wgmma reads more smem a k tile; the smaller ones the same sums in less MMA,
+# the MLP 6-22 % faster at 65-112 rows, D64), and past 128 rows the 144- and 160-token ones too (D64,
+# below); whole tiles or stream-K, no clusters. The 16-48-token tiles decode into one buffer (D30), as
+# do down's 80-160-token ones (D31); the others two (where the register-sourced decode runs, one
+# register set: NVFP4_RS_TOKENS; the 144- and 160-token tiles run only so). Down's 32-64-token tiles
+# sum their stream-K partials four at a time (a fourth field: TileConfig.fixup_unroll; 8 and more CTAs
+# share a tile there): the MLP 1-2 % faster, 6-7 % at 2048×8192 (D63).
+NVFP4_SWAP_TILES = {  # (tokens, stages, decode buffers[, fixup_unroll])
+    "gate_up": ((16, 6, 1), (32, 6, 1), (48, 6, 1), (64, 6, 2), (80, 4, 2), (96, 4, 2), (112, 4, 2), (128, 4, 2),
+                (144, 4, 2), (160, 4, 2)),
+    "down": ((16, 6, 1), (32, 6, 1, 4), (48, 6, 1, 4), (64, 6, 2, 4), (80, 5, 1), (96, 5, 1), (112, 5, 1), (128, 5, 1),
+             (144, 5, 1), (160, 5, 1)),
 }
-# Above the last tile's tokens, M tiles of equal size: the fewest M tiles the last tile needs, each the
-# smallest tile that holds its share (M = 160: two 80-token tiles, not two of 128). False: the last
-# tile (what launch_ab compares)
-NVFP4_EVEN_TILES = True
+# Up to NVFP4_EVEN_MAX rows one M tile, the smallest that holds them. Above, M tiles of equal size, each
+# the smallest tile that holds its share: on a GPU as many as nvfp4_tiling picks, between the fewest the
+# largest tile needs and the fewest NVFP4_EVEN_MAX-token tiles (or gate_up's 192-token tile), by
+# schedule.nvfp4_swap_us (D64: M = 144 at 4096×14336 one 144-token tile, at 2048×8192, whose 64 weight
+# tiles leave half the SMs idle, two of 80); without the SMs (a CPU tensor's config) the fewest
+# NVFP4_EVEN_MAX-token tiles. NVFP4_TILE_MODEL False: those on the GPU too (what launch_ab compares)
+NVFP4_EVEN_MAX = 128
+NVFP4_TILE_MODEL = True
 NVFP4_ROW_TILE = (128, 4)  # the split projection's W4A16 tile (D25), and the dequantized prefill's
-# gate_up's 192-token swap-AB tile (whole tiles; 3 stages, two decode buffers): where its rounds of
-# whole waves, at NVFP4_WIDE_SPEED the 128-token tile's tokens a unit of time (it decodes each weight
-# tile once for 1.5× the tokens), are predicted NVFP4_WIDE_MIN_GAIN shorter (D32)
+# gate_up's 192-token swap-AB tile (whole tiles; 3 stages, two decode buffers; D32), where nvfp4_tiling
+# predicts it fastest (D64)
 NVFP4_WIDE_TILE = (192, 3, 2)
-NVFP4_WIDE_SPEED = 1.1
-NVFP4_WIDE_MIN_GAIN = 0.95
 NVFP4_DEQUANT_M = 1409  # from this M the weight is dequantized to bf16 for the call, then the bf16 mainloop (D26, D49)
 # The swap-AB tiles that decode a tile-major weight straight into their wgmma's A registers
 # (TileConfig.rs_decode, one register set), their activations in nvfp4_layout.rs_k_order: 2-25 %
 # faster alone than decoding into smem at 64 and 128 tokens, slower at 192 (D45; history/nvfp4.md
-# v28; the 32- and 48-token tiles since D62, D63). gate_up then orders x by a copy a call and writes h
-# in that order where down reads it so (GateUpConfig.h_rs_order; the ops' h_order="auto", which
-# pipeline.mlp passes: h_in_rs_order).
-NVFP4_RS_TOKENS = (32, 48, 64, 80, 96, 112, 128)
+# v28; the 32- and 48-token tiles since D62, D63, the 80-160-token ones D64). gate_up then orders x by
+# a copy a call and writes h in that order where down reads it so (GateUpConfig.h_rs_order; the ops'
+# h_order="auto", which pipeline.mlp passes: h_in_rs_order).
+NVFP4_RS_TOKENS = (32, 48, 64, 80, 96, 112, 128, 144, 160)
 NVFP4_RS = True  # False: every tile decodes into smem (what launch_ab compares)
 
 
@@ -669,16 +675,57 @@ def _nvfp4_prefill_tile(m: int, wg3: bool = False, clusters: bool = True) -> dic
                 cluster_m=cluster_m_for(m, tile_m, 2 * GROUP) if clusters else 1)
 
 
-def nvfp4_tile_for(m: int, op: str = "gate_up", wide: bool = False, tile_major: bool = False) -> dict:
+def nvfp4_tile_for(m: int, op: str = "gate_up", wide: bool = False, tile_major: bool = False,
+                   shape: tuple[int, int, int] | None = None) -> dict:
     """The tile fields (tile_m, stages, swap_ab, decode_buffers, rs_decode) of the nvfp4 mainloop for
-    M rows of ``op`` (gate_up or down); ``wide``: gate_up's 192-token tile (nvfp4_wide_on);
-    ``tile_major``: the weight's order (rs_decode reads only that one)."""
+    M rows of ``op`` (gate_up or down); ``wide``: gate_up's 192-token tile; ``tile_major``: the weight's
+    order (rs_decode reads only that one); ``shape``: (N, K, SMs) of a call on a GPU, whose M tiles
+    past NVFP4_EVEN_MAX rows nvfp4_tiling picks (D64) where the register-sourced decode runs (the
+    144- and 160-token tiles decode into registers only: two smem buffers leave no room for 4 stages)."""
     if wide:
         return _nvfp4_tile(NVFP4_WIDE_TILE)
+    if shape and NVFP4_TILE_MODEL and m > NVFP4_EVEN_MAX and NVFP4_RS and tile_major:
+        return _nvfp4_rs(_nvfp4_tile(nvfp4_tiling(op, m, *shape)), tile_major)
+    return _nvfp4_rs(_nvfp4_tile(_nvfp4_share_tile(op, cdiv(m, cdiv(m, NVFP4_EVEN_MAX)))), tile_major)
+
+
+def _nvfp4_share_tile(op: str, share: int) -> tuple:
+    """The smallest of op's NVFP4_SWAP_TILES that holds ``share`` tokens (the largest past them all)."""
     tiles = NVFP4_SWAP_TILES[op]
-    if NVFP4_EVEN_TILES and m > tiles[-1][0]:
-        m = cdiv(m, cdiv(m, tiles[-1][0]))  # (each M tile's share)
-    return _nvfp4_rs(_nvfp4_tile(next((t for t in tiles if m <= t[0]), tiles[-1])), tile_major)
+    return next((t for t in tiles if share <= t[0]), tiles[-1])
+
+
+def nvfp4_tiling(op: str, m: int, n: int, k: int, sms: int) -> tuple:
+    """The NVFP4_SWAP_TILES entry (or for gate_up NVFP4_WIDE_TILE) that an nvfp4 ``op`` of M rows past
+    NVFP4_EVEN_MAX, N weight rows and K columns runs on ``sms`` SMs: of the equal M tilings between the
+    fewest the largest tile needs and the fewest NVFP4_EVEN_MAX-token tiles, and gate_up's 192-token
+    tile, the one schedule.nvfp4_swap_us predicts fastest (the smaller tile where two tie)."""
+    from .sm90 import schedule as sch
+
+    constants = (tuple(NVFP4_SWAP_TILES[op]), NVFP4_WIDE_TILE, NVFP4_EVEN_MAX, NVFP4_RS, NVFP4_RS_TOKENS,
+                 sch.NVFP4_TILE_BASE, sch.NVFP4_SMEM_DECODE_COST, sch.NVFP4_ITER_US, sch.NVFP4_FIXUP_US,
+                 sch.NVFP4_HYBRID_MIN_GAIN, sch.NVFP4_HYBRID_TOKENS, sch.FIXUP_US)
+    return _nvfp4_tiling(op, m, n, k, sms, constants)
+
+
+@functools.lru_cache(maxsize=16384)  # (~1 ms uncached: each op's M from 129 to 1408 at a few widths)
+def _nvfp4_tiling(op, m, n, k, sms, constants):
+    """nvfp4_tiling, computed (``constants``: what it reads of the modules' constants, the cache key's
+    last part, so that launch_ab's and the tests' changes take effect)."""
+    from .sm90.schedule import nvfp4_swap_us
+    from .sm90.tile_config import DownConfig, GateUpConfig
+
+    fewest = cdiv(m, NVFP4_SWAP_TILES[op][-1][0])
+    tiles = {_nvfp4_share_tile(op, cdiv(m, c)) for c in range(fewest, cdiv(m, NVFP4_EVEN_MAX) + 1)}
+    if op == "gate_up":
+        tiles.add(NVFP4_WIDE_TILE)
+    cls, kw = (GateUpConfig, {"h_format": formats.NVFP4.h_format}) if op == "gate_up" else (DownConfig, {})
+
+    def us(tile):
+        cfg = cls(mainloop=NVFP4_MAINLOOP, tile_major=True, **_nvfp4_rs(_nvfp4_tile(tile), True), **kw)
+        return nvfp4_swap_us(cfg, m, n, k, sms)
+
+    return min(sorted(tiles), key=us)
 
 
 def _nvfp4_rs(fields: dict, tile_major: bool, on: bool | None = None) -> dict:
@@ -728,29 +775,6 @@ def nvfp4_down_reads_rs(m: int, hidden: int, inter: int, device: torch.device) -
     from .sm90.schedule import sm_count
 
     return warp_mma_config("down", m, hidden, inter, True, sms=sm_count(device)) is None
-
-
-def nvfp4_wide_applies(m: int, n: int, k: int, sms: int) -> bool:
-    """Whether an nvfp4 gate_up of M rows, N weight rows and K columns that would run the 128-token
-    swap-AB tile runs the 192-token one (D32): its whole waves against the 128-token tile's time as
-    schedule() runs it (whole waves, or since D46 the hybrid stream-K past a partial wave). E.g.
-    4096×14336 at M = 384: 2 · 112 tiles of 192 tokens are two rounds (at 1.1× the speed), 3 · 112 of
-    128 three in whole waves or 2.8 hybrid; 8192×3584 at M = 768 (168 tiles of 128: 1.4 rounds
-    hybrid) not, and at M = 512 both are one round."""
-    from .sm90.schedule import nvfp4_rounds
-    from .sm90.tile_config import mainloop_tile_k
-
-    if m <= NVFP4_SWAP_TILES["gate_up"][-2][0]:  # (the 16-112-token tiles' M)
-        return False
-    tile128 = nvfp4_rounds(cdiv(m, 128) * cdiv(n, 2 * GROUP), cdiv(k, mainloop_tile_k(NVFP4_MAINLOOP)), sms) * 128
-    return rounds_time(m, n, sms, NVFP4_WIDE_TILE[0], NVFP4_WIDE_SPEED) < NVFP4_WIDE_MIN_GAIN * tile128
-
-
-def nvfp4_wide_on(device: torch.device, m: int, n: int, k: int) -> bool:
-    """nvfp4_wide_applies with the SMs of ``device`` (a CPU tensor's config keeps the 128-token tile)."""
-    from .sm90.schedule import sm_count
-
-    return device.type == "cuda" and nvfp4_wide_applies(m, n, k, sm_count(device))
 
 
 # nvfp4 at decode sizes on warp-level mma.sync (kernels/sm90/warp_mma.py, D33): a tile-major weight
@@ -944,9 +968,9 @@ def _nvfp4_gate_up_config(x, weight, weight_scale, act: str, h_format: str, tile
     m = x.shape[0]
     if nvfp4_dequantizes(m):
         return GateUpConfig(act=act, h_format=h_format, **_nvfp4_prefill_tile(m, wg3_on(x.device, m, weight.shape[0])))
-    wide = nvfp4_wide_on(x.device, m, weight.shape[0], x.shape[1])
+    shape = _nvfp4_shape(x.device, weight.shape[0], x.shape[1])
     return GateUpConfig(act=act, h_format=h_format, mainloop=NVFP4_MAINLOOP, tile_major=tile_major,
-                        **nvfp4_tile_for(m, wide=wide, tile_major=tile_major))
+                        **nvfp4_tile_for(m, tile_major=tile_major, shape=shape))
 
 
 def _nvfp4_down_config(h, weight, weight_scale, residual, tile_major: bool):
@@ -961,8 +985,16 @@ def _nvfp4_down_config(h, weight, weight_scale, residual, tile_major: bool):
         m = h.shape[0]
         return DownConfig(residual=residual is not None,
                           **_nvfp4_prefill_tile(m, wg3_on(h.device, m, weight.shape[0]), clusters=False))
+    shape = _nvfp4_shape(h.device, weight.shape[0], h.shape[1])
     return DownConfig(mainloop=NVFP4_MAINLOOP, residual=residual is not None, tile_major=tile_major,
-                      **nvfp4_tile_for(h.shape[0], "down", tile_major=tile_major))
+                      **nvfp4_tile_for(h.shape[0], "down", tile_major=tile_major, shape=shape))
+
+
+def _nvfp4_shape(device: torch.device, n: int, k: int) -> tuple[int, int, int] | None:
+    """nvfp4_tile_for's ``shape`` for a call on ``device`` (None on the CPU: no SMs to count)."""
+    from .sm90.schedule import sm_count
+
+    return (n, k, sm_count(device)) if device.type == "cuda" else None
 
 
 def nvfp4_shipped(config_cls, variants) -> list:
@@ -972,8 +1004,10 @@ def nvfp4_shipped(config_cls, variants) -> list:
     tiles = NVFP4_SWAP_TILES["gate_up"] + (NVFP4_WIDE_TILE,) if clusters else NVFP4_SWAP_TILES["down"]  # (wide: D32)
     prefill = [config_cls(**_nvfp4_prefill_tile(m, wg3, clusters), **v)
                for v in variants for m in (NVFP4_DEQUANT_M, CLUSTER_M_MIN) for wg3 in (False, True)]
+    # (the 144- and 160-token tiles decode into registers only: nvfp4_tile_for)
+    smem = [tile for tile in tiles if tile[0] <= NVFP4_EVEN_MAX or tile == NVFP4_WIDE_TILE]
     w4a16 = [config_cls(mainloop=NVFP4_MAINLOOP, tile_major=major, **_nvfp4_tile(tile), **v)
-             for v in variants for tile in tiles for major in (False, True)]
+             for v in variants for tile in smem for major in (False, True)]
     # D45's register-sourced tiles, and gate_up's tiles writing h in their k order
     rs = [config_cls(mainloop=NVFP4_MAINLOOP, tile_major=True, **_nvfp4_rs(_nvfp4_tile(tile), True, on=True), **v)
           for v in variants for tile in tiles if tile[0] in NVFP4_RS_TOKENS]

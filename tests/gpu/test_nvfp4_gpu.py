@@ -261,7 +261,7 @@ def test_module_holds_the_tile_major_order_and_computes_what_the_packed_one_does
 @pytest.mark.parametrize("m", [300, 512, 1000])
 def test_128_token_tile_across_m_tiles_and_k_shares(m):
     """The 128-token swap-AB tile (DISPATCH D31) over several M tiles (at M = 300 three of 112 tokens:
-    D64's equal M tiles), stream-K split past 2 M tiles
+    D64's equal M tiles without its model), stream-K split past 2 M tiles
     (down at 4096 × 14336, M = 300 and 512: 48 and 64 tiles for the SMs), M tiles partial: h and y
     against the reference, tile-major weights, gate_up with unequal global scales, down with a residual."""
     from swiglu_fused.kernels import nvfp4_layout
@@ -280,6 +280,7 @@ def test_128_token_tile_across_m_tiles_and_k_shares(m):
     hd, wd, wsd, gsd = down_operands(m, 4096, 14336, seed=m)
     res = torch.randn(m, 4096, device="cuda").to(torch.bfloat16)
     dcfg = dispatch.down_config(hd, wd, wsd, None, res, torch.bfloat16, True)
+    dcfg = dataclasses.replace(dcfg, **dispatch.nvfp4_tile_for(m, "down", tile_major=True))  # (not D64's pick)
     assert dcfg.swap_ab and dcfg.tile_m == tokens
     assert (schedule.schedule(dcfg, m, 4096, 14336, 132)[1] > 0) == (m < 1000)  # (3, 4 M tiles split; on 132 SMs)
     y = torch.full((m, 4096), float("nan"), dtype=torch.bfloat16, device="cuda")
@@ -333,7 +334,7 @@ def test_hybrid_stream_k_past_a_partial_wave(hidden, inter, m, rs):
 def test_192_token_tile_is_the_128_token_tile_bit_for_bit(hidden, inter, m, act):
     """gate_up's 192-token swap-AB tile (DISPATCH D32; whole tiles, the last one partial) gives the
     128-token tile's h bit for bit (the same wgmma k order per value), within bf16 rounding of the
-    reference; dispatched where nvfp4_wide_on says so."""
+    reference; dispatched where D64's model picks it (nvfp4_tiling)."""
     from unittest import mock
 
     from swiglu_fused.kernels import nvfp4_layout
@@ -342,11 +343,12 @@ def test_192_token_tile_is_the_128_token_tile_bit_for_bit(hidden, inter, m, act)
 
     x, w, ws, gs = gate_up_operands(m, hidden, inter, seed=m + 1)
     cfg = dispatch.gate_up_config(x, w, ws, None, act=act, h_format="bf16", tile_major=True)
-    wide_on = dispatch.nvfp4_wide_on(x.device, m, w.shape[0], hidden)
-    assert cfg.tile_m == (192 if wide_on else dispatch.nvfp4_tile_for(m)["tile_m"]) and cfg.swap_ab
+    picked = dispatch.nvfp4_tiling("gate_up", m, w.shape[0], hidden, schedule.sm_count(x.device))
+    assert cfg.tile_m == picked[0] and cfg.swap_ab
     wt, wst = nvfp4_layout.to_tile_major(w, ws)
     cfg = dataclasses.replace(cfg, rs_decode=False)  # (D45's 128-token tile sums in another k order)
-    tiles = {False: dispatch._nvfp4_tile(dispatch.NVFP4_SWAP_TILES["gate_up"][-1]), True: dispatch.nvfp4_tile_for(m, wide=True)}
+    tiles = {False: dispatch._nvfp4_tile(dispatch._nvfp4_share_tile("gate_up", 128)),
+             True: dispatch.nvfp4_tile_for(m, wide=True)}
     h = {}
     for wide in (False, True):
         c = dataclasses.replace(cfg, **tiles[wide])
@@ -492,48 +494,45 @@ def test_32_and_48_token_tiles_as_dispatched(hidden, inter, m):
 
 
 @pytest.mark.parametrize("hidden,inter", [(4096, 14336), (8192, 3584)])
-@pytest.mark.parametrize("tokens", [80, 96, 112])
+@pytest.mark.parametrize("tokens", [80, 96, 112, 144, 160])
 @pytest.mark.parametrize("m_tiles", [1, 2])
-def test_80_to_112_token_tiles_against_the_128_token_tile(hidden, inter, tokens, m_tiles):
-    """The 80-112-token swap-AB tiles (DISPATCH D64), dispatched at M = m_tiles · tokens - 8 (two M
-    tiles: NVFP4_EVEN_TILES) on the tile-major weight with the register-sourced decode: the same plan
-    as the 128-token tile, h and y (with a residual) within bf16 rounding of the reference (outputs
-    poisoned first), and in one M tile the 128-token tile's bits (in two, a stream-K split can cut a
-    row's k range elsewhere)."""
+def test_80_to_160_token_tiles_against_the_128_token_tile(hidden, inter, tokens, m_tiles):
+    """The 80-112-, 144- and 160-token swap-AB tiles (DISPATCH D64) at M = m_tiles · tokens - 8 on the
+    tile-major weight with the register-sourced decode, as schedule() plans them: h and y (with a
+    residual) within bf16 rounding of the reference (outputs poisoned first), and where they and the
+    128-token tile run one M tile, its bits."""
     from swiglu_fused.kernels import nvfp4_layout
     from swiglu_fused.kernels.sm90 import down as kd
     from swiglu_fused.kernels.sm90 import gate_up as kg
-    from swiglu_fused.kernels.sm90 import schedule
 
     m = m_tiles * tokens - 8
-    sms = schedule.sm_count(torch.device("cuda"))
+    same_bits = m_tiles == 1 and tokens < 128
     x, w, ws, gs = gate_up_operands(m, hidden, inter, seed=m + 83)
     wt, wst = nvfp4_layout.to_tile_major(w, ws)
     cfg = dispatch.gate_up_config(x, w, ws, None, act="silu", h_format="bf16", tile_major=True)
-    if cfg.tile_m == dispatch.NVFP4_WIDE_TILE[0]:  # (D32's wide tile where it applies: not this test's)
-        cfg = dataclasses.replace(cfg, **dispatch.nvfp4_tile_for(m, tile_major=True))
-    assert cfg.tile_m == tokens and cfg.rs_decode
     h = {}
-    for c in (cfg, dataclasses.replace(cfg, tile_m=128)):
-        assert schedule.schedule(c, m, 2 * inter, hidden, sms) == schedule.schedule(cfg, m, 2 * inter, hidden, sms)
-        h[c.tile_m] = torch.full((m, inter), float("nan"), dtype=torch.bfloat16, device="cuda")
-        kg.gate_up(c, x, wt, wst, None, gs, out=(h[c.tile_m], None), tile_major=True)
+    for t in (tokens, 128):
+        tile = dispatch._nvfp4_rs(dispatch._nvfp4_tile(dispatch._nvfp4_share_tile("gate_up", t)), True)
+        c = dataclasses.replace(cfg, **tile)
+        assert c.tile_m == t and c.rs_decode
+        h[t] = torch.full((m, inter), float("nan"), dtype=torch.bfloat16, device="cuda")
+        kg.gate_up(c, x, wt, wst, None, gs, out=(h[t], None), tile_major=True)
     want = reference.gate_up(x, w, ws, None, gs, interleave=128, act="silu", h_format="bf16")[0]
     for t in (tokens, 128):
         assert_bf16_close(h[t], want, TOL)
-    assert m_tiles > 1 or torch.equal(h[tokens], h[128])
+    assert not same_bits or torch.equal(h[tokens], h[128])
 
     hd, wd, wsd, gsd = down_operands(m, hidden, inter, seed=m + 87)
     res = torch.randn(m, hidden, device="cuda").to(torch.bfloat16)
     wdt, wsdt = nvfp4_layout.to_tile_major(wd, wsd)
     dcfg = dispatch.down_config(hd, wd, wsd, None, res, torch.bfloat16, True)
-    assert dcfg.tile_m == tokens and dcfg.rs_decode
     y = {}
-    for c in (dcfg, dataclasses.replace(dcfg, tile_m=128)):
-        assert schedule.schedule(c, m, hidden, inter, sms) == schedule.schedule(dcfg, m, hidden, inter, sms)
-        y[c.tile_m] = torch.full((m, hidden), float("nan"), dtype=torch.bfloat16, device="cuda")
-        kd.down(c, hd, wdt, wsdt, None, res, gsd, out=y[c.tile_m], tile_major=True)
+    for t in (tokens, 128):
+        tile = dispatch._nvfp4_rs(dispatch._nvfp4_tile(dispatch._nvfp4_share_tile("down", t)), True)
+        c = dataclasses.replace(dcfg, **tile)
+        y[t] = torch.full((m, hidden), float("nan"), dtype=torch.bfloat16, device="cuda")
+        kd.down(c, hd, wdt, wsdt, None, res, gsd, out=y[t], tile_major=True)
     want = reference.down(hd, wd, wsd, None, gsd, residual=res)
     for t in (tokens, 128):
         assert_bf16_close(y[t], want, TOL)
-    assert m_tiles > 1 or torch.equal(y[tokens], y[128])
+    assert not same_bits or torch.equal(y[tokens], y[128])

@@ -57,7 +57,13 @@ SPLIT_N_SK_MIN_GAIN = 1.0
 NVFP4_ITER_US = 0.85  # a 128-token tile's k tile (64 columns) a CTA, in full waves
 NVFP4_FIXUP_US = 15.0  # what the hybrid's stream-K part costs over its even share of k tiles
 NVFP4_HYBRID_MIN_GAIN = 1.05
-NVFP4_HYBRID_TOKENS = (32, 48, 64, 80, 96, 112, 128)  # the swap-AB tiles (tokens) that run it (32, 48: D62, D63; 80-112: D64)
+NVFP4_HYBRID_TOKENS = (32, 48, 64, 80, 96, 112, 128, 144, 160)  # the swap-AB tiles (tokens) that run it (D61-D64)
+# nvfp4_swap_us: a swap-AB tile's k tile costs as NVFP4_TILE_BASE + its tokens (fitted on the H200, the
+# MLP at 80-160 tokens in one M tile, 4096×14336 and 8192×3584 alike: the decode's share, as tokens of
+# MMA), a tile decoding into smem NVFP4_SMEM_DECODE_COST times one decoding into registers (gate_up's
+# 192-token tile against the 160-token one; D64)
+NVFP4_TILE_BASE = 79
+NVFP4_SMEM_DECODE_COST = 1.17
 # The same split for gate_up's bf16 and fp8 128-row tiles just past one wave (DISPATCH D48). It pays
 # only where the CTAs that share a weight column run close together in K, so that its k tiles meet in
 # L2 (their spread: grid_m · (tiles / SMs - 1) of K), and where K is long enough to carry the fix-up.
@@ -181,13 +187,6 @@ def nvfp4_hybrid_sk(tiles: int, k_tiles: int, sms: int) -> int:
     return tiles % sms + sms if _nvfp4_hybrid_pays(tiles, k_tiles, sms) is not None else 0
 
 
-def nvfp4_rounds(tiles: int, k_tiles: int, sms: int) -> float:
-    """The predicted time of ``tiles`` nvfp4 swap-AB tiles of ``k_tiles`` k tiles as schedule() runs
-    them, in rounds (one tile's k loop in one CTA): whole waves, or the hybrid's with its fix-up."""
-    hybrid = _nvfp4_hybrid_pays(tiles, k_tiles, sms)
-    return cdiv(tiles, sms) if hybrid is None else hybrid
-
-
 def _nvfp4_hybrid_pays(tiles: int, k_tiles: int, sms: int) -> float | None:
     """The hybrid schedule's rounds (each CTA an even share of the stream-K tiles' k tiles, and the
     fix-up: every stream-K tile is shared by at most two CTAs) where they are NVFP4_HYBRID_MIN_GAIN
@@ -199,14 +198,33 @@ def _nvfp4_hybrid_pays(tiles: int, k_tiles: int, sms: int) -> float | None:
     return hybrid if hybrid * NVFP4_HYBRID_MIN_GAIN <= cdiv(tiles, sms) else None
 
 
+def nvfp4_swap_us(config: TileConfig, m: int, n: int, k: int, sms: int) -> float:
+    """The predicted µs of an nvfp4 swap-AB GEMM (``config``) of M rows, N weight rows and K columns
+    as schedule() runs it on ``sms`` SMs: whole waves of k loops, plan()'s split over K with its
+    fix-up, or the hybrid's whole waves, then its stream-K tiles' k tiles over all CTAs and their
+    fix-up; a k tile NVFP4_ITER_US at 128 tokens (D64: how nvfp4_tiling weighs M tilings)."""
+    ctas, sk_tiles = schedule(config, m, n, k, sms)
+    tiles = cdiv(m, config.tile_m) * cdiv(n, config.tile_n)
+    k_tiles = cdiv(k, config.tile_k)
+    it = NVFP4_ITER_US * (NVFP4_TILE_BASE + config.tile_m) / (NVFP4_TILE_BASE + 128)
+    if not config.rs_decode:
+        it *= NVFP4_SMEM_DECODE_COST
+    if not sk_tiles:
+        return cdiv(tiles, ctas) * k_tiles * it
+    if ctas > tiles:  # (plan(): every tile split over ctas / tiles CTAs)
+        split = ctas // tiles
+        return cdiv(k_tiles, split) * it + FIXUP_US[0] + FIXUP_US[1] * split
+    return ((tiles - sk_tiles) // ctas * k_tiles + cdiv(sk_tiles * k_tiles, ctas)) * it + NVFP4_FIXUP_US
+
+
 def _max_sk_grid_m(config: TileConfig) -> int:
     """M tiles up to which plan() considers stream-K: 2 for the 64/128-row tiles (SPLIT_N_MAX_SK_GRID_M
     for fp8's split_n tile), M ≤ 64 for the
     16-64-token swap-AB tiles; 8 (M ≤ 1024; past it the tiles outnumber the SMs at every served width,
     so plan() keeps them whole) for nvfp4's 128-token swap-AB tile, whose k tiles are bound by the
     decode, not the weight bytes (DISPATCH D31: down at M = 512 had 64 whole tiles for 132 SMs), and for
-    its 80-112-token tiles (measured, not dispatched: with 64 // tile_m they had run down's 16 tiles
-    whole at 4096×14336, 1.6-2.1× slower; history/nvfp4.md v40)."""
+    its 80-112-, 144- and 160-token tiles (D64; with 64 // tile_m they had run down's 16 tiles whole at
+    4096×14336, 1.6-2.1× slower; history/nvfp4.md v40)."""
     if config.swap_ab:
         return 64 // config.tile_m if config.tile_m <= 64 else 8
     return SPLIT_N_MAX_SK_GRID_M if config.split_n else 2

@@ -3,8 +3,9 @@ gate_up): the weights are the wgmma's A operand (its M side: a tile's 256 weight
 of 64) and the tokens its B operand (N side: tile_m = 16, 32 or 64 tokens), so the tensor cores
 compute 256 × tile_m per k step instead of 64 × 256 with the 64-row tile. Shipped: 16 tokens
 (dispatch.gate_up_tile_for, dispatch.down_tile_for); 32 and 64 not shipped (DISPATCH D2). nvfp4
-(W4A16) runs only swap-AB tiles: 16, 32, 48, 64 and 128 tokens, and 192 for gate_up (dispatch.nvfp4_tile_for;
-D24, D31, D32, D62, D63), where the weight rows on the M side also read fewer smem bytes a k tile.
+(W4A16) runs only swap-AB tiles: every multiple of 16 tokens to 160, and 192 for gate_up
+(dispatch.nvfp4_tile_for; D24, D31, D32, D62-D64), where the weight rows on the M side also read fewer
+smem bytes a k tile.
 
 Why: with the 64-row tile a 32 KB weight k tile costs one SM 4.2 MFLOP whatever M is, 0.59 µs,
 so a CTA streams weights at ~55 GB/s (tensor-bound), and HBM needs ≥ 55 busy SMs; at M = 16 three

@@ -183,7 +183,7 @@ class TileConfig:
 
     def __post_init__(self):
         name = type(self).__name__
-        nvfp4_swap = (48, 80, 96, 112, 128, TILE_M_WG3) if self.nvfp4 else ()
+        nvfp4_swap = (48, 80, 96, 112, 128, 144, 160, TILE_M_WG3) if self.nvfp4 else ()
         allowed = (16, 32, 64, *nvfp4_swap) if self.swap_ab else (64, 128, TILE_M_WG3)
         if self.tile_m not in allowed:
             raise ValueError(f"{name}.tile_m: expected one of {allowed} (swap_ab={self.swap_ab}), got {self.tile_m}")
