@@ -675,15 +675,13 @@ def _nvfp4_prefill_tile(m: int, wg3: bool = False, clusters: bool = True) -> dic
                 cluster_m=cluster_m_for(m, tile_m, 2 * GROUP) if clusters else 1)
 
 
-def nvfp4_tile_for(m: int, op: str = "gate_up", wide: bool = False, tile_major: bool = False,
+def nvfp4_tile_for(m: int, op: str = "gate_up", tile_major: bool = False,
                    shape: tuple[int, int, int] | None = None) -> dict:
     """The tile fields (tile_m, stages, swap_ab, decode_buffers, rs_decode) of the nvfp4 mainloop for
-    M rows of ``op`` (gate_up or down); ``wide``: gate_up's 192-token tile; ``tile_major``: the weight's
-    order (rs_decode reads only that one); ``shape``: (N, K, SMs) of a call on a GPU, whose M tiles
+    M rows of ``op`` (gate_up or down); ``tile_major``: the weight's order (rs_decode reads only that
+    one); ``shape``: (N, K, SMs) of a call on a GPU, whose M tiles
     past NVFP4_EVEN_MAX rows nvfp4_tiling picks (D64) where the register-sourced decode runs (the
     144- and 160-token tiles decode into registers only: two smem buffers leave no room for 4 stages)."""
-    if wide:
-        return _nvfp4_tile(NVFP4_WIDE_TILE)
     if shape and NVFP4_TILE_MODEL and m > NVFP4_EVEN_MAX and NVFP4_RS and tile_major:
         return _nvfp4_rs(_nvfp4_tile(nvfp4_tiling(op, m, *shape)), tile_major)
     return _nvfp4_rs(_nvfp4_tile(_nvfp4_share_tile(op, cdiv(m, cdiv(m, NVFP4_EVEN_MAX)))), tile_major)

@@ -271,7 +271,7 @@ def test_128_token_tile_across_m_tiles_and_k_shares(m):
 
     x, w, ws, gs = gate_up_operands(m, 4096, 14336, seed=m)
     cfg = dispatch.gate_up_config(x, w, ws, None, act="silu", h_format="bf16", tile_major=True)
-    cfg = dataclasses.replace(cfg, **dispatch.nvfp4_tile_for(m, tile_major=True))  # (where D32 dispatches 192 tokens)
+    cfg = dataclasses.replace(cfg, **dispatch.nvfp4_tile_for(m, tile_major=True))  # (not D64's pick)
     tokens = 112 if m == 300 else 128
     assert cfg.swap_ab and cfg.tile_m == tokens
     h = torch.full((m, 14336), float("nan"), dtype=torch.bfloat16, device="cuda")
@@ -348,7 +348,7 @@ def test_192_token_tile_is_the_128_token_tile_bit_for_bit(hidden, inter, m, act)
     wt, wst = nvfp4_layout.to_tile_major(w, ws)
     cfg = dataclasses.replace(cfg, rs_decode=False)  # (D45's 128-token tile sums in another k order)
     tiles = {False: dispatch._nvfp4_tile(dispatch._nvfp4_share_tile("gate_up", 128)),
-             True: dispatch.nvfp4_tile_for(m, wide=True)}
+             True: dispatch._nvfp4_tile(dispatch.NVFP4_WIDE_TILE)}
     h = {}
     for wide in (False, True):
         c = dataclasses.replace(cfg, **tiles[wide])

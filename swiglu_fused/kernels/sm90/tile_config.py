@@ -53,8 +53,8 @@ class TileConfig:
     """Mainloop part of a compile-time configuration; subclasses name the epilogue."""
 
     # 128 (prefill: 2 consumer warpgroups) or 64 (decode: 1); swap-AB: 16, 32 or 64 tokens (nvfp4 also
-    # 48, 128 and 192: DISPATCH D63, D31, D32; and 80, 96, 112: compiled, not dispatched; a 56-token
-    # tile does not compile); 192 (three consumer warpgroups: the bf16 mainloop's whole-tile
+    # every multiple of 16 to 160, and 192: DISPATCH D31, D32, D62-D64; 56 and 72 do not compile,
+    # 176 spills); 192 (three consumer warpgroups: the bf16 mainloop's whole-tile
     # prefill tile, TILE_M_WG3)
     tile_m: int = 128
     # weight rows per tile: 256 = two 128-row halves (h columns [128n, 128n + 128)), or 192 / 224
