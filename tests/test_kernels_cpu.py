@@ -327,6 +327,22 @@ def test_down_configs():
         down.DownConfig(stages=5)
 
 
+def test_stream_k_partials_hold_every_accumulator_value():
+    """A stream-K partial slot is a consumer thread's whole accumulator: 128 fp32 values for the row
+    tiles and the swap-AB tiles up to 128 tokens, 144 and 160 for nvfp4's 144- and 160-token tiles
+    (slots of 128 had let their partials overrun each other: wrong h past 128 rows, DISPATCH D64)."""
+    pytest.importorskip("cutlass")
+    from swiglu_fused.kernels.sm90.tile_config import ACC_VALUES, DownConfig, GateUpConfig
+
+    assert GateUpConfig(tile_m=128, stages=4).acc_values == ACC_VALUES == 128
+    assert GateUpConfig(tile_m=16, stages=6, swap_ab=True).acc_values == 128  # (32 values, one warpgroup)
+    for tokens in (32, 80, 128, 144, 160):
+        tile = dispatch._nvfp4_tile(dispatch._nvfp4_share_tile("down", tokens))
+        cfg = DownConfig(mainloop="nvfp4", tile_major=True, **dispatch._nvfp4_rs(tile, True))
+        values = cfg.tile_m * 2 * 128 // cfg.consumer_threads  # (256 weight rows × tile_m tokens a CTA)
+        assert cfg.tile_m == tokens and cfg.acc_values == max(128, values) == max(128, tokens)
+
+
 def test_nvfp4_configs_decode_buffers(monkeypatch):
     """The 16-48-token swap-AB tiles decode into one buffer (D30, D62, D63), the 64-128-token tiles into two
     (down's 80-128-token ones into one: D31, D64; down's 32-64-token tiles sum their partials four at a time: D63);

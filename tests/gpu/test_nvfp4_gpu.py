@@ -536,3 +536,81 @@ def test_80_to_160_token_tiles_against_the_128_token_tile(hidden, inter, tokens,
     for t in (tokens, 128):
         assert_bf16_close(y[t], want, TOL)
     assert not same_bits or torch.equal(y[tokens], y[128])
+
+
+
+@pytest.mark.parametrize("hidden,inter,m", [(8192, 3584, 700), (8192, 3584, 300), (4096, 14336, 450),
+                                           (5120, 13824, 300)])
+def test_144_and_160_token_tiles_in_stream_k(hidden, inter, m):
+    """The 144- and 160-token tiles (DISPATCH D64) as dispatched where schedule() splits some of their
+    tiles over K: each thread's stream-K partials are its 144 or 160 accumulator values
+    (TileConfig.acc_values; slots of 128 had let them overrun each other, h 0.7 off the reference at
+    8192×3584 M = 700). h and y (with a residual) within bf16 rounding of the reference, outputs
+    poisoned first."""
+    from swiglu_fused.kernels import nvfp4_layout
+    from swiglu_fused.kernels.sm90 import down as kd
+    from swiglu_fused.kernels.sm90 import gate_up as kg
+    from swiglu_fused.kernels.sm90 import schedule
+
+    x, w, ws, gs = gate_up_operands(m, hidden, inter, seed=m + 91)
+    cfg = dispatch.gate_up_config(x, w, ws, None, act="silu", h_format="bf16", tile_major=True)
+    hd, wd, wsd, gsd = down_operands(m, hidden, inter, seed=m + 93)
+    res = torch.randn(m, hidden, device="cuda").to(torch.bfloat16)
+    dcfg = dispatch.down_config(hd, wd, wsd, None, res, torch.bfloat16, True)
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    assert cfg.tile_m in (144, 160) and cfg.acc_values == cfg.tile_m
+    assert schedule.schedule(cfg, m, 2 * inter, hidden, sms)[1] > 0
+    h = torch.full((m, inter), float("nan"), dtype=torch.bfloat16, device="cuda")
+    kg.gate_up(cfg, x, *nvfp4_layout.to_tile_major(w, ws), None, gs, out=(h, None), tile_major=True)
+    assert_bf16_close(h, reference.gate_up(x, w, ws, None, gs, interleave=128, act="silu", h_format="bf16")[0], TOL)
+    y = torch.full((m, hidden), float("nan"), dtype=torch.bfloat16, device="cuda")
+    kd.down(dcfg, hd, *nvfp4_layout.to_tile_major(wd, wsd), None, res, gsd, out=y, tile_major=True)
+    assert_bf16_close(y, reference.down(hd, wd, wsd, None, gsd, residual=res), TOL)
+
+
+
+def _tilings_past_128_rows(widths, sms):
+    """{(H, I, M)} with one M for each (op, tile, kind of plan) that dispatch.nvfp4_tile_for and
+    schedule() give nvfp4 at 129-1408 rows of these widths on ``sms`` SMs (kind: whole tiles, plan()'s
+    split over K, D46's hybrid, or every tile stream-K)."""
+    from swiglu_fused.kernels.sm90 import schedule
+    from swiglu_fused.kernels.sm90.tile_config import DownConfig, GateUpConfig
+
+    first = {}
+    for hidden, inter in widths:
+        for m in range(129, dispatch.NVFP4_DEQUANT_M):
+            for op, n, k, cls, kw in (("gate_up", 2 * inter, hidden, GateUpConfig, {"h_format": "bf16"}),
+                                      ("down", hidden, inter, DownConfig, {})):
+                cfg = cls(mainloop="nvfp4", tile_major=True, **dispatch.nvfp4_tile_for(m, op, True, (n, k, sms)), **kw)
+                ctas, sk = schedule.schedule(cfg, m, n, k, sms)
+                tiles = -(-m // cfg.tile_m) * (n // 256)
+                kind = "whole" if not sk else "split" if ctas > tiles else "hybrid" if sk < tiles else "stream-K"
+                first.setdefault((op, cfg.tile_m, kind), (hidden, inter, m))
+    return sorted(set(first.values()))
+
+
+def test_every_tiling_the_model_picks_past_128_rows():
+    """D64's model (nvfp4_tiling) past 128 rows at three widths: for each tile and kind of plan it picks
+    for either op (whole tiles, plan()'s split, D46's hybrid, all stream-K), one M that gets it, and
+    there h and y (with a residual) from the dispatched configs within bf16 rounding of the reference,
+    outputs poisoned first. (The 144/160-token tiles' split plans once overran their partials: v43.)"""
+    from swiglu_fused.kernels import nvfp4_layout
+    from swiglu_fused.kernels.sm90 import down as kd
+    from swiglu_fused.kernels.sm90 import gate_up as kg
+
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    cases = _tilings_past_128_rows([(4096, 14336), (8192, 3584), (2048, 8192)], sms)
+    assert len(cases) >= 10
+    for hidden, inter, m in cases:
+        x, w, ws, gs = gate_up_operands(m, hidden, inter, seed=m)
+        cfg = dispatch.gate_up_config(x, w, ws, None, act="silu", h_format="bf16", tile_major=True)
+        h = torch.full((m, inter), float("nan"), dtype=torch.bfloat16, device="cuda")
+        kg.gate_up(cfg, x, *nvfp4_layout.to_tile_major(w, ws), None, gs, out=(h, None), tile_major=True)
+        want = reference.gate_up(x, w, ws, None, gs, interleave=128, act="silu", h_format="bf16")[0]
+        assert rel_frobenius(h, want) <= TOL, (hidden, inter, m, cfg)
+        hd, wd, wsd, gsd = down_operands(m, hidden, inter, seed=m + 1)
+        res = torch.randn(m, hidden, device="cuda").to(torch.bfloat16)
+        dcfg = dispatch.down_config(hd, wd, wsd, None, res, torch.bfloat16, True)
+        y = torch.full((m, hidden), float("nan"), dtype=torch.bfloat16, device="cuda")
+        kd.down(dcfg, hd, *nvfp4_layout.to_tile_major(wd, wsd), None, res, gsd, out=y, tile_major=True)
+        assert rel_frobenius(y, reference.down(hd, wd, wsd, None, gsd, residual=res)) <= TOL, (hidden, inter, m, dcfg)

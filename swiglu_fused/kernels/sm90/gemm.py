@@ -108,7 +108,7 @@ from .mainloop import MainloopMixin, RowOperands, TileWork
 from .nvfp4 import Nvfp4Mixin
 from .schedule import band_rows, launch_plan, sk_iter_begin
 from .stream_k import Schedule, StreamKMixin
-from .tile_config import (ACC_VALUES, EVICT_FIRST, EVICT_LAST, GRANULE, HALF_N, INTERLEAVE,
+from .tile_config import (EVICT_FIRST, EVICT_LAST, GRANULE, HALF_N, INTERLEAVE,
                           N_ALIGN, NVFP4_GROUP, W_BLOCK, TileConfig)
 
 
@@ -246,9 +246,9 @@ class GemmKernel(MainloopMixin, Nvfp4Mixin, StreamKMixin, EpilogueMixin):
 
         self.shared_storage = self._shared_storage(a_layout, b_layout)
 
-        consumers = 128 * self.num_mma_wg
+        consumers, values = 128 * self.num_mma_wg, cfg.acc_values
         mPart = cute.make_tensor(
-            part_ptr, cute.make_layout((ctas * 2, ACC_VALUES, consumers), stride=(ACC_VALUES * consumers, consumers, 1))
+            part_ptr, cute.make_layout((ctas * 2, values, consumers), stride=(values * consumers, consumers, 1))
         )
         mCtr = cute.make_tensor(ctr_ptr, cute.make_layout(sk_tiles + 1))
         extra = {"cluster": [cfg.cluster_size, 1, 1]} if cfg.cluster_size > 1 else {}

@@ -9,7 +9,7 @@ import threading
 import cutlass
 
 from ...quant import cdiv
-from .tile_config import (ACC_VALUES, BF16_MAINLOOP, FP8_MAINLOOP, HALF_N, GateUpConfig, SplitConfig,
+from .tile_config import (BF16_MAINLOOP, FP8_MAINLOOP, HALF_N, GateUpConfig, SplitConfig,
                           TileConfig, mainloop_tile_k)
 
 
@@ -239,8 +239,8 @@ def launch_plan(config: TileConfig, m: int, n: int, k: int, device, stream=None)
     ctas, sk_tiles = schedule(config, m, n, k, sm_count(device))
     if sk_tiles == 0 or config.cluster_k > 1:  # (cluster_k: the partials go through DSMEM)
         return ctas, sk_tiles, None, None
-    # per CTA two slots (its first and last tile) of 128 fp32 per consumer thread
-    parts = torch.empty(ctas * 2 * ACC_VALUES * config.consumer_threads, dtype=torch.float32, device=device)
+    # per CTA two slots (its first and last tile) of the accumulator's fp32 values per consumer thread
+    parts = torch.empty(ctas * 2 * config.acc_values * config.consumer_threads, dtype=torch.float32, device=device)
     return ctas, sk_tiles, parts, stream_k_counters(device, sk_tiles + 1, stream)
 
 

@@ -92,8 +92,9 @@ class TileConfig:
     # CTAs an SM the kernel is compiled for (nvvm.minctasm; 0: none). Without it ptxas sizes the
     # registers by need and, where that is below the cap, drops setmaxnreg (warning C7508): the
     # swap-AB tiles run every warp at 95 (nvfp4) or 231 (fp8) registers. With 1 it takes the cap at
-    # entry (168 for 384 threads) and keeps setmaxnreg. Not dispatched: to be measured with and
-    # without pdl (history/nvfp4.md, twenty-second session).
+    # entry (168 for 384 threads) and keeps setmaxnreg. Dispatched for nvfp4's register-sourced tiles
+    # of 48-96 tokens (DISPATCH D65: 1.5-12 % faster there); elsewhere measured level or slower
+    # (history/nvfp4.md v22-v23, v43).
     ctas_per_sm: int = 0
     # gate_up's 64/128-row tiles: each warpgroup's h slab leaves smem by a TMA store (issued by one
     # thread, asynchronous: the warpgroup goes on to its next tile while the TMA unit writes, rows
@@ -282,10 +283,18 @@ class TileConfig:
                              f"multiple of that; use static_stages = False (kernels/dispatch.py does)")
 
     @property
+    def acc_values(self) -> int:
+        """fp32 accumulator values a consumer thread holds, so the size of its stream-K partial slots:
+        ACC_VALUES, or a swap-AB tile's 256 × tile_m over its consumer threads where that is more
+        (nvfp4's 144- and 160-token tiles: 144 and 160)."""
+        if self.swap_ab:
+            return max(ACC_VALUES, 2 * HALF_N * self.tile_m // self.consumer_threads)
+        return ACC_VALUES
+
+    @property
     def whole_tiles(self) -> bool:
         """Whether the tiles run whole (no stream-K: their epilogues have no fix-up)."""
-        # (nvfp4's 192-token swap-AB tile: its 192 accumulator values a thread exceed the stream-K
-        # partials' ACC_VALUES slots)
+        # (nvfp4's 192-token swap-AB tile: measured faster than the 128-token one only in whole waves, D32)
         return (self.granules or (self.split_n and not self.split_n_sk) or self.tile_m == TILE_M_WG3
                 or self.static_stages)
 
