@@ -658,6 +658,10 @@ NVFP4_RS = True  # False: every tile decodes into smem (what launch_ab compares)
 # their setmaxnreg (producer 40 registers, consumers 232) instead of running every warp at 168: the MLP
 # 1.5-12 % faster at 33-96 rows; the 32- and 112-160-token tiles level or slower with it (D65)
 NVFP4_FULL_REGS_TOKENS = (48, 64, 80, 96)
+# The rs_decode tiles that load the next k tile's packed words while this one's chain runs
+# (TileConfig.rs_prefetch): the MLP 1.5-4 % faster at M = 96-128 and 2-8 % at 1024, level at 64, but the
+# 48-token tile 1.5-6 % slower (D66)
+NVFP4_PREFETCH_TOKENS = (64, 80, 96, 112, 128, 144, 160)
 
 
 def nvfp4_dequantizes(m: int) -> bool:
@@ -705,7 +709,7 @@ def nvfp4_tiling(op: str, m: int, n: int, k: int, sms: int) -> tuple:
     from .sm90 import schedule as sch
 
     constants = (tuple(NVFP4_SWAP_TILES[op]), NVFP4_WIDE_TILE, NVFP4_EVEN_MAX, NVFP4_RS, NVFP4_RS_TOKENS,
-                 NVFP4_FULL_REGS_TOKENS,
+                 NVFP4_FULL_REGS_TOKENS, NVFP4_PREFETCH_TOKENS,
                  sch.NVFP4_TILE_BASE, sch.NVFP4_SMEM_DECODE_COST, sch.NVFP4_ITER_US, sch.NVFP4_FIXUP_US,
                  sch.NVFP4_HYBRID_MIN_GAIN, sch.NVFP4_HYBRID_TOKENS, sch.FIXUP_US)
     return _nvfp4_tiling(op, m, n, k, sms, constants)
@@ -736,7 +740,8 @@ def _nvfp4_rs(fields: dict, tile_major: bool, on: bool | None = None) -> dict:
     ``on``: NVFP4_RS unless given)."""
     if (NVFP4_RS if on is None else on) and tile_major and fields["tile_m"] in NVFP4_RS_TOKENS:
         regs = {"ctas_per_sm": 1} if fields["tile_m"] in NVFP4_FULL_REGS_TOKENS else {}
-        return {**fields, "rs_decode": True, "decode_buffers": 1, **regs}
+        prefetch = {"rs_prefetch": True} if fields["tile_m"] in NVFP4_PREFETCH_TOKENS else {}
+        return {**fields, "rs_decode": True, "decode_buffers": 1, **regs, **prefetch}
     return fields
 
 

@@ -346,7 +346,7 @@ def test_192_token_tile_is_the_128_token_tile_bit_for_bit(hidden, inter, m, act)
     picked = dispatch.nvfp4_tiling("gate_up", m, w.shape[0], hidden, schedule.sm_count(x.device))
     assert cfg.tile_m == picked[0] and cfg.swap_ab
     wt, wst = nvfp4_layout.to_tile_major(w, ws)
-    cfg = dataclasses.replace(cfg, rs_decode=False)  # (D45's 128-token tile sums in another k order)
+    cfg = dataclasses.replace(cfg, rs_decode=False, rs_prefetch=False)  # (D45's 128-token tile sums in another k order)
     tiles = {False: dispatch._nvfp4_tile(dispatch._nvfp4_share_tile("gate_up", 128)),
              True: dispatch._nvfp4_tile(dispatch.NVFP4_WIDE_TILE)}
     h = {}
@@ -467,7 +467,7 @@ def test_32_and_48_token_tiles_as_dispatched(hidden, inter, m):
     want = reference.gate_up(x, w, ws, None, gs, interleave=128, act="silu", h_format="bf16")[0]
     torch.full((m, inter), float("nan"), dtype=torch.bfloat16, device="cuda")  # (freed: the poison)
     assert_bf16_close(ops.gate_up(x, wt, wst, None, gs, tile_major=True)[0], want, TOL)
-    packed = dict(tile_major=False, rs_decode=False, h_rs_order=False)  # (the packed order decodes into smem)
+    packed = dict(tile_major=False, rs_decode=False, rs_prefetch=False, h_rs_order=False)  # (the packed order decodes into smem)
     h = _kernel_gate_up(dataclasses.replace(cfg, **packed, **dispatch.nvfp4_tile_for(m)), x, w, ws, gs)
     assert_bf16_close(h, want, TOL)
     assert torch.equal(h, _kernel_gate_up(dataclasses.replace(cfg, **packed, **dispatch.nvfp4_tile_for(64)), x, w, ws, gs))
@@ -614,3 +614,31 @@ def test_every_tiling_the_model_picks_past_128_rows():
         y = torch.full((m, hidden), float("nan"), dtype=torch.bfloat16, device="cuda")
         kd.down(dcfg, hd, *nvfp4_layout.to_tile_major(wd, wsd), None, res, gsd, out=y, tile_major=True)
         assert rel_frobenius(y, reference.down(hd, wd, wsd, None, gsd, residual=res)) <= TOL, (hidden, inter, m, dcfg)
+
+
+@pytest.mark.parametrize("hidden,inter,m", [(4096, 14336, 40), (4096, 14336, 64), (8192, 3584, 96),
+                                           (4096, 14336, 300), (8192, 3584, 1000)])
+def test_prefetched_words_give_the_same_bits(hidden, inter, m):
+    """TileConfig.rs_prefetch (DISPATCH D66: the next k tile's packed words loaded while this one's chain
+    runs) on the tiles and plans dispatched for these M, stream-K included: h and y bit for bit what
+    the same tiles give without it (the same arithmetic), outputs poisoned first."""
+    from swiglu_fused.kernels import nvfp4_layout
+    from swiglu_fused.kernels.sm90 import down as kd
+    from swiglu_fused.kernels.sm90 import gate_up as kg
+
+    x, w, ws, gs = gate_up_operands(m, hidden, inter, seed=m + 99)
+    cfg = dispatch.gate_up_config(x, w, ws, None, act="silu", h_format="bf16", tile_major=True)
+    hd, wd, wsd, gsd = down_operands(m, hidden, inter, seed=m + 101)
+    res = torch.randn(m, hidden, device="cuda").to(torch.bfloat16)
+    dcfg = dispatch.down_config(hd, wd, wsd, None, res, torch.bfloat16, True)
+    assert cfg.rs_decode and dcfg.rs_decode
+    h, y = {}, {}
+    for pf in (False, True):
+        h[pf] = torch.full((m, inter), float("nan"), dtype=torch.bfloat16, device="cuda")
+        kg.gate_up(dataclasses.replace(cfg, rs_prefetch=pf), x, *nvfp4_layout.to_tile_major(w, ws), None, gs,
+                   out=(h[pf], None), tile_major=True)
+        y[pf] = torch.full((m, hidden), float("nan"), dtype=torch.bfloat16, device="cuda")
+        kd.down(dataclasses.replace(dcfg, rs_prefetch=pf), hd, *nvfp4_layout.to_tile_major(wd, wsd), None, res, gsd,
+                out=y[pf], tile_major=True)
+    assert_bf16_close(h[True], reference.gate_up(x, w, ws, None, gs, interleave=128, act="silu", h_format="bf16")[0], TOL)
+    assert torch.equal(h[True], h[False]) and torch.equal(y[True], y[False])

@@ -35,8 +35,8 @@ fall out of step and one decodes while the other waits: measured 1-7 % faster at
 slower on the 64-token tile, whose longer wgmma is then exposed), with the same arithmetic in the
 same order (bit-identical).
 
-Into registers (TileConfig.rs_decode; the 64- and 128-token swap-AB tiles of a tile-major weight,
-DISPATCH D45): no decode buffer. Thread t of the wgmma's A layout holds rows g and g + 8 of each
+Into registers (TileConfig.rs_decode; the 32- to 160-token swap-AB tiles of a tile-major weight,
+DISPATCH D45, D62-D64): no decode buffer. Thread t of the wgmma's A layout holds rows g and g + 8 of each
 of its 64-row blocks; thread q = t % 4 of a quad decodes scale group q of those rows in every k
 tile (words 2q and 2q + 1: one 8-byte shared load a row, one scale), pair j of word 2q + c going
 to k step j, column half c of its A fragment, and the wgmma reads A from those registers. k
@@ -44,7 +44,9 @@ position 16j + 8c + 2q + e of the tile then holds column 16q + 8c + 2j + e, so t
 come in that order (nvfp4_layout.rs_k_order; the launchers copy x, gate_up writes h so). Per k
 tile: wait for the stage, decode, issue, wait for the chain (the other warpgroup's chain runs
 meanwhile), release; no fence, no barrier. Not bit-identical to the smem decode (another k order
-inside each wgmma step).
+inside each wgmma step). With TileConfig.rs_prefetch (the 64- to 160-token tiles, D66) the next k
+tile's shared loads go right after the issue, before the wait, into registers the decode reads
+after it.
 
 The per-tensor global scales (fp32 multipliers: gate and up for gate_up, one for down; the host
 turns compressed-tensors' divisor into one) multiply the accumulator once per segment, after the
@@ -226,20 +228,57 @@ class Nvfp4Mixin:
         of its own wgmma A fragments into registers (tW) and the chain reads A there. Each warpgroup
         goes alone: no decode buffer, no proxy fence, no barrier. Tile kt + 1 is decoded once wgmma
         kt is done with the registers (the other warpgroup's wgmma runs meanwhile); a stage is
-        released then too (the chain has read its x). (Two register sets, decoding under the
-        warpgroup's own wgmma, measured slower: history/nvfp4.md v28.)"""
+        released then too (the chain has read its x). rs_prefetch: tile kt + 1's shared loads are
+        issued before that wait (D66). (Two register sets, decoding under the warpgroup's own wgmma,
+        and the two warpgroups taking turns measured slower: history/nvfp4.md v28, v43.)"""
         tiled_mma.set(cute.nvgpu.warpgroup.Field.ACCUMULATE, True)
         frag = cute.recast_tensor(tW, Int32)  # ((1, 2, 2), blocks, MMA_K): a bf16 pair a word
         mma = (tiled_mma, acc, tX, num_k_blocks)
-        for kt in cutlass.range(kb0, kb1, unroll=1):
+        if cutlass.const_expr(self.cfg.rs_prefetch):  # tile kt + 1's words loaded while chain kt runs
+            blocks = cute.size(frag, mode=[1])
+            raw = cute.make_rmem_tensor(cute.make_layout(6 * blocks), Int32)
             mainloop.consumer_wait(state)
-            self._decode_fragments(dec, state.index, frag)
-            self._issue_rs(mma, tW, state.index)
-            state.advance()
-            cute.nvgpu.warpgroup.wait_group(0)
-            mainloop.consumer_release(release)
-            release.advance()
+            self._load_rs(dec, state.index, raw, blocks)
+            for kt in cutlass.range(kb0, kb1, unroll=1):
+                self._decode_rs(dec, raw, frag, blocks)
+                self._issue_rs(mma, tW, state.index)
+                state.advance()
+                if kt + 1 < kb1:
+                    mainloop.consumer_wait(state)
+                    self._load_rs(dec, state.index, raw, blocks)
+                cute.nvgpu.warpgroup.wait_group(0)
+                mainloop.consumer_release(release)
+                release.advance()
+        else:
+            for kt in cutlass.range(kb0, kb1, unroll=1):
+                mainloop.consumer_wait(state)
+                self._decode_fragments(dec, state.index, frag)
+                self._issue_rs(mma, tW, state.index)
+                state.advance()
+                cute.nvgpu.warpgroup.wait_group(0)
+                mainloop.consumer_release(release)
+                release.advance()
         return state, release
+
+    def _load_rs(self, dec: DecodeOperands, stage, raw, blocks: int):
+        """rs_prefetch: _decode_fragments' shared loads of stage ``stage`` into raw, registers carried
+        to the next k tile: 6 words a block, row g's and g + 8's scale words, then the two words of
+        each (plain Python, inlined)."""
+        for b in range(blocks):
+            for vb in range(2):
+                raw[6 * b + vb] = ld_shared_b32(self._rs_address(dec, stage, b, vb)[0])
+            for vb in range(2):
+                words = ld_shared_v2(self._rs_address(dec, stage, b, vb)[1])
+                for c in range(2):
+                    raw[6 * b + 2 + 2 * vb + c] = words[c]
+
+    def _decode_rs(self, dec: DecodeOperands, raw, frag, blocks: int):
+        """rs_prefetch: _decode_fragments' arithmetic on the words _load_rs loaded (plain Python, inlined)."""
+        sel = Int32(0x40) + Int32(0x11) * dec.quad
+        for b in range(blocks):
+            scales = self._rs_scales((raw[6 * b], raw[6 * b + 1]), sel)
+            for vb in range(2):
+                self._rs_fragments(frag, b, vb, (raw[6 * b + 2 + 2 * vb], raw[6 * b + 3 + 2 * vb]), scales[vb])
 
     def _issue_rs(self, mma, tW, stage):
         """Fence this thread's fragment writes for the wgmma, issue the k tile's chain (plain
@@ -257,20 +296,31 @@ class Nvfp4Mixin:
         scale. k step j's fragment column pairs (2q, 2q + 1) and (2q + 8, 2q + 9) get pair j of
         words 2q and 2q + 1, i.e. columns 16q + 2j (+ 1) and 16q + 8 + 2j (+ 1): k positions 16j + 8c
         + 2q + e hold columns 16q + 8c + 2j + e, which nvfp4_layout.rs_k_order gives the activations."""
-        cfg = self.cfg
-        base = dec.w_addr + stage * cfg.w_stage_bytes + dec.quad * 8
         sel = Int32(0x40) + Int32(0x11) * dec.quad  # byte q of row g's scale word, then of row g + 8's
         for b in range(cute.size(frag, mode=[1])):
-            row = dec.row + 64 * self.num_mma_wg * b
-            sw = [ld_shared_b32(dec.s_addr + (stage * cfg.tile_n + row + 8 * vb) * 4) for vb in range(2)]
-            sc = e4m3x2_to_bf16x2(prmt(sw[0], sw[1], sel))
-            scales = (prmt(sc, sc, Int32(0x1010)), prmt(sc, sc, Int32(0x3232)))
+            scales = self._rs_scales([ld_shared_b32(self._rs_address(dec, stage, b, vb)[0]) for vb in range(2)], sel)
             for vb in range(2):
-                words = ld_shared_v2(base + (row + 8 * vb) * (cfg.tile_k // 2))
-                for c in range(2):
-                    pairs = e2m1x8_to_bf16x2x4(words[c], scales[vb])
-                    for j in range(4):
-                        frag[((0, vb, c), b, j)] = pairs[j]
+                self._rs_fragments(frag, b, vb, ld_shared_v2(self._rs_address(dec, stage, b, vb)[1]), scales[vb])
+
+    def _rs_address(self, dec: DecodeOperands, stage, b: int, vb: int):
+        """(shared address of the scale word, of the thread's two words) of row dec.row + 8·vb + 64·wgs·b
+        in packed stage ``stage`` (plain Python, inlined)."""
+        cfg = self.cfg
+        row = dec.row + 64 * self.num_mma_wg * b + 8 * vb
+        words = dec.w_addr + stage * cfg.w_stage_bytes + dec.quad * 8 + row * (cfg.tile_k // 2)
+        return dec.s_addr + (stage * cfg.tile_n + row) * 4, words
+
+    def _rs_scales(self, sw, sel):
+        """Scale words of rows g and g + 8 → (row g's scale group as a bf16 pair, row g + 8's)."""
+        sc = e4m3x2_to_bf16x2(prmt(sw[0], sw[1], sel))
+        return prmt(sc, sc, Int32(0x1010)), prmt(sc, sc, Int32(0x3232))
+
+    def _rs_fragments(self, frag, b: int, vb: int, words, scale):
+        """A row's two words → its pairs of block b's fragments (pair j of word c to k step j, half c)."""
+        for c in range(2):
+            pairs = e2m1x8_to_bf16x2x4(words[c], scale)
+            for j in range(4):
+                frag[((0, vb, c), b, j)] = pairs[j]
 
     def _issue_decoded(self, mma, bar, stage, buf):
         """Fence the decode's generic-proxy stores for the async proxy, meet the other consumers

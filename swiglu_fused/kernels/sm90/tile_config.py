@@ -153,6 +153,10 @@ class TileConfig:
     # register set: decode_buffers = 1 (two, decoded under the warpgroup's own wgmma, measured
     # slower: history/nvfp4.md v28; DISPATCH D45).
     rs_decode: bool = False
+    # rs_decode: the next k tile's packed words and scale words loaded from smem into registers while
+    # this k tile's chain runs, so that the decode after the wait is arithmetic only (the same bits;
+    # the 64-160-token tiles, DISPATCH D66: 2-8 % faster at M = 1024, slower on the 48-token tile)
+    rs_prefetch: bool = False
     # the fp8 128-row tile with smem_scales, as whole tiles whose k tiles are a whole number of rings
     # of stages (check_k refuses other K): the k loop steps a ring at a time with its stages
     # unrolled, so every stage index, barrier and wgmma descriptor is a compile-time offset
@@ -245,6 +249,8 @@ class TileConfig:
                                    and self.decode_buffers == 1):
             raise ValueError(f"{name}.rs_decode: the nvfp4 mainloop's swap-AB tiles on a tile-major weight, with "
                              f"decode_buffers = 1 (one register set) and without uniform_ab; got {self}")
+        if self.rs_prefetch and not self.rs_decode:
+            raise ValueError(f"{name}.rs_prefetch: only with rs_decode; got {self}")
         if self.l2_hint not in L2_HINTS:
             raise ValueError(f"{name}.l2_hint: expected one of {L2_HINTS}, got {self.l2_hint!r}")
         if self.dequantized and (self.mainloop != BF16_MAINLOOP or self.swap_ab or self.granules):
