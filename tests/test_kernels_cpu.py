@@ -346,7 +346,8 @@ def test_stream_k_partials_hold_every_accumulator_value():
 def test_nvfp4_configs_decode_buffers(monkeypatch):
     """The 16-48-token swap-AB tiles decode into one buffer (D30, D62, D63), the 64-128-token tiles into two
     (down's 80-128-token ones into one: D31, D64; down's 32-64-token tiles sum their partials four at a time: D63);
-    every pick is shipped (compile-checked), and one buffer is refused where no mainloop reads it."""
+    the register-sourced ones launch for the full register split at 48-96 tokens (D65) and prefetch from 64
+    (D66); every pick is shipped (compile-checked), and one buffer is refused where no mainloop reads it."""
     pytest.importorskip("cutlass")
     from swiglu_fused.kernels.sm90 import down, gate_up
     from swiglu_fused.weight_packing import pack
@@ -369,6 +370,9 @@ def test_nvfp4_configs_decode_buffers(monkeypatch):
             assert (gcfg.decode_buffers, dcfg.decode_buffers) == buffers and gcfg.swap_ab and dcfg.swap_ab, m
             assert gcfg.tile_m == dcfg.tile_m == tokens, m
             assert (gcfg.fixup_unroll, dcfg.fixup_unroll) == (1, 4 if 32 <= tokens <= 64 else 1), m
+            # (D65: ptxas keeps the 48-96-token tiles' register split; D66: the 64-160-token tiles prefetch)
+            assert gcfg.ctas_per_sm == dcfg.ctas_per_sm == (1 if gcfg.rs_decode and 48 <= tokens <= 96 else 0), m
+            assert gcfg.rs_prefetch == dcfg.rs_prefetch == (gcfg.rs_decode and tokens >= 64), m
             assert gcfg in dispatch.gate_up_shipped() and dcfg in dispatch.down_shipped()
             h_rs = dataclasses.replace(gcfg, h_rs_order=True)
             assert (h_rs in dispatch.gate_up_shipped()) == gcfg.rs_decode, m
@@ -386,6 +390,8 @@ def test_nvfp4_configs_decode_buffers(monkeypatch):
             down.DownConfig(rs_decode=True, **bad)
     with pytest.raises(ValueError, match="h_rs_order"):
         gate_up.GateUpConfig(tile_m=128, stages=4, mainloop="bf16", h_format="bf16", h_rs_order=True)
+    with pytest.raises(ValueError, match="rs_prefetch"):
+        down.DownConfig(mainloop="nvfp4", swap_ab=True, tile_m=128, tile_major=True, rs_prefetch=True)
 
 
 def test_l2_hints_go_to_the_weight_loads():
