@@ -290,12 +290,9 @@ class TileConfig:
 
     @property
     def acc_values(self) -> int:
-        """fp32 accumulator values a consumer thread holds, so the size of its stream-K partial slots:
-        ACC_VALUES, or a swap-AB tile's 256 × tile_m over its consumer threads where that is more
-        (nvfp4's 144- and 160-token tiles: 144 and 160)."""
-        if self.swap_ab:
-            return max(ACC_VALUES, 2 * HALF_N * self.tile_m // self.consumer_threads)
-        return ACC_VALUES
+        """fp32 values of a stream-K partial slot, a consumer thread's: its share of the tile_m × tile_n
+        accumulator, at least ACC_VALUES (more only on nvfp4's 144- and 160-token tiles: 144 and 160)."""
+        return max(ACC_VALUES, self.tile_m * self.tile_n // self.consumer_threads)
 
     @property
     def whole_tiles(self) -> bool:
