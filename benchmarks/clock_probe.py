@@ -6,7 +6,13 @@ samples NVML every 20 ms; printed: µs per call, median SM clock, median power, 
 reasons seen. A kernel that moves fewer bytes may run at a higher clock under the same power cap,
 which a timing alone does not show.
 
+With --mlp FORMAT,...: the whole MLP (FusedSwiGLUMLP in each format, and transformers' bf16 MLP as
+hf_bf16) instead, cycling through bench.layer_count layers as `swiglu-fused bench` does; each line
+also gives the energy a call (median power × µs), and below it each kernel's µs profiled right
+after the run, still at the clock the power cap holds (--repeat: the formats in turn, again).
+
     python -m benchmarks.clock_probe --shape 4096x14336 --m 4096 --variant resident:probe=resident
+    python -m benchmarks.clock_probe --shape 8192x3584 --m 1024 --mlp nvfp4,bf16,hf_bf16
 """
 
 from __future__ import annotations
@@ -22,6 +28,8 @@ import torch
 
 from benchmarks import harness as b
 from benchmarks.harness import parse_variant
+from benchmarks.profile_mlp import kernel_records, per_position, short
+from swiglu_fused import bench
 from swiglu_fused.kernels.sm90 import gate_up as kg
 
 
@@ -84,6 +92,7 @@ def smi_sampler():
     return start, finish
 
 
+ACTIVITIES = ("kernel", "gpu_memset", "gpu_memcpy")  # what --mlp's profiled timeline lists
 THROTTLE = {0x4: "sw_power_cap", 0x20: "sw_thermal", 0x40: "hw_thermal", 0x80: "hw_power_brake",
             0x8: "hw_slowdown"}
 
@@ -114,6 +123,48 @@ def run(fn, seconds):
                 throttle=[name for bit, name in THROTTLE.items() if reasons & bit])
 
 
+def report(label: str, r: dict) -> None:
+    print(f"{label:>34}: {r['us']:8.1f} µs  SM {r['sm_mhz']:5.0f} MHz  {r['watts']:5.0f} W"
+          f"  {r['watts'] * r['us'] / 1e3:6.1f} mJ a call  throttle {','.join(r['throttle']) or '-'}", flush=True)
+
+
+def hot_timeline(call, seconds: float = 0.5, replays: int = 20) -> list:
+    """Each kernel of one call, median µs over ``replays`` graph replays profiled right after
+    ``seconds`` more of them, so at the clock the power cap holds (a profile of a cool GPU runs at a
+    higher clock and says less about a sustained run)."""
+    graph = b.capture(call)
+    t0 = time.perf_counter()
+    while time.perf_counter() - t0 < seconds:
+        for _ in range(20):
+            graph.replay()
+        torch.cuda.synchronize()
+    with torch.no_grad():
+        return per_position(kernel_records(graph, replays, ACTIVITIES), replays * b.REPS)
+
+
+def probe_mlps(a, hidden: int, inter: int) -> None:
+    """--mlp: each format's whole MLP replayed for --seconds, cycling through its own layers."""
+    names = a.mlp.split(",")
+    layers = []
+    for seed in range(bench.layer_count(hidden, inter)):
+        mlp = bench.hf_mlp(hidden, inter, seed)
+        layers.append({n: mlp if n == bench.HF else bench.fused(mlp, n) for n in names})
+    x = torch.randn(a.m, hidden, device="cuda").to(torch.bfloat16)
+    rows = []
+    with torch.no_grad():
+        for n in [n for _ in range(a.repeat) for n in names]:
+            call = bench.rotating(layers, n, x)
+            r = dict(format=n, **run(call, a.seconds))
+            report(f"{a.shape} M={a.m} {n}", r)
+            r["kernels"], r["span_us"] = hot_timeline(call)
+            print(" " * 36 + f"profiled: {r['span_us']:.1f} µs a call | " + " | ".join(
+                f"{short(k['name'], 24)} {k['us']:.1f} ({k['gap_us']:+.1f})" for k in r["kernels"]), flush=True)
+            rows.append(r)
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(dict(device=torch.cuda.get_device_name(), shape=a.shape, m=a.m, rows=rows), f, indent=1)
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--shape", default="4096x14336", help="HxI")
@@ -122,8 +173,13 @@ def main():
     p.add_argument("--variant", action="append", default=[], metavar="NAME:FIELD=VALUE,...")
     p.add_argument("--seconds", type=float, default=2.0)
     p.add_argument("--json", default=None)
+    p.add_argument("--repeat", type=int, default=1, help="--mlp: probe the formats in turn this many times")
+    p.add_argument("--mlp", default=None, metavar="FORMAT,...",
+                   help="the whole MLP in these formats (and hf_bf16: transformers' bf16 MLP) instead of gate_up")
     a = p.parse_args()
     hidden, inter = map(int, a.shape.split("x"))
+    if a.mlp:
+        return probe_mlps(a, hidden, inter)
     fp8 = a.mainloop == "fp8_block128"
     make = (lambda s: b.operands(a.m, hidden, inter, s)) if fp8 else (lambda s: b.bf16_operands(a.m, hidden, inter, s))
     first = make(0)
@@ -142,8 +198,7 @@ def main():
     for name, fn in fns.items():
         r = run(fn, a.seconds)
         rows[name] = r
-        print(f"{a.shape} M={a.m} {name:>12}: {r['us']:8.1f} µs  SM {r['sm_mhz']:5.0f} MHz  {r['watts']:5.0f} W"
-              f"  throttle {','.join(r['throttle']) or '-'}", flush=True)
+        report(f"{a.shape} M={a.m} {name}", r)
     if a.json:
         with open(a.json, "w") as f:
             json.dump(dict(device=torch.cuda.get_device_name(), shape=a.shape, m=a.m, mainloop=a.mainloop,

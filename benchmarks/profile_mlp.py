@@ -28,8 +28,9 @@ from benchmarks.harness import (
 from swiglu_fused import FusedSwiGLUMLP, quant
 
 
-def kernel_records(graph, replays):
-    """Kernel (name, start µs, duration µs) of ``replays`` graph replays, in launch order."""
+def kernel_records(graph, replays, cats=("kernel",)):
+    """Kernel (name, start µs, duration µs) of ``replays`` graph replays, in launch order (``cats``: the
+    trace's activity categories to keep, e.g. also "gpu_memset" and "gpu_memcpy")."""
     from torch.profiler import ProfilerActivity, profile
 
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
@@ -41,7 +42,7 @@ def kernel_records(graph, replays):
         prof.export_chrome_trace(path)
         with open(path) as f:
             events = json.load(f)["traceEvents"]
-    kernels = [e for e in events if e.get("cat") == "kernel"]
+    kernels = [e for e in events if e.get("cat") in cats]
     kernels.sort(key=lambda e: e["ts"])
     return [(e["name"], float(e["ts"]), float(e["dur"])) for e in kernels]
 
