@@ -128,18 +128,18 @@ def report(label: str, r: dict) -> None:
           f"  {r['watts'] * r['us'] / 1e3:6.1f} mJ a call  throttle {','.join(r['throttle']) or '-'}", flush=True)
 
 
-def hot_timeline(call, seconds: float = 0.5, replays: int = 20) -> list:
-    """Each kernel of one call, median µs over ``replays`` graph replays profiled right after
-    ``seconds`` more of them, so at the clock the power cap holds (a profile of a cool GPU runs at a
-    higher clock and says less about a sustained run)."""
+def hot_timeline(call, seconds: float = 0.5, replays: int = 20) -> tuple[list, float]:
+    """(each kernel, memset and copy of one call: profile_mlp.per_position's rows, medians over
+    ``replays`` graph replays; the median µs from one call's start to the next's), profiled right
+    after ``seconds`` more replays, so at the clock the power cap holds (a profile of a cool GPU runs
+    at a higher clock and says less about a sustained run: history/method.md)."""
     graph = b.capture(call)
     t0 = time.perf_counter()
     while time.perf_counter() - t0 < seconds:
         for _ in range(20):
             graph.replay()
         torch.cuda.synchronize()
-    with torch.no_grad():
-        return per_position(kernel_records(graph, replays, ACTIVITIES), replays * b.REPS)
+    return per_position(kernel_records(graph, replays, ACTIVITIES), replays * b.REPS)
 
 
 def probe_mlps(a, hidden: int, inter: int) -> None:
