@@ -113,8 +113,8 @@ def run_case(name):
             from swiglu_fused.kernels import dispatch
 
             cfg = dispatch.gate_up_config(x, w, ws, None, act="silu", h_format="bf16", tile_major=True)
-        elif cfg is None:
-            cfg = b.gate_up_config(x, w, ws, xs, act="silu", h_format="fp8_group128")
+        elif cfg is None:  # h as the MLP of that format writes it (bf16's in bf16: until 2026-12-01 fp8 here)
+            cfg = b.gate_up_config(x, w, ws, xs, act="silu", h_format="bf16" if mainloop == "bf16" else "fp8_group128")
         else:
             cfg = dataclasses.replace(cfg, mainloop=mainloop)
         plan = forced(split[0]) if split else schedule.plan
