@@ -274,9 +274,8 @@ class Nvfp4Mixin:
 
     def _decode_rs(self, dec: DecodeOperands, raw, frag, blocks: int):
         """rs_prefetch: _decode_fragments' arithmetic on the words _load_rs loaded (plain Python, inlined)."""
-        sel = Int32(0x40) + Int32(0x11) * dec.quad
         for b in range(blocks):
-            scales = self._rs_scales((raw[6 * b], raw[6 * b + 1]), sel)
+            scales = self._rs_scales((raw[6 * b], raw[6 * b + 1]), dec.quad)
             for vb in range(2):
                 self._rs_fragments(frag, b, vb, (raw[6 * b + 2 + 2 * vb], raw[6 * b + 3 + 2 * vb]), scales[vb])
 
@@ -296,9 +295,9 @@ class Nvfp4Mixin:
         scale. k step j's fragment column pairs (2q, 2q + 1) and (2q + 8, 2q + 9) get pair j of
         words 2q and 2q + 1, i.e. columns 16q + 2j (+ 1) and 16q + 8 + 2j (+ 1): k positions 16j + 8c
         + 2q + e hold columns 16q + 8c + 2j + e, which nvfp4_layout.rs_k_order gives the activations."""
-        sel = Int32(0x40) + Int32(0x11) * dec.quad  # byte q of row g's scale word, then of row g + 8's
         for b in range(cute.size(frag, mode=[1])):
-            scales = self._rs_scales([ld_shared_b32(self._rs_address(dec, stage, b, vb)[0]) for vb in range(2)], sel)
+            scales = self._rs_scales([ld_shared_b32(self._rs_address(dec, stage, b, vb)[0]) for vb in range(2)],
+                                     dec.quad)
             for vb in range(2):
                 self._rs_fragments(frag, b, vb, ld_shared_v2(self._rs_address(dec, stage, b, vb)[1]), scales[vb])
 
@@ -310,8 +309,9 @@ class Nvfp4Mixin:
         words = dec.w_addr + stage * cfg.w_stage_bytes + dec.quad * 8 + row * (cfg.tile_k // 2)
         return dec.s_addr + (stage * cfg.tile_n + row) * 4, words
 
-    def _rs_scales(self, sw, sel):
-        """Scale words of rows g and g + 8 → (row g's scale group as a bf16 pair, row g + 8's)."""
+    def _rs_scales(self, sw, quad):
+        """Scale words of rows g and g + 8 → (row g's scale group ``quad`` as a bf16 pair, row g + 8's)."""
+        sel = Int32(0x40) + Int32(0x11) * quad  # byte quad of row g's scale word, then of row g + 8's
         sc = e4m3x2_to_bf16x2(prmt(sw[0], sw[1], sel))
         return prmt(sc, sc, Int32(0x1010)), prmt(sc, sc, Int32(0x3232))
 
