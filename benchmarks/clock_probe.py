@@ -97,8 +97,9 @@ THROTTLE = {0x4: "sw_power_cap", 0x20: "sw_thermal", 0x40: "hw_thermal", 0x80: "
             0x8: "hw_slowdown"}
 
 
-def run(fn, seconds):
-    graph = b.capture(fn)
+def run(graph, seconds):
+    """µs a call, median SM clock and power, and the throttle reasons seen while ``graph`` (of
+    b.REPS calls) replays back to back for ``seconds``."""
     start, finish = nvml_sampler()
     torch.cuda.synchronize()
     start()
@@ -128,17 +129,11 @@ def report(label: str, r: dict) -> None:
           f"  {r['watts'] * r['us'] / 1e3:6.1f} mJ a call  throttle {','.join(r['throttle']) or '-'}", flush=True)
 
 
-def hot_timeline(call, seconds: float = 0.5, replays: int = 20) -> tuple[list, float]:
+def hot_timeline(graph, replays: int = 20) -> tuple[list, float]:
     """(each kernel, memset and copy of one call: profile_mlp.per_position's rows, medians over
-    ``replays`` graph replays; the median µs from one call's start to the next's), profiled right
-    after ``seconds`` more replays, so at the clock the power cap holds (a profile of a cool GPU runs
+    ``replays`` replays of ``graph``; the median µs from one call's start to the next's). Called right
+    after run() on the same graph, so at the clock the power cap holds (a profile of a cool GPU runs
     at a higher clock and says less about a sustained run: history/method.md)."""
-    graph = b.capture(call)
-    t0 = time.perf_counter()
-    while time.perf_counter() - t0 < seconds:
-        for _ in range(20):
-            graph.replay()
-        torch.cuda.synchronize()
     return per_position(kernel_records(graph, replays, ACTIVITIES), replays * b.REPS)
 
 
@@ -153,10 +148,10 @@ def probe_mlps(a, hidden: int, inter: int) -> None:
     rows = []
     with torch.no_grad():
         for n in [n for _ in range(a.repeat) for n in names]:
-            call = bench.rotating(layers, n, x)
-            r = dict(format=n, **run(call, a.seconds))
+            graph = b.capture(bench.rotating(layers, n, x))
+            r = dict(format=n, **run(graph, a.seconds))
+            r["kernels"], r["span_us"] = hot_timeline(graph)
             report(f"{a.shape} M={a.m} {n}", r)
-            r["kernels"], r["span_us"] = hot_timeline(call)
             print(" " * 36 + f"profiled: {r['span_us']:.1f} µs a call | " + " | ".join(
                 f"{short(k['name'], 24)} {k['us']:.1f} ({k['gap_us']:+.1f})" for k in r["kernels"]), flush=True)
             rows.append(r)
@@ -196,7 +191,7 @@ def main():
         fns["cublas_gemm"] = b.cycling(lambda x, xs, w, ws: x @ w.t(), sets)
     rows = {}
     for name, fn in fns.items():
-        r = run(fn, a.seconds)
+        r = run(b.capture(fn), a.seconds)
         rows[name] = r
         report(f"{a.shape} M={a.m} {name}", r)
     if a.json:
