@@ -781,13 +781,24 @@ def test_nvfp4_tiling_follows_its_model(monkeypatch):
     tile (19 % faster than two of 80); 2048×8192 (N 16384, K 2048: one M tile leaves half the SMs idle)
     on two of 80 (one of 144: 40 % slower); gate_up's 192-token tile at 4096×14336 M = 192 (6 % faster
     than two of 96), not at 160 (19 % slower than one of 160). Without the SMs (a CPU tensor's config)
-    the fewest 128-token tiles; up to 128 rows one tile, the smallest that holds them."""
+    the fewest 128-token tiles; up to 128 rows one tile, the smallest that holds them. D67: down's
+    128-row tiles of 224-256 tokens join the candidates (8192×3584 M = 1024: four of 256, not eight of
+    128; M = 1152 stays on 144-token tiles, where five of 256 would be 10-17 % slower)."""
+    from swiglu_fused.kernels.sm90.tile_config import DownConfig
+
     tiling = dispatch.nvfp4_tiling
+    down_shipped = dispatch.down_shipped()
     assert tiling("gate_up", 144, 28672, 4096, 132)[0] == tiling("down", 144, 4096, 14336, 132)[0] == 144
     assert tiling("gate_up", 144, 16384, 2048, 132)[0] == tiling("down", 144, 2048, 8192, 132)[0] == 80
     assert tiling("gate_up", 192, 28672, 4096, 132) == dispatch.NVFP4_WIDE_TILE
     assert tiling("gate_up", 160, 28672, 4096, 132)[0] == 160
-    assert [tiling("down", m, 8192, 3584, 132)[0] for m in (300, 640, 1024)] == [160, 160, 128]
+    assert [tiling("down", m, 8192, 3584, 132)[0] for m in (300, 640, 1024, 1152)] == [160, 160, 256, 144]
+    half = DownConfig(mainloop=tile_config.NVFP4_MAINLOOP, tile_major=True,
+                      **dispatch._nvfp4_rs(dispatch._nvfp4_tile(tiling("down", 1024, 8192, 3584, 132)), True))
+    assert half.nvfp4_half_rows and half.rs_decode and half.rs_prefetch and half.stages == 4 and half in down_shipped
+    monkeypatch.setattr(dispatch, "NVFP4_HALF_ROWS", False)
+    assert tiling("down", 1024, 8192, 3584, 132)[0] == 128
+    monkeypatch.setattr(dispatch, "NVFP4_HALF_ROWS", True)
     tile = dispatch.nvfp4_tile_for
     assert tile(100, shape=(28672, 4096, 132), tile_major=True)["tile_m"] == 112
     assert tile(300, tile_major=True)["tile_m"] == 112 and tile(144, tile_major=True)["tile_m"] == 80

@@ -627,12 +627,17 @@ def with_split_n_sk(config, m: int, n: int, k: int, sms: int):
 # register set: NVFP4_RS_TOKENS; the 144- and 160-token tiles run only so). Down's 32-64-token tiles
 # sum their stream-K partials four at a time (a fourth field: TileConfig.fixup_unroll; 8 and more CTAs
 # share a tile there): the MLP 1-2 % faster, 6-7 % at 2048×8192 (D63).
+# down's 224-256-token tiles are 128 weight rows tall (TileConfig.nvfp4_half_rows: one 64-row block a
+# consumer warpgroup, so that the accumulator holds 256 tokens), decoding each weight row for twice the
+# tokens of a 256-row tile: the MLP 2.5-3 % faster at M = 512-1024 where nvfp4_tiling picks them (D67)
+NVFP4_HALF_ROWS_TOKENS = (224, 240, 256)
 NVFP4_SWAP_TILES = {  # (tokens, stages, decode buffers[, fixup_unroll])
     "gate_up": ((16, 6, 1), (32, 6, 1), (48, 6, 1), (64, 6, 2), (80, 4, 2), (96, 4, 2), (112, 4, 2), (128, 4, 2),
                 (144, 4, 2), (160, 4, 2)),
     "down": ((16, 6, 1), (32, 6, 1, 4), (48, 6, 1, 4), (64, 6, 2, 4), (80, 5, 1), (96, 5, 1), (112, 5, 1), (128, 5, 1),
-             (144, 5, 1), (160, 5, 1)),
+             (144, 5, 1), (160, 5, 1), (224, 4, 1), (240, 4, 1), (256, 4, 1)),
 }
+NVFP4_HALF_ROWS = True  # False: nvfp4_tiling leaves down's 128-row tiles out (what launch_ab compares)
 # Up to NVFP4_EVEN_MAX rows one M tile, the smallest that holds them. Above, M tiles of equal size, each
 # the smallest tile that holds its share: on a GPU as many as nvfp4_tiling picks, between the fewest the
 # largest tile needs and the fewest NVFP4_EVEN_MAX-token tiles (or gate_up's 192-token tile), by
@@ -652,7 +657,7 @@ NVFP4_DEQUANT_M = 1409  # from this M the weight is dequantized to bf16 for the 
 # v28; the 32- and 48-token tiles since D62, D63, the 80-160-token ones D64). gate_up then orders x by
 # a copy a call and writes h in that order where down reads it so (GateUpConfig.h_rs_order; the ops'
 # h_order="auto", which pipeline.mlp passes: h_in_rs_order).
-NVFP4_RS_TOKENS = (32, 48, 64, 80, 96, 112, 128, 144, 160)
+NVFP4_RS_TOKENS = (32, 48, 64, 80, 96, 112, 128, 144, 160, *NVFP4_HALF_ROWS_TOKENS)
 NVFP4_RS = True  # False: every tile decodes into smem (what launch_ab compares)
 # The rs_decode tiles launched with min_blocks_per_mp = 1 (TileConfig.ctas_per_sm), so that ptxas keeps
 # their setmaxnreg (producer 40 registers, consumers 232) instead of running every warp at 168: the MLP
@@ -661,7 +666,7 @@ NVFP4_FULL_REGS_TOKENS = (48, 64, 80, 96)
 # The rs_decode tiles that load the next k tile's packed words while this one's chain runs
 # (TileConfig.rs_prefetch): the MLP 1.5-4 % faster at M = 96-128 and 2-8 % at 1024, level at 64, but the
 # 48-token tile 1.5-6 % slower (D66)
-NVFP4_PREFETCH_TOKENS = (64, 80, 96, 112, 128, 144, 160)
+NVFP4_PREFETCH_TOKENS = (64, 80, 96, 112, 128, 144, 160, *NVFP4_HALF_ROWS_TOKENS)
 
 
 def nvfp4_dequantizes(m: int) -> bool:
@@ -695,9 +700,10 @@ def nvfp4_tile_for(m: int, op: str = "gate_up", tile_major: bool = False,
     return _nvfp4_rs(_nvfp4_tile(_nvfp4_share_tile(op, cdiv(m, cdiv(m, NVFP4_EVEN_MAX)))), tile_major)
 
 
-def _nvfp4_share_tile(op: str, share: int) -> tuple:
-    """The smallest of op's NVFP4_SWAP_TILES that holds ``share`` tokens (the largest past them all)."""
-    tiles = NVFP4_SWAP_TILES[op]
+def _nvfp4_share_tile(op: str, share: int, half_rows: bool = False) -> tuple:
+    """The smallest of op's NVFP4_SWAP_TILES that holds ``share`` tokens (the largest past them all),
+    of the 256-row tiles unless ``half_rows`` (down's 128-row ones too)."""
+    tiles = [t for t in NVFP4_SWAP_TILES[op] if half_rows or t[0] not in NVFP4_HALF_ROWS_TOKENS]
     return next((t for t in tiles if share <= t[0]), tiles[-1])
 
 
@@ -709,7 +715,7 @@ def nvfp4_tiling(op: str, m: int, n: int, k: int, sms: int) -> tuple:
     from .sm90 import schedule as sch
 
     constants = (tuple(NVFP4_SWAP_TILES[op]), NVFP4_WIDE_TILE, NVFP4_EVEN_MAX, NVFP4_RS, NVFP4_RS_TOKENS,
-                 NVFP4_FULL_REGS_TOKENS, NVFP4_PREFETCH_TOKENS,
+                 NVFP4_FULL_REGS_TOKENS, NVFP4_PREFETCH_TOKENS, NVFP4_HALF_ROWS, sch.NVFP4_HALF_ROWS_BASE,
                  sch.NVFP4_TILE_BASE, sch.NVFP4_SMEM_DECODE_COST, sch.NVFP4_ITER_US, sch.NVFP4_FIXUP_US,
                  sch.NVFP4_HYBRID_MIN_GAIN, sch.NVFP4_HYBRID_TOKENS, sch.FIXUP_US)
     return _nvfp4_tiling(op, m, n, k, sms, constants)
@@ -722,8 +728,8 @@ def _nvfp4_tiling(op, m, n, k, sms, constants):
     from .sm90.schedule import nvfp4_swap_us
     from .sm90.tile_config import DownConfig, GateUpConfig
 
-    fewest = cdiv(m, NVFP4_SWAP_TILES[op][-1][0])
-    tiles = {_nvfp4_share_tile(op, cdiv(m, c)) for c in range(fewest, cdiv(m, NVFP4_EVEN_MAX) + 1)}
+    fewest = cdiv(m, _nvfp4_share_tile(op, m, NVFP4_HALF_ROWS)[0])
+    tiles = {_nvfp4_share_tile(op, cdiv(m, c), NVFP4_HALF_ROWS) for c in range(fewest, cdiv(m, NVFP4_EVEN_MAX) + 1)}
     if op == "gate_up":
         tiles.add(NVFP4_WIDE_TILE)
     cls, kw = (GateUpConfig, {"h_format": formats.NVFP4.h_format}) if op == "gate_up" else (DownConfig, {})
@@ -946,10 +952,11 @@ def warp_mma_shipped() -> list:
 
 def _nvfp4_tile(tile: tuple[int, ...]) -> dict:
     """The config fields of a (tokens, stages, decode buffers[, fixup_unroll]) swap-AB tile (every W4A16
-    tile is one)."""
+    tile is one; of NVFP4_HALF_ROWS_TOKENS tokens, 128 weight rows tall)."""
     tokens, stages, buffers, *unroll = tile
     fixup = {"fixup_unroll": unroll[0]} if unroll else {}
-    return dict(tile_m=tokens, stages=stages, swap_ab=True, decode_buffers=buffers, **fixup)
+    rows = (1 if tokens in NVFP4_HALF_ROWS_TOKENS else 2) * formats.FP8_BLOCK  # (tile_config.HALF_N)
+    return dict(tile_m=tokens, tile_n=rows, stages=stages, swap_ab=True, decode_buffers=buffers, **fixup)
 
 
 def _nvfp4_k_ok(op: str, name: str, k: int) -> bool:

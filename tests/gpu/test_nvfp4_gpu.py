@@ -642,3 +642,26 @@ def test_prefetched_words_give_the_same_bits(hidden, inter, m):
                 out=y[pf], tile_major=True)
     assert_bf16_close(h[True], reference.gate_up(x, w, ws, None, gs, interleave=128, act="silu", h_format="bf16")[0], TOL)
     assert torch.equal(h[True], h[False]) and torch.equal(y[True], y[False])
+
+
+@pytest.mark.parametrize("hidden,inter", [(4096, 14336), (8192, 3584), (2048, 8192)])
+@pytest.mark.parametrize("m", [100, 256, 300, 1000, 1024])
+@pytest.mark.parametrize("tokens", dispatch.NVFP4_HALF_ROWS_TOKENS)
+def test_half_row_down_tile_against_the_reference(hidden, inter, m, tokens):
+    """Down's 128-row tiles of 224-256 tokens (TileConfig.nvfp4_half_rows, DISPATCH D67: one 64-row block
+    a warpgroup, each CTA half of a tile-major 256-row weight tile) as schedule() plans them, whole M
+    tiles, a partial last one and stream-K alike: y (with a residual) within bf16 rounding of the
+    reference, outputs poisoned first."""
+    from swiglu_fused.kernels import nvfp4_layout
+    from swiglu_fused.kernels.sm90 import down as kd
+
+    hd, wd, wsd, gsd = down_operands(m, hidden, inter, seed=m + 113)
+    res = torch.randn(m, hidden, device="cuda").to(torch.bfloat16)
+    wdt, wsdt = nvfp4_layout.to_tile_major(wd, wsd)
+    dcfg = dispatch.down_config(hd, wd, wsd, None, res, torch.bfloat16, True)
+    tile = dispatch._nvfp4_rs(dispatch._nvfp4_tile(dispatch._nvfp4_share_tile("down", tokens, half_rows=True)), True)
+    half = dataclasses.replace(dcfg, **{"ctas_per_sm": 0, **tile})
+    assert half.nvfp4_half_rows and half.tile_m == tokens and half in dispatch.down_shipped()
+    y = torch.full((m, hidden), float("nan"), dtype=torch.bfloat16, device="cuda")
+    kd.down(half, hd, wdt, wsdt, None, res, gsd, out=y, tile_major=True)
+    assert_bf16_close(y, reference.down(hd, wd, wsd, None, gsd, residual=res), TOL)

@@ -64,6 +64,11 @@ NVFP4_HYBRID_TOKENS = (32, 48, 64, 80, 96, 112, 128, 144, 160)  # the swap-AB ti
 # 192-token tile against the 160-token one; D64)
 NVFP4_TILE_BASE = 79
 NVFP4_SMEM_DECODE_COST = 1.17
+# ... and down's 128-row tiles (TileConfig.nvfp4_half_rows) NVFP4_HALF_ROWS_BASE + half their tokens: half
+# the weight rows of a 256-row tile, for the MMA the same tokens' worth as a 256-row tile of half the tokens;
+# fitted on the MLP at M = 1024 (D67: 256-token tiles 7.5-8 % faster than 128-token ones on down's k loop at
+# 4096×14336, 8192×3584, 2048×8192; a decode halved would be 19 %, the rest is x's bytes, twice a MAC)
+NVFP4_HALF_ROWS_BASE = 62
 # The same split for gate_up's bf16 and fp8 128-row tiles just past one wave (DISPATCH D48). It pays
 # only where the CTAs that share a weight column run close together in K, so that its k tiles meet in
 # L2 (their spread: grid_m · (tiles / SMs - 1) of K), and where K is long enough to carry the fix-up.
@@ -206,7 +211,10 @@ def nvfp4_swap_us(config: TileConfig, m: int, n: int, k: int, sms: int) -> float
     ctas, sk_tiles = schedule(config, m, n, k, sms)
     tiles = cdiv(m, config.tile_m) * cdiv(n, config.tile_n)
     k_tiles = cdiv(k, config.tile_k)
-    it = NVFP4_ITER_US * (NVFP4_TILE_BASE + config.tile_m) / (NVFP4_TILE_BASE + 128)
+    if config.nvfp4_half_rows:
+        it = NVFP4_ITER_US * (NVFP4_HALF_ROWS_BASE + config.tile_m / 2) / (NVFP4_TILE_BASE + 128)
+    else:
+        it = NVFP4_ITER_US * (NVFP4_TILE_BASE + config.tile_m) / (NVFP4_TILE_BASE + 128)
     if not config.rs_decode:
         it *= NVFP4_SMEM_DECODE_COST
     if not sk_tiles:

@@ -91,7 +91,8 @@ class SwapABKernel(GemmKernel):
 
     def __init__(self, config):
         super().__init__(config)
-        self.blocks = 4 // self.num_mma_wg  # 64-row blocks per thread in the 256-row tile
+        self.blocks = self.cfg.tile_n // 64 // self.num_mma_wg  # 64-row blocks per thread (1: nvfp4_half_rows)
+        self.halves = self.cfg.tile_n // HALF_N  # 128-row halves of the tile (gate_up: gate, up)
 
     def _tiled_mma(self):
         major = cute.nvgpu.warpgroup.OperandMajorMode.K
@@ -188,7 +189,7 @@ class SwapABKernel(GemmKernel):
             run = self._mainloop_nvfp4_rs if self.cfg.rs_decode else self._mainloop_nvfp4
             state, release = run(mainloop, state, release, ops.tiled_mma, acc, ops.tCrW, ops.tCrX, ops.dec, work.kb0,
                                  work.kb1, ops.num_k_blocks)
-            self._scale_halves(acc, ops.dec.mGS, lambda b, h: b // (self.blocks // 2))
+            self._scale_halves(acc, ops.dec.mGS, lambda b, h: b // (self.blocks // self.halves))
             return state, release
         if self.cfg.mainloop == BF16_MAINLOOP:
             return self._mainloop_bf16(mainloop, state, release, ops.tiled_mma, acc, ops.tCrW, ops.tCrX, work.kb0,
@@ -365,20 +366,20 @@ class SwapABKernel(GemmKernel):
 
     @cute.jit
     def _epilogue_swap_linear(self, acc, tCcC, n_vals: cutlass.Constexpr, tm, tn, m, n, sY, mY, mR, t):
-        """y = acc (+ residual) rounded once to bf16, one 128-column half (2 blocks) at a time."""
+        """y = acc (+ residual) rounded once to bf16, one 128-column half (its blocks) at a time."""
         cfg = self.cfg
         n_chunks = n // N_ALIGN
-        gates = self.blocks // 2
+        gates = self.blocks // self.halves  # blocks a half
         rows = cfg.tile_m // self.num_mma_wg  # each warpgroup copies its share of the tokens
         bar = pipeline.NamedBarrier(barrier_id=1, num_threads=128 * self.num_mma_wg)
         sY16 = cute.make_tensor(
             cute.recast_ptr(sY.iterator, dtype=cutlass.Int16),
             cute.make_layout((cfg.tile_m, 2 * cfg.out_row_words), stride=(2 * cfg.out_row_words, 1)),
         )
-        for half in cutlass.range_constexpr(2):
+        for half in cutlass.range_constexpr(self.halves):
             bar.arrive_and_wait()  # the previous copy-out of the slab is done
             if cutlass.const_expr(cfg.residual):
-                self._copy_slab(sY, mR, tm, 2 * tn + half, m, n_chunks, t // 128, t % 128, True, rows)
+                self._copy_slab(sY, mR, tm, self.halves * tn + half, m, n_chunks, t // 128, t % 128, True, rows)
                 bar.arrive_and_wait()  # the residual slab is in smem
             for bb in cutlass.range_constexpr(gates):
                 b = gates * half + bb
@@ -394,4 +395,4 @@ class SwapABKernel(GemmKernel):
                     sY16[tok, col] = cutlass.Int16(word & 0xFFFF)
                     sY16[tok + 1, col] = cutlass.Int16((word >> 16) & 0xFFFF)
             bar.arrive_and_wait()
-            self._copy_slab(sY, mY, tm, 2 * tn + half, m, n_chunks, t // 128, t % 128, False, rows)
+            self._copy_slab(sY, mY, tm, self.halves * tn + half, m, n_chunks, t // 128, t % 128, False, rows)

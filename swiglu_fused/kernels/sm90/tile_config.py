@@ -35,6 +35,10 @@ N_ALIGN = 8  # weight rows (N) must be a multiple of this: 16-byte rows of a bf1
 EVICT_FIRST = 0x12F0000000000000
 EVICT_LAST = 0x14F0000000000000
 L2_HINTS = ("", "w_first", "w_first_x_last")
+# tokens (tile_m) that only nvfp4's 128-row register-sourced down tile takes (TileConfig.nvfp4_half_rows):
+# with one 64-row block a warpgroup its accumulator holds up to 256 tokens (the wgmma's widest N) in the
+# registers a 256-row tile's holds 128 in
+NVFP4_HALF_ROWS_TILE_M = (224, 240, 256)
 TILE_N_GRANULES = (192, 224)  # TileConfig.tile_n of the granule tiles (96 and 112 h columns)
 # the three-consumer-warpgroup tile's rows: 192 × 256 reads fewer smem bytes per flop than 128 × 256
 # (the TMA writes of A and B are shared by three warpgroups' wgmma instead of two)
@@ -188,10 +192,13 @@ class TileConfig:
 
     def __post_init__(self):
         name = type(self).__name__
-        nvfp4_swap = (48, 80, 96, 112, 128, 144, 160, TILE_M_WG3) if self.nvfp4 else ()
+        nvfp4_swap = (48, 80, 96, 112, 128, 144, 160, TILE_M_WG3, *NVFP4_HALF_ROWS_TILE_M) if self.nvfp4 else ()
         allowed = (16, 32, 64, *nvfp4_swap) if self.swap_ab else (64, 128, TILE_M_WG3)
         if self.tile_m not in allowed:
             raise ValueError(f"{name}.tile_m: expected one of {allowed} (swap_ab={self.swap_ab}), got {self.tile_m}")
+        if self.tile_m in NVFP4_HALF_ROWS_TILE_M and self.swap_ab and not self.nvfp4_half_rows:
+            raise ValueError(f"{name}.tile_m = {self.tile_m} tokens: only on nvfp4's 128-row tile (tile_n = {HALF_N}; "
+                             f"a 256-row tile's accumulator would not fit in registers); got {self}")
         if self.tile_m == TILE_M_WG3 and not self.swap_ab and (
                 self.mainloop != BF16_MAINLOOP or self.granules or self.cluster_size > 1 or self.tma_store):
             raise ValueError(f"{name}.tile_m = {TILE_M_WG3} is the bf16 mainloop's tile of 256 weight rows "
@@ -207,19 +214,24 @@ class TileConfig:
                 or (self.cluster_k == 4 and not self.swap_ab)):
             raise ValueError(f"{name}.cluster_k: expected 1, 2 or 4 (2 only with swap_ab or tile_m = 64, 4 only "
                              f"with swap_ab), got {self.cluster_k}")
-        if self.tile_n not in (2 * HALF_N, *TILE_N_GRANULES):
-            raise ValueError(f"{name}.tile_n: expected {2 * HALF_N} (two 128-row weight blocks) or one of "
-                             f"{TILE_N_GRANULES} (16-row granules), got {self.tile_n}")
+        if self.tile_n not in (2 * HALF_N, *TILE_N_GRANULES) and not self.nvfp4_half_rows:
+            raise ValueError(f"{name}.tile_n: expected {2 * HALF_N} (two 128-row weight blocks), one of "
+                             f"{TILE_N_GRANULES} (16-row granules) or {HALF_N} (nvfp4's register-sourced down "
+                             f"tile), got {self.tile_n}")
         if self.granules and (self.mainloop != BF16_MAINLOOP or self.out_bytes != 2 or self.epilogue != "gated"
                               or self.tile_m != 128 or self.swap_ab or self.cluster_size > 1 or self.tma_store):
             raise ValueError(f"{name}.tile_n = {self.tile_n} is the bf16 mainloop's 128-row gate_up tile with "
                              f"bf16 h (no swap_ab, clusters or tma_store); got {self}")
         if self.mainloop not in MAINLOOPS:
             raise ValueError(f"{name}.mainloop: expected one of {MAINLOOPS}, got {self.mainloop!r}")
-        if self.nvfp4 and (self.cluster_size > 1 or self.tile_n != 2 * HALF_N or self.tma_store
+        if self.nvfp4 and (self.cluster_size > 1 or self.tile_n not in (2 * HALF_N, HALF_N) or self.tma_store
                            or (self.epilogue == "gated" and self.out_bytes != 2)):
-            raise ValueError(f"{name}: the nvfp4 mainloop runs 256-row tiles without clusters or tma_store, "
-                             f"and gate_up writes bf16 h; got {self}")
+            raise ValueError(f"{name}: the nvfp4 mainloop runs 256-row tiles (128-row: nvfp4_half_rows) without "
+                             f"clusters or tma_store, and gate_up writes bf16 h; got {self}")
+        if self.tile_n == HALF_N and not (self.nvfp4 and self.swap_ab and self.rs_decode and self.tile_major
+                                          and self.epilogue == "linear"):
+            raise ValueError(f"{name}.tile_n = {HALF_N}: only nvfp4's register-sourced swap-AB down tile (one 64-row "
+                             f"block a warpgroup, a tile-major weight); got {self}")
         if self.split_n and (self.tile_m != 64 or not self.fp8 or self.swap_ab or self.cluster_size > 1
                              or self.tma_store or self.epilogue != "gated" or self.tile_n != 2 * HALF_N):
             raise ValueError(f"{name}.split_n: the fp8 mainloop's 64-row gate_up tile only (no swap_ab, clusters "
@@ -300,6 +312,13 @@ class TileConfig:
         # (nvfp4's 192-token swap-AB tile: measured faster than the 128-token one only in whole waves, D32)
         return (self.granules or (self.split_n and not self.split_n_sk) or self.tile_m == TILE_M_WG3
                 or self.static_stages)
+
+    @property
+    def nvfp4_half_rows(self) -> bool:
+        """Whether the tile is half of a tile-major 256-row weight tile: 128 rows, one 64-row block a
+        consumer warpgroup (nvfp4's register-sourced down tile, whose accumulator then holds twice the
+        tokens of a 256-row tile's: the decode of a weight row serves more MMA)."""
+        return self.tile_n == HALF_N and self.nvfp4
 
     @property
     def granules(self) -> bool:
