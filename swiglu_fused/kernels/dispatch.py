@@ -629,7 +629,8 @@ def with_split_n_sk(config, m: int, n: int, k: int, sms: int):
 # share a tile there): the MLP 1-2 % faster, 6-7 % at 2048×8192 (D63).
 # down's 224-256-token tiles are 128 weight rows tall (TileConfig.nvfp4_half_rows: one 64-row block a
 # consumer warpgroup, so that the accumulator holds 256 tokens), decoding each weight row for twice the
-# tokens of a 256-row tile: the MLP 2.5-3 % faster at M = 512-1024 where nvfp4_tiling picks them (D67)
+# tokens of a 256-row tile: where nvfp4_tiling picks them (27 of 40 points at M = 256-1408, five widths)
+# the MLP 1.4-10 % faster, level at one (D67)
 NVFP4_HALF_ROWS_TOKENS = (224, 240, 256)
 NVFP4_SWAP_TILES = {  # (tokens, stages, decode buffers[, fixup_unroll])
     "gate_up": ((16, 6, 1), (32, 6, 1), (48, 6, 1), (64, 6, 2), (80, 4, 2), (96, 4, 2), (112, 4, 2), (128, 4, 2),

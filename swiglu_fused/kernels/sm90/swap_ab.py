@@ -5,7 +5,8 @@ compute 256 × tile_m per k step instead of 64 × 256 with the 64-row tile. Ship
 (dispatch.gate_up_tile_for, dispatch.down_tile_for); 32 and 64 not shipped (DISPATCH D2). nvfp4
 (W4A16) runs only swap-AB tiles: every multiple of 16 tokens to 160, and 192 for gate_up
 (dispatch.nvfp4_tile_for; D24, D31, D32, D62-D64), where the weight rows on the M side also read fewer
-smem bytes a k tile.
+smem bytes a k tile; and for down 224-256 tokens on tiles of 128 weight rows (TileConfig.nvfp4_half_rows,
+D67: one block a warpgroup, the tile's one 128-column half of y).
 
 Why: with the 64-row tile a 32 KB weight k tile costs one SM 4.2 MFLOP whatever M is, 0.59 µs,
 so a CTA streams weights at ~55 GB/s (tensor-bound), and HBM needs ≥ 55 busy SMs; at M = 16 three
