@@ -197,14 +197,10 @@ class GemmKernel(MainloopMixin, Nvfp4Mixin, StreamKMixin, EpilogueMixin):
             mAS = cute.make_tensor(as_ptr, cute.make_layout(cfg.global_scales))
             kw = k // (NVFP4_GROUP * 4)
             mB = self._weight_tensor(w_ptr, n, n_tiles, k // 2, kw)
-            if cutlass.const_expr(cfg.nvfp4_half_rows):  # tile tn: half tn % 2 of the 256-row tile tn // 2
-                rows = cfg.tile_n
+            if cutlass.const_expr(cfg.tile_major):  # [N/256][K/64][256 rows][1 word]
+                rows, row_strides = self._tile_major_rows(n_tiles, 1, kw)
                 mWS = cute.make_tensor(cute.recast_ptr(ws_ptr, dtype=Int32), cute.make_layout(
-                    ((rows, (2, n_tiles // 2)), kw), stride=((1, (rows, kw * 2 * rows)), 2 * rows)))
-            elif cutlass.const_expr(cfg.tile_major):  # [N/256][K/64][256 rows][1 word]
-                rows = cfg.tile_n
-                mWS = cute.make_tensor(cute.recast_ptr(ws_ptr, dtype=Int32), cute.make_layout(
-                    ((rows, n_tiles), kw), stride=((1, kw * rows), rows)))
+                    (rows, kw), stride=(row_strides, 2 * HALF_N)))
             else:
                 mWS = cute.make_tensor(cute.recast_ptr(ws_ptr, dtype=Int32),
                                        cute.make_layout((n, kw), stride=(kw, 1)))
@@ -340,18 +336,23 @@ class GemmKernel(MainloopMixin, Nvfp4Mixin, StreamKMixin, EpilogueMixin):
     def _weight_tensor(self, w_ptr, n, n_tiles, row_bytes, k_tiles):
         """The weight as the TMA reads it: row-major [N, row_bytes], or (TileConfig.tile_major) each
         k tile contiguous, [N/256][k tiles][256 rows][_w_tile_cols bytes] (nvfp4: 32 bytes of codes;
-        fp8: 128 bytes), indexed by the same (row, byte) coordinates; nvfp4_half_rows: the same bytes
-        as 128-row tiles, tile tn the half tn % 2 of 256-row tile tn // 2."""
-        if cutlass.const_expr(self.cfg.nvfp4_half_rows):  # tile tn: half tn % 2 of the 256-row tile tn // 2
-            rows, cols = self.cfg.tile_n, self._w_tile_cols()
-            return cute.make_tensor(w_ptr, cute.make_layout(
-                ((rows, (2, n_tiles // 2)), (cols, k_tiles)),
-                stride=((cols, (rows * cols, k_tiles * 2 * rows * cols)), (1, 2 * rows * cols))))
+        fp8: 128 bytes), indexed by the same (row, byte) coordinates (_tile_major_rows)."""
         if cutlass.const_expr(self.cfg.tile_major):
-            rows, cols = self.cfg.tile_n, self._w_tile_cols()
+            cols = self._w_tile_cols()
+            rows, row_strides = self._tile_major_rows(n_tiles, cols, k_tiles)
             return cute.make_tensor(w_ptr, cute.make_layout(
-                ((rows, n_tiles), (cols, k_tiles)), stride=((cols, k_tiles * rows * cols), (1, rows * cols))))
+                (rows, (cols, k_tiles)), stride=(row_strides, (1, 2 * HALF_N * cols))))
         return cute.make_tensor(w_ptr, cute.make_layout((n, row_bytes), stride=(row_bytes, 1)))
+
+    def _tile_major_rows(self, n_tiles, row_stride, k_tiles):
+        """(shape, stride) of a tile-major tensor's rows mode (the weight's, row_stride = its k tile's
+        bytes a row; the scales', 1 word): tile tn's tile_n rows, in 256-row tiles (nvfp4_layout.ROWS,
+        fp8_layout.ROWS) of k_tiles k tiles each; nvfp4_half_rows: tile tn the half tn % 2 of 256-row
+        tile tn // 2."""
+        rows, tile_stride = self.cfg.tile_n, k_tiles * 2 * HALF_N * row_stride
+        if cutlass.const_expr(self.cfg.nvfp4_half_rows):
+            return (rows, (2, n_tiles // 2)), (row_stride, (rows * row_stride, tile_stride))
+        return (rows, n_tiles), (row_stride, tile_stride)
 
     def _w_tile_cols(self) -> int:
         """Columns of a weight k tile as TMA loads it (nvfp4: bytes, two codes each)."""

@@ -36,8 +36,8 @@ slower on the 64-token tile, whose longer wgmma is then exposed), with the same 
 same order (bit-identical).
 
 Into registers (TileConfig.rs_decode; the 32- to 160-token swap-AB tiles of a tile-major weight,
-DISPATCH D45, D62-D64, and down's 128-row tiles of 224-256 tokens, D67): no decode buffer. Thread t of the wgmma's A layout holds rows g and g + 8 of each
-of its 64-row blocks; thread q = t % 4 of a quad decodes scale group q of those rows in every k
+DISPATCH D45, D62-D64, and down's 128-row tiles of 224-256 tokens, D67): no decode buffer. Thread t of
+the wgmma's A layout holds rows g and g + 8 of each of its 64-row blocks; thread q = t % 4 of a quad decodes scale group q of those rows in every k
 tile (words 2q and 2q + 1: one 8-byte shared load a row, one scale), pair j of word 2q + c going
 to k step j, column half c of its A fragment, and the wgmma reads A from those registers. k
 position 16j + 8c + 2q + e of the tile then holds column 16q + 8c + 2j + e, so the activations
