@@ -341,10 +341,12 @@ def test_stream_k_partials_hold_every_accumulator_value():
         cfg = DownConfig(mainloop="nvfp4", tile_major=True, **dispatch._nvfp4_rs(tile, True))
         values = cfg.tile_m * 2 * 128 // cfg.consumer_threads  # (256 weight rows × tile_m tokens a CTA)
         assert cfg.tile_m == tokens and cfg.acc_values == max(128, values) == max(128, tokens)
-    for tokens in dispatch.NVFP4_HALF_ROWS_TOKENS:  # down's 128-row tiles (D67): 128 × tile_m a CTA
-        tile = dispatch._nvfp4_tile(dispatch._nvfp4_share_tile("down", tokens, half_rows=True))
-        cfg = DownConfig(mainloop="nvfp4", tile_major=True, **dispatch._nvfp4_rs(tile, True))
-        assert cfg.nvfp4_half_rows and cfg.tile_m == tokens and cfg.acc_values == 128
+    for tokens in dispatch.NVFP4_HALF_ROWS_TOKENS:  # the 128-row tiles (D67, D68): 128 × tile_m a CTA
+        for op, cls, kw in (("down", DownConfig, {}), ("gate_up", GateUpConfig, {"h_format": "bf16"})):
+            tile = dispatch._nvfp4_tile(dispatch._nvfp4_share_tile(op, tokens, half_rows=True))
+            cfg = cls(mainloop="nvfp4", tile_major=True, **dispatch._nvfp4_rs(tile, True), **kw)
+            assert cfg.nvfp4_half_rows and cfg.half_row_pairs == (op == "gate_up")
+            assert cfg.tile_m == tokens and cfg.acc_values == 128
 
 
 def test_nvfp4_configs_decode_buffers(monkeypatch):

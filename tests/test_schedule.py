@@ -784,7 +784,7 @@ def test_nvfp4_tiling_follows_its_model(monkeypatch):
     the fewest 128-token tiles; up to 128 rows one tile, the smallest that holds them. D67: down's
     128-row tiles of 224-256 tokens join the candidates (8192×3584 M = 1024: four of 256, not eight of
     128; M = 1152 stays on 144-token tiles, where five of 256 would be 10-17 % slower)."""
-    from swiglu_fused.kernels.sm90.tile_config import DownConfig
+    from swiglu_fused.kernels.sm90.tile_config import DownConfig, GateUpConfig
 
     tiling = dispatch.nvfp4_tiling
     down_shipped = dispatch.down_shipped()
@@ -796,9 +796,15 @@ def test_nvfp4_tiling_follows_its_model(monkeypatch):
     half = DownConfig(mainloop=tile_config.NVFP4_MAINLOOP, tile_major=True,
                       **dispatch._nvfp4_rs(dispatch._nvfp4_tile(tiling("down", 1024, 8192, 3584, 132)), True))
     assert half.nvfp4_half_rows and half.rs_decode and half.rs_prefetch and half.stages == 4 and half in down_shipped
-    monkeypatch.setattr(dispatch, "NVFP4_HALF_ROWS", False)
-    assert tiling("down", 1024, 8192, 3584, 132)[0] == 128
-    monkeypatch.setattr(dispatch, "NVFP4_HALF_ROWS", True)
+    # D68: gate_up's 128-row tiles too (4096×14336 M = 1024: four of 256; M = 512 stays on 128-token tiles, where
+    # the model with down's constant tied them and the MLP measured level to 1.5 % slower)
+    assert [tiling("gate_up", m, 28672, 4096, 132)[0] for m in (256, 512, 1024)] == [256, 128, 256]
+    pairs = GateUpConfig(mainloop=tile_config.NVFP4_MAINLOOP, tile_major=True, h_format="bf16",
+                         **dispatch._nvfp4_rs(dispatch._nvfp4_tile(tiling("gate_up", 1024, 28672, 4096, 132)), True))
+    assert pairs.half_row_pairs and pairs.b_boxes == 2 and pairs in dispatch.gate_up_shipped()
+    monkeypatch.setattr(dispatch, "NVFP4_HALF_ROWS", ())
+    assert tiling("down", 1024, 8192, 3584, 132)[0] == 128 and tiling("gate_up", 1024, 28672, 4096, 132)[0] == 160
+    monkeypatch.setattr(dispatch, "NVFP4_HALF_ROWS", ("gate_up", "down"))
     tile = dispatch.nvfp4_tile_for
     assert tile(100, shape=(28672, 4096, 132), tile_major=True)["tile_m"] == 112
     assert tile(300, tile_major=True)["tile_m"] == 112 and tile(144, tile_major=True)["tile_m"] == 80

@@ -627,18 +627,20 @@ def with_split_n_sk(config, m: int, n: int, k: int, sms: int):
 # register set: NVFP4_RS_TOKENS; the 144- and 160-token tiles run only so). Down's 32-64-token tiles
 # sum their stream-K partials four at a time (a fourth field: TileConfig.fixup_unroll; 8 and more CTAs
 # share a tile there): the MLP 1-2 % faster, 6-7 % at 2048×8192 (D63).
-# down's 224-256-token tiles are 128 weight rows tall (TileConfig.nvfp4_half_rows: one 64-row block a
+# The 224-256-token tiles are 128 weight rows tall (TileConfig.nvfp4_half_rows: one 64-row block a
 # consumer warpgroup, so that the accumulator holds 256 tokens), decoding each weight row for twice the
-# tokens of a 256-row tile: where nvfp4_tiling picks them (27 of 40 points at M = 256-1408, five widths)
-# the MLP 1.4-10 % faster, level at one (D67)
+# tokens of a 256-row tile: down's where nvfp4_tiling picks them (27 of 40 points at M = 256-1408, five
+# widths) the MLP 1.4-10 % faster, level at one (D67); gate_up's (64 gate rows and their up rows a CTA,
+# TileConfig.half_row_pairs) 2-13 % more where it picks them (D68)
 NVFP4_HALF_ROWS_TOKENS = (224, 240, 256)
 NVFP4_SWAP_TILES = {  # (tokens, stages, decode buffers[, fixup_unroll])
     "gate_up": ((16, 6, 1), (32, 6, 1), (48, 6, 1), (64, 6, 2), (80, 4, 2), (96, 4, 2), (112, 4, 2), (128, 4, 2),
-                (144, 4, 2), (160, 4, 2)),
+                (144, 4, 2), (160, 4, 2), (224, 4, 1), (240, 4, 1), (256, 4, 1)),
     "down": ((16, 6, 1), (32, 6, 1, 4), (48, 6, 1, 4), (64, 6, 2, 4), (80, 5, 1), (96, 5, 1), (112, 5, 1), (128, 5, 1),
              (144, 5, 1), (160, 5, 1), (224, 4, 1), (240, 4, 1), (256, 4, 1)),
 }
-NVFP4_HALF_ROWS = True  # False: nvfp4_tiling leaves down's 128-row tiles out (what launch_ab compares)
+# the ops whose 128-row tiles nvfp4_tiling weighs (launch_ab compares others: "dispatch.NVFP4_HALF_ROWS=('down',)")
+NVFP4_HALF_ROWS = ("gate_up", "down")
 # Up to NVFP4_EVEN_MAX rows one M tile, the smallest that holds them. Above, M tiles of equal size, each
 # the smallest tile that holds its share: on a GPU as many as nvfp4_tiling picks, between the fewest the
 # largest tile needs and the fewest NVFP4_EVEN_MAX-token tiles (or gate_up's 192-token tile), by
@@ -703,7 +705,7 @@ def nvfp4_tile_for(m: int, op: str = "gate_up", tile_major: bool = False,
 
 def _nvfp4_share_tile(op: str, share: int, half_rows: bool = False) -> tuple:
     """The smallest of op's NVFP4_SWAP_TILES that holds ``share`` tokens (the largest past them all),
-    of the 256-row tiles unless ``half_rows`` (down's 128-row ones too)."""
+    of the 256-row tiles unless ``half_rows`` (the 128-row ones too)."""
     tiles = [t for t in NVFP4_SWAP_TILES[op] if half_rows or t[0] not in NVFP4_HALF_ROWS_TOKENS]
     return next((t for t in tiles if share <= t[0]), tiles[-1])
 
@@ -717,6 +719,7 @@ def nvfp4_tiling(op: str, m: int, n: int, k: int, sms: int) -> tuple:
 
     constants = (tuple(NVFP4_SWAP_TILES[op]), NVFP4_WIDE_TILE, NVFP4_EVEN_MAX, NVFP4_RS, NVFP4_RS_TOKENS,
                  NVFP4_FULL_REGS_TOKENS, NVFP4_PREFETCH_TOKENS, NVFP4_HALF_ROWS, sch.NVFP4_HALF_ROWS_BASE,
+                 sch.NVFP4_HALF_ROWS_GATE_UP_BASE,
                  sch.NVFP4_TILE_BASE, sch.NVFP4_SMEM_DECODE_COST, sch.NVFP4_ITER_US, sch.NVFP4_FIXUP_US,
                  sch.NVFP4_HYBRID_MIN_GAIN, sch.NVFP4_HYBRID_TOKENS, sch.FIXUP_US)
     return _nvfp4_tiling(op, m, n, k, sms, constants)
@@ -729,8 +732,9 @@ def _nvfp4_tiling(op, m, n, k, sms, constants):
     from .sm90.schedule import nvfp4_swap_us
     from .sm90.tile_config import DownConfig, GateUpConfig
 
-    fewest = cdiv(m, _nvfp4_share_tile(op, m, NVFP4_HALF_ROWS)[0])
-    tiles = {_nvfp4_share_tile(op, cdiv(m, c), NVFP4_HALF_ROWS) for c in range(fewest, cdiv(m, NVFP4_EVEN_MAX) + 1)}
+    half_rows = op in NVFP4_HALF_ROWS
+    fewest = cdiv(m, _nvfp4_share_tile(op, m, half_rows)[0])
+    tiles = {_nvfp4_share_tile(op, cdiv(m, c), half_rows) for c in range(fewest, cdiv(m, NVFP4_EVEN_MAX) + 1)}
     if op == "gate_up":
         tiles.add(NVFP4_WIDE_TILE)
     cls, kw = (GateUpConfig, {"h_format": formats.NVFP4.h_format}) if op == "gate_up" else (DownConfig, {})

@@ -665,3 +665,31 @@ def test_half_row_down_tile_against_the_reference(hidden, inter, m, tokens):
     y = torch.full((m, hidden), float("nan"), dtype=torch.bfloat16, device="cuda")
     kd.down(half, hd, wdt, wsdt, None, res, gsd, out=y, tile_major=True)
     assert_bf16_close(y, reference.down(hd, wd, wsd, None, gsd, residual=res), TOL)
+
+
+@pytest.mark.parametrize("hidden,inter", [(4096, 14336), (8192, 3584), (2048, 8192)])
+@pytest.mark.parametrize("m", [100, 256, 300, 1000, 1024])
+@pytest.mark.parametrize("tokens", dispatch.NVFP4_HALF_ROWS_TOKENS)
+def test_half_row_gate_up_tile_against_the_reference(hidden, inter, m, tokens):
+    """gate_up's 128-row tiles of 224-256 tokens (TileConfig.half_row_pairs: 64 gate rows and their 64 up
+    rows a CTA, each thread's A rows g and g + 8 a gate row and its up row) as schedule() plans them,
+    whole M tiles, a partial last one and stream-K alike: h (unequal global scales, both activations)
+    within bf16 rounding of the reference, outputs poisoned first; h written in the k order
+    (h_rs_order) is that h reordered, bit for bit."""
+    from swiglu_fused.kernels import nvfp4_layout
+    from swiglu_fused.kernels.sm90 import gate_up as kg
+
+    act = "silu" if m % 2 == 0 else "gelu_tanh"
+    x, w, ws, gs = gate_up_operands(m, hidden, inter, seed=m + 127)
+    wt, wst = nvfp4_layout.to_tile_major(w, ws)
+    cfg = dispatch.gate_up_config(x, w, ws, None, act=act, h_format="bf16", tile_major=True)
+    tile = dispatch._nvfp4_rs(dispatch._nvfp4_tile(dispatch._nvfp4_share_tile("gate_up", tokens, half_rows=True)),
+                              True)
+    half = dataclasses.replace(cfg, **{"ctas_per_sm": 0, "pdl": False, **tile})
+    assert half.half_row_pairs and half.tile_m == tokens and half in dispatch.gate_up_shipped()
+    h = torch.full((m, inter), float("nan"), dtype=torch.bfloat16, device="cuda")
+    kg.gate_up(half, x, wt, wst, None, gs, out=(h, None), tile_major=True)
+    assert_bf16_close(h, reference.gate_up(x, w, ws, None, gs, interleave=128, act=act, h_format="bf16")[0], TOL)
+    h_rs = torch.full((m, inter), float("nan"), dtype=torch.bfloat16, device="cuda")
+    kg.gate_up(dataclasses.replace(half, h_rs_order=True), x, wt, wst, None, gs, out=(h_rs, None), tile_major=True)
+    assert torch.equal(h_rs, nvfp4_layout.rs_k_order(h))

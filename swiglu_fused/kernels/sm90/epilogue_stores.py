@@ -167,22 +167,26 @@ class EpilogueMixin:
     @cute.jit
     def _copy_slab(self, sO, mO, tm, slab, m, n_chunks, wg, tid, into_smem: cutlass.Constexpr,
                    rows: cutlass.Constexpr = 64):
-        """Copy the warpgroup's ``rows`` × 128-column slab to (or, into_smem, from) global columns
-        [128·slab, 128·slab + 128), 16 bytes per thread per step, row-contiguous; rows ≥ M skipped,
-        and for the linear epilogue 16-byte chunks ≥ n_chunks (its column mask at N)."""
+        """Copy the warpgroup's ``rows`` × out_chunks slab (16-byte chunks: 128 columns, or fewer) to
+        (or, into_smem, from) the same columns of global slab ``slab``, 16 bytes per thread per step,
+        row-contiguous; rows ≥ M skipped, and for the linear epilogue 16-byte chunks ≥ n_chunks (its
+        column mask at N)."""
         cfg = self.cfg
         chunks = cfg.out_chunks
         gO = cute.zipped_divide(mO, (1, 4))  # ((1, 4), (M, words / 4))
         sOv = cute.zipped_divide(sO, (1, 4))
         copy16 = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), Int32, num_bits_per_copy=128)
         rO = cute.make_rmem_tensor(cute.make_layout(4), Int32)
-        for q in cutlass.range_constexpr(rows * chunks // 128):
+        for q in cutlass.range_constexpr((rows * chunks + 127) // 128):
             c = tid + 128 * q
             rl = wg * rows + c // chunks
             ch = c % chunks
             grow = tm * cfg.tile_m + rl
             gch = slab * chunks + ch
-            if grow < m:
+            end = m
+            if cutlass.const_expr(128 * (q + 1) > rows * chunks):  # a partial last step: not past the warpgroup's rows
+                end = cutlass.min(m, tm * cfg.tile_m + wg * rows + rows)
+            if grow < end:
                 if cutlass.const_expr(cfg.epilogue == "linear"):
                     if gch < n_chunks:
                         self._copy16(copy16, sOv[((0, None), (rl, ch))], gO[((0, None), (grow, gch))], rO, into_smem)

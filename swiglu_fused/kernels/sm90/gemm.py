@@ -348,8 +348,11 @@ class GemmKernel(MainloopMixin, Nvfp4Mixin, StreamKMixin, EpilogueMixin):
         """(shape, stride) of a tile-major tensor's rows mode (the weight's, row_stride = its k tile's
         bytes a row; the scales', 1 word): tile tn's tile_n rows, in 256-row tiles (nvfp4_layout.ROWS,
         fp8_layout.ROWS) of k_tiles k tiles each; nvfp4_half_rows: tile tn the half tn % 2 of 256-row
-        tile tn // 2."""
+        tile tn // 2; half_row_pairs: 64-row quarters, (0, q) the q-th of the weight (_w_quarters))."""
         rows, tile_stride = self.cfg.tile_n, k_tiles * 2 * HALF_N * row_stride
+        if cutlass.const_expr(self.cfg.half_row_pairs):  # (one mode of 4·tiles: a TMA tensor has at most 5)
+            quarter = rows // 2
+            return (quarter, (4, n_tiles // 2)), (row_stride, (quarter * row_stride, tile_stride))
         if cutlass.const_expr(self.cfg.nvfp4_half_rows):
             return (rows, (2, n_tiles // 2)), (row_stride, (rows * row_stride, tile_stride))
         return (rows, n_tiles), (row_stride, tile_stride)
@@ -644,7 +647,7 @@ class GemmKernel(MainloopMixin, Nvfp4Mixin, StreamKMixin, EpilogueMixin):
         if cfg.b_boxes > 1:  # trace time: smem rows [b·r, b·(r + 1)) of each stage, one box each (_produce)
             tBsB = []
             for r in range(cfg.b_boxes):
-                sBr = cute.local_tile(sB, (cfg.b_box_rows, cfg.tile_k, cfg.stages), (r, 0, 0))
+                sBr = cute.local_tile(sB, (cfg.b_box_rows, self._w_tile_cols(), cfg.stages), (r, 0, 0))
                 tBsBr, tBgB = cute.nvgpu.cpasync.tma_partition(
                     tma_b, 0, cute.make_layout(1), cute.group_modes(sBr, 0, 2), cute.group_modes(gB, 0, 2)
                 )
@@ -834,11 +837,20 @@ class GemmKernel(MainloopMixin, Nvfp4Mixin, StreamKMixin, EpilogueMixin):
                 cute.copy(tma_b, tBgB[(None, p, kt)], tBsB[2 * j][(None, stage)], tma_bar_ptr=bar)
                 cute.copy(tma_b, tBgB[(None, p + c, kt)], tBsB[2 * j + 1][(None, stage)],
                           tma_bar_ptr=bar)
+        elif cutlass.const_expr(self.cfg.half_row_pairs):
+            for j, q in enumerate(self._w_quarters(tn)):
+                cute.copy(tma_b, tBgB[(None, q, kt)], tBsB[j][(None, stage)], tma_bar_ptr=bar, **hint_b)
         elif cutlass.const_expr(self.cfg.cluster_m > 1):
             cute.copy(tma_b, tBgB[(None, tn, kt)], tBsB[(None, stage)], tma_bar_ptr=bar,
                       mcast_mask=b_mask, **hint_b)
         else:
             cute.copy(tma_b, tBgB[(None, tn, kt)], tBsB[(None, stage)], tma_bar_ptr=bar, **hint_b)
+
+    def _w_quarters(self, tn):
+        """half_row_pairs: the 64-row quarters of the weight that tile tn reads, its gate rows, then
+        their up rows: quarters c and c + 2 of 256-row tile tn // 2, c = tn % 2 (plain Python, inlined)."""
+        q = tn % 2 + 4 * (tn // 2)
+        return q, q + 2
 
     def _w_block(self, tn):
         """The first 128-row weight block (weight-scale row) of N tile tn: its two halves are

@@ -36,12 +36,14 @@ slower on the 64-token tile, whose longer wgmma is then exposed), with the same 
 same order (bit-identical).
 
 Into registers (TileConfig.rs_decode; the 32- to 160-token swap-AB tiles of a tile-major weight,
-DISPATCH D45, D62-D64, and down's 128-row tiles of 224-256 tokens, D67): no decode buffer. Thread t of
+DISPATCH D45, D62-D64, and the 128-row tiles of 224-256 tokens, D67, D68): no decode buffer. Thread t of
 the wgmma's A layout holds rows g and g + 8 of each of its 64-row blocks; thread q = t % 4 of a quad decodes scale group q of those rows in every k
 tile (words 2q and 2q + 1: one 8-byte shared load a row, one scale), pair j of word 2q + c going
 to k step j, column half c of its A fragment, and the wgmma reads A from those registers. k
 position 16j + 8c + 2q + e of the tile then holds column 16q + 8c + 2j + e, so the activations
-come in that order (nvfp4_layout.rs_k_order; the launchers copy x, gate_up writes h so). Per k
+come in that order (nvfp4_layout.rs_k_order; the launchers copy x, gate_up writes h so). gate_up's
+128-row tiles (TileConfig.half_row_pairs) decode a gate row as row g and its up row as g + 8
+(_pair_of, _rs_address), so that act(gate) · up pairs accumulator values in the thread. Per k
 tile: wait for the stage, decode, issue, wait for the chain (the other warpgroup's chain runs
 meanwhile), release; no fence, no barrier. Not bit-identical to the smem decode (another k order
 inside each wgmma step). With TileConfig.rs_prefetch (the 64- to 160-token tiles, D66) the next k
@@ -65,6 +67,7 @@ from cutlass import Int32
 from .ptx import (DECODE_SHIFT, bulk_copy_g2s, bulk_prefetch_l2, cp_async_4, cp_async_arrive, e2m1x2_to_bf16x2,
                   e2m1x8_to_bf16x2x4, e4m3x2_to_bf16x2, e4m3x4_to_bf16x2, ld_shared_b32, ld_shared_v2, ld_shared_v4,
                   prmt, st_shared_v4)
+from .tile_config import HALF_N
 
 # the decoded weight is the true one times 2^-UNSHIFT (ptx.e2m1x2_to_bf16x2): the accumulator is
 # multiplied back with the global scale, a power of two, so exactly
@@ -98,6 +101,8 @@ class Nvfp4Mixin:
         wgs = self.num_mma_wg
         if self.cfg.rs_decode:  # wgmma A fragments: rows row + 8·vb + 64·wgs·b (_decode_fragments)
             row = 64 * (t // 128) + 16 * (t % 128 // 32) + t % 32 // 4
+            if self.cfg.half_row_pairs:  # gate / up pair p: rows p and 64 + p (_rs_address)
+                row = self._pair_of(t)
             return DecodeOperands(storage.sB.data_ptr().toint(), None, storage.scl.data_ptr().toint(), gmem.mAS,
                                   row, None, t % 4)
         if self.cfg.swap_ab:
@@ -108,6 +113,18 @@ class Nvfp4Mixin:
             row, bar = t, pipeline.NamedBarrier(barrier_id=DECODE_BARRIER, num_threads=128 * wgs)
         return DecodeOperands(storage.sB.data_ptr().toint(), storage.sD.data_ptr().toint(),
                               storage.scl.data_ptr().toint(), gmem.mAS, row, bar)
+
+    def _pair_of(self, t):
+        """half_row_pairs: the gate / up pair (h column of the CTA's 64) that consumer thread t's A
+        fragment rows g and g + 8 hold, its warp's 8 pairs a quarter of its warpgroup's 32."""
+        return 32 * (t // 128) + 8 * (t % 128 // 32) + t % 32 // 4
+
+    def _row_runs(self, tn):
+        """(rows coordinate, rows) of tile tn's runs of contiguous tile-major rows (plain Python,
+        inlined): the whole tile, or half_row_pairs' gate quarter and up quarter (gemm._w_quarters)."""
+        if self.cfg.half_row_pairs:
+            return tuple(((0, q), HALF_N // 2) for q in self._w_quarters(tn))
+        return (((0, tn), self.cfg.tile_n),)
 
     # ------------------------------------------------------------------ producer
     @cute.jit
@@ -132,8 +149,10 @@ class Nvfp4Mixin:
         cfg = self.cfg
         if lane == 0:
             dst = storage.scl.data_ptr().toint() + stage * (cfg.tile_n * 4)
-            src = (mWS.iterator + cute.crd2idx(((0, tn), kt), mWS.layout)).toint()
-            bulk_copy_g2s(dst, src, cfg.tile_n * 4, bar.toint())
+            for crd, rows in self._row_runs(tn):
+                src = (mWS.iterator + cute.crd2idx((crd, kt), mWS.layout)).toint()
+                bulk_copy_g2s(dst, src, rows * 4, bar.toint())
+                dst += rows * 4
 
     @cute.jit
     def _prefetch_weights_early(self, sched, gmem, lane):
@@ -151,10 +170,11 @@ class Nvfp4Mixin:
             cursor += kb1 - kb0
             if lane == 0:
                 for kt in cutlass.range(kb0, kb1, unroll=1):
-                    bulk_prefetch_l2((mW.iterator + cute.crd2idx(((0, tn), (0, kt)), mW.layout)).toint(),
-                                     cfg.tile_n * cfg.tile_k // 2)
-                    bulk_prefetch_l2((mWS.iterator + cute.crd2idx(((0, tn), kt), mWS.layout)).toint(),
-                                     cfg.tile_n * 4)
+                    for crd, rows in self._row_runs(tn):
+                        bulk_prefetch_l2((mW.iterator + cute.crd2idx((crd, (0, kt)), mW.layout)).toint(),
+                                         rows * cfg.tile_k // 2)
+                        bulk_prefetch_l2((mWS.iterator + cute.crd2idx((crd, kt), mWS.layout)).toint(),
+                                         rows * 4)
 
     # ------------------------------------------------------------------ consumers
     @cute.jit
@@ -305,7 +325,7 @@ class Nvfp4Mixin:
         """(shared address of the scale word, of the thread's two words) of row dec.row + 8·vb + 64·wgs·b
         in packed stage ``stage`` (plain Python, inlined)."""
         cfg = self.cfg
-        row = dec.row + 64 * self.num_mma_wg * b + 8 * vb
+        row = dec.row + (64 * vb if cfg.half_row_pairs else 64 * self.num_mma_wg * b + 8 * vb)
         words = dec.w_addr + stage * cfg.w_stage_bytes + dec.quad * 8 + row * (cfg.tile_k // 2)
         return dec.s_addr + (stage * cfg.tile_n + row) * 4, words
 
@@ -371,6 +391,13 @@ class Nvfp4Mixin:
         both by its one, mGS[0] (plain Python, inlined; split.py picks the prefix's or the pairs'
         by tile)."""
         self._scale_halves(acc, mGS, lambda b, half: half, index=(0, 0) if self.cfg.global_scales == 1 else (0, 1))
+
+    def _scale_pairs(self, acc, mGS):
+        """half_row_pairs: the gate values (A rows g, v / 2 even) by mGS[0], the up values by mGS[1],
+        · 2^UNSHIFT (plain Python, inlined)."""
+        g = (mGS[0] * float(2 ** UNSHIFT), mGS[1] * float(2 ** UNSHIFT))
+        for v in range(cute.size(acc, mode=[0])):
+            acc[(v, 0, 0)] = acc[(v, 0, 0)] * g[v // 2 % 2]
 
     def _scale_halves(self, acc, mGS, half_of, index=(0, 1)):
         """acc value i ·= global scale of its weight half · 2^UNSHIFT (plain Python, inlined):

@@ -69,6 +69,10 @@ NVFP4_SMEM_DECODE_COST = 1.17
 # fitted on the MLP at M = 1024 (D67: 256-token tiles 7.5-8 % faster than 128-token ones on down's k loop at
 # 4096×14336, 8192×3584, 2048×8192; a decode halved would be 19 %, the rest is x's bytes, twice a MAC)
 NVFP4_HALF_ROWS_BASE = 62
+# gate_up's (TileConfig.half_row_pairs: two weight boxes a stage, h's slab 64 columns): where the model with
+# 62 tied them with the 256-row tiles (4096×14336 M = 512, 8192×3584 M = 1024) the MLP measured level to
+# 1.5 % slower (forty-ninth session, DISPATCH D68)
+NVFP4_HALF_ROWS_GATE_UP_BASE = 64
 # The same split for gate_up's bf16 and fp8 128-row tiles just past one wave (DISPATCH D48). It pays
 # only where the CTAs that share a weight column run close together in K, so that its k tiles meet in
 # L2 (their spread: grid_m · (tiles / SMs - 1) of K), and where K is long enough to carry the fix-up.
@@ -212,7 +216,8 @@ def nvfp4_swap_us(config: TileConfig, m: int, n: int, k: int, sms: int) -> float
     tiles = cdiv(m, config.tile_m) * cdiv(n, config.tile_n)
     k_tiles = cdiv(k, config.tile_k)
     if config.nvfp4_half_rows:
-        it = NVFP4_ITER_US * (NVFP4_HALF_ROWS_BASE + config.tile_m / 2) / (NVFP4_TILE_BASE + 128)
+        base = NVFP4_HALF_ROWS_GATE_UP_BASE if config.half_row_pairs else NVFP4_HALF_ROWS_BASE
+        it = NVFP4_ITER_US * (base + config.tile_m / 2) / (NVFP4_TILE_BASE + 128)
     else:
         it = NVFP4_ITER_US * (NVFP4_TILE_BASE + config.tile_m) / (NVFP4_TILE_BASE + 128)
     if not config.rs_decode:

@@ -5,8 +5,9 @@ compute 256 × tile_m per k step instead of 64 × 256 with the 64-row tile. Ship
 (dispatch.gate_up_tile_for, dispatch.down_tile_for); 32 and 64 not shipped (DISPATCH D2). nvfp4
 (W4A16) runs only swap-AB tiles: every multiple of 16 tokens to 160, and 192 for gate_up
 (dispatch.nvfp4_tile_for; D24, D31, D32, D62-D64), where the weight rows on the M side also read fewer
-smem bytes a k tile; and for down 224-256 tokens on tiles of 128 weight rows (TileConfig.nvfp4_half_rows,
-D67: one block a warpgroup, the tile's one 128-column half of y).
+smem bytes a k tile; and 224-256 tokens on tiles of 128 weight rows (TileConfig.nvfp4_half_rows: one block
+a warpgroup; down's the tile's one 128-column half of y, D67; gate_up's 64 gate rows and their up rows,
+TileConfig.half_row_pairs, D68: _epilogue_swap_pairs).
 
 Why: with the 64-row tile a 32 KB weight k tile costs one SM 4.2 MFLOP whatever M is, 0.59 µs,
 so a CTA streams weights at ~55 GB/s (tensor-bound), and HBM needs ≥ 55 busy SMs; at M = 16 three
@@ -175,7 +176,9 @@ class SwapABKernel(GemmKernel):
             state, release = self._swap_mainloop(mainloop, state, release, ops, acc, TileWork(tm, tn, kb0, kb1))
             epi = self._finish_tile(acc, n_vals, Int32(0), m, tile, sched, gmem.mPart, gmem.mCtr, storage, t)
             if epi != 0:
-                if cutlass.const_expr(cfg.epilogue == "gated"):
+                if cutlass.const_expr(cfg.half_row_pairs):
+                    self._epilogue_swap_pairs(acc, tCcC, n_vals, tm, tn, m, sO, mOut, t)
+                elif cutlass.const_expr(cfg.epilogue == "gated"):
                     self._epilogue_swap(acc, tCcC, n_vals, n_tok, tok0, tm, tn, m, sO, sRed, mOut, mAux, t)
                 else:
                     self._epilogue_swap_linear(acc, tCcC, n_vals, tm, tn, m, n, sO, mOut, mAux, t)
@@ -190,7 +193,10 @@ class SwapABKernel(GemmKernel):
             run = self._mainloop_nvfp4_rs if self.cfg.rs_decode else self._mainloop_nvfp4
             state, release = run(mainloop, state, release, ops.tiled_mma, acc, ops.tCrW, ops.tCrX, ops.dec, work.kb0,
                                  work.kb1, ops.num_k_blocks)
-            self._scale_halves(acc, ops.dec.mGS, lambda b, h: b // (self.blocks // self.halves))
+            if self.cfg.half_row_pairs:
+                self._scale_pairs(acc, ops.dec.mGS)
+            else:
+                self._scale_halves(acc, ops.dec.mGS, lambda b, h: b // (self.blocks // self.halves))
             return state, release
         if self.cfg.mainloop == BF16_MAINLOOP:
             return self._mainloop_bf16(mainloop, state, release, ops.tiled_mma, acc, ops.tCrW, ops.tCrX, work.kb0,
@@ -361,6 +367,32 @@ class SwapABKernel(GemmKernel):
                     word = fmt.pack(acc[(v, b, 0)], acc[(v + 1, b, 0)], *_pair(inv, 2 * (v // 4)))
                     sH16[tok, col] = cutlass.Int16(word & 0xFFFF)
                     sH16[tok + 1, col] = cutlass.Int16((word >> 16) & 0xFFFF)
+        bar.arrive_and_wait()
+        rows = cfg.tile_m // self.num_mma_wg  # each warpgroup copies out its share of the tokens
+        self._copy_slab(sH, mH, tm, tn, m, Int32(0), t // 128, t % 128, False, rows)
+
+    @cute.jit
+    def _epilogue_swap_pairs(self, acc, tCcC, n_vals: cutlass.Constexpr, tm, tn, m, sH, mH, t):
+        """half_row_pairs (bf16 h): values v, v + 1 of a 4-value group are the gate of pair _pair_of(t)
+        at tokens tok, tok + 1, values v + 2, v + 3 its up at the same tokens: h = act(gate) · up, one
+        bf16 pair word a token pair, staged token-major in the slab's 64 columns, copied out."""
+        cfg = self.cfg
+        fmt = self.h_spec
+        bar = pipeline.NamedBarrier(barrier_id=1, num_threads=128 * self.num_mma_wg)
+        bar.arrive_and_wait()  # the previous tile's copy-out is done
+        col = self._pair_of(t)
+        if cutlass.const_expr(cfg.h_rs_order):  # (nvfp4_layout.rs_k_order: bits 1-2 and 4-5 trade)
+            col = (col & ~0x36) | ((col >> 3) & 0x6) | ((col & 0x6) << 3)
+        sH16 = cute.make_tensor(
+            cute.recast_ptr(sH.iterator, dtype=cutlass.Int16),
+            cute.make_layout((cfg.tile_m, 2 * cfg.out_row_words), stride=(2 * cfg.out_row_words, 1)),
+        )
+        for v in cutlass.range_constexpr(0, n_vals, 4):
+            tok = tCcC[(v, 0, 0)][1]
+            word = fmt.pack(self.act(acc[(v, 0, 0)]) * acc[(v + 2, 0, 0)],
+                            self.act(acc[(v + 1, 0, 0)]) * acc[(v + 3, 0, 0)], None, None)
+            sH16[tok, col] = cutlass.Int16(word & 0xFFFF)
+            sH16[tok + 1, col] = cutlass.Int16((word >> 16) & 0xFFFF)
         bar.arrive_and_wait()
         rows = cfg.tile_m // self.num_mma_wg  # each warpgroup copies out its share of the tokens
         self._copy_slab(sH, mH, tm, tn, m, Int32(0), t // 128, t % 128, False, rows)

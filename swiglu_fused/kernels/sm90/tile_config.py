@@ -35,8 +35,8 @@ N_ALIGN = 8  # weight rows (N) must be a multiple of this: 16-byte rows of a bf1
 EVICT_FIRST = 0x12F0000000000000
 EVICT_LAST = 0x14F0000000000000
 L2_HINTS = ("", "w_first", "w_first_x_last")
-# tokens (tile_m) that only nvfp4's 128-row register-sourced down tile takes (TileConfig.nvfp4_half_rows):
-# with one 64-row block a warpgroup its accumulator holds up to 256 tokens (the wgmma's widest N) in the
+# tokens (tile_m) that only nvfp4's 128-row register-sourced tiles take (TileConfig.nvfp4_half_rows):
+# with one 64-row block a warpgroup their accumulator holds up to 256 tokens (the wgmma's widest N) in the
 # registers a 256-row tile's holds 128 in
 NVFP4_HALF_ROWS_TILE_M = (224, 240, 256)
 TILE_N_GRANULES = (192, 224)  # TileConfig.tile_n of the granule tiles (96 and 112 h columns)
@@ -228,9 +228,8 @@ class TileConfig:
                            or (self.epilogue == "gated" and self.out_bytes != 2)):
             raise ValueError(f"{name}: the nvfp4 mainloop runs 256-row tiles (128-row: nvfp4_half_rows) without "
                              f"clusters or tma_store, and gate_up writes bf16 h; got {self}")
-        if self.tile_n == HALF_N and not (self.nvfp4 and self.swap_ab and self.rs_decode and self.tile_major
-                                          and self.epilogue == "linear"):
-            raise ValueError(f"{name}.tile_n = {HALF_N}: only nvfp4's register-sourced swap-AB down tile (one 64-row "
+        if self.tile_n == HALF_N and not (self.nvfp4 and self.swap_ab and self.rs_decode and self.tile_major):
+            raise ValueError(f"{name}.tile_n = {HALF_N}: only nvfp4's register-sourced swap-AB tiles (one 64-row "
                              f"block a warpgroup, a tile-major weight); got {self}")
         if self.split_n and (self.tile_m != 64 or not self.fp8 or self.swap_ab or self.cluster_size > 1
                              or self.tma_store or self.epilogue != "gated" or self.tile_n != 2 * HALF_N):
@@ -321,13 +320,24 @@ class TileConfig:
         return self.tile_n == HALF_N and self.nvfp4
 
     @property
+    def half_row_pairs(self) -> bool:
+        """nvfp4_half_rows for gate_up: the CTA reads 64 gate rows and their 64 up rows (rows 64c.. and
+        128 + 64c.. of 256-row tile tn // 2, c = tn % 2: two TMA boxes), and each consumer thread decodes a gate row as
+        its A fragment's row g and the row's up row as g + 8, so that act(gate) · up stays in the
+        thread (swap_ab.py) and the CTA writes h's 64 columns [64·tn, 64·tn + 64)."""
+        return self.nvfp4_half_rows and self.epilogue == "gated"
+
+    @property
     def granules(self) -> bool:
         """Whether the tile is 16-row gate/up granules (tile_n in TILE_N_GRANULES), not two 128-row halves."""
         return self.tile_n in TILE_N_GRANULES
 
     @property
     def b_box_rows(self) -> int:
-        """Weight rows per TMA box of B: the whole tile, or one 16-row granule (the granule tile)."""
+        """Weight rows per TMA box of B: the whole tile, one 16-row granule (the granule tile), or a
+        64-row quarter of a 256-row tile (half_row_pairs: its gate rows, then their up rows)."""
+        if self.half_row_pairs:
+            return HALF_N // 2
         return GRANULE if self.granules else self.tile_n
 
     @property
@@ -368,8 +378,11 @@ class TileConfig:
 
     @property
     def _slab_row_cols(self) -> int:
-        """Columns a slab row has room for: 128 (the granule tiles' 96 / 112 too), or down's y_slab_cols."""
-        return self.y_slab_cols if self.epilogue == "linear" else HALF_N
+        """Columns a slab row has room for: 128 (the granule tiles' 96 / 112 too), 64 (half_row_pairs' h),
+        or down's y_slab_cols."""
+        if self.epilogue == "linear":
+            return self.y_slab_cols
+        return HALF_N // 2 if self.half_row_pairs else HALF_N
 
     @property
     def out_stage_bytes(self) -> int:
