@@ -1093,3 +1093,23 @@ def test_nvfp4_prefill_gate_up_on_cublas_where_predicted_faster(m, hidden, inter
     cfg = GateUpConfig(act="silu", h_format="bf16",
                        **dispatch._nvfp4_prefill_tile(m, dispatch.wg3_applies(m, 2 * inter, 132)))
     assert cfg.dequantized and dispatch.bf16_gate_up_on_cublas(cfg, m, 2 * inter, hidden, 132) == expect
+
+
+def test_narrow_down_takes_the_128_row_tile_at_97_to_128_rows(monkeypatch):
+    """D69: nvfp4's down at 97-128 rows (one M tile of 112 or 128 tokens) runs D67's 224-token 128-row tile where
+    schedule.nvfp4_swap_us predicts it at most NVFP4_HALF_ROWS_DOWN_GAIN (0.8) of the one tile's time: narrow H,
+    whose few 256-row tiles split K many ways (2048×8192, 1024×8192, 2048×5632, 4096×2048: the MLP 3-42 % faster on
+    the H200), not 4096×14336 nor 3072×8192 (predicted 0.84-0.87; measured 4 % slower at M = 100); gate_up, and a
+    call without the SMs (a CPU tensor's config), as before."""
+    from swiglu_fused.kernels.sm90.tile_config import DownConfig
+
+    tile = dispatch.nvfp4_tile_for
+    assert [tile(m, "down", True, (2048, 8192, 132))["tile_m"] for m in (96, 97, 128)] == [96, 224, 224]
+    assert tile(112, "down", True, (1024, 8192, 132))["tile_m"] == tile(100, "down", True, (4096, 2048, 132))["tile_m"] == 224
+    assert tile(128, "down", True, (4096, 14336, 132))["tile_m"] == tile(128, "down", True, (3072, 8192, 132))["tile_m"] == 128
+    assert tile(128, "gate_up", True, (16384, 2048, 132))["tile_m"] == tile(128, "down", True)["tile_m"] == 128
+    assert tile(128, "down", False, (2048, 8192, 132))["tile_m"] == 128  # (a packed-order weight: no rs_decode)
+    cfg = DownConfig(mainloop=tile_config.NVFP4_MAINLOOP, tile_major=True, **tile(128, "down", True, (2048, 8192, 132)))
+    assert cfg.nvfp4_half_rows and cfg.rs_decode and cfg in dispatch.down_shipped()
+    monkeypatch.setattr(dispatch, "NVFP4_HALF_ROWS_DOWN_MIN_M", 129)
+    assert tile(128, "down", True, (2048, 8192, 132))["tile_m"] == 128

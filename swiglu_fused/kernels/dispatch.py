@@ -639,6 +639,11 @@ NVFP4_SWAP_TILES = {  # (tokens, stages, decode buffers[, fixup_unroll])
     "down": ((16, 6, 1), (32, 6, 1, 4), (48, 6, 1, 4), (64, 6, 2, 4), (80, 5, 1), (96, 5, 1), (112, 5, 1), (128, 5, 1),
              (144, 5, 1), (160, 5, 1), (224, 4, 1), (240, 4, 1), (256, 4, 1)),
 }
+# down at 97-128 rows (one M tile of 112 or 128 tokens): the 224-token 128-row tile where the model predicts it
+# at most NVFP4_HALF_ROWS_DOWN_GAIN of the one tile's time (narrow H: e.g. 2048×8192, whose 8 tiles of 256 rows
+# split K 16 ways; D69)
+NVFP4_HALF_ROWS_DOWN_MIN_M = 97
+NVFP4_HALF_ROWS_DOWN_GAIN = 0.8
 # the ops whose 128-row tiles nvfp4_tiling weighs (launch_ab compares others: "dispatch.NVFP4_HALF_ROWS=('down',)")
 NVFP4_HALF_ROWS = ("gate_up", "down")
 # Up to NVFP4_EVEN_MAX rows one M tile, the smallest that holds them. Above, M tiles of equal size, each
@@ -700,7 +705,37 @@ def nvfp4_tile_for(m: int, op: str = "gate_up", tile_major: bool = False,
     144- and 160-token tiles decode into registers only: two smem buffers leave no room for 4 stages)."""
     if shape and NVFP4_TILE_MODEL and m > NVFP4_EVEN_MAX and NVFP4_RS and tile_major:
         return _nvfp4_rs(_nvfp4_tile(nvfp4_tiling(op, m, *shape)), tile_major)
-    return _nvfp4_rs(_nvfp4_tile(_nvfp4_share_tile(op, cdiv(m, cdiv(m, NVFP4_EVEN_MAX)))), tile_major)
+    tile = _nvfp4_share_tile(op, cdiv(m, cdiv(m, NVFP4_EVEN_MAX)))
+    if shape and NVFP4_TILE_MODEL and NVFP4_RS and tile_major and op == "down" and m >= NVFP4_HALF_ROWS_DOWN_MIN_M:
+        tile = _nvfp4_narrow_down_tile(tile, m, *shape)
+    return _nvfp4_rs(_nvfp4_tile(tile), tile_major)
+
+
+def _nvfp4_narrow_down_tile(tile: tuple, m: int, n: int, k: int, sms: int) -> tuple:
+    """Down's tile at NVFP4_HALF_ROWS_DOWN_MIN_M-128 rows: ``tile`` (one M tile), or the 224-token 128-row
+    one where schedule.nvfp4_swap_us predicts it at most NVFP4_HALF_ROWS_DOWN_GAIN of ``tile``'s time:
+    where H is narrow, its twice as many CTAs split K fewer ways (D69)."""
+    from .sm90 import schedule as sch
+
+    constants = (NVFP4_HALF_ROWS_DOWN_GAIN, tuple(NVFP4_SWAP_TILES["down"]), NVFP4_RS_TOKENS, NVFP4_FULL_REGS_TOKENS,
+                 NVFP4_PREFETCH_TOKENS, sch.NVFP4_HALF_ROWS_BASE, sch.NVFP4_TILE_BASE, sch.NVFP4_ITER_US,
+                 sch.NVFP4_FIXUP_US, sch.NVFP4_HYBRID_MIN_GAIN, sch.NVFP4_HYBRID_TOKENS, sch.FIXUP_US)
+    return _nvfp4_narrow_down(tile, m, n, k, sms, constants)
+
+
+@functools.lru_cache(maxsize=4096)  # (~35 µs uncached: a call's dispatch in eager mode)
+def _nvfp4_narrow_down(tile, m, n, k, sms, constants):
+    """_nvfp4_narrow_down_tile, computed (``constants``: the cache key's part that launch_ab and the tests change)."""
+    from .sm90.schedule import nvfp4_swap_us
+    from .sm90.tile_config import DownConfig
+
+    half = _nvfp4_share_tile("down", NVFP4_HALF_ROWS_TOKENS[0], half_rows=True)
+
+    def us(t):
+        cfg = DownConfig(mainloop=NVFP4_MAINLOOP, tile_major=True, **_nvfp4_rs(_nvfp4_tile(t), True))
+        return nvfp4_swap_us(cfg, m, n, k, sms)
+
+    return half if us(half) <= NVFP4_HALF_ROWS_DOWN_GAIN * us(tile) else tile
 
 
 def _nvfp4_share_tile(op: str, share: int, half_rows: bool = False) -> tuple:

@@ -693,3 +693,21 @@ def test_half_row_gate_up_tile_against_the_reference(hidden, inter, m, tokens):
     h_rs = torch.full((m, inter), float("nan"), dtype=torch.bfloat16, device="cuda")
     kg.gate_up(dataclasses.replace(half, h_rs_order=True), x, wt, wst, None, gs, out=(h_rs, None), tile_major=True)
     assert torch.equal(h_rs, nvfp4_layout.rs_k_order(h))
+
+
+@pytest.mark.parametrize("hidden,inter,m", [(2048, 8192, 97), (2048, 8192, 128), (1024, 8192, 112),
+                                           (4096, 2048, 100), (4096, 14336, 128)])
+def test_narrow_down_at_97_to_128_rows(hidden, inter, m):
+    """D69: down at 97-128 rows runs the 224-token 128-row tile where the model predicts it at most 0.8 of the one
+    M tile's time (narrow H; not 4096×14336): y (with a residual) from the dispatched config within bf16
+    rounding of the reference, outputs poisoned first."""
+    from swiglu_fused.kernels import nvfp4_layout
+    from swiglu_fused.kernels.sm90 import down as kd
+
+    hd, wd, wsd, gsd = down_operands(m, hidden, inter, seed=m + 131)
+    res = torch.randn(m, hidden, device="cuda").to(torch.bfloat16)
+    dcfg = dispatch.down_config(hd, wd, wsd, None, res, torch.bfloat16, True)
+    assert dcfg.nvfp4_half_rows == (hidden != 4096 or inter == 2048) and dcfg in dispatch.down_shipped()
+    y = torch.full((m, hidden), float("nan"), dtype=torch.bfloat16, device="cuda")
+    kd.down(dcfg, hd, *nvfp4_layout.to_tile_major(wd, wsd), None, res, gsd, out=y, tile_major=True)
+    assert_bf16_close(y, reference.down(hd, wd, wsd, None, gsd, residual=res), TOL)
