@@ -88,6 +88,11 @@ def _pair(inv, j: int):
     return (None, None) if inv is None else (inv[j], inv[j + 1])
 
 
+def _rs_column(col):
+    """Where h column ``col`` goes in nvfp4_layout.rs_k_order (its bits 1-2 and 4-5 trade places)."""
+    return (col & ~0x36) | ((col >> 3) & 0x6) | ((col & 0x6) << 3)
+
+
 class SwapABKernel(GemmKernel):
     """GemmKernel with the swap-AB consumer (config.swap_ab; see the module docstring)."""
 
@@ -361,8 +366,8 @@ class SwapABKernel(GemmKernel):
             for b in cutlass.range_constexpr(gates):
                 for v in cutlass.range_constexpr(0, n_vals, 2):
                     col = tCcC[(v, b, 0)][0]
-                    if cutlass.const_expr(cfg.h_rs_order):  # (nvfp4_layout.rs_k_order: bits 1-2 and 4-5 trade)
-                        col = (col & ~0x36) | ((col >> 3) & 0x6) | ((col & 0x6) << 3)
+                    if cutlass.const_expr(cfg.h_rs_order):
+                        col = _rs_column(col)
                     tok = tCcC[(v, b, 0)][1]
                     word = fmt.pack(acc[(v, b, 0)], acc[(v + 1, b, 0)], *_pair(inv, 2 * (v // 4)))
                     sH16[tok, col] = cutlass.Int16(word & 0xFFFF)
@@ -381,8 +386,8 @@ class SwapABKernel(GemmKernel):
         bar = pipeline.NamedBarrier(barrier_id=1, num_threads=128 * self.num_mma_wg)
         bar.arrive_and_wait()  # the previous tile's copy-out is done
         col = self._pair_of(t)
-        if cutlass.const_expr(cfg.h_rs_order):  # (nvfp4_layout.rs_k_order: bits 1-2 and 4-5 trade)
-            col = (col & ~0x36) | ((col >> 3) & 0x6) | ((col & 0x6) << 3)
+        if cutlass.const_expr(cfg.h_rs_order):
+            col = _rs_column(col)
         sH16 = cute.make_tensor(
             cute.recast_ptr(sH.iterator, dtype=cutlass.Int16),
             cute.make_layout((cfg.tile_m, 2 * cfg.out_row_words), stride=(2 * cfg.out_row_words, 1)),
