@@ -297,7 +297,7 @@ class Nvfp4Mixin:
         for b in range(blocks):
             scales = self._rs_scales((raw[6 * b], raw[6 * b + 1]), dec.quad)
             for vb in range(2):
-                self._rs_fragments(frag, b, vb, (raw[6 * b + 2 + 2 * vb], raw[6 * b + 3 + 2 * vb]), scales[vb])
+                self._rs_fragments(frag, b, vb, (raw[6 * b + 2 + 2 * vb], raw[6 * b + 3 + 2 * vb]), scales)
 
     def _issue_rs(self, mma, tW, stage):
         """Fence this thread's fragment writes for the wgmma, issue the k tile's chain (plain
@@ -319,7 +319,7 @@ class Nvfp4Mixin:
             scales = self._rs_scales([ld_shared_b32(self._rs_address(dec, stage, b, vb)[0]) for vb in range(2)],
                                      dec.quad)
             for vb in range(2):
-                self._rs_fragments(frag, b, vb, ld_shared_v2(self._rs_address(dec, stage, b, vb)[1]), scales[vb])
+                self._rs_fragments(frag, b, vb, ld_shared_v2(self._rs_address(dec, stage, b, vb)[1]), scales)
 
     def _rs_address(self, dec: DecodeOperands, stage, b: int, vb: int):
         """(shared address of the scale word, of the thread's two words) of row dec.row + 8·vb + 64·wgs·b
@@ -330,15 +330,15 @@ class Nvfp4Mixin:
         return dec.s_addr + (stage * cfg.tile_n + row) * 4, words
 
     def _rs_scales(self, sw, quad):
-        """Scale words of rows g and g + 8 → (row g's scale group ``quad`` as a bf16 pair, row g + 8's)."""
+        """Scale words of rows g and g + 8 → their scale group ``quad`` as one bf16 pair (row g's low)."""
         sel = Int32(0x40) + Int32(0x11) * quad  # byte quad of row g's scale word, then of row g + 8's
-        sc = e4m3x2_to_bf16x2(prmt(sw[0], sw[1], sel))
-        return prmt(sc, sc, Int32(0x1010)), prmt(sc, sc, Int32(0x3232))
+        return e4m3x2_to_bf16x2(prmt(sw[0], sw[1], sel))
 
-    def _rs_fragments(self, frag, b: int, vb: int, words, scale):
-        """A row's two words → its pairs of block b's fragments (pair j of word c to k step j, half c)."""
+    def _rs_fragments(self, frag, b: int, vb: int, words, scales):
+        """A row's two words → its pairs of block b's fragments (pair j of word c to k step j, half c);
+        ``scales``: _rs_scales' pair, of which row g + 8·vb takes half vb."""
         for c in range(2):
-            pairs = e2m1x8_to_bf16x2x4(words[c], scale)
+            pairs = e2m1x8_to_bf16x2x4(words[c], scales, vb)
             for j in range(4):
                 frag[((0, vb, c), b, j)] = pairs[j]
 

@@ -273,29 +273,39 @@ def e2m1x2_to_bf16x2(word: Int32, shifted: Int32, byte: int, scale2: Int32, *, l
 
 
 @dsl_user_op
-def e2m1x8_to_bf16x2x4(word: Int32, scale2: Int32, *, loc=None, ip=None) -> tuple:
+def e2m1x8_to_bf16x2x4(word: Int32, scale2: Int32, half: int | None = None, *, loc=None, ip=None) -> tuple:
     """A tile-major word (8 codes, its bits in nvfp4_layout's decode order) times the group's scale
     · 2^DECODE_SHIFT (bf16, both halves of ``scale2``) → four words, pair j = columns 2j and 2j + 1
     (the even one low): the values e2m1x2_to_bf16x2 gives for byte j of the packed word, exactly.
     Pair j is (word << s_j) & SIGN_MASK | (word << m_j) & MAGNITUDE_MASK (PAIR_SHIFTS): the same
-    bf16 placement, 11 integer ops a word instead of 21, then the same fma."""
+    bf16 placement, 11 integer ops a word instead of 21, then the same fma.
+
+    ``half`` (0 or 1): ``scale2`` holds two rows' scales instead (e4m3x2_to_bf16x2's pair) and the
+    fma takes half ``half`` in both lanes. ptxas folds that broadcast into the multiply's operand
+    (HMUL2 R, R, S.H0_H0 / .H1_H1), where a prmt that builds the broadcast word is an instruction
+    of its own: the same bits, two instructions fewer a row pair's scale group."""
     shifts = sorted({r for pair in nvfp4_layout.PAIR_SHIFTS for r in pair} - {0})
     src = {0: "$4", **{r: f"s{r + 32}" for r in shifts}}
     body = [f"shl.b32 {src[r]}, $4, {r};" if r > 0 else f"shr.u32 {src[r]}, $4, {-r};" for r in shifts]
     body.append("mov.b32 z, 0x80008000;")  # (-0, -0)
+    scale = "$5"
+    if half is not None:  # (lo, lo) or (hi, hi) of the two rows' scales
+        body += ["mov.b32 {lo, hi}, $5;", f"mov.b32 b, {{{('lo', 'hi')[half]}, {('lo', 'hi')[half]}}};"]
+        scale = "b"
     for j, (sr, mr) in enumerate(nvfp4_layout.PAIR_SHIFTS):
         if sr == mr:
             body.append(f"and.b32 t, {src[sr]}, {nvfp4_layout.SIGN_MASK | nvfp4_layout.MAGNITUDE_MASK:#x};")
         else:
             body += [f"and.b32 t, {src[sr]}, {nvfp4_layout.SIGN_MASK:#x};",
                      f"and.b32 u, {src[mr]}, {nvfp4_layout.MAGNITUDE_MASK:#x};", "or.b32 t, t, u;"]
-        body.append(f"fma.rn.bf16x2 ${j}, t, $5, z;")
+        body.append(f"fma.rn.bf16x2 ${j}, t, {scale}, z;")
     regs = ", ".join(src[r] for r in shifts)
     words = llvm.StructType.get_literal([T.i32()] * 4)
     res = _asm(
         words,
         [Int32(word).ir_value(loc=loc, ip=ip), Int32(scale2).ir_value(loc=loc, ip=ip)],
-        "{\n\t.reg .b32 " + regs + ", t, u, z;\n\t" + "\n\t".join(body) + "\n\t}",
+        "{\n\t.reg .b32 " + regs + ", t, u, z" + ("" if half is None else ", b;\n\t.reg .b16 lo, hi")
+        + ";\n\t" + "\n\t".join(body) + "\n\t}",
         "=r,=r,=r,=r,r,r",
     )
     return _words(res, 4, loc, ip)

@@ -219,8 +219,8 @@ class WarpMmaKernel:
             for q in range(4):  # word q: columns 32t + 8q … of each row, scale group 2(t % 2) + q // 2
                 pairs = []
                 for r in range(2):
-                    sg, sg8 = scales[r][q // 2]
-                    pairs.append((e2m1x8_to_bf16x2x4(data[r][0][q], sg), e2m1x8_to_bf16x2x4(data[r][1][q], sg8)))
+                    sc = scales[r][q // 2]
+                    pairs.append((e2m1x8_to_bf16x2x4(data[r][0][q], sc, 0), e2m1x8_to_bf16x2x4(data[r][1][q], sc, 1)))
                 for h in range(2):  # k16 step 2q + h: pairs 2h and 2h + 1 of the two rows' words
                     b = self._b(x_lane + (i * BLOCK_K + (2 * q + h) * 16) * 2)
                     for r in range(2):
@@ -241,13 +241,10 @@ class WarpMmaKernel:
     @staticmethod
     def _scales(data, sel):
         """A row block's scales for its two groups of the block's chunk (words 0-1, words 2-3): each
-        (row g's, row g + 8's) as bf16x2 broadcasts, converted once a block, not once a word."""
+        one bf16 pair (row g's low, row g + 8's high; e2m1x8_to_bf16x2x4 takes a half), converted
+        once a block, not once a word."""
         _, _, scale_g, scale_g8 = data
-        out = []
-        for half in range(2):
-            sc = e4m3x2_to_bf16x2(prmt(scale_g, scale_g8, sel + 0x11 * half))
-            out.append((prmt(sc, sc, Int32(0x1010)), prmt(sc, sc, Int32(0x3232))))
-        return out
+        return [e4m3x2_to_bf16x2(prmt(scale_g, scale_g8, sel + 0x11 * half)) for half in range(2)]
 
     def _token(self, i, t):
         """The token of value i (row block r, token tile j, value e): 8j + 2t + e % 2."""
