@@ -189,9 +189,10 @@ def feed_forward(w_in, w_out, ms, rounds, iters):
 
 
 # ---------------------------------------------------------------- whole blocks (diffusers' own modules)
-def flux2_blocks(device="cuda", dim: int = DIM, heads: int = 48, head_dim: int = 128, text: int = 15360):
+def flux2_blocks(device="cuda", dim: int = DIM, heads: int = 48, head_dim: int = 128, text: int = 15360,
+                 formats=FORMATS):
     """{name: a Flux2Transformer2DModel with one double- and one single-stream block}: diffusers'
-    bf16 model (random weights) and copies patched to each of FORMATS."""
+    bf16 model (random weights) and copies patched to each of ``formats``."""
     import copy
 
     import swiglu_fused
@@ -203,7 +204,7 @@ def flux2_blocks(device="cuda", dim: int = DIM, heads: int = 48, head_dim: int =
                                         attention_head_dim=head_dim, joint_attention_dim=text,
                                         axes_dims_rope=(head_dim // 4,) * 4)
     models = {"diffusers_bf16": model.to(torch.bfloat16).eval()}
-    for f in FORMATS:
+    for f in formats:
         models[f"ours_{SHORT[f]}"] = patched = copy.deepcopy(models["diffusers_bf16"])
         swiglu_fused.patch_model(patched, weight_format=f)
     return models
@@ -280,7 +281,7 @@ def plot(rows, path):
         ax.bar([i + 0.16 * j for i in range(len(rows))], [r.get(f"{name}_us", 0) / 1000 for r in rows], 0.16,
                label=name)
     ax.set_xticks([i + 0.32 for i in range(len(rows))], [f"{r['block']}\nM={r['m']}" for r in rows], fontsize=7)
-    ax.set(ylabel="ms", title="Flux.2-dev MLP work (H100, CUDA graphs)")
+    ax.set(ylabel="ms", title=f"Flux.2-dev MLP work ({torch.cuda.get_device_name()}, CUDA graphs)")
     ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=60)

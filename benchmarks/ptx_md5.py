@@ -68,12 +68,14 @@ os.environ["CUTE_DSL_DUMP_DIR"] = _DUMP
 def configurations():
     """(family, config) for every configuration to check, in a fixed order."""
     from swiglu_fused.kernels import dispatch
-    from swiglu_fused.kernels.sm90 import act_mul, down, gate_up, k_order, nvfp4_dequant, quant_x, split, warp_mma
+    from swiglu_fused.kernels.sm90 import (act_mul, down, gate_up, k_order, nvfp4_dequant, qk_norm_rope, quant_x,
+                                           split, warp_mma)
 
     G, D = gate_up.GateUpConfig, down.DownConfig
     out = [("quant_x", c) for c in quant_x.shipped_configs()]
     out += [("k_order", c) for c in k_order.shipped_configs()]
     out += [("act_mul", c) for c in act_mul.shipped_configs()]
+    out += [("qk_norm_rope", c) for c in qk_norm_rope.shipped_configs()]
     out += [("nvfp4_warp_mma", c) for c in dispatch.warp_mma_shipped()]
     out += [("nvfp4_dequant", c) for c in nvfp4_dequant.shipped_configs()]
     out += [("gate_up", c) for c in gate_up.shipped_configs()]
@@ -134,9 +136,11 @@ def normalize(ptx: str, names) -> str:
 
 
 def _compile(family, cfg, names=()):
-    from swiglu_fused.kernels.sm90 import act_mul, down, gate_up, k_order, nvfp4_dequant, quant_x, split, warp_mma
+    from swiglu_fused.kernels.sm90 import (act_mul, down, gate_up, k_order, nvfp4_dequant, qk_norm_rope, quant_x,
+                                           split, warp_mma)
 
     fn = {"quant_x": quant_x.compile_quant_x, "gate_up": gate_up.compile_gate_up, "act_mul": act_mul.compile_act_mul,
+          "qk_norm_rope": qk_norm_rope.compile_qk_norm_rope,
           "gate_up_split": split.compile_split, "down": down.compile_down, "k_order": k_order.compile_k_order,
           "nvfp4_dequant": nvfp4_dequant.compile_dequant, "nvfp4_warp_mma": warp_mma.compile_warp_mma}[family](cfg)
     ptx = fn.__ptx__

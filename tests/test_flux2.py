@@ -14,7 +14,7 @@ import torch
 import swiglu_fused
 from swiglu_fused import formats, split_interleave
 from swiglu_fused.integrations.diffusers import AppliedInProjection, SplitProjectionProcessor
-from swiglu_fused.kernels import reference
+from swiglu_fused.kernels import ops, reference
 from swiglu_fused.layer import FusedSwiGLUMLP
 from swiglu_fused.linear import PackedLinear
 from swiglu_fused.split_projection import FusedSplitProjection
@@ -257,6 +257,81 @@ def test_the_single_stream_processor_skips_the_concatenation_and_changes_nothing
         got = attn(h, image_rotary_emb=rotary)
         attn.set_processor(stock)
         assert torch.equal(got, attn(h, image_rotary_emb=rotary))
+
+
+def _stock_qk(q, k, norm_q, norm_k, rotary, s):
+    """diffusers' steps: torch.nn.RMSNorm per head, then apply_rotary_emb (sequence dim 1)."""
+    from diffusers.models.embeddings import apply_rotary_emb
+
+    d = norm_q.weight.numel()
+    with torch.no_grad():
+        out = [apply_rotary_emb(norm(x.reshape(-1, s, x.shape[1] // d, d)), rotary, sequence_dim=1)
+               for x, norm in ((q, norm_q), (k, norm_k))]
+    return torch.cat([o.reshape(q.shape[0], -1) for o in out], dim=1)
+
+
+@pytest.mark.parametrize("d, heads, batch", [(128, 3, 2), (64, 2, 1)])
+def test_the_qk_norm_rope_reference_is_diffusers_steps(d, heads, batch):
+    """reference.qk_norm_rope (the sm90 kernel's twin) is bit for bit torch.nn.RMSNorm then diffusers'
+    apply_rotary_emb, on Q and K read out of a wide projection output (row stride 5·inner), two
+    sequences one after the other; the weights and tables matter (the test can fail)."""
+    g = torch.Generator().manual_seed(d)
+    s, inner = 40, heads * d
+    y = (torch.randn(batch * s, 5 * inner, generator=g) * 3).bfloat16()
+    norms = [torch.nn.RMSNorm(d, eps=1e-6).bfloat16() for _ in range(2)]
+    with torch.no_grad():
+        for n in norms:
+            n.weight.copy_(torch.rand(d, generator=g) + 0.5)
+    angles = torch.rand(s, d // 2, generator=g) * 6
+    rotary = (angles.cos().repeat_interleave(2, -1), angles.sin().repeat_interleave(2, -1))
+    q, k = y[:, :inner], y[:, inner:2 * inner]
+    want = _stock_qk(q, k, *norms, rotary, s)
+    got = reference.qk_norm_rope(q, k, norms[0].weight, norms[1].weight, *rotary, 1e-6)
+    assert torch.equal(got, want)
+    assert torch.equal(ops.qk_norm_rope(q, k, norms[0].weight, norms[1].weight, *rotary, 1e-6), want)
+    swapped = reference.qk_norm_rope(q, k, norms[0].weight, norms[1].weight, rotary[1], rotary[0], 1e-6)
+    assert _rel(swapped, want) > 0.3
+
+
+def test_qk_norm_rope_names_a_bad_argument():
+    q = torch.zeros(8, 256, dtype=torch.bfloat16)
+    w, t = torch.ones(128, dtype=torch.bfloat16), torch.zeros(4, 128)
+    for args, match in [((q.float(), q, w, w, t, t, 1e-6), "q: dtype"),
+                        ((q, q[:, :128], w, w, t, t, 1e-6), "k: expected shape"),
+                        ((q, q, w[:96], w, t, t, 1e-6), "weight_q: expected a 1-D head dim"),
+                        ((q, q, w, w[:64], t, t, 1e-6), "weight_k: expected shape"),
+                        ((q, q, w, w, t[:3], t, 1e-6), "cos: expected"),
+                        ((q, q, w, w, t, t[:, :64], 1e-6), "sin: expected"),
+                        ((q, q, w, w, t, t, -1.0), "eps: expected")]:
+        with pytest.raises((ValueError, TypeError), match=match):
+            ops.qk_norm_rope(*args)
+
+
+def test_the_single_stream_processor_norms_and_rotates_in_one_op(flux2, monkeypatch):
+    """Without a gradient wanted, our processor runs Q's and K's norms and rotary embedding as one
+    ops.qk_norm_rope (the sm90 kernel on a GPU), with the block's own weights, eps and tables; with
+    one wanted (grad mode and the norms' trainable weights) the stock steps, which have a backward."""
+    from swiglu_fused.integrations import diffusers as integration
+
+    _, model = flux2
+    patched = copy.deepcopy(model)
+    swiglu_fused.patch_model(patched, weight_format="bf16")
+    attn = patched.single_transformer_blocks[0].attn
+    calls = []
+    real = ops.qk_norm_rope
+
+    def counting(q, k, weight_q, weight_k, cos, sin, eps):
+        calls.append((weight_q is attn.norm_q.weight, weight_k is attn.norm_k.weight, eps == attn.norm_q.eps))
+        return real(q, k, weight_q, weight_k, cos, sin, eps)
+
+    monkeypatch.setattr(integration.ops, "qk_norm_rope", counting)
+    h = torch.randn(2, 24, 128).bfloat16()
+    rotary = patched.pos_embed(torch.zeros(24, 4))
+    with torch.no_grad():
+        attn(h, image_rotary_emb=rotary)
+    assert calls == [(True, True, True)]
+    attn(h, image_rotary_emb=rotary)  # grad mode, trainable norm weights
+    assert len(calls) == 1
 
 
 def test_the_single_stream_processor_concatenates_where_autograd_keeps_v(flux2):

@@ -551,13 +551,14 @@ def test_warp_mma_config_cache_follows_the_constants(monkeypatch):
 # ---------------------------------------------------------------- sm_90a compile check
 def _shipped():
     cutlass = pytest.importorskip("cutlass")  # noqa: F841
-    from swiglu_fused.kernels.sm90 import (act_mul, decode_mlp, down, gate_up, k_order, nvfp4_dequant, quant_x, split,
-                                           warp_mma)
+    from swiglu_fused.kernels.sm90 import (act_mul, decode_mlp, down, gate_up, k_order, nvfp4_dequant, qk_norm_rope,
+                                           quant_x, split, warp_mma)
 
     return (
         [("quant_x", c, quant_x.compile_quant_x) for c in quant_x.shipped_configs()]
         + [("k_order", c, k_order.compile_k_order) for c in k_order.shipped_configs()]
         + [("act_mul", c, act_mul.compile_act_mul) for c in act_mul.shipped_configs()]
+        + [("qk_norm_rope", c, qk_norm_rope.compile_qk_norm_rope) for c in qk_norm_rope.shipped_configs()]
         + [("nvfp4_dequant", c, nvfp4_dequant.compile_dequant) for c in nvfp4_dequant.shipped_configs()]
         + [("gate_up", c, gate_up.compile_gate_up) for c in dispatch.gate_up_shipped()]
         + [("down", c, down.compile_down) for c in dispatch.down_shipped()]

@@ -39,6 +39,7 @@ from torch import nn
 
 from .. import formats
 from ..formats import FormatError
+from ..kernels import ops
 from ..layer import FusedSwiGLUMLP
 from ..linear import PackedLinear
 from ..split_projection import FusedSplitProjection
@@ -74,10 +75,14 @@ class SplitProjectionProcessor:
         y = attn.to_qkv_mlp_proj(hidden_states)
         inner = attn.inner_dim
         query, key, value = (y[..., i * inner:(i + 1) * inner].unflatten(-1, (-1, attn.head_dim)) for i in range(3))
-        query, key = attn.norm_q(query), attn.norm_k(key)
-        if image_rotary_emb is not None:
-            query = flux2.apply_rotary_emb(query, image_rotary_emb, sequence_dim=1)
-            key = flux2.apply_rotary_emb(key, image_rotary_emb, sequence_dim=1)
+        qk = _fused_qk_norm_rope(attn, y, image_rotary_emb)
+        if qk is not None:  # the same values in one pass (ops.qk_norm_rope)
+            query, key = (t.view(query.shape) for t in qk.split(inner, dim=-1))
+        else:
+            query, key = attn.norm_q(query), attn.norm_k(key)
+            if image_rotary_emb is not None:
+                query = flux2.apply_rotary_emb(query, image_rotary_emb, sequence_dim=1)
+                key = flux2.apply_rotary_emb(key, image_rotary_emb, sequence_dim=1)
         out = flux2.dispatch_attention_fn(query, key, value, attn_mask=attention_mask,
                                           backend=self._attention_backend, parallel_config=self._parallel_config)
         out = out.flatten(2, 3).to(query.dtype)
@@ -87,6 +92,26 @@ class SplitProjectionProcessor:
         to_out_input = y[..., 2 * inner:]
         to_out_input[..., :inner].copy_(out)
         return attn.to_out(to_out_input)
+
+
+def _fused_qk_norm_rope(attn: nn.Module, y: torch.Tensor, rotary) -> torch.Tensor | None:
+    """[Q' | K'] [B·S, 2·inner] of the projection's output y [B, S, ·] by ops.qk_norm_rope, where the block's
+    steps are what it computes (torch.nn.RMSNorm of the head dim with a weight on Q and on K, Flux's
+    (cos, sin) rotary tables of S rows, bf16) and no gradient is wanted; else None: the stock steps."""
+    norms = (getattr(attn, "norm_q", None), getattr(attn, "norm_k", None))
+    if not all(type(n) is nn.RMSNorm and n.weight is not None and tuple(n.normalized_shape) == (attn.head_dim,)
+               and n.eps == norms[0].eps for n in norms):
+        return None
+    if torch.is_grad_enabled() and (y.requires_grad or any(n.weight.requires_grad for n in norms)):
+        return None  # (the stock steps have a gradient)
+    if not (isinstance(rotary, tuple) and len(rotary) == 2 and y.dim() == 3 and y.dtype == torch.bfloat16
+            and rotary[0].shape == rotary[1].shape == (y.shape[1], attn.head_dim)):
+        return None
+    rows, inner = y.reshape(-1, y.shape[-1]), attn.inner_dim
+    eps = norms[0].eps if norms[0].eps is not None else torch.finfo(y.dtype).eps  # (torch.nn.RMSNorm's default)
+    cos, sin = (t.to(y.device) for t in rotary)
+    return ops.qk_norm_rope(rows[:, :inner], rows[:, inner:2 * inner], norms[0].weight, norms[1].weight, cos, sin,
+                            eps)
 
 
 @dataclass

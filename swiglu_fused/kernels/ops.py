@@ -7,6 +7,8 @@
                        h_order)                                → y
     swiglu_fused::gate_up_split(x, weight, weight_scale, x_scale, global_scale, prefix, interleave, act)
                                                                → [y | h] (Flux.2's single-stream projection)
+    swiglu_fused::qk_norm_rope(q, k, weight_q, weight_k, cos, sin, eps)
+                                                               → [Q' | K'] (Flux.2's QK norms and rotary embedding)
 
 The Python wrappers below (``quant_x``, ``gate_up``, ``gate_up_split``, ``down``) take exactly the arguments of
 ``reference.py`` (STYLE §1) and validate them with errors that name the argument. Each op has a
@@ -409,6 +411,55 @@ def gate_up_split(
     return op(x, weight, weight_scale, x_scale, global_scale, prefix, interleave, act)
 
 
+# ---------------------------------------------------------------- qk_norm_rope (Flux.2's attention inputs)
+def _qk_norm_rope_impl(q: torch.Tensor, k: torch.Tensor, weight_q: torch.Tensor, weight_k: torch.Tensor,
+                       cos: torch.Tensor, sin: torch.Tensor, eps: float) -> torch.Tensor:
+    if dispatch.sm90_kernels_usable(q.device):
+        from .sm90 import qk_norm_rope as sm90_qk
+
+        if sm90_qk.takes(q, k, weight_q, weight_k, cos, sin):
+            with torch.cuda.device(q.device):
+                return sm90_qk.qk_norm_rope(q, k, weight_q, weight_k, cos, sin, eps)
+    return reference.qk_norm_rope(q, k, weight_q, weight_k, cos, sin, eps)
+
+
+_qk_norm_rope_op = torch.library.custom_op("swiglu_fused::qk_norm_rope", mutates_args=())(_qk_norm_rope_impl)
+
+
+@_qk_norm_rope_op.register_fake
+def _(q, k, weight_q, weight_k, cos, sin, eps):
+    return q.new_empty((q.shape[0], 2 * q.shape[1]), dtype=torch.bfloat16)
+
+
+def _validate_qk_norm_rope(q, k, weight_q, weight_k, cos, sin, eps):
+    _check_2d("q", q)
+    _check_dtype("q", q, (torch.bfloat16,))
+    _check_same_device("q", q, k=k, weight_q=weight_q, weight_k=weight_k, cos=cos, sin=sin)
+    _check_shape("k", k, tuple(q.shape), "the same tokens and heads as q")
+    _check_dtype("k", k, (torch.bfloat16,))
+    d = weight_q.numel()
+    if weight_q.dim() != 1 or d % 2 or q.shape[1] % d:
+        raise ValueError(f"weight_q: expected a 1-D head dim D, even and dividing q's width {q.shape[1]}, "
+                         f"got shape {tuple(weight_q.shape)}")
+    _check_shape("weight_k", weight_k, (d,), "one weight a column of a head, as weight_q")
+    for name, t in (("cos", cos), ("sin", sin)):
+        _check_2d(name, t)
+        if t.shape[1] != d or t.shape[0] == 0 or q.shape[0] % t.shape[0]:
+            raise ValueError(f"{name}: expected [S, {d}] with S dividing the {q.shape[0]} tokens (batch · S), "
+                             f"got shape {tuple(t.shape)}")
+    if not eps >= 0:
+        raise ValueError(f"eps: expected a non-negative float, got {eps}")
+
+
+def qk_norm_rope(q: torch.Tensor, k: torch.Tensor, weight_q: torch.Tensor, weight_k: torch.Tensor,
+                 cos: torch.Tensor, sin: torch.Tensor, eps: float) -> torch.Tensor:
+    """Flux.2's per-head RMS norms of Q and K, then its rotary embedding (see reference.qk_norm_rope),
+    as one bf16 tensor [T, 2·inner] = [Q' | K'] (split it at inner with views)."""
+    _validate_qk_norm_rope(q, k, weight_q, weight_k, cos, sin, eps)
+    op = _qk_norm_rope_impl if runs_directly(q, k, weight_q, weight_k, cos, sin) else _qk_norm_rope_op
+    return op(q, k, weight_q, weight_k, cos, sin, float(eps))
+
+
 # ---------------------------------------------------------------- down
 def _down_impl(
     h: torch.Tensor,
@@ -537,5 +588,5 @@ def _no_backward(op_name: str):
 
 # A clear error at .backward() instead of the dispatcher's "no autograd formula was registered".
 for _op, _name in ((_quant_x_op, "quant_x"), (_gate_up_op, "gate_up"), (_gate_up_split_op, "gate_up_split"),
-                   (_down_op, "down")):
+                   (_down_op, "down"), (_qk_norm_rope_op, "qk_norm_rope")):
     _op.register_autograd(_no_backward(_name), setup_context=lambda ctx, inputs, output: None)

@@ -12,6 +12,10 @@ the *quantized* operands, so a kernel differs from it only by accumulation order
     down(h, weight, ...)             → y [M, H] (+ residual)
     mlp(x, gate_up, down, ...)       → the three in a row, any leading batch dims (pipeline.mlp
                                        composed of the reference ops: the twin of ops.mlp)
+    qk_norm_rope(q, k, weight_q, weight_k, cos, sin, eps)
+                                     → [T, 2·inner] bf16: Flux.2's per-head RMS norms of Q and K, then
+                                       its rotary embedding (not a GEMM: the steps diffusers runs
+                                       between the split projection and the attention)
 
 The operand format follows from the weight's dtype:
     bfloat16       bf16 mainloop: x bf16 (or fp16 / fp32), weight bf16
@@ -233,3 +237,26 @@ def mlp(
     return pipeline.mlp(sys.modules[__name__], x, gate_up_tensors, down_tensors, weight_format=weight_format,
                         interleave=interleave, act=act, global_scale_kind=global_scale_kind, residual=residual,
                         tile_major=tile_major)
+
+
+def qk_norm_rope(q: torch.Tensor, k: torch.Tensor, weight_q: torch.Tensor, weight_k: torch.Tensor,
+                 cos: torch.Tensor, sin: torch.Tensor, eps: float) -> torch.Tensor:
+    """[Q' | K'] bf16 [T, 2·inner] from q, k bf16 [T, inner] (any row stride; T = batch · S tokens, the
+    batch's sequences one after the other): each head's D columns (D = weight_q.numel(), even) RMS-normed
+    with its weight, rounded to bf16, then rotated as Flux's interleaved rotary embedding: pair (2i, 2i + 1)
+    of token t by cos, sin [S, D] fp32 at row t % S. The steps and roundings of diffusers'
+    Flux2ParallelSelfAttnProcessor with torch.nn.RMSNorm (fp32 math, one rounding) and apply_rotary_emb
+    (use_real, unbind dim -1: x·cos + rot(x)·sin in fp32, rounded once)."""
+    d = weight_q.numel()
+    s = cos.shape[0]
+
+    def one(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        t = x.shape[0]
+        xf = x.float().view(t // s, s, -1, d)
+        normed = (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps) * weight.float()).to(torch.bfloat16)
+        nf = normed.float()
+        rot = torch.stack([-nf[..., 1::2], nf[..., 0::2]], dim=-1).flatten(-2)
+        c, sn = cos.float().view(1, s, 1, d), sin.float().view(1, s, 1, d)
+        return (nf * c + rot * sn).to(torch.bfloat16).view(t, -1)
+
+    return torch.cat([one(q, weight_q), one(k, weight_k)], dim=1)

@@ -217,3 +217,34 @@ def test_a_patched_flux2_block_on_the_gpu():
             static = block(**single)
         graph.replay()
         assert torch.equal(static, got)
+
+
+# ---------------------------------------------------------------- Flux.2's QK norms and rotary embedding
+@pytest.mark.parametrize("t, s, heads", [(4608, 4608, 48), (2 * 300, 300, 3), (7, 7, 3), (1, 1, 1)])
+def test_qk_norm_rope_kernel_against_the_reference(t, s, heads):
+    """kernels/sm90/qk_norm_rope.py on Q and K read out of a wide projection output (Flux.2-dev's row
+    stride at 4608 tokens; two sequences one after the other; an odd count of heads in all, so a warp
+    holds a dead lane) against reference.qk_norm_rope: within a bf16 rounding of the norm's output
+    (its sum of squares in another order), the output poisoned first; through ops, and in a CUDA graph."""
+    from swiglu_fused.kernels.sm90 import qk_norm_rope as sm90_qk
+
+    g = torch.Generator(device="cuda").manual_seed(t + heads)
+    inner = heads * 128
+    y = (torch.randn(t, 3 * inner + 4 * 128, device="cuda", generator=g) * 4).to(torch.bfloat16)
+    q, k = y[:, :inner], y[:, inner:2 * inner]
+    wq, wk = ((torch.rand(128, device="cuda", generator=g) + 0.5).to(torch.bfloat16) for _ in range(2))
+    angles = torch.rand(s, 64, device="cuda", generator=g) * 100
+    cos, sin = angles.cos().repeat_interleave(2, -1), angles.sin().repeat_interleave(2, -1)
+    assert sm90_qk.takes(q, k, wq, wk, cos, sin)
+    want = reference.qk_norm_rope(q, k, wq, wk, cos, sin, 1e-6)
+    out = torch.full((t, 2 * inner), float("nan"), device="cuda", dtype=torch.bfloat16)
+    got = sm90_qk.qk_norm_rope(q, k, wq, wk, cos, sin, 1e-6, out=out)
+    assert got.data_ptr() == out.data_ptr() and not got.isnan().any()
+    torch.testing.assert_close(got.float(), want.float(), rtol=2 ** -7, atol=2 ** -6)
+    assert rel_frobenius(got, want) < 2e-3 and (got == want).float().mean() > 0.9
+    assert torch.equal(ops.qk_norm_rope(q, k, wq, wk, cos, sin, 1e-6), got)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static = ops.qk_norm_rope(q, k, wq, wk, cos, sin, 1e-6)
+    graph.replay()
+    assert torch.equal(static, got)
