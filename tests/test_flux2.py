@@ -13,7 +13,7 @@ import torch
 
 import swiglu_fused
 from swiglu_fused import formats, split_interleave
-from swiglu_fused.integrations.diffusers import AppliedInProjection, SplitProjectionProcessor
+from swiglu_fused.integrations.diffusers import AppliedInProjection, DoubleStreamProcessor, SplitProjectionProcessor
 from swiglu_fused.kernels import ops, reference
 from swiglu_fused.layer import FusedSwiGLUMLP
 from swiglu_fused.linear import PackedLinear
@@ -197,6 +197,8 @@ def test_patch_save_load_and_convert_agree(tmp_path, flux2, fmt):
     attn = patched.single_transformer_blocks[0].attn
     assert isinstance(attn.to_qkv_mlp_proj, FusedSplitProjection) and isinstance(attn.mlp_act_fn, AppliedInProjection)
     assert isinstance(attn.processor, SplitProjectionProcessor)
+    assert report.processors == ["transformer_blocks.0.attn", "transformer_blocks.1.attn"]
+    assert isinstance(patched.transformer_blocks[1].attn.processor, DoubleStreamProcessor)
     assert isinstance(patched.transformer_blocks[1].ff_context, FusedSwiGLUMLP)
     got, got_attn = _run(patched, x), _attn(patched, h)
     assert _rel(got_attn, expected_attn) < BLOCK_BOUND[fmt]
@@ -208,6 +210,7 @@ def test_patch_save_load_and_convert_agree(tmp_path, flux2, fmt):
     convert(src, tmp_path / "converted", weight_format=fmt, progress=False)
     loaded = _loaded(tmp_path / "converted")
     assert isinstance(loaded.single_transformer_blocks[0].attn.processor, SplitProjectionProcessor)
+    assert all(isinstance(b.attn.processor, DoubleStreamProcessor) for b in loaded.transformer_blocks)
     assert torch.equal(_run(loaded, x), got)  # convert and patch_model quantize alike
     # loaded again and saved again: the same checkpoint
     loaded.save_pretrained(tmp_path / "resaved")
@@ -267,7 +270,7 @@ def _stock_qk(q, k, norm_q, norm_k, rotary, s):
     with torch.no_grad():
         out = [apply_rotary_emb(norm(x.reshape(-1, s, x.shape[1] // d, d)), rotary, sequence_dim=1)
                for x, norm in ((q, norm_q), (k, norm_k))]
-    return torch.cat([o.reshape(q.shape[0], -1) for o in out], dim=1)
+    return torch.stack([o.reshape(q.shape[0], -1) for o in out])
 
 
 @pytest.mark.parametrize("d, heads, batch", [(128, 3, 2), (64, 2, 1)])
@@ -354,6 +357,56 @@ def test_the_single_stream_processor_concatenates_where_autograd_keeps_v(flux2):
         out.float().square().sum().backward()
         grads.append((out.detach(), attn.norm_q.weight.grad.clone()))
     assert torch.equal(grads[0][0], grads[1][0]) and torch.equal(grads[0][1], grads[1][1])
+
+
+def test_the_double_stream_processor_changes_nothing_and_fuses_the_qk_steps(flux2, monkeypatch):
+    """DoubleStreamProcessor (patch_model puts it on every double-stream attention): bit for bit
+    diffusers' Flux2AttnProcessor on the same modules, text and image outputs, with the four QK norms
+    and the rotary embedding as two ops.qk_norm_rope calls (text then image tokens, each with its own
+    norms and table rows); with a gradient wanted it runs the stock processor, whose backward it keeps."""
+    from diffusers.models.transformers import transformer_flux2 as flux2_module
+
+    from swiglu_fused.integrations import diffusers as integration
+
+    _, model = flux2
+    patched = copy.deepcopy(model)
+    swiglu_fused.patch_model(patched, weight_format="bf16")
+    attn = patched.transformer_blocks[0].attn
+    ours = attn.processor
+    assert isinstance(ours, DoubleStreamProcessor)
+    g = torch.Generator().manual_seed(3)
+    img, txt = torch.randn(2, 24, 128, generator=g).bfloat16(), torch.randn(2, 8, 128, generator=g).bfloat16()
+    rotary = patched.pos_embed(torch.randint(0, 16, (32, 4), generator=g).float())
+    calls = []
+    real = ops.qk_norm_rope
+
+    def counting(q, k, weight_q, weight_k, cos, sin, eps):
+        calls.append((weight_q, weight_k, cos.shape[0]))
+        return real(q, k, weight_q, weight_k, cos, sin, eps)
+
+    monkeypatch.setattr(integration.ops, "qk_norm_rope", counting)
+    results = []
+    for processor in (ours, flux2_module.Flux2AttnProcessor()):
+        attn.set_processor(processor)
+        with torch.no_grad():
+            results.append(attn(img, txt, image_rotary_emb=rotary))
+    assert all(torch.equal(a, b) for a, b in zip(*results))
+    assert [(wq is attn.norm_added_q.weight, wk is attn.norm_added_k.weight, s) for wq, wk, s in calls[:1]] == \
+        [(True, True, 8)]
+    assert [(wq is attn.norm_q.weight, wk is attn.norm_k.weight, s) for wq, wk, s in calls[1:]] == [(True, True, 24)]
+    rolled = (rotary[0].roll(1, 0), rotary[1].roll(1, 0))  # the tables' rows matter (the test can fail)
+    attn.set_processor(ours)
+    with torch.no_grad():
+        assert _rel(attn(img, txt, image_rotary_emb=rolled)[1], results[0][1]) > 0.05
+    calls.clear()
+    grads = []
+    for processor in (ours, flux2_module.Flux2AttnProcessor()):
+        attn.set_processor(processor)
+        attn.norm_q.weight.grad = None
+        out = attn(img, txt, image_rotary_emb=rotary)
+        sum(o.float().square().sum() for o in out).backward()
+        grads.append((out[0].detach(), attn.norm_q.weight.grad.clone()))
+    assert not calls and torch.equal(grads[0][0], grads[1][0]) and torch.equal(grads[0][1], grads[1][1])
 
 
 def test_patch_reports_what_it_leaves(flux2):

@@ -24,6 +24,13 @@ act·up happened in the projection's epilogue). Where the block has the stock pr
 concatenation (M × (inner + mlp_hidden) copied, and slowly: torch's cat leaves its fast path for our
 h, a view) the attention output is written over V's columns, and ``to_out`` reads [attention | h]
 in place. The KV-cache processor (which the Klein KV pipeline sets) and a user's own keep the cat.
+
+**The QK steps** (DESIGN §5). Our processors run the per-head RMS norms of Q and K and the rotary
+embedding as ``ops.qk_norm_rope`` (one pass a tensor; diffusers runs ~20 kernels) where that op
+computes exactly the stock steps and no gradient is wanted: ``SplitProjectionProcessor`` on the
+single-stream blocks, and ``DoubleStreamProcessor``, which ``patch_model`` and the quantizer put in
+place of each double-stream block's stock ``Flux2AttnProcessor`` (``install_processors``). The
+attention itself is diffusers' ``dispatch_attention_fn`` in both.
 """
 
 from __future__ import annotations
@@ -77,7 +84,7 @@ class SplitProjectionProcessor:
         query, key, value = (y[..., i * inner:(i + 1) * inner].unflatten(-1, (-1, attn.head_dim)) for i in range(3))
         qk = _fused_qk_norm_rope(attn, y, image_rotary_emb)
         if qk is not None:  # the same values in one pass (ops.qk_norm_rope)
-            query, key = (t.view(query.shape) for t in qk.split(inner, dim=-1))
+            query, key = (t.view(query.shape) for t in qk)
         else:
             query, key = attn.norm_q(query), attn.norm_k(key)
             if image_rotary_emb is not None:
@@ -94,30 +101,96 @@ class SplitProjectionProcessor:
         return attn.to_out(to_out_input)
 
 
-def _fused_qk_norm_rope(attn: nn.Module, y: torch.Tensor, rotary) -> torch.Tensor | None:
-    """[Q' | K'] [B·S, 2·inner] of the projection's output y [B, S, ·] by ops.qk_norm_rope, where the block's
-    steps are what it computes (torch.nn.RMSNorm of the head dim with a weight on Q and on K, Flux's
-    (cos, sin) rotary tables of S rows, bf16) and no gradient is wanted; else None: the stock steps."""
-    norms = (getattr(attn, "norm_q", None), getattr(attn, "norm_k", None))
+def _qk_norms(attn: nn.Module, names: tuple[str, ...], x: torch.Tensor, rotary, rows: int) -> list | None:
+    """The block's norms named ``names`` where ops.qk_norm_rope computes their steps exactly: each a
+    torch.nn.RMSNorm of the head dim with a weight, one eps, bf16 activations ``x``, Flux's (cos, sin)
+    rotary tables of ``rows`` rows, and no gradient wanted; else None (the stock steps)."""
+    norms = [getattr(attn, n, None) for n in names]
     if not all(type(n) is nn.RMSNorm and n.weight is not None and tuple(n.normalized_shape) == (attn.head_dim,)
                and n.eps == norms[0].eps for n in norms):
         return None
-    if torch.is_grad_enabled() and (y.requires_grad or any(n.weight.requires_grad for n in norms)):
+    if torch.is_grad_enabled() and (x.requires_grad or any(n.weight.requires_grad for n in norms)):
         return None  # (the stock steps have a gradient)
-    if not (isinstance(rotary, tuple) and len(rotary) == 2 and y.dim() == 3 and y.dtype == torch.bfloat16
-            and rotary[0].shape == rotary[1].shape == (y.shape[1], attn.head_dim)):
+    if not (isinstance(rotary, tuple) and len(rotary) == 2 and x.dtype == torch.bfloat16
+            and rotary[0].shape == rotary[1].shape == (rows, attn.head_dim)):
+        return None
+    return norms
+
+
+def _eps(norm: nn.RMSNorm, dtype: torch.dtype) -> float:
+    return norm.eps if norm.eps is not None else torch.finfo(dtype).eps  # (torch.nn.RMSNorm's default)
+
+
+def _fused_qk_norm_rope(attn: nn.Module, y: torch.Tensor, rotary) -> torch.Tensor | None:
+    """Q', K' [2, B·S, inner] of the single-stream projection's output y [B, S, ·] by ops.qk_norm_rope
+    (where _qk_norms allows), else None."""
+    norms = _qk_norms(attn, ("norm_q", "norm_k"), y, rotary, y.shape[1]) if y.dim() == 3 else None
+    if norms is None:
         return None
     rows, inner = y.reshape(-1, y.shape[-1]), attn.inner_dim
-    eps = norms[0].eps if norms[0].eps is not None else torch.finfo(y.dtype).eps  # (torch.nn.RMSNorm's default)
     cos, sin = (t.to(y.device) for t in rotary)
     return ops.qk_norm_rope(rows[:, :inner], rows[:, inner:2 * inner], norms[0].weight, norms[1].weight, cos, sin,
-                            eps)
+                            _eps(norms[0], y.dtype))
+
+
+class DoubleStreamProcessor:
+    """diffusers' ``Flux2AttnProcessor`` (the double-stream blocks' joint attention) with the four QK norms
+    and the rotary embedding as two ops.qk_norm_rope calls, the text tokens' (norm_added_q / _k, the
+    tables' first rows) and the image tokens', whose Q and K are then concatenated as the stock processor
+    concatenates the normed ones: the same values (the steps are elementwise). Where _qk_norms does not
+    allow it (a gradient wanted, other norms, no text stream), the stock processor runs."""
+
+    _attention_backend = None
+    _parallel_config = None
+
+    def __call__(self, attn: nn.Module, hidden_states: torch.Tensor, encoder_hidden_states: torch.Tensor | None = None,
+                 attention_mask: torch.Tensor | None = None, image_rotary_emb=None):
+        from diffusers.models.transformers import transformer_flux2 as flux2
+
+        txt = encoder_hidden_states.shape[1] if encoder_hidden_states is not None else 0
+        names = ("norm_q", "norm_k", "norm_added_q", "norm_added_k")
+        norms = (_qk_norms(attn, names, hidden_states, image_rotary_emb, txt + hidden_states.shape[1])
+                 if txt and getattr(attn, "added_kv_proj_dim", None) is not None and hidden_states.dim() == 3 else None)
+        if norms is None:
+            stock = flux2.Flux2AttnProcessor()
+            stock._attention_backend, stock._parallel_config = self._attention_backend, self._parallel_config
+            return stock(attn, hidden_states, encoder_hidden_states, attention_mask, image_rotary_emb)
+        q, k, v, eq, ek, ev = flux2._get_qkv_projections(attn, hidden_states, encoder_hidden_states)
+        b, d, inner, eps = hidden_states.shape[0], attn.head_dim, q.shape[-1], _eps(norms[0], q.dtype)
+        cos, sin = (t.to(q.device) for t in image_rotary_emb)
+        qk = [ops.qk_norm_rope(a.reshape(-1, inner), c.reshape(-1, inner), norms[i].weight, norms[i + 1].weight,
+                               cos[rows], sin[rows], eps)
+              for a, c, i, rows in ((eq, ek, 2, slice(None, txt)), (q, k, 0, slice(txt, None)))]
+        query, key = (torch.cat([t[j].view(b, -1, inner // d, d) for t in qk], dim=1) for j in range(2))
+        value = torch.cat([ev.unflatten(-1, (-1, d)), v.unflatten(-1, (-1, d))], dim=1)
+        out = flux2.dispatch_attention_fn(query, key, value, attn_mask=attention_mask,
+                                          backend=self._attention_backend, parallel_config=self._parallel_config)
+        out = out.flatten(2, 3).to(query.dtype)
+        text, image = out.split_with_sizes([txt, out.shape[1] - txt], dim=1)
+        return attn.to_out[1](attn.to_out[0](image)), attn.to_add_out(text)
+
+
+def install_processors(model: nn.Module) -> list[str]:
+    """DoubleStreamProcessor in place of each double-stream block's stock processor (not the KV-cache
+    one, nor a user's own): the names of the attention modules it went to."""
+    from diffusers.models.transformers import transformer_flux2 as flux2
+
+    done = []
+    for name, module in model.named_modules():
+        stock = getattr(module, "processor", None)
+        if type(stock) is flux2.Flux2AttnProcessor:
+            ours = DoubleStreamProcessor()
+            ours._attention_backend, ours._parallel_config = stock._attention_backend, stock._parallel_config
+            module.set_processor(ours)
+            done.append(name)
+    return done
 
 
 @dataclass
 class DiffusersPatchReport:
     swapped: list[str] = field(default_factory=list)  # feed-forwards → FusedSwiGLUMLP
     split_projections: list[str] = field(default_factory=list)  # to_qkv_mlp_proj → FusedSplitProjection
+    processors: list[str] = field(default_factory=list)  # double-stream attention → DoubleStreamProcessor
     skipped: dict[str, str] = field(default_factory=dict)  # module → why it was left as it was
     bytes_before: int = 0
     bytes_after: int = 0
@@ -131,6 +204,9 @@ class DiffusersPatchReport:
         lines = [f"swapped {len(self.swapped)} feed-forwards (FusedSwiGLUMLP) and {len(self.split_projections)} "
                  f"single-stream QKV+MLP projections (FusedSplitProjection), {self.weight_format}: "
                  f"{self.bytes_before / 2**20:.1f} MiB → {self.bytes_after / 2**20:.1f} MiB of weights"]
+        if self.processors:
+            lines.append(f"  {len(self.processors)} double-stream attentions: QK norms and rotary embedding in one pass "
+                         "(DoubleStreamProcessor)")
         lines += [f"  left as is: {name}: {why}" for name, why in self.skipped.items()]
         return "\n".join(lines)
 
@@ -216,6 +292,7 @@ def patch_model(model: nn.Module, weight_format: str | None = None,
             _patch_split(name, module, fmt, interleave, report)
     if report.swapped or report.split_projections:
         _declare_packed(model)
+        report.processors = install_processors(model)
     return report
 
 
@@ -421,6 +498,7 @@ def _classes():
                     install_split(model.get_submodule(name.rpartition(".")[0]), module)
                 else:
                     _swap(model, name, module)
+            install_processors(model)
             self._targets = {f"{n}.{k}": (owner, k.rpartition(".")[2]) for n, m in _packed_modules(model)
                              for k, _ in m.named_buffers() for owner in [m.get_submodule(k.rpartition(".")[0])]}
             return model

@@ -8,7 +8,7 @@
     swiglu_fused::gate_up_split(x, weight, weight_scale, x_scale, global_scale, prefix, interleave, act)
                                                                → [y | h] (Flux.2's single-stream projection)
     swiglu_fused::qk_norm_rope(q, k, weight_q, weight_k, cos, sin, eps)
-                                                               → [Q' | K'] (Flux.2's QK norms and rotary embedding)
+                                                               → [Q', K'] (Flux.2's QK norms and rotary embedding)
 
 The Python wrappers below (``quant_x``, ``gate_up``, ``gate_up_split``, ``down``) take exactly the arguments of
 ``reference.py`` (STYLE §1) and validate them with errors that name the argument. Each op has a
@@ -428,7 +428,7 @@ _qk_norm_rope_op = torch.library.custom_op("swiglu_fused::qk_norm_rope", mutates
 
 @_qk_norm_rope_op.register_fake
 def _(q, k, weight_q, weight_k, cos, sin, eps):
-    return q.new_empty((q.shape[0], 2 * q.shape[1]), dtype=torch.bfloat16)
+    return q.new_empty((2, *q.shape), dtype=torch.bfloat16)
 
 
 def _validate_qk_norm_rope(q, k, weight_q, weight_k, cos, sin, eps):
@@ -454,7 +454,7 @@ def _validate_qk_norm_rope(q, k, weight_q, weight_k, cos, sin, eps):
 def qk_norm_rope(q: torch.Tensor, k: torch.Tensor, weight_q: torch.Tensor, weight_k: torch.Tensor,
                  cos: torch.Tensor, sin: torch.Tensor, eps: float) -> torch.Tensor:
     """Flux.2's per-head RMS norms of Q and K, then its rotary embedding (see reference.qk_norm_rope),
-    as one bf16 tensor [T, 2·inner] = [Q' | K'] (split it at inner with views)."""
+    as one bf16 tensor [2, T, inner]: Q' and K', each contiguous."""
     _validate_qk_norm_rope(q, k, weight_q, weight_k, cos, sin, eps)
     op = _qk_norm_rope_impl if runs_directly(q, k, weight_q, weight_k, cos, sin) else _qk_norm_rope_op
     return op(q, k, weight_q, weight_k, cos, sin, float(eps))

@@ -13,7 +13,7 @@ the *quantized* operands, so a kernel differs from it only by accumulation order
     mlp(x, gate_up, down, ...)       → the three in a row, any leading batch dims (pipeline.mlp
                                        composed of the reference ops: the twin of ops.mlp)
     qk_norm_rope(q, k, weight_q, weight_k, cos, sin, eps)
-                                     → [T, 2·inner] bf16: Flux.2's per-head RMS norms of Q and K, then
+                                     → [2, T, inner] bf16 (Q', K'): Flux.2's per-head RMS norms of Q and K, then
                                        its rotary embedding (not a GEMM: the steps diffusers runs
                                        between the split projection and the attention)
 
@@ -241,7 +241,7 @@ def mlp(
 
 def qk_norm_rope(q: torch.Tensor, k: torch.Tensor, weight_q: torch.Tensor, weight_k: torch.Tensor,
                  cos: torch.Tensor, sin: torch.Tensor, eps: float) -> torch.Tensor:
-    """[Q' | K'] bf16 [T, 2·inner] from q, k bf16 [T, inner] (any row stride; T = batch · S tokens, the
+    """Q', K' bf16 [2, T, inner] from q, k bf16 [T, inner] (any row stride; T = batch · S tokens, the
     batch's sequences one after the other): each head's D columns (D = weight_q.numel(), even) RMS-normed
     with its weight, rounded to bf16, then rotated as Flux's interleaved rotary embedding: pair (2i, 2i + 1)
     of token t by cos, sin [S, D] fp32 at row t % S. The steps and roundings of diffusers'
@@ -259,4 +259,4 @@ def qk_norm_rope(q: torch.Tensor, k: torch.Tensor, weight_q: torch.Tensor, weigh
         c, sn = cos.float().view(1, s, 1, d), sin.float().view(1, s, 1, d)
         return (nf * c + rot * sn).to(torch.bfloat16).view(t, -1)
 
-    return torch.cat([one(q, weight_q), one(k, weight_k)], dim=1)
+    return torch.stack([one(q, weight_q), one(k, weight_k)])

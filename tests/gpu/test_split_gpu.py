@@ -237,7 +237,7 @@ def test_qk_norm_rope_kernel_against_the_reference(t, s, heads):
     cos, sin = angles.cos().repeat_interleave(2, -1), angles.sin().repeat_interleave(2, -1)
     assert sm90_qk.takes(q, k, wq, wk, cos, sin)
     want = reference.qk_norm_rope(q, k, wq, wk, cos, sin, 1e-6)
-    out = torch.full((t, 2 * inner), float("nan"), device="cuda", dtype=torch.bfloat16)
+    out = torch.full((2, t, inner), float("nan"), device="cuda", dtype=torch.bfloat16)
     got = sm90_qk.qk_norm_rope(q, k, wq, wk, cos, sin, 1e-6, out=out)
     assert got.data_ptr() == out.data_ptr() and not got.isnan().any()
     torch.testing.assert_close(got.float(), want.float(), rtol=2 ** -7, atol=2 ** -6)
@@ -248,3 +248,35 @@ def test_qk_norm_rope_kernel_against_the_reference(t, s, heads):
         static = ops.qk_norm_rope(q, k, wq, wk, cos, sin, 1e-6)
     graph.replay()
     assert torch.equal(static, got)
+
+
+def test_a_patched_flux2_double_stream_block_on_the_gpu():
+    """A diffusers double-stream block patched by patch_model (bf16): its attention with
+    DoubleStreamProcessor (the QK steps on the qk_norm_rope kernel) against diffusers' stock processor
+    on the same modules, the block against the unpatched one, eager and replayed from a CUDA graph."""
+    pytest.importorskip("diffusers")
+    from diffusers.models.transformers import transformer_flux2 as flux2_module
+
+    from benchmarks import bench_flux2
+    from swiglu_fused.integrations.diffusers import DoubleStreamProcessor
+
+    models = bench_flux2.flux2_blocks(device="cuda", dim=1024, heads=8, head_dim=128, text=256, formats=("bf16",))
+    _, double = bench_flux2.block_inputs(models["diffusers_bf16"], image=256, text=64)
+    block = models["ours_bf16"].transformer_blocks[0]
+    assert isinstance(block.attn.processor, DoubleStreamProcessor)
+    img, txt, rotary = double["hidden_states"], double["encoder_hidden_states"], double["image_rotary_emb"]
+    with torch.no_grad():
+        ours = block.attn(img, txt, image_rotary_emb=rotary)
+        processor = block.attn.processor
+        block.attn.set_processor(flux2_module.Flux2AttnProcessor())
+        stock = block.attn(img, txt, image_rotary_emb=rotary)
+        block.attn.set_processor(processor)
+        assert all(rel_frobenius(a, b) < 2e-3 for a, b in zip(ours, stock))
+        want = models["diffusers_bf16"].transformer_blocks[0](**double)
+        got = block(**double)
+        assert all(rel_frobenius(a, b) < 0.02 for a, b in zip(got, want))
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            static = block(**double)
+        graph.replay()
+        assert all(torch.equal(a, b) for a, b in zip(static, got))

@@ -140,20 +140,20 @@ def takes(q, k, weight_q, weight_k, cos, sin) -> bool:
 
 
 def qk_norm_rope(q, k, weight_q, weight_k, cos, sin, eps: float, out=None):
-    """[Q' | K'] bf16 [T, 2·inner] (``takes``; the caller checks), into ``out`` (the tests' poisoned
-    one: contiguous, 16-byte aligned) or a new tensor: two launches, Q's then K's."""
+    """Q', K' bf16 [2, T, inner] (``takes``; the caller checks), into ``out`` (the tests' poisoned one:
+    contiguous, 16-byte aligned) or a new tensor: two launches, Q's then K's."""
     import torch
 
     from . import compile_cache
 
     t, inner = q.shape
-    out = torch.empty(t, 2 * inner, dtype=torch.bfloat16, device=q.device) if out is None else out
+    out = torch.empty(2, t, inner, dtype=torch.bfloat16, device=q.device) if out is None else out
     if t == 0:
         return out
     config = QkNormRopeConfig()
     fn = compile_cache.get("qk_norm_rope", config, lambda: compile_qk_norm_rope(config))
     stream = cuda.CUstream(torch.cuda.current_stream(q.device).cuda_stream)
-    for x, w, o in ((q, weight_q, out[:, :inner]), (k, weight_k, out[:, inner:])):
+    for x, w, o in ((q, weight_q, out[0]), (k, weight_k, out[1])):
         fn(compile_cache.ptr(cutlass.BFloat16, x, 16), compile_cache.ptr(cutlass.BFloat16, o, 16),
            compile_cache.ptr(cutlass.BFloat16, w, 16), compile_cache.ptr(Float32, cos, 16),
            compile_cache.ptr(Float32, sin, 16), Int32(t), Int32(inner // HEAD_DIM), Int32(cos.shape[0]),
