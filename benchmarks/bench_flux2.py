@@ -22,14 +22,15 @@ swiglu_fused.bench (cuBLAS GEMMs, separate act·quant), ours bf16, fp8 and nvfp4
 Whole blocks (where diffusers is importable; ``--blocks``): one Flux2SingleTransformerBlock and one
 Flux2TransformerBlock of a Flux.2-dev-width Flux2Transformer2DModel (random weights), diffusers'
 own modules in bf16 against copies patched by ``swiglu_fused.patch_model`` (bf16, fp8, nvfp4);
-M = image + 512 text tokens, attention on torch's SDPA (diffusers' default backend).
+M = image + 512 text tokens, attention on torch's SDPA (diffusers' default backend); with ``--compile``
+also each block under torch.compile (inductor fuses diffusers' elementwise steps on both sides).
 
 diffusers is not installed on our GPU machine (a run carries the modules it imports, see
 benchmarks/README.md), so the projection-level diffusers_bf16 is its forward written with the same
 torch calls (tests/test_flux2.py checks it equal to diffusers' modules on the CPU).
 
-    python -m benchmarks.bench_flux2 [--single-m 1536,4608] [--ff-m 1024,4096] [--blocks 4096] [--rounds 3]
-                                     [--json OUT.json]
+    python -m benchmarks.bench_flux2 [--single-m 1536,4608] [--ff-m 1024,4096] [--blocks 4096] [--compile]
+                                     [--rounds 3] [--json OUT.json]
 """
 
 from __future__ import annotations
@@ -234,20 +235,24 @@ def block_inputs(model, image: int, text: int = TEXT, seed: int = 0):
     return single, double
 
 
-def whole_blocks(images, rounds, iters):
+def whole_blocks(images, rounds, iters, compiled=False):
+    """Each block of ``flux2_blocks`` timed per format; ``compiled``: each wrapped in
+    torch.compile(fullgraph=True) first (inductor, as diffusers suggests for Flux), rows *_compiled."""
     models = flux2_blocks()
+    wrap = (lambda b: torch.compile(b, fullgraph=True)) if compiled else (lambda b: b)
     rows = []
     for image in images:
         single, double = block_inputs(models["diffusers_bf16"], image)
         for block, kwargs, pick in (("single_block", single, lambda m: m.single_transformer_blocks[0]),
                                     ("double_block", double, lambda m: m.transformer_blocks[0])):
-            fns = {name: (lambda b: lambda: b(**kwargs))(pick(m)) for name, m in models.items()}
+            tokens = image + (TEXT if block == "single_block" else 0)
+            block += "_compiled" if compiled else ""
+            fns = {name: (lambda b: lambda: b(**kwargs))(wrap(pick(m))) for name, m in models.items()}
             with torch.no_grad():
                 ref = fns["diffusers_bf16"]()
                 err = {name: max(_rel(a, b) for a, b in zip(_tuple(fn()), _tuple(ref)))
                        for name, fn in fns.items() if name != "diffusers_bf16"}
-                rows.append(_row(block, image + (TEXT if block == "single_block" else 0),
-                                 interleaved_us(fns, iters, rounds), err))
+                rows.append(_row(block, tokens, interleaved_us(fns, iters, rounds), err))
     return rows
 
 
@@ -289,10 +294,13 @@ def plot(rows, path):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--single-m", default="1536,4608", help="tokens of a single-stream block (image + 512 text)")
+    ap.add_argument("--single-m", default="1536,4608",
+                    help="tokens of a single-stream block (image + 512 text; '' to skip)")
     ap.add_argument("--ff-m", default="1024,4096", help="image tokens of a double-stream feed-forward ('' to skip)")
     ap.add_argument("--blocks", default="4096",
                     help="image tokens of the whole-block timings (diffusers' modules; '' to skip)")
+    ap.add_argument("--compile", action="store_true",
+                    help="time the whole blocks under torch.compile (inductor, fullgraph) too, diffusers' and ours")
     ap.add_argument("--ab", action="append", default=[], metavar="FIELD=VALUE,...",
                     help="also time each format's split projection alone on its dispatched config with these "
                          "SplitConfig fields replaced (ours_*_proj_alone_ab0, ab1, ... in the order given)")
@@ -302,7 +310,7 @@ def main():
     args = ap.parse_args()
     w_single, w_in, w_out = _weights(0)
     rows = single_stream(w_single, parse_ms(args.single_m), args.rounds, args.iters,
-                         [parse_variant(f"ab:{v}")[1] for v in args.ab])
+                         [parse_variant(f"ab:{v}")[1] for v in args.ab]) if args.single_m else []
     del w_single
     if args.ff_m:
         rows += feed_forward(w_in, w_out, parse_ms(args.ff_m), args.rounds, args.iters)
@@ -311,6 +319,8 @@ def main():
         print("whole blocks skipped: diffusers is not installed (pip install diffusers)")
     elif args.blocks:
         rows += whole_blocks(parse_ms(args.blocks), args.rounds, args.iters)
+        if args.compile:
+            rows += whole_blocks(parse_ms(args.blocks), args.rounds, args.iters, compiled=True)
     if args.json:
         save_json(args.json, dict(header(), rows=rows))
         plot(rows, args.json.removesuffix(".json") + ".png")

@@ -409,6 +409,19 @@ def test_the_double_stream_processor_changes_nothing_and_fuses_the_qk_steps(flux
     assert not calls and torch.equal(grads[0][0], grads[1][0]) and torch.equal(grads[0][1], grads[1][1])
 
 
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_the_patched_transformer_traces_whole_under_torch_compile(flux2, fmt):
+    """fullgraph=True over the whole patched transformer: both processors, the custom ops (their fake
+    implementations: qk_norm_rope's [2, T, inner] included) and the fused modules trace without a
+    graph break, to the eager output; the eager backend keeps this a tracing test, cheap enough for CI."""
+    _, model = flux2
+    patched = copy.deepcopy(model)
+    swiglu_fused.patch_model(patched, weight_format=fmt)
+    x = _inputs()
+    torch._dynamo.reset()
+    assert torch.equal(_run(torch.compile(patched, fullgraph=True, backend="eager"), x), _run(patched, x))
+
+
 def test_patch_reports_what_it_leaves(flux2):
     _, model = flux2
     patched = copy.deepcopy(model)
