@@ -97,7 +97,7 @@ class SplitProjectionProcessor:
             # the attention kept V for its backward (the QK norms' weights are trainable): V stays
             return attn.to_out(torch.cat([out, y[..., 3 * inner:]], dim=-1))
         to_out_input = y[..., 2 * inner:]
-        to_out_input[..., :inner].copy_(out)
+        ops.copy_into(to_out_input[..., :inner], out)
         return attn.to_out(to_out_input)
 
 
