@@ -1,4 +1,4 @@
-"""nvfp4 gate_up and down alone (W4A16; from dispatch.NVFP4_DEQUANT_M rows dequantized per call, then
+"""nvfp4 gate_up and down alone (W4A16; from dispatch_nvfp4.NVFP4_DEQUANT_M rows dequantized per call, then
 the bf16 mainloop: DISPATCH D26), against our fp8 kernels on the same shapes and the nvfp4
 weight-bandwidth floor (packed bytes + e4m3 scales at the measured copy rate, 2.96 TB/s): µs per
 call, medians of CUDA-graph replays, weights rotated past the 50 MB L2 (GPU). "nvfp4" is the

@@ -122,7 +122,7 @@ def with_configs(mlp, fields: dict):
     gate_up_config / down_config and beats_cublas where that module exists, else each kernel
     module's select_config (and down.beats_cublas); quant_x's select_config either way."""
     try:
-        from swiglu_fused.kernels import dispatch
+        from swiglu_fused.kernels import dispatch, dispatch_nvfp4
     except ImportError:
         dispatch = None
     from swiglu_fused.kernels.sm90 import down as kd, gate_up as kg, quant_x as kq
@@ -139,7 +139,7 @@ def with_configs(mlp, fields: dict):
     force_down = fields.get("down", {}).pop("kernel", False)
     if dispatch is not None:
         targets = [(dispatch, "gate_up_config", "gate_up"), (dispatch, "down_config", "down"),
-                   (kq, "select_config", "quant_x"), (dispatch, "warp_mma_config", "warp_mma")]
+                   (kq, "select_config", "quant_x"), (dispatch_nvfp4, "warp_mma_config", "warp_mma")]
         beats = (dispatch, "beats_cublas")
     else:
         targets = [(mod, "select_config", fam) for mod, fam in ((kg, "gate_up"), (kd, "down"), (kq, "quant_x"))]

@@ -10,7 +10,8 @@ Variants, each its own module (its eager CUDA graphs are captured with its launc
             repeatable), e.g. to time nvfp4 with PDL and a register count fixed at entry
   set<i>    with --set SPEC: the dispatch's or the schedule's module constants changed while the
             variant runs and is captured ("schedule.HBM_BYTES_PER_US=1.05e7;schedule.FIXUP_US=(1, 0.5)":
-            MODULE.NAME=literal, ";"-separated; MODULE dispatch, schedule or deepgemm; repeatable), e.g. to
+            MODULE.NAME=literal, ";"-separated; MODULE dispatch, dispatch_nvfp4 (nvfp4's tiles and the
+            warp-MMA kernels), schedule or deepgemm; repeatable), e.g. to
             time plans the cost model does not pick
 
 Each line: µs medians and, per variant, the range over rounds of shipped's speed-up over it
@@ -55,11 +56,12 @@ def variants(abs_: dict, sets: dict) -> dict:
 
 
 def parse_set(spec: str) -> dict:
-    """{(module, name): value} from "MODULE.NAME=literal;..." (MODULE: dispatch, schedule or deepgemm)."""
-    from swiglu_fused.kernels import deepgemm, dispatch
+    """{(module, name): value} from "MODULE.NAME=literal;..." (MODULE: dispatch, dispatch_nvfp4, schedule or
+    deepgemm)."""
+    from swiglu_fused.kernels import deepgemm, dispatch, dispatch_nvfp4
     from swiglu_fused.kernels.sm90 import schedule
 
-    modules = {"dispatch": dispatch, "schedule": schedule, "deepgemm": deepgemm}
+    modules = {"dispatch": dispatch, "dispatch_nvfp4": dispatch_nvfp4, "schedule": schedule, "deepgemm": deepgemm}
     out = {}
     for item in filter(None, (part.strip() for part in spec.split(";"))):
         target, _, value = item.partition("=")

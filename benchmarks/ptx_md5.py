@@ -67,7 +67,7 @@ os.environ["CUTE_DSL_DUMP_DIR"] = _DUMP
 
 def configurations():
     """(family, config) for every configuration to check, in a fixed order."""
-    from swiglu_fused.kernels import dispatch
+    from swiglu_fused.kernels import dispatch, dispatch_nvfp4
     from swiglu_fused.kernels.sm90 import (act_mul, down, gate_up, k_order, nvfp4_dequant, qk_norm_rope, quant_x,
                                            split, warp_mma)
 
@@ -76,7 +76,7 @@ def configurations():
     out += [("k_order", c) for c in k_order.shipped_configs()]
     out += [("act_mul", c) for c in act_mul.shipped_configs()]
     out += [("qk_norm_rope", c) for c in qk_norm_rope.shipped_configs()]
-    out += [("nvfp4_warp_mma", c) for c in dispatch.warp_mma_shipped()]
+    out += [("nvfp4_warp_mma", c) for c in dispatch_nvfp4.warp_mma_shipped()]
     out += [("nvfp4_dequant", c) for c in nvfp4_dequant.shipped_configs()]
     out += [("gate_up", c) for c in gate_up.shipped_configs()]
     out += [("down", c) for c in down.shipped_configs()]

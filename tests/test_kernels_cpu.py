@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from swiglu_fused import quant
-from swiglu_fused.kernels import dispatch, ops, reference
+from swiglu_fused.kernels import dispatch, dispatch_nvfp4, ops, reference
 
 
 def _fp8_operands(m=5, hidden=200, inter=256, seed=0):
@@ -132,7 +132,7 @@ def test_split_dispatch_picks_a_shipped_config(monkeypatch):
     backend, cfg = dispatch.split_backend(x, w4, s4, None, torch.ones(3), 18432, 128, "silu")
     assert backend == dispatch.SM90 and cfg.nvfp4 and cfg in dispatch.split_shipped()
     assert dispatch.split_backend(x, w4, None, None, torch.ones(3), 18432, 128, "silu") == (dispatch.REFERENCE, None)
-    dispatch._warn_reference_once.cache_clear()
+    dispatch.warn_reference_once.cache_clear()
     with pytest.warns(UserWarning, match="gate_up_split: the prefix has 384 rows, not a multiple of 256"):
         assert dispatch.split_backend(x, w4[128:], s4[128:], None, torch.ones(3), 384, 128, "silu")[0] == "reference"
     with pytest.warns(UserWarning, match="gate_up_split: the prefix has 64 rows, not a multiple of 128"):
@@ -337,14 +337,14 @@ def test_stream_k_partials_hold_every_accumulator_value():
     assert GateUpConfig(tile_m=128, stages=4).acc_values == ACC_VALUES == 128
     assert GateUpConfig(tile_m=16, stages=6, swap_ab=True).acc_values == 128  # (32 values, one warpgroup)
     for tokens in (32, 80, 128, 144, 160):
-        tile = dispatch._nvfp4_tile(dispatch._nvfp4_share_tile("down", tokens))
-        cfg = DownConfig(mainloop="nvfp4", tile_major=True, **dispatch._nvfp4_rs(tile, True))
+        tile = dispatch_nvfp4._nvfp4_tile(dispatch_nvfp4._nvfp4_share_tile("down", tokens))
+        cfg = DownConfig(mainloop="nvfp4", tile_major=True, **dispatch_nvfp4._nvfp4_rs(tile, True))
         values = cfg.tile_m * 2 * 128 // cfg.consumer_threads  # (256 weight rows × tile_m tokens a CTA)
         assert cfg.tile_m == tokens and cfg.acc_values == max(128, values) == max(128, tokens)
-    for tokens in dispatch.NVFP4_HALF_ROWS_TOKENS:  # the 128-row tiles (D67, D68): 128 × tile_m a CTA
+    for tokens in dispatch_nvfp4.NVFP4_HALF_ROWS_TOKENS:  # the 128-row tiles (D67, D68): 128 × tile_m a CTA
         for op, cls, kw in (("down", DownConfig, {}), ("gate_up", GateUpConfig, {"h_format": "bf16"})):
-            tile = dispatch._nvfp4_tile(dispatch._nvfp4_share_tile(op, tokens, half_rows=True))
-            cfg = cls(mainloop="nvfp4", tile_major=True, **dispatch._nvfp4_rs(tile, True), **kw)
+            tile = dispatch_nvfp4._nvfp4_tile(dispatch_nvfp4._nvfp4_share_tile(op, tokens, half_rows=True))
+            cfg = cls(mainloop="nvfp4", tile_major=True, **dispatch_nvfp4._nvfp4_rs(tile, True), **kw)
             assert cfg.nvfp4_half_rows and cfg.half_row_pairs == (op == "gate_up")
             assert cfg.tile_m == tokens and cfg.acc_values == 128
 
@@ -363,7 +363,7 @@ def test_nvfp4_configs_decode_buffers(monkeypatch):
     d = pack.quantize(torch.randn(256, 128), "nvfp4", "down", "divisor").tensors
     dw, dws = d["weight_packed"], d["weight_scale"]
     for rs in (True, False):  # (D45: the register-sourced tiles of 32-128 tokens hold one register set)
-        monkeypatch.setattr(dispatch, "NVFP4_RS", rs)
+        monkeypatch.setattr(dispatch_nvfp4, "NVFP4_RS", rs)
         for m, tokens, buffers in ((1, 16, (1, 1)), (16, 16, (1, 1)), (17, 32, (1, 1)), (32, 32, (1, 1)),
                                    (33, 48, (1, 1)), (48, 48, (1, 1)), (49, 64, (2, 2)), (64, 64, (2, 2)),
                                    (65, 80, (2, 1)), (80, 80, (2, 1)), (81, 96, (2, 1)), (100, 112, (2, 1)),
@@ -451,13 +451,13 @@ def test_fake_shapes():
 
 
 def test_warp_mma_configs_follow_m_and_k(monkeypatch):
-    """nvfp4 at decode sizes (DISPATCH D33): n8 by M, k_cta 512 or as dispatch.WARP_MMA_K_CTA says,
+    """nvfp4 at decode sizes (DISPATCH D33): n8 by M, k_cta 512 or as dispatch_nvfp4.WARP_MMA_K_CTA says,
     unsplit where K is one CTA's, half-tile CTAs where whole-tile ones exceed a wave, 32 tokens only
     in whole-tile CTAs (capped to 16 warps an SM), every one compile-checked; none above
     WARP_MMA_M, for the packed order or a K not a multiple of 128."""
     pytest.importorskip("cutlass")
-    c = dispatch.warp_mma_config
-    shipped = dispatch.warp_mma_shipped()
+    c = dispatch_nvfp4.warp_mma_config
+    shipped = dispatch_nvfp4.warp_mma_shipped()
     for m, k in [(1, 4096), (16, 14336), (3, 384), (9, 512), (16, 3584), (1, 8192)]:
         assert c("gate_up", m, 8192, k, True, "gelu_tanh") in shipped
         assert c("down", m, 8192, k, True, residual=True) in shipped
@@ -467,7 +467,7 @@ def test_warp_mma_configs_follow_m_and_k(monkeypatch):
     # CTAs), else the fewest CTAs (32 tiles × 28 shares of 1024)
     assert c("down", 1, 4096, 14336, True, sms=120).k_cta == 1024 and c("down", 1, 8192, 28672, True).k_cta == 1024
     assert not c("down", 1, 4096, 512, True).split_k and c("down", 1, 4096, 1024, True).split_k
-    assert c("down", dispatch.WARP_MMA_M["down"] + 1, 4096, 4096, True) is None
+    assert c("down", dispatch_nvfp4.WARP_MMA_M["down"] + 1, 4096, 4096, True) is None
     assert c("gate_up", 32, 28672, 4096, True) is None  # 32 tokens in half-tile CTAs: the wgmma tile
     assert c("down", 1, 4096, 4096, False) is None and c("down", 1, 4096, 576, True) is None
     # half-tile CTAs where whole-tile ones would take more than one wave of two an SM
@@ -477,9 +477,9 @@ def test_warp_mma_configs_follow_m_and_k(monkeypatch):
     # 4096×11008 keeps 8 of 512 (1376 CTAs, 2.6 waves, against 688, 1.3); one wave at 1024: as before
     assert c("gate_up", 1, 28672, 4096, True).k_cta == 1024 and c("gate_up", 1, 22016, 4096, True).k_cta == 512
     assert c("gate_up", 1, 16384, 2048, True).k_cta == 512 and c("down", 1, 8192, 28672, True).k_cta == 1024
-    monkeypatch.setattr(dispatch, "WARP_MMA_WIDE", False)
+    monkeypatch.setattr(dispatch_nvfp4, "WARP_MMA_WIDE", False)
     assert c("gate_up", 1, 28672, 4096, True).k_cta == 512
-    monkeypatch.setattr(dispatch, "WARP_MMA_WIDE", True)
+    monkeypatch.setattr(dispatch_nvfp4, "WARP_MMA_WIDE", True)
     assert c("down", 1, 4096, 14336, True).warps == 8  # 16 × 16 = 256
     assert c("down", 1, 4096, 14336, True, sms=100).warps == 4
     # 32 tokens (four token tiles) in whole-tile CTAs, 16 warps an SM, where H or I ≤ 2048 (D62)
@@ -490,8 +490,8 @@ def test_warp_mma_configs_follow_m_and_k(monkeypatch):
     assert c("gate_up", 17, 7168, 8192, True) is None and c("down", 17, 8192, 3584, True) is None
     assert c("down", 16, 4096, 14336, True) is not None  # (up to 16 tokens at any width)
     assert not [cfg for cfg in shipped if cfg.n8 == 4 and cfg.warps == 4]
-    monkeypatch.setattr(dispatch, "WARP_MMA_M", {"gate_up": 16, "down": 16})
-    assert c("down", 17, 4096, 14336, True) is None and all(cfg.n8 < 4 for cfg in dispatch.warp_mma_shipped())
+    monkeypatch.setattr(dispatch_nvfp4, "WARP_MMA_M", {"gate_up": 16, "down": 16})
+    assert c("down", 17, 4096, 14336, True) is None and all(cfg.n8 < 4 for cfg in dispatch_nvfp4.warp_mma_shipped())
 
 
 @pytest.mark.parametrize("hidden,inter,late", [
@@ -509,16 +509,16 @@ def test_warp_mma_gate_up_triggers_late_before_a_small_down(hidden, inter, late,
     tokens only two CTAs an SM); down never; not without PDL or with the share 0; every such config
     shipped."""
     pytest.importorskip("cutlass")
-    c = dispatch.warp_mma_config
-    shipped = dispatch.warp_mma_shipped()
+    c = dispatch_nvfp4.warp_mma_config
+    shipped = dispatch_nvfp4.warp_mma_shipped()
     for m in (1, 8, 16):
         gu, dn = c("gate_up", m, 2 * inter, hidden, True), c("down", m, hidden, inter, True)
         assert gu.late_trigger == late and not dn.late_trigger and gu in shipped
     assert c("gate_up", 32, 16384, 2048, True).late_trigger and not c("gate_up", 32, 16384, 1024, True).late_trigger
-    monkeypatch.setattr(dispatch, "WARP_MMA_LATE_TRIGGER_SHARE", 0)
+    monkeypatch.setattr(dispatch_nvfp4, "WARP_MMA_LATE_TRIGGER_SHARE", 0)
     assert not c("gate_up", 1, 16384, 2048, True).late_trigger
-    monkeypatch.setattr(dispatch, "WARP_MMA_LATE_TRIGGER_SHARE", 0.5)
-    monkeypatch.setattr(dispatch, "WARP_MMA_PDL", False)
+    monkeypatch.setattr(dispatch_nvfp4, "WARP_MMA_LATE_TRIGGER_SHARE", 0.5)
+    monkeypatch.setattr(dispatch_nvfp4, "WARP_MMA_PDL", False)
     assert not c("gate_up", 1, 16384, 2048, True).late_trigger
 
 
@@ -527,24 +527,24 @@ def test_warp_mma_config_cache_follows_the_constants(monkeypatch):
     constant they read: each cached answer is the one computed afresh, and a changed constant (as
     launch_ab and the tests change them) gives the changed answer, also for a key seen before."""
     pytest.importorskip("cutlass")
-    c = dispatch.warp_mma_config
-    fresh = dispatch._warp_mma_config.__wrapped__
+    c = dispatch_nvfp4.warp_mma_config
+    fresh = dispatch_nvfp4._warp_mma_config.__wrapped__
     cases = [(op, m, n, k) for op in ("gate_up", "down") for m in (1, 9, 16, 24, 32)
              for n, k in ((28672, 4096), (4096, 14336), (7168, 8192), (8192, 3584))]
     for op, m, n, k in cases:
         for _ in range(2):  # (the second from the cache)
-            assert c(op, m, n, k, True) == fresh(op, m, n, k, True, "silu", False, 132, dispatch._warp_mma_constants())
+            assert c(op, m, n, k, True) == fresh(op, m, n, k, True, "silu", False, 132, dispatch_nvfp4._warp_mma_constants())
     # the loads' depth and the register cap at 8-16 tokens are per op (launch_ab moves one kernel alone)
-    monkeypatch.setattr(dispatch, "WARP_MMA_DEPTH", {"gate_up": 4, "down": 2})
-    monkeypatch.setattr(dispatch, "WARP_MMA_SMALL_WARPS_PER_SM", {"gate_up": 20, "down": 0})
+    monkeypatch.setattr(dispatch_nvfp4, "WARP_MMA_DEPTH", {"gate_up": 4, "down": 2})
+    monkeypatch.setattr(dispatch_nvfp4, "WARP_MMA_SMALL_WARPS_PER_SM", {"gate_up": 20, "down": 0})
     gu, dn = c("gate_up", 16, 16384, 3072, True), c("down", 16, 3072, 8192, True)
     assert (gu.warps, gu.depth, gu.ctas_per_sm, dn.warps, dn.depth, dn.ctas_per_sm) == (4, 4, 5, 8, 2, 0)
     monkeypatch.undo()
     assert c("down", 1, 4096, 14336, True).pdl
-    monkeypatch.setattr(dispatch, "WARP_MMA_PDL", False)
+    monkeypatch.setattr(dispatch_nvfp4, "WARP_MMA_PDL", False)
     assert not c("down", 1, 4096, 14336, True).pdl
     before = c("down", 1, 4096, 4096, True)
-    monkeypatch.setattr(dispatch, "WARP_MMA_K_CTA", [1024, 512])  # (a list, as launch_ab's --set may give)
+    monkeypatch.setattr(dispatch_nvfp4, "WARP_MMA_K_CTA", [1024, 512])  # (a list, as launch_ab's --set may give)
     assert before.k_cta == 512 and c("down", 1, 4096, 4096, True).k_cta == 1024
 
 
@@ -563,10 +563,10 @@ def _shipped():
         + [("gate_up", c, gate_up.compile_gate_up) for c in dispatch.gate_up_shipped()]
         + [("down", c, down.compile_down) for c in dispatch.down_shipped()]
         + [("gate_up_split", c, split.compile_split) for c in dispatch.split_shipped()]
-        + [("nvfp4_warp_mma", c, warp_mma.compile_warp_mma) for c in dispatch.warp_mma_shipped()]
+        + [("nvfp4_warp_mma", c, warp_mma.compile_warp_mma) for c in dispatch_nvfp4.warp_mma_shipped()]
         # the fp8 decode MLP in one launch (measured, not dispatched: history/mlp.md)
         + [("decode_mlp", pair, decode_mlp.compile_pair) for pair in decode_mlp.shipped_configs()]
-        # the warp-MMA kernels without programmatic dependent launch (dispatch.WARP_MMA_PDL: measured)
+        # the warp-MMA kernels without programmatic dependent launch (dispatch_nvfp4.WARP_MMA_PDL: measured)
         + [("nvfp4_warp_mma", warp_mma.WarpMmaConfig(op, n8=2, pdl=False), warp_mma.compile_warp_mma)
            for op in ("gate_up", "down")]
         # down's CTAs one an SM by a shared-memory floor (history/nvfp4.md v34: measured, not dispatched)
@@ -576,7 +576,7 @@ def _shipped():
         # gate_up's is shipped, D58)
         + [("nvfp4_warp_mma", warp_mma.WarpMmaConfig("down", n8=1, pdl=True, late_trigger=True),
             warp_mma.compile_warp_mma)]
-        # the warp-MMA kernels' 32 tokens (dispatch.WARP_MMA_M), uncapped and capped
+        # the warp-MMA kernels' 32 tokens (dispatch_nvfp4.WARP_MMA_M), uncapped and capped
         + [("nvfp4_warp_mma", warp_mma.WarpMmaConfig(op, warps=w, n8=4, ctas_per_sm=c), warp_mma.compile_warp_mma)
            for op in ("gate_up", "down") for w in (4, 8) for c in (0, 16 // w)]
         # the split GEMM with its pair tiles 128 rows off the 256-row grid (P = 128 mod 256)

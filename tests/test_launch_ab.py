@@ -68,10 +68,10 @@ def test_no_pdl_also_drops_gate_ups_late_trigger():
     not a ValueError (a late trigger means nothing without PDL)."""
     import dataclasses
 
-    from swiglu_fused.kernels import dispatch
+    from swiglu_fused.kernels import dispatch_nvfp4
 
-    late = dispatch.warp_mma_config("gate_up", 1, 16384, 2048, True)
+    late = dispatch_nvfp4.warp_mma_config("gate_up", 1, 16384, 2048, True)
     assert late.late_trigger
     plain = dataclasses.replace(late, **launch_ab.NO_PDL["warp_mma_gate_up"])
     assert not plain.pdl and not plain.late_trigger
-    assert dataclasses.replace(dispatch.warp_mma_config("down", 1, 2048, 8192, True), **launch_ab.NO_PDL["warp_mma_down"])
+    assert dataclasses.replace(dispatch_nvfp4.warp_mma_config("down", 1, 2048, 8192, True), **launch_ab.NO_PDL["warp_mma_down"])

@@ -10,7 +10,7 @@ from hypothesis import assume, example, given, settings
 from hypothesis import strategies as st
 
 pytest.importorskip("cutlass")
-from swiglu_fused.kernels import dispatch  # noqa: E402
+from swiglu_fused.kernels import dispatch, dispatch_nvfp4  # noqa: E402
 from swiglu_fused.kernels.sm90 import gemm, schedule as g, tile_config  # noqa: E402
 
 
@@ -786,32 +786,32 @@ def test_nvfp4_tiling_follows_its_model(monkeypatch):
     128; M = 1152 stays on 144-token tiles, where five of 256 would be 10-17 % slower)."""
     from swiglu_fused.kernels.sm90.tile_config import DownConfig, GateUpConfig
 
-    tiling = dispatch.nvfp4_tiling
+    tiling = dispatch_nvfp4.nvfp4_tiling
     down_shipped = dispatch.down_shipped()
     assert tiling("gate_up", 144, 28672, 4096, 132)[0] == tiling("down", 144, 4096, 14336, 132)[0] == 144
     assert tiling("gate_up", 144, 16384, 2048, 132)[0] == tiling("down", 144, 2048, 8192, 132)[0] == 80
-    assert tiling("gate_up", 192, 28672, 4096, 132) == dispatch.NVFP4_WIDE_TILE
+    assert tiling("gate_up", 192, 28672, 4096, 132) == dispatch_nvfp4.NVFP4_WIDE_TILE
     assert tiling("gate_up", 160, 28672, 4096, 132)[0] == 160
     assert [tiling("down", m, 8192, 3584, 132)[0] for m in (300, 640, 1024, 1152)] == [160, 160, 256, 144]
     half = DownConfig(mainloop=tile_config.NVFP4_MAINLOOP, tile_major=True,
-                      **dispatch._nvfp4_rs(dispatch._nvfp4_tile(tiling("down", 1024, 8192, 3584, 132)), True))
+                      **dispatch_nvfp4._nvfp4_rs(dispatch_nvfp4._nvfp4_tile(tiling("down", 1024, 8192, 3584, 132)), True))
     assert half.nvfp4_half_rows and half.rs_decode and half.rs_prefetch and half.stages == 4 and half in down_shipped
     # D68: gate_up's 128-row tiles too (4096×14336 M = 1024: four of 256; M = 512 stays on 128-token tiles, where
     # the model with down's constant tied them and the MLP measured level to 1.5 % slower)
     assert [tiling("gate_up", m, 28672, 4096, 132)[0] for m in (256, 512, 1024)] == [256, 128, 256]
     pairs = GateUpConfig(mainloop=tile_config.NVFP4_MAINLOOP, tile_major=True, h_format="bf16",
-                         **dispatch._nvfp4_rs(dispatch._nvfp4_tile(tiling("gate_up", 1024, 28672, 4096, 132)), True))
+                         **dispatch_nvfp4._nvfp4_rs(dispatch_nvfp4._nvfp4_tile(tiling("gate_up", 1024, 28672, 4096, 132)), True))
     assert pairs.half_row_pairs and pairs.b_boxes == 2 and pairs in dispatch.gate_up_shipped()
-    monkeypatch.setattr(dispatch, "NVFP4_HALF_ROWS", ())
+    monkeypatch.setattr(dispatch_nvfp4, "NVFP4_HALF_ROWS", ())
     assert tiling("down", 1024, 8192, 3584, 132)[0] == 128 and tiling("gate_up", 1024, 28672, 4096, 132)[0] == 160
-    monkeypatch.setattr(dispatch, "NVFP4_HALF_ROWS", ("gate_up", "down"))
-    tile = dispatch.nvfp4_tile_for
+    monkeypatch.setattr(dispatch_nvfp4, "NVFP4_HALF_ROWS", ("gate_up", "down"))
+    tile = dispatch_nvfp4.nvfp4_tile_for
     assert tile(100, shape=(28672, 4096, 132), tile_major=True)["tile_m"] == 112
     assert tile(300, tile_major=True)["tile_m"] == 112 and tile(144, tile_major=True)["tile_m"] == 80
     assert tile(144, shape=(28672, 4096, 132), tile_major=False)["tile_m"] == 80  # (144, 160: registers only)
     monkeypatch.setattr(g, "NVFP4_SMEM_DECODE_COST", 0.5)  # (the cache's key holds the model's constants)
-    assert tiling("gate_up", 160, 28672, 4096, 132) == dispatch.NVFP4_WIDE_TILE
-    monkeypatch.setattr(dispatch, "NVFP4_TILE_MODEL", False)
+    assert tiling("gate_up", 160, 28672, 4096, 132) == dispatch_nvfp4.NVFP4_WIDE_TILE
+    monkeypatch.setattr(dispatch_nvfp4, "NVFP4_TILE_MODEL", False)
     assert tile(144, shape=(28672, 4096, 132), tile_major=True)["tile_m"] == 80
     cfgs = [c for c in dispatch.gate_up_shipped() if c.nvfp4 and c.swap_ab and c.tile_m == 192]
     assert len(cfgs) == 6 and all(c.whole_tiles and c.stages == 3 for c in cfgs)
@@ -984,7 +984,7 @@ def test_every_dispatched_config_at_common_widths_is_shipped(deepgemm_down, monk
 
     monkeypatch.setattr(deepgemm, "module", (lambda: object()) if deepgemm_down else (lambda: None))
     shipped_g, shipped_d = set(dispatch.gate_up_shipped()), set(dispatch.down_shipped())
-    shipped_w = set(dispatch.warp_mma_shipped())
+    shipped_w = set(dispatch_nvfp4.warp_mma_shipped())
     meta = dict(device="meta")
     one = torch.empty(1, **meta)
     missing, seen = [], set()
@@ -1016,7 +1016,7 @@ def test_every_dispatched_config_at_common_widths_is_shipped(deepgemm_down, monk
             dws = torch.empty(hidden, inter // 16, dtype=f8, **meta)
             check("nvfp4 down", dispatch.down_config(h, dw, dws, None, None, torch.bfloat16, True), shipped_d, *at)
             for op, n, k in (("gate_up", 2 * inter, hidden), ("down", hidden, inter)):
-                check(f"nvfp4 {op} warp-MMA", dispatch.warp_mma_config(op, m, n, k, True, sms=132), shipped_w, *at)
+                check(f"nvfp4 {op} warp-MMA", dispatch_nvfp4.warp_mma_config(op, m, n, k, True, sms=132), shipped_w, *at)
     assert not missing, missing[:5]
     # (the sweep reaches most of what is shipped: every family, tile and mainloop)
     kinds = {(type(c).__name__, getattr(c, "mainloop", "nvfp4"), getattr(c, "tile_m", 0), getattr(c, "swap_ab", 0))
@@ -1103,7 +1103,7 @@ def test_narrow_down_takes_the_128_row_tile_at_97_to_128_rows(monkeypatch):
     call without the SMs (a CPU tensor's config), as before."""
     from swiglu_fused.kernels.sm90.tile_config import DownConfig
 
-    tile = dispatch.nvfp4_tile_for
+    tile = dispatch_nvfp4.nvfp4_tile_for
     assert [tile(m, "down", True, (2048, 8192, 132))["tile_m"] for m in (96, 97, 128)] == [96, 224, 224]
     assert tile(112, "down", True, (1024, 8192, 132))["tile_m"] == tile(100, "down", True, (4096, 2048, 132))["tile_m"] == 224
     assert tile(128, "down", True, (4096, 14336, 132))["tile_m"] == tile(128, "down", True, (3072, 8192, 132))["tile_m"] == 128
@@ -1111,5 +1111,5 @@ def test_narrow_down_takes_the_128_row_tile_at_97_to_128_rows(monkeypatch):
     assert tile(128, "down", False, (2048, 8192, 132))["tile_m"] == 128  # (a packed-order weight: no rs_decode)
     cfg = DownConfig(mainloop=tile_config.NVFP4_MAINLOOP, tile_major=True, **tile(128, "down", True, (2048, 8192, 132)))
     assert cfg.nvfp4_half_rows and cfg.rs_decode and cfg in dispatch.down_shipped()
-    monkeypatch.setattr(dispatch, "NVFP4_HALF_ROWS_DOWN_MIN_M", 129)
+    monkeypatch.setattr(dispatch_nvfp4, "NVFP4_HALF_ROWS_DOWN_MIN_M", 129)
     assert tile(128, "down", True, (2048, 8192, 132))["tile_m"] == 128

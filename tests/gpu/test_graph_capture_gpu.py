@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from swiglu_fused import FusedSwiGLUMLP
-from swiglu_fused.kernels import dispatch
+from swiglu_fused.kernels import dispatch, dispatch_nvfp4
 from swiglu_fused.linear import PackedLinear
 
 FORMATS = ["bf16", "fp8_block128", "nvfp4"]
@@ -58,8 +58,8 @@ def test_module_captures_and_replays(fmt, kind, path, monkeypatch):
 
 @pytest.mark.parametrize("kind", ["mlp", "linear"])
 def test_nvfp4_prefill_captures_and_replays(kind):
-    """From dispatch.NVFP4_DEQUANT_M rows the nvfp4 ops dequantize the weight into a per-call bf16
+    """From dispatch_nvfp4.NVFP4_DEQUANT_M rows the nvfp4 ops dequantize the weight into a per-call bf16
     buffer first (DISPATCH D26): that allocation and kernel capture and replay as well."""
     module = _module(kind, "nvfp4")
     with torch.no_grad():
-        _replay_equals_eager(module, rows=dispatch.NVFP4_DEQUANT_M)
+        _replay_equals_eager(module, rows=dispatch_nvfp4.NVFP4_DEQUANT_M)

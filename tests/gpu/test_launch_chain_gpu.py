@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from swiglu_fused import FusedSwiGLUMLP
-from swiglu_fused.kernels import dispatch
+from swiglu_fused.kernels import dispatch, dispatch_nvfp4
 
 from benchmarks.harness import with_configs
 
@@ -98,8 +98,8 @@ def _nvfp4_stream_k(m):
     from swiglu_fused.kernels.sm90.tile_config import DownConfig, GateUpConfig
 
     nvfp4 = dispatch.NVFP4_MAINLOOP
-    g = GateUpConfig(act="silu", h_format="bf16", mainloop=nvfp4, **dispatch.nvfp4_tile_for(m))
-    d = DownConfig(mainloop=nvfp4, **dispatch.nvfp4_tile_for(m, "down"))
+    g = GateUpConfig(act="silu", h_format="bf16", mainloop=nvfp4, **dispatch_nvfp4.nvfp4_tile_for(m))
+    d = DownConfig(mainloop=nvfp4, **dispatch_nvfp4.nvfp4_tile_for(m, "down"))
     sms = schedule.sm_count(torch.device("cuda"))
     return schedule.schedule(g, m, 2 * I, H, sms)[1] > 0 or schedule.schedule(d, m, H, I, sms)[1] > 0
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from swiglu_fused import FusedSwiGLUMLP, quant
-from swiglu_fused.kernels import dispatch, ops, reference
+from swiglu_fused.kernels import dispatch, dispatch_nvfp4, ops, reference
 from swiglu_fused.linear import PackedLinear
 
 from .tolerance import assert_bf16_close, rel_frobenius
@@ -111,7 +111,7 @@ def test_dequantization_is_the_decode_exactly():
     assert torch.equal(out, expected.to(torch.bfloat16)) and torch.equal(expected.to(torch.bfloat16).float(), expected)
 
 
-@pytest.mark.parametrize("m", [dispatch.NVFP4_DEQUANT_M - 1, dispatch.NVFP4_DEQUANT_M, 4096])
+@pytest.mark.parametrize("m", [dispatch_nvfp4.NVFP4_DEQUANT_M - 1, dispatch_nvfp4.NVFP4_DEQUANT_M, 4096])
 def test_prefill_dequantizes_and_agrees_with_the_w4a16_mainloop(m):
     """From NVFP4_DEQUANT_M on, gate_up and down dequantize the weight and run the bf16 mainloop;
     on the same operands the W4A16 mainloop's h and y (its tiles below that M) agree with it to fp32
@@ -120,14 +120,14 @@ def test_prefill_dequantizes_and_agrees_with_the_w4a16_mainloop(m):
 
     x, w, ws, gs = gate_up_operands(m, 2048, 4096, seed=m)
     cfg = dispatch.gate_up_config(x, w, ws, None, act="silu", h_format="bf16")
-    assert cfg.dequantized == (m >= dispatch.NVFP4_DEQUANT_M) and cfg.nvfp4_weight
-    w4a16 = dataclasses.replace(cfg, mainloop="nvfp4", dequantized=False, cluster_m=1, **dispatch.nvfp4_tile_for(m))
+    assert cfg.dequantized == (m >= dispatch_nvfp4.NVFP4_DEQUANT_M) and cfg.nvfp4_weight
+    w4a16 = dataclasses.replace(cfg, mainloop="nvfp4", dequantized=False, cluster_m=1, **dispatch_nvfp4.nvfp4_tile_for(m))
     h = _kernel_gate_up(cfg, x, w, ws, gs)
     assert rel_frobenius(h, _kernel_gate_up(w4a16, x, w, ws, gs)) < 1e-3
     hd, wd, wsd, gsd = down_operands(m, 2048, 4096, seed=m)
     cfg = dispatch.down_config(hd, wd, wsd, None, None, torch.bfloat16)
-    assert cfg.dequantized == (m >= dispatch.NVFP4_DEQUANT_M)
-    w4a16 = dataclasses.replace(cfg, mainloop="nvfp4", dequantized=False, **dispatch.nvfp4_tile_for(m, "down"))
+    assert cfg.dequantized == (m >= dispatch_nvfp4.NVFP4_DEQUANT_M)
+    w4a16 = dataclasses.replace(cfg, mainloop="nvfp4", dequantized=False, **dispatch_nvfp4.nvfp4_tile_for(m, "down"))
     assert rel_frobenius(k.down(cfg, hd, wd, wsd, None, None, gsd), k.down(w4a16, hd, wd, wsd, None, None, gsd)) < 1e-3
 
 
@@ -182,7 +182,7 @@ def test_packed_linear_runs_the_down_kernel():
 
 
 @pytest.mark.parametrize("hidden,inter", [(1024, 1536), (4096, 14336), (8192, 3584)])
-@pytest.mark.parametrize("m", [1, 16, 100, dispatch.NVFP4_DEQUANT_M])
+@pytest.mark.parametrize("m", [1, 16, 100, dispatch_nvfp4.NVFP4_DEQUANT_M])
 @pytest.mark.parametrize("rs", [True, False])
 def test_tile_major_weights_give_the_same_bits(hidden, inter, m, rs, monkeypatch):
     """The weight and scales in nvfp4_layout's tile-major order (TileConfig.tile_major for the W4A16
@@ -192,7 +192,7 @@ def test_tile_major_weights_give_the_same_bits(hidden, inter, m, rs, monkeypatch
     ``rs``), within bf16 rounding of the packed order's (_same)."""
     from swiglu_fused.kernels import nvfp4_layout
 
-    monkeypatch.setattr(dispatch, "NVFP4_RS", rs)
+    monkeypatch.setattr(dispatch_nvfp4, "NVFP4_RS", rs)
 
     x, w, ws, gs = gate_up_operands(m, hidden, inter, seed=m)
     want = ops.gate_up(x, w, ws, None, gs)[0]
@@ -209,10 +209,10 @@ def test_tile_major_weights_give_the_same_bits(hidden, inter, m, rs, monkeypatch
 
 def _same(got, want, m):
     """Bit for bit where both orders run the same kernel; up to WARP_MMA_M rows a tile-major weight
-    runs the warp-MMA kernel (D33), and with dispatch.NVFP4_RS to NVFP4_DEQUANT_M the
+    runs the warp-MMA kernel (D33), and with dispatch_nvfp4.NVFP4_RS to NVFP4_DEQUANT_M the
     register-sourced tiles (D45, their own k order): other summation orders, within bf16 rounding."""
     assert not want.isnan().any()
-    if m <= max(dispatch.WARP_MMA_M.values()) or (dispatch.NVFP4_RS and not dispatch.nvfp4_dequantizes(m)):
+    if m <= max(dispatch_nvfp4.WARP_MMA_M.values()) or (dispatch_nvfp4.NVFP4_RS and not dispatch_nvfp4.nvfp4_dequantizes(m)):
         assert_bf16_close(got, want, TOL)
     else:
         assert torch.equal(got, want)
@@ -229,7 +229,7 @@ def test_dequantization_of_a_tile_major_weight_is_the_packed_ones():
     assert torch.equal(out, nvfp4_dequant.dequantize(packed, scale))
 
 
-@pytest.mark.parametrize("m", [1, 16, 100, dispatch.NVFP4_DEQUANT_M])
+@pytest.mark.parametrize("m", [1, 16, 100, dispatch_nvfp4.NVFP4_DEQUANT_M])
 @pytest.mark.parametrize("rs", [True, False])
 def test_module_holds_the_tile_major_order_and_computes_what_the_packed_one_does(m, rs, monkeypatch):
     """On the GPU the module keeps both projections tile-major (2048 × 4096: whole tiles), computes
@@ -238,7 +238,7 @@ def test_module_holds_the_tile_major_order_and_computes_what_the_packed_one_does
     (eager graphs, M ≤ 64)."""
     import copy
 
-    monkeypatch.setattr(dispatch, "NVFP4_RS", rs)
+    monkeypatch.setattr(dispatch_nvfp4, "NVFP4_RS", rs)
 
     mlp = _mlp()
     assert mlp.gate_up_interleaved.tile_major and mlp.down_proj.tile_major
@@ -271,7 +271,7 @@ def test_128_token_tile_across_m_tiles_and_k_shares(m):
 
     x, w, ws, gs = gate_up_operands(m, 4096, 14336, seed=m)
     cfg = dispatch.gate_up_config(x, w, ws, None, act="silu", h_format="bf16", tile_major=True)
-    cfg = dataclasses.replace(cfg, **dispatch.nvfp4_tile_for(m, tile_major=True))  # (not D64's pick)
+    cfg = dataclasses.replace(cfg, **dispatch_nvfp4.nvfp4_tile_for(m, tile_major=True))  # (not D64's pick)
     tokens = 112 if m == 300 else 128
     assert cfg.swap_ab and cfg.tile_m == tokens
     h = torch.full((m, 14336), float("nan"), dtype=torch.bfloat16, device="cuda")
@@ -280,7 +280,7 @@ def test_128_token_tile_across_m_tiles_and_k_shares(m):
     hd, wd, wsd, gsd = down_operands(m, 4096, 14336, seed=m)
     res = torch.randn(m, 4096, device="cuda").to(torch.bfloat16)
     dcfg = dispatch.down_config(hd, wd, wsd, None, res, torch.bfloat16, True)
-    dcfg = dataclasses.replace(dcfg, **dispatch.nvfp4_tile_for(m, "down", tile_major=True))  # (not D64's pick)
+    dcfg = dataclasses.replace(dcfg, **dispatch_nvfp4.nvfp4_tile_for(m, "down", tile_major=True))  # (not D64's pick)
     assert dcfg.swap_ab and dcfg.tile_m == tokens
     assert (schedule.schedule(dcfg, m, 4096, 14336, 132)[1] > 0) == (m < 1000)  # (3, 4 M tiles split; on 132 SMs)
     y = torch.full((m, 4096), float("nan"), dtype=torch.bfloat16, device="cuda")
@@ -304,11 +304,11 @@ def test_hybrid_stream_k_past_a_partial_wave(hidden, inter, m, rs):
 
     x, w, ws, gs = gate_up_operands(m, hidden, inter, seed=m + 11)
     cfg = dispatch.gate_up_config(x, w, ws, None, act="silu", h_format="bf16", tile_major=True)
-    cfg = dataclasses.replace(cfg, **dispatch._nvfp4_rs(dispatch.nvfp4_tile_for(m, tile_major=True), True, rs))
+    cfg = dataclasses.replace(cfg, **dispatch_nvfp4._nvfp4_rs(dispatch_nvfp4.nvfp4_tile_for(m, tile_major=True), True, rs))
     hd, wd, wsd, gsd = down_operands(m, hidden, inter, seed=m + 12)
     res = torch.randn(m, hidden, device="cuda").to(torch.bfloat16)
     dcfg = dispatch.down_config(hd, wd, wsd, None, res, torch.bfloat16, True)
-    dcfg = dataclasses.replace(dcfg, **dispatch._nvfp4_rs(dispatch.nvfp4_tile_for(m, "down", tile_major=True), True, rs))
+    dcfg = dataclasses.replace(dcfg, **dispatch_nvfp4._nvfp4_rs(dispatch_nvfp4.nvfp4_tile_for(m, "down", tile_major=True), True, rs))
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     assert schedule.schedule(cfg, m, 2 * inter, hidden, sms)[1] > 0 or sms != 132
     wt, wst = nvfp4_layout.to_tile_major(w, ws)
@@ -343,12 +343,12 @@ def test_192_token_tile_is_the_128_token_tile_bit_for_bit(hidden, inter, m, act)
 
     x, w, ws, gs = gate_up_operands(m, hidden, inter, seed=m + 1)
     cfg = dispatch.gate_up_config(x, w, ws, None, act=act, h_format="bf16", tile_major=True)
-    picked = dispatch.nvfp4_tiling("gate_up", m, w.shape[0], hidden, schedule.sm_count(x.device))
+    picked = dispatch_nvfp4.nvfp4_tiling("gate_up", m, w.shape[0], hidden, schedule.sm_count(x.device))
     assert cfg.tile_m == picked[0] and cfg.swap_ab
     wt, wst = nvfp4_layout.to_tile_major(w, ws)
     cfg = dataclasses.replace(cfg, rs_decode=False, rs_prefetch=False)  # (D45's 128-token tile sums in another k order)
-    tiles = {False: dispatch._nvfp4_tile(dispatch._nvfp4_share_tile("gate_up", 128)),
-             True: dispatch._nvfp4_tile(dispatch.NVFP4_WIDE_TILE)}
+    tiles = {False: dispatch_nvfp4._nvfp4_tile(dispatch_nvfp4._nvfp4_share_tile("gate_up", 128)),
+             True: dispatch_nvfp4._nvfp4_tile(dispatch_nvfp4.NVFP4_WIDE_TILE)}
     h = {}
     for wide in (False, True):
         c = dataclasses.replace(cfg, **tiles[wide])
@@ -376,7 +376,7 @@ def test_register_sourced_decode_on_k_ordered_activations(hidden, inter, m):
     xr = nvfp4_layout.rs_k_order(x)
     assert torch.equal(nvfp4_layout.rs_k_order(xr), x) and not torch.equal(xr, x)
     cfg = dispatch.gate_up_config(x, w, ws, None, act="silu", h_format="bf16", tile_major=True)
-    cfg = dataclasses.replace(cfg, **dispatch.nvfp4_tile_for(m, tile_major=True))
+    cfg = dataclasses.replace(cfg, **dispatch_nvfp4.nvfp4_tile_for(m, tile_major=True))
     assert cfg.rs_decode and cfg.decode_buffers == 1
     wt, wst = nvfp4_layout.to_tile_major(w, ws)
     h = torch.full((m, inter), float("nan"), dtype=torch.bfloat16, device="cuda")
@@ -390,7 +390,7 @@ def test_register_sourced_decode_on_k_ordered_activations(hidden, inter, m):
     hd, wd, wsd, gsd = down_operands(m, hidden, inter, seed=m)
     res = torch.randn(m, hidden, device="cuda").to(torch.bfloat16)
     dcfg = dispatch.down_config(hd, wd, wsd, None, res, torch.bfloat16, True)
-    dcfg = dataclasses.replace(dcfg, **dispatch.nvfp4_tile_for(m, "down", tile_major=True))
+    dcfg = dataclasses.replace(dcfg, **dispatch_nvfp4.nvfp4_tile_for(m, "down", tile_major=True))
     assert dcfg.rs_decode
     want = reference.down(hd, wd, wsd, None, gsd, residual=res)
     for given, ordered in ((nvfp4_layout.rs_k_order(hd), True), (hd, False)):
@@ -429,7 +429,7 @@ def test_64_token_tile_past_a_partial_wave_as_dispatched(m, monkeypatch):
 
     if schedule.sm_count(torch.device("cuda")) != 132:
         pytest.skip("the tile counts are for 132 SMs")
-    monkeypatch.setattr(dispatch, "WARP_MMA_M", {"gate_up": 16, "down": 16})
+    monkeypatch.setattr(dispatch_nvfp4, "WARP_MMA_M", {"gate_up": 16, "down": 16})
     hidden, inter = 2048, 17408
     x, w, ws, gs = gate_up_operands(m, hidden, inter, seed=m + 61)
     cfg = dispatch.gate_up_config(x, w, ws, None, act="silu", h_format="bf16", tile_major=True)
@@ -463,20 +463,20 @@ def test_32_and_48_token_tiles_as_dispatched(hidden, inter, m):
     x, w, ws, gs = gate_up_operands(m, hidden, inter, seed=m + 41)
     wt, wst = nvfp4_layout.to_tile_major(w, ws)
     cfg = dispatch.gate_up_config(x, w, ws, None, act="silu", h_format="bf16", tile_major=True)
-    assert cfg.tile_m == tokens and cfg.rs_decode and dispatch.warp_mma_config("gate_up", m, 2 * inter, hidden, True) is None
+    assert cfg.tile_m == tokens and cfg.rs_decode and dispatch_nvfp4.warp_mma_config("gate_up", m, 2 * inter, hidden, True) is None
     want = reference.gate_up(x, w, ws, None, gs, interleave=128, act="silu", h_format="bf16")[0]
     torch.full((m, inter), float("nan"), dtype=torch.bfloat16, device="cuda")  # (freed: the poison)
     assert_bf16_close(ops.gate_up(x, wt, wst, None, gs, tile_major=True)[0], want, TOL)
     packed = dict(tile_major=False, rs_decode=False, rs_prefetch=False, h_rs_order=False)  # (the packed order decodes into smem)
-    h = _kernel_gate_up(dataclasses.replace(cfg, **packed, **dispatch.nvfp4_tile_for(m)), x, w, ws, gs)
+    h = _kernel_gate_up(dataclasses.replace(cfg, **packed, **dispatch_nvfp4.nvfp4_tile_for(m)), x, w, ws, gs)
     assert_bf16_close(h, want, TOL)
-    assert torch.equal(h, _kernel_gate_up(dataclasses.replace(cfg, **packed, **dispatch.nvfp4_tile_for(64)), x, w, ws, gs))
+    assert torch.equal(h, _kernel_gate_up(dataclasses.replace(cfg, **packed, **dispatch_nvfp4.nvfp4_tile_for(64)), x, w, ws, gs))
 
     hd, wd, wsd, gsd = down_operands(m, hidden, inter, seed=m + 43)
     res = torch.randn(m, hidden, device="cuda").to(torch.bfloat16)
     dcfg = dispatch.down_config(hd, wd, wsd, None, res, torch.bfloat16, True)
     assert dcfg.tile_m == tokens and dcfg.rs_decode and dcfg.fixup_unroll == 4
-    assert dispatch.warp_mma_config("down", m, hidden, inter, True) is None
+    assert dispatch_nvfp4.warp_mma_config("down", m, hidden, inter, True) is None
     want = reference.down(hd, wd, wsd, None, gsd, residual=res)
     wdt, wsdt = nvfp4_layout.to_tile_major(wd, wsd)
     torch.full((m, hidden), float("nan"), dtype=torch.bfloat16, device="cuda")
@@ -484,7 +484,7 @@ def test_32_and_48_token_tiles_as_dispatched(hidden, inter, m):
     y = {}
     for t, major in ((tokens, True), (64, True), (tokens, False), (64, False)):
         y[t, major] = torch.full((m, hidden), float("nan"), dtype=torch.bfloat16, device="cuda")
-        fields = {"rs_decode": False, **dispatch.nvfp4_tile_for(t, "down", tile_major=major)}
+        fields = {"rs_decode": False, **dispatch_nvfp4.nvfp4_tile_for(t, "down", tile_major=major)}
         args = (wdt, wsdt) if major else (wd, wsd)
         kd.down(dataclasses.replace(dcfg, tile_major=major, **fields), hd, *args, None, res, gsd, out=y[t, major],
                 tile_major=major)
@@ -512,7 +512,7 @@ def test_80_to_160_token_tiles_against_the_128_token_tile(hidden, inter, tokens,
     cfg = dispatch.gate_up_config(x, w, ws, None, act="silu", h_format="bf16", tile_major=True)
     h = {}
     for t in (tokens, 128):
-        tile = dispatch._nvfp4_rs(dispatch._nvfp4_tile(dispatch._nvfp4_share_tile("gate_up", t)), True)
+        tile = dispatch_nvfp4._nvfp4_rs(dispatch_nvfp4._nvfp4_tile(dispatch_nvfp4._nvfp4_share_tile("gate_up", t)), True)
         c = dataclasses.replace(cfg, **tile)
         assert c.tile_m == t and c.rs_decode
         h[t] = torch.full((m, inter), float("nan"), dtype=torch.bfloat16, device="cuda")
@@ -528,7 +528,7 @@ def test_80_to_160_token_tiles_against_the_128_token_tile(hidden, inter, tokens,
     dcfg = dispatch.down_config(hd, wd, wsd, None, res, torch.bfloat16, True)
     y = {}
     for t in (tokens, 128):
-        tile = dispatch._nvfp4_rs(dispatch._nvfp4_tile(dispatch._nvfp4_share_tile("down", t)), True)
+        tile = dispatch_nvfp4._nvfp4_rs(dispatch_nvfp4._nvfp4_tile(dispatch_nvfp4._nvfp4_share_tile("down", t)), True)
         c = dataclasses.replace(dcfg, **tile)
         y[t] = torch.full((m, hidden), float("nan"), dtype=torch.bfloat16, device="cuda")
         kd.down(c, hd, wdt, wsdt, None, res, gsd, out=y[t], tile_major=True)
@@ -570,7 +570,7 @@ def test_144_and_160_token_tiles_in_stream_k(hidden, inter, m):
 
 
 def _tilings_past_128_rows(widths, sms):
-    """{(H, I, M)} with one M for each (op, tile, kind of plan) that dispatch.nvfp4_tile_for and
+    """{(H, I, M)} with one M for each (op, tile, kind of plan) that dispatch_nvfp4.nvfp4_tile_for and
     schedule() give nvfp4 at 129-1408 rows of these widths on ``sms`` SMs (kind: whole tiles, plan()'s
     split over K, D46's hybrid, or every tile stream-K)."""
     from swiglu_fused.kernels.sm90 import schedule
@@ -578,10 +578,10 @@ def _tilings_past_128_rows(widths, sms):
 
     first = {}
     for hidden, inter in widths:
-        for m in range(129, dispatch.NVFP4_DEQUANT_M):
+        for m in range(129, dispatch_nvfp4.NVFP4_DEQUANT_M):
             for op, n, k, cls, kw in (("gate_up", 2 * inter, hidden, GateUpConfig, {"h_format": "bf16"}),
                                       ("down", hidden, inter, DownConfig, {})):
-                cfg = cls(mainloop="nvfp4", tile_major=True, **dispatch.nvfp4_tile_for(m, op, True, (n, k, sms)), **kw)
+                cfg = cls(mainloop="nvfp4", tile_major=True, **dispatch_nvfp4.nvfp4_tile_for(m, op, True, (n, k, sms)), **kw)
                 ctas, sk = schedule.schedule(cfg, m, n, k, sms)
                 tiles = -(-m // cfg.tile_m) * (n // 256)
                 kind = "whole" if not sk else "split" if ctas > tiles else "hybrid" if sk < tiles else "stream-K"
@@ -646,7 +646,7 @@ def test_prefetched_words_give_the_same_bits(hidden, inter, m):
 
 @pytest.mark.parametrize("hidden,inter", [(4096, 14336), (8192, 3584), (2048, 8192)])
 @pytest.mark.parametrize("m", [100, 256, 300, 1000, 1024])
-@pytest.mark.parametrize("tokens", dispatch.NVFP4_HALF_ROWS_TOKENS)
+@pytest.mark.parametrize("tokens", dispatch_nvfp4.NVFP4_HALF_ROWS_TOKENS)
 def test_half_row_down_tile_against_the_reference(hidden, inter, m, tokens):
     """Down's 128-row tiles of 224-256 tokens (TileConfig.nvfp4_half_rows, DISPATCH D67: one 64-row block
     a warpgroup, each CTA half of a tile-major 256-row weight tile) as schedule() plans them, whole M
@@ -659,7 +659,7 @@ def test_half_row_down_tile_against_the_reference(hidden, inter, m, tokens):
     res = torch.randn(m, hidden, device="cuda").to(torch.bfloat16)
     wdt, wsdt = nvfp4_layout.to_tile_major(wd, wsd)
     dcfg = dispatch.down_config(hd, wd, wsd, None, res, torch.bfloat16, True)
-    tile = dispatch._nvfp4_rs(dispatch._nvfp4_tile(dispatch._nvfp4_share_tile("down", tokens, half_rows=True)), True)
+    tile = dispatch_nvfp4._nvfp4_rs(dispatch_nvfp4._nvfp4_tile(dispatch_nvfp4._nvfp4_share_tile("down", tokens, half_rows=True)), True)
     half = dataclasses.replace(dcfg, **{"ctas_per_sm": 0, **tile})
     assert half.nvfp4_half_rows and half.tile_m == tokens and half in dispatch.down_shipped()
     y = torch.full((m, hidden), float("nan"), dtype=torch.bfloat16, device="cuda")
@@ -669,7 +669,7 @@ def test_half_row_down_tile_against_the_reference(hidden, inter, m, tokens):
 
 @pytest.mark.parametrize("hidden,inter", [(4096, 14336), (8192, 3584), (2048, 8192)])
 @pytest.mark.parametrize("m", [100, 256, 300, 1000, 1024])
-@pytest.mark.parametrize("tokens", dispatch.NVFP4_HALF_ROWS_TOKENS)
+@pytest.mark.parametrize("tokens", dispatch_nvfp4.NVFP4_HALF_ROWS_TOKENS)
 def test_half_row_gate_up_tile_against_the_reference(hidden, inter, m, tokens):
     """gate_up's 128-row tiles of 224-256 tokens (TileConfig.half_row_pairs: 64 gate rows and their 64 up
     rows a CTA, each thread's A rows g and g + 8 a gate row and its up row) as schedule() plans them,
@@ -683,7 +683,7 @@ def test_half_row_gate_up_tile_against_the_reference(hidden, inter, m, tokens):
     x, w, ws, gs = gate_up_operands(m, hidden, inter, seed=m + 127)
     wt, wst = nvfp4_layout.to_tile_major(w, ws)
     cfg = dispatch.gate_up_config(x, w, ws, None, act=act, h_format="bf16", tile_major=True)
-    tile = dispatch._nvfp4_rs(dispatch._nvfp4_tile(dispatch._nvfp4_share_tile("gate_up", tokens, half_rows=True)),
+    tile = dispatch_nvfp4._nvfp4_rs(dispatch_nvfp4._nvfp4_tile(dispatch_nvfp4._nvfp4_share_tile("gate_up", tokens, half_rows=True)),
                               True)
     half = dataclasses.replace(cfg, **{"ctas_per_sm": 0, "pdl": False, **tile})
     assert half.half_row_pairs and half.tile_m == tokens and half in dispatch.gate_up_shipped()

@@ -7,7 +7,7 @@ dispatches to them."""
 import pytest
 import torch
 
-from swiglu_fused.kernels import dispatch, nvfp4_layout, ops, reference
+from swiglu_fused.kernels import dispatch, dispatch_nvfp4, nvfp4_layout, ops, reference
 
 from .test_nvfp4_gpu import ACTS, TOL, _cpu_reference, _mlp, down_operands, gate_up_operands
 from .tolerance import assert_bf16_close
@@ -22,18 +22,18 @@ SHAPES = [(4096, 14336), (8192, 3584), (2048, 8192), (512, 384), (768, 1536)]
 
 @pytest.fixture(autouse=True)
 def every_m_the_kernel_takes(monkeypatch):
-    """Up to its 32 tokens at every width, whatever dispatch.WARP_MMA_M and WARP_MMA_32_MAX_SIDE (measured
+    """Up to its 32 tokens at every width, whatever dispatch_nvfp4.WARP_MMA_M and WARP_MMA_32_MAX_SIDE (measured
     bounds) say."""
     from swiglu_fused.kernels.sm90 import warp_mma
 
-    monkeypatch.setattr(dispatch, "WARP_MMA_M", dict.fromkeys(("gate_up", "down"), warp_mma.MAX_TOKENS))
-    monkeypatch.setattr(dispatch, "WARP_MMA_32_MAX_SIDE", 0)
+    monkeypatch.setattr(dispatch_nvfp4, "WARP_MMA_M", dict.fromkeys(("gate_up", "down"), warp_mma.MAX_TOKENS))
+    monkeypatch.setattr(dispatch_nvfp4, "WARP_MMA_32_MAX_SIDE", 0)
 
 
 @pytest.fixture(params=[8, 4], ids=["warps8", "warps4"])
 def warps(request, monkeypatch):
     """Both CTA sizes (WarpMmaConfig.warps), whichever the dispatch picks."""
-    monkeypatch.setattr(dispatch, "WARP_MMA_WARPS", request.param)
+    monkeypatch.setattr(dispatch_nvfp4, "WARP_MMA_WARPS", request.param)
     return request.param
 
 
@@ -50,7 +50,7 @@ def test_gate_up_matches_the_reference(hidden, inter, m, act, warps):
     x, w, ws, gs = gate_up_operands(m, hidden, inter, seed=m + hidden + inter)
     tw, ts = nvfp4_layout.to_tile_major(w, ws)
     backend, cfg = dispatch.gate_up_backend(x, tw, ts, None, gs, 128, act, "bf16", True)
-    assert backend == dispatch.SM90 and cfg == dispatch.warp_mma_config("gate_up", m, 2 * inter, hidden, True, act)
+    assert backend == dispatch.SM90 and cfg == dispatch_nvfp4.warp_mma_config("gate_up", m, 2 * inter, hidden, True, act)
     _poisoned(m, inter)
     h, hs = ops.gate_up(x, tw, ts, None, gs, interleave=128, act=act, h_format="bf16", tile_major=True)
     ref, _ = reference.gate_up(x, w, ws, None, gs, interleave=128, act=act, h_format="bf16")
@@ -68,7 +68,7 @@ def test_down_matches_the_reference(hidden, inter, m, residual, warps):
     res = torch.randn(m, hidden, device="cuda").to(torch.bfloat16) if residual else None
     tw, ts = nvfp4_layout.to_tile_major(w, ws)
     backend, cfg = dispatch.down_backend(h, tw, ts, None, gs, res, torch.bfloat16, True)
-    assert backend == dispatch.SM90 and cfg == dispatch.warp_mma_config("down", m, hidden, inter, True,
+    assert backend == dispatch.SM90 and cfg == dispatch_nvfp4.warp_mma_config("down", m, hidden, inter, True,
                                                                        residual=residual)
     _poisoned(m, hidden)
     y = ops.down(h, tw, ts, None, gs, residual=res, tile_major=True)
@@ -114,13 +114,13 @@ def test_the_module_runs_them_and_matches_the_reference(m, monkeypatch):
 
 
 def test_programmatic_dependent_launch_gives_the_same_bits(monkeypatch):
-    """gate_up then down launched with PDL (dispatch.WARP_MMA_PDL), eagerly and in a CUDA graph: the
+    """gate_up then down launched with PDL (dispatch_nvfp4.WARP_MMA_PDL), eagerly and in a CUDA graph: the
     same bits as without (the same sums in the same order; down waits for gate_up's h)."""
-    monkeypatch.setattr(dispatch, "WARP_MMA_PDL", False)
+    monkeypatch.setattr(dispatch_nvfp4, "WARP_MMA_PDL", False)
     mlp = _mlp()
     x = torch.randn(16, 2048, device="cuda").to(torch.bfloat16)
     want = mlp(x)
-    monkeypatch.setattr(dispatch, "WARP_MMA_PDL", True)
+    monkeypatch.setattr(dispatch_nvfp4, "WARP_MMA_PDL", True)
     pdl = _mlp()
     assert torch.equal(pdl(x), want)
     graph = torch.cuda.CUDAGraph()
@@ -141,10 +141,10 @@ def test_late_trigger_gives_the_same_bits(m, monkeypatch):
     launch = warp_mma._launch
     monkeypatch.setattr(warp_mma, "_launch", lambda config, *a: launched.append(config) or launch(config, *a))
     x = torch.randn(m, 2048, device="cuda").to(torch.bfloat16)
-    monkeypatch.setattr(dispatch, "WARP_MMA_LATE_TRIGGER_SHARE", 0)
+    monkeypatch.setattr(dispatch_nvfp4, "WARP_MMA_LATE_TRIGGER_SHARE", 0)
     want = _mlp()(x)
     assert not any(c.late_trigger for c in launched)
-    monkeypatch.setattr(dispatch, "WARP_MMA_LATE_TRIGGER_SHARE", 0.5)
+    monkeypatch.setattr(dispatch_nvfp4, "WARP_MMA_LATE_TRIGGER_SHARE", 0.5)
     late = _mlp()
     _poisoned(m, 4096)
     assert torch.equal(late(x), want)

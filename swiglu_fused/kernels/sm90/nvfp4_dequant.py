@@ -1,4 +1,4 @@
-"""nvfp4 weight → bf16 on sm_90a, for prefill: from dispatch.NVFP4_DEQUANT_M rows (nvfp4_dequantizes)
+"""nvfp4 weight → bf16 on sm_90a, for prefill: from dispatch_nvfp4.NVFP4_DEQUANT_M rows (nvfp4_dequantizes)
 the nvfp4 GEMMs run as this kernel followed by the bf16 mainloop (TileConfig.dequantized), because
 the W4A16 mainloop decodes every weight k tile once per M tile with the threads that also issue
 the wgmma, and at prefill that decode, not the MMA, bounds the k loop (benchmarks/history/nvfp4.md).

@@ -4,7 +4,7 @@ of 64) and the tokens its B operand (N side: tile_m = 16, 32 or 64 tokens), so t
 compute 256 × tile_m per k step instead of 64 × 256 with the 64-row tile. Shipped: 16 tokens
 (dispatch.gate_up_tile_for, dispatch.down_tile_for); 32 and 64 not shipped (DISPATCH D2). nvfp4
 (W4A16) runs only swap-AB tiles: every multiple of 16 tokens to 160, and 192 for gate_up
-(dispatch.nvfp4_tile_for; D24, D31, D32, D62-D64), where the weight rows on the M side also read fewer
+(dispatch_nvfp4.nvfp4_tile_for; D24, D31, D32, D62-D64), where the weight rows on the M side also read fewer
 smem bytes a k tile; and 224-256 tokens on tiles of 128 weight rows (TileConfig.nvfp4_half_rows: one block
 a warpgroup; down's the tile's one 128-column half of y, D67; gate_up's 64 gate rows and their up rows,
 TileConfig.half_row_pairs, D68: _epilogue_swap_pairs).

@@ -134,7 +134,7 @@ class TileConfig:
     l2_hint: str = ""
     # the bf16 mainloop over an nvfp4 weight that nvfp4_dequant.py turned into bf16 (code · scale ·
     # 2^-62, exact) for this call, then the accumulator times the global scales · 2^62 per half, as
-    # the nvfp4 mainloop ends: prefill of nvfp4 weights (dispatch.nvfp4_dequantizes)
+    # the nvfp4 mainloop ends: prefill of nvfp4 weights (dispatch_nvfp4.nvfp4_dequantizes)
     dequantized: bool = False
     # nvfp4: the packed weight and its scale words in tile-major order (nvfp4.tile_major: each
     # 256-row × 64-column k tile's 8 KB of codes and 1 KB of scale words contiguous), so that a k

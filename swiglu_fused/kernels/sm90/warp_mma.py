@@ -72,7 +72,7 @@ class WarpMmaConfig:
     pdl: bool = False
     # pdl: the next kernel may launch only once this one's K-share sums and epilogue are done (each CTA
     # triggers as it leaves), not after its k loop: its CTAs then find this kernel's SMs freed as they
-    # launch (gate_up's where down's grid is small: dispatch.WARP_MMA_LATE_TRIGGER_SHARE, D58)
+    # launch (gate_up's where down's grid is small: dispatch_nvfp4.WARP_MMA_LATE_TRIGGER_SHARE, D58)
     late_trigger: bool = False
     # CTAs an SM the registers must allow (ptxas caps them at 65536 / (threads · this)); 0: no cap
     ctas_per_sm: int = 0
@@ -367,7 +367,7 @@ def compile_warp_mma(config: WarpMmaConfig):
 def gate_up(config: WarpMmaConfig, x, weight, weight_scale, global_scale):
     """h [M, N/2] bf16 = act(x @ gate^T · gs[0]) · (x @ up^T · gs[1]) for a tile-major nvfp4 gate_up
     weight [N, K/2] (interleave 128) and its scales; x bf16 [M, K], M ≤ 8 · config.n8. The caller
-    (dispatch.warp_mma_config) has checked what the kernel takes."""
+    (dispatch_nvfp4.warp_mma_config) has checked what the kernel takes."""
     import torch
 
     h = torch.empty((x.shape[0], weight.shape[0] // 2), dtype=torch.bfloat16, device=x.device)
@@ -392,7 +392,7 @@ def _launch(config, a, weight, weight_scale, gs, out, residual):
     m, k = a.shape
     n = weight.shape[0]
     if k % config.k_cta or config.split_k != (k > config.k_cta) or n % ROWS or m > 8 * config.n8:
-        # (dispatch.warp_mma_config never picks such a config; a forced one, a harness A/B, would
+        # (dispatch_nvfp4.warp_mma_config never picks such a config; a forced one, a harness A/B, would
         # sum part of K or of the rows and return a wrong result without a word)
         raise ValueError(f"{config} does not fit M = {m}, N = {n}, K = {k}: K must be a multiple of k_cta "
                          f"(split_k: K > k_cta), N of {ROWS}, M at most {8 * config.n8}")
