@@ -76,8 +76,7 @@ class SplitProjectionProcessor:
         from diffusers.models.transformers import transformer_flux2 as flux2
 
         if not isinstance(attn.to_qkv_mlp_proj, FusedSplitProjection):  # swapped back by hand: the stock processor
-            stock = flux2.Flux2ParallelSelfAttnProcessor()
-            stock._attention_backend, stock._parallel_config = self._attention_backend, self._parallel_config
+            stock = _with_settings_of(flux2.Flux2ParallelSelfAttnProcessor(), self)
             return stock(attn, hidden_states, attention_mask, image_rotary_emb)
         y = attn.to_qkv_mlp_proj(hidden_states)
         inner = attn.inner_dim
@@ -99,6 +98,13 @@ class SplitProjectionProcessor:
         to_out_input = y[..., 2 * inner:]
         ops.copy_into(to_out_input[..., :inner], out)
         return attn.to_out(to_out_input)
+
+
+def _with_settings_of(processor, source):
+    """``processor`` with the attention backend and parallel config diffusers set on ``source``
+    (``set_attention_backend`` and context parallelism set them on each processor)."""
+    processor._attention_backend, processor._parallel_config = source._attention_backend, source._parallel_config
+    return processor
 
 
 def _qk_norms(attn: nn.Module, names: tuple[str, ...], x: torch.Tensor, rotary, rows: int) -> list | None:
@@ -152,8 +158,7 @@ class DoubleStreamProcessor:
         norms = (_qk_norms(attn, names, hidden_states, image_rotary_emb, txt + hidden_states.shape[1])
                  if txt and getattr(attn, "added_kv_proj_dim", None) is not None and hidden_states.dim() == 3 else None)
         if norms is None:
-            stock = flux2.Flux2AttnProcessor()
-            stock._attention_backend, stock._parallel_config = self._attention_backend, self._parallel_config
+            stock = _with_settings_of(flux2.Flux2AttnProcessor(), self)
             return stock(attn, hidden_states, encoder_hidden_states, attention_mask, image_rotary_emb)
         q, k, v, eq, ek, ev = flux2._get_qkv_projections(attn, hidden_states, encoder_hidden_states)
         b, d, inner, eps = hidden_states.shape[0], attn.head_dim, q.shape[-1], _eps(norms[0], q.dtype)
@@ -179,9 +184,7 @@ def install_processors(model: nn.Module) -> list[str]:
     for name, module in model.named_modules():
         stock = getattr(module, "processor", None)
         if type(stock) is flux2.Flux2AttnProcessor:
-            ours = DoubleStreamProcessor()
-            ours._attention_backend, ours._parallel_config = stock._attention_backend, stock._parallel_config
-            module.set_processor(ours)
+            module.set_processor(_with_settings_of(DoubleStreamProcessor(), stock))
             done.append(name)
     return done
 
@@ -252,9 +255,7 @@ def install_split(attn: nn.Module, fused: FusedSplitProjection) -> None:
 
     stock = getattr(attn, "processor", None)
     if type(stock) is flux2.Flux2ParallelSelfAttnProcessor:  # not the KV-cache one, nor a user's own
-        ours = SplitProjectionProcessor()
-        ours._attention_backend, ours._parallel_config = stock._attention_backend, stock._parallel_config
-        attn.set_processor(ours)
+        attn.set_processor(_with_settings_of(SplitProjectionProcessor(), stock))
 
 
 def _swap(model: nn.Module, name: str, new: nn.Module) -> None:
