@@ -29,10 +29,18 @@ def test_a_set_variant_changes_the_constants_only_while_it_runs():
 
 
 @pytest.mark.parametrize("spec,says", [("schedul.X=1", "MODULE one of"), ("schedule.NOPE=1", "NAME one of"),
-                                       ("schedule.FIXUP_US=(1,", "not a Python literal")])
+                                       ("schedule.FIXUP_US=(1,", "not a Python literal"),
+                                       ("dispatch.NVFP4_RS=False", "NAME one of")])  # (nvfp4's: dispatch_nvfp4)
 def test_bad_set_specs_say_what_is_wrong(spec, says):
     with pytest.raises(SystemExit, match=says):
         launch_ab.parse_set(spec)
+
+
+def test_nvfp4_constants_are_set_in_their_own_module():
+    from swiglu_fused.kernels import dispatch_nvfp4
+
+    (key, value), = launch_ab.parse_set("dispatch_nvfp4.NVFP4_RS=False").items()
+    assert key == (dispatch_nvfp4, "NVFP4_RS") and value is False
 
 
 def test_a_set_variant_settles_the_modules_layout_under_its_constants():
