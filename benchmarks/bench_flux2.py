@@ -108,7 +108,7 @@ def single_stream(w_single, ms, rounds, iters, ab=()):
         def run(x, attention):
             out = mods[fmt](x)
             to_out_input = out[:, 2 * INNER:]  # SplitProjectionProcessor: [V | h] with V spent
-            to_out_input[:, :INNER].copy_(attention)
+            ops.copy_into(to_out_input[:, :INNER], attention)
             return out[:, :PREFIX], to_out_input
         return run
 
@@ -235,11 +235,17 @@ def block_inputs(model, image: int, text: int = TEXT, seed: int = 0):
     return single, double
 
 
+def block_wrapper(compiled: bool):
+    """How a block runs: as it is, or (``compiled``) in torch.compile(fullgraph=True), inductor, as
+    diffusers suggests for Flux (whole_blocks, profile_flux2)."""
+    return (lambda b: torch.compile(b, fullgraph=True)) if compiled else (lambda b: b)
+
+
 def whole_blocks(images, rounds, iters, compiled=False):
-    """Each block of ``flux2_blocks`` timed per format; ``compiled``: each wrapped in
-    torch.compile(fullgraph=True) first (inductor, as diffusers suggests for Flux), rows *_compiled."""
+    """Each block of ``flux2_blocks`` timed per format; ``compiled``: each wrapped by block_wrapper
+    first, rows *_compiled."""
     models = flux2_blocks()
-    wrap = (lambda b: torch.compile(b, fullgraph=True)) if compiled else (lambda b: b)
+    wrap = block_wrapper(compiled)
     rows = []
     for image in images:
         single, double = block_inputs(models["diffusers_bf16"], image)

@@ -19,7 +19,7 @@ import json
 
 import torch
 
-from benchmarks.bench_flux2 import SHORT, TEXT, block_inputs, flux2_blocks
+from benchmarks.bench_flux2 import SHORT, TEXT, block_inputs, block_wrapper, flux2_blocks
 from benchmarks.profile_mlp import kernel_records, per_position, short
 from swiglu_fused.bench import REPS, capture
 
@@ -57,7 +57,7 @@ def main():
     args = ap.parse_args()
     models = flux2_blocks(formats=tuple(args.formats.split(",")))
     single, double = block_inputs(models["diffusers_bf16"], args.image)
-    wrap = (lambda b: torch.compile(b, fullgraph=True)) if args.compile else (lambda b: b)
+    wrap = block_wrapper(args.compile)
     out = []
     for block, kwargs, pick in (("single_block", single, lambda m: m.single_transformer_blocks[0]),
                                 ("double_block", double, lambda m: m.transformer_blocks[0])):

@@ -132,7 +132,7 @@ def test_split_dispatch_picks_a_shipped_config(monkeypatch):
     backend, cfg = dispatch.split_backend(x, w4, s4, None, torch.ones(3), 18432, 128, "silu")
     assert backend == dispatch.SM90 and cfg.nvfp4 and cfg in dispatch.split_shipped()
     assert dispatch.split_backend(x, w4, None, None, torch.ones(3), 18432, 128, "silu") == (dispatch.REFERENCE, None)
-    dispatch.warn_reference_once.cache_clear()
+    dispatch._warn_reference_once.cache_clear()
     with pytest.warns(UserWarning, match="gate_up_split: the prefix has 384 rows, not a multiple of 256"):
         assert dispatch.split_backend(x, w4[128:], s4[128:], None, torch.ones(3), 384, 128, "silu")[0] == "reference"
     with pytest.warns(UserWarning, match="gate_up_split: the prefix has 64 rows, not a multiple of 128"):

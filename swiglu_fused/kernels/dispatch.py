@@ -81,7 +81,7 @@ def rows_16_bytes(op: str, **tensors: torch.Tensor) -> bool:
     for name, t in tensors.items():
         if t.shape[-1] * t.element_size() % 16:
             multiple = 16 // t.element_size()
-            warn_reference_once(op, name, t.shape[-1], multiple, "16-byte rows",
+            _warn_reference_once(op, name, t.shape[-1], multiple, "16-byte rows",
                                  f"; pad {name}'s last dimension with zeros to "
                                  f"{cdiv(t.shape[-1], multiple) * multiple} for the kernel")
             return False
@@ -89,7 +89,7 @@ def rows_16_bytes(op: str, **tensors: torch.Tensor) -> bool:
 
 
 @functools.lru_cache(maxsize=None)
-def warn_reference_once(op: str, name: str, cols: int, multiple: int, why: str, fix: str = "",
+def _warn_reference_once(op: str, name: str, cols: int, multiple: int, why: str, fix: str = "",
                          stacklevel: int = 5, unit: str = "columns") -> None:
     """Say once per op and width that the reference runs a call the kernel cannot take, and why."""
     warnings.warn(f"{op}: {name} has {cols} {unit}, not a multiple of {multiple} ({why}), so the sm90 kernel "
@@ -681,7 +681,7 @@ def _nvfp4_k_ok(op: str, name: str, k: int) -> bool:
     from .sm90.tile_config import NVFP4_K_ALIGN
 
     if k % NVFP4_K_ALIGN:
-        warn_reference_once(op, name, k, NVFP4_K_ALIGN, f"nvfp4: a row's e4m3 scales of a {NVFP4_K_ALIGN}-column "
+        _warn_reference_once(op, name, k, NVFP4_K_ALIGN, f"nvfp4: a row's e4m3 scales of a {NVFP4_K_ALIGN}-column "
                              "k tile are one 32-bit word", stacklevel=7)
         return False
     return True
@@ -809,7 +809,7 @@ def split_backend(x, weight, weight_scale, x_scale, global_scale, prefix, interl
         return REFERENCE, None
     whole = split_prefix_multiple(nvfp4)
     if prefix % whole:
-        warn_reference_once("gate_up_split", "the prefix", prefix, whole,
+        _warn_reference_once("gate_up_split", "the prefix", prefix, whole,
                              "nvfp4: the pair tiles on the 256-row grid" if nvfp4 else "whole 128-row weight blocks",
                              unit="rows")
         return REFERENCE, None

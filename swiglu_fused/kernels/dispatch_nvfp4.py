@@ -1,5 +1,5 @@
 """Kernel selection for nvfp4 (W4A16): which tile or kernel runs an nvfp4 gate_up or down of M rows,
-the order of h between them, and every such config CI compile-checks (nvfp4_shipped, warp_mma_shipped).
+and every such config CI compile-checks (nvfp4_shipped, warp_mma_shipped).
 dispatch.py asks this module for its nvfp4 case (gate_up_config, down_config, the backends) and keeps
 what is not the W4A16 tiles' own: the operands' checks, the dequantized prefill (the bf16 mainloop's
 tiles) and h's order between the two GEMMs. This module imports nothing of dispatch.py.

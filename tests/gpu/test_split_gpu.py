@@ -108,7 +108,7 @@ def test_nvfp4_gelu_tanh_and_the_global_scales():
 def test_nvfp4_prefix_off_the_grid_runs_the_reference():
     k, p, i = SHAPES[0]
     args = make_operands(16, k, p, i, "nvfp4", seed=1)
-    dispatch.warn_reference_once.cache_clear()
+    dispatch._warn_reference_once.cache_clear()
     with pytest.warns(UserWarning, match="gate_up_split: the prefix has 384 rows, not a multiple of 256"):
         assert _backend(args, p) == (dispatch.REFERENCE, None)
     assert_matches_reference(ops.gate_up_split(**args, prefix=p), args, p, "silu")
