@@ -32,12 +32,14 @@ import argparse
 import importlib
 import importlib.util
 import math
+import statistics
 import sys
 from pathlib import Path
 
 import torch
 
-from swiglu_fused import bench, quant
+from benchmarks.harness import rel_frobenius
+from swiglu_fused import bench, formats
 from swiglu_fused.kernels import ops, reference
 
 COPY_TB_S = 4.2  # the H200's measured copy rate (benchmarks/STATUS.md)
@@ -111,14 +113,11 @@ def our_down(module, h_order: str = "auto"):
 
 
 def reference_mlp(module, x):
-    """fp32 reference of the nvfp4 MLP on the module's packed tensors (what both sides compute)."""
-    gu, dn = module.gate_up_interleaved.tensors(), module.down_proj.tensors()
-    wg = quant.dequantize_nvfp4(gu["weight_packed"], gu["weight_scale"], torch.ones(1, device=x.device))
-    y = x.float() @ wg.T
-    y = y.view(x.shape[0], -1, 2, bench.GROUP) * module.gate_up_interleaved.op_tensors()["weight_global_scale"].view(2, 1)
-    h = (torch.nn.functional.silu(y[:, :, 0]) * y[:, :, 1]).flatten(1)
-    wd = quant.dequantize_nvfp4(dn["weight_packed"], dn["weight_scale"], torch.ones(1, device=x.device))
-    return (h.to(torch.bfloat16).float() @ wd.T) * module.down_proj.op_tensors()["weight_global_scale"]
+    """The fp32 reference of the nvfp4 MLP on the module's tensors as held (what both sides compute):
+    kernels/reference.py's, as the module passes them to the ops."""
+    gu, dn = module.gate_up_interleaved, module.down_proj
+    return reference.mlp(x, gu.op_tensors(), dn.op_tensors(), weight_format="nvfp4", interleave=module.interleave,
+                         act=ACT, global_scale_kind=formats.MULTIPLIER, tile_major=(gu.tile_major, dn.tile_major))
 
 
 def run(peer, shapes, ms, rounds: int, iters: int, say=print, out: Path | None = None) -> dict:
@@ -163,27 +162,23 @@ def _check(layer, x, h) -> dict:
     """Relative Frobenius error of the MLPs against the fp32 reference, and of Marlin's projections
     against ours (both on the same packed weights); SystemExit where one is off."""
     ref = reference_mlp(layer["ours_nvfp4"], x)
-    errs = {n: _rel(layer[n](x), ref) for n in ("ours_nvfp4", "marlin_nvfp4")}
+    errs = {n: rel_frobenius(layer[n](x), ref) for n in ("ours_nvfp4", "marlin_nvfp4")}
     gu = layer["marlin_gate_up"](x).float()
     y = gu.view(x.shape[0], -1, 2, bench.GROUP) * layer["marlin_nvfp4"].multipliers.view(2, 1) * 2.0 ** layer[
         "marlin_nvfp4"].act_mul.UNSHIFT
     h_marlin = reference.gate_up_epilogue(y.flatten(1), act=ACT)[0]
     ours = layer["ours_nvfp4"]
-    errs["marlin_gate_up_vs_ours"] = _rel(h_marlin, our_gate_up(ours, "natural")(x))
-    errs["marlin_down_vs_ours"] = _rel(layer["marlin_down"](h), our_down(ours, "natural")(h))
+    errs["marlin_gate_up_vs_ours"] = rel_frobenius(h_marlin, our_gate_up(ours, "natural")(x))
+    errs["marlin_down_vs_ours"] = rel_frobenius(layer["marlin_down"](h), our_down(ours, "natural")(h))
     bad = {n: e for n, e in errs.items() if not e <= MAX_REL_ERR}
     if bad:
         raise SystemExit(f"outputs off (relative Frobenius > {MAX_REL_ERR}): {bad}")
     return errs
 
 
-def _rel(a, b) -> float:
-    return ((a.float() - b.float()).norm() / b.float().norm()).item()
-
-
 def _median(values) -> float:
-    good = sorted(v for v in values if math.isfinite(v))
-    return good[len(good) // 2] if good else math.nan
+    good = [v for v in values if math.isfinite(v)]
+    return statistics.median(good) if good else math.nan
 
 
 def table(result: dict) -> str:
