@@ -718,8 +718,9 @@ def _nvfp4_down_config(h, weight, weight_scale, residual, tile_major: bool):
         return DownConfig(residual=residual is not None,
                           **_nvfp4_prefill_tile(m, wg3_on(h.device, m, weight.shape[0]), clusters=False))
     shape = dispatch_nvfp4.call_shape(h.device, weight.shape[0], h.shape[1])
-    return DownConfig(mainloop=NVFP4_MAINLOOP, residual=residual is not None, tile_major=tile_major,
-                      **dispatch_nvfp4.nvfp4_tile_for(h.shape[0], "down", tile_major=tile_major, shape=shape))
+    cfg = DownConfig(mainloop=NVFP4_MAINLOOP, residual=residual is not None, tile_major=tile_major,
+                     **dispatch_nvfp4.nvfp4_tile_for(h.shape[0], "down", tile_major=tile_major, shape=shape))
+    return dispatch_nvfp4.with_fixup_groups(cfg, h.shape[0], *shape) if shape else cfg
 
 
 def _nvfp4_prefill_shipped(config_cls, variants) -> list:

@@ -129,6 +129,45 @@ def _nvfp4_narrow_down(tile, m, n, k, sms, constants):
     return half if us(half) <= NVFP4_HALF_ROWS_DOWN_GAIN * us(tile) else tile
 
 
+# down's stream-K fix-up in two levels (TileConfig.fixup_groups) where predicted faster (DISPATCH D70): the last
+# CTA of a tile split n ways over K reads the n partials through its SM's L2 port at FIXUP_PARTIAL_BYTES_PER_US;
+# in groups of g = ceil(sqrt(n)) it reads g + ceil(n / g) + 1 for a second arrival, FIXUP_ARRIVAL_US (its stores
+# drained, the atomic, two barriers). Fitted on the H200 to the MLP at 30 points (six narrow widths, M = 48-256,
+# n = 9-32, partials of 49-131 KB: 4-30 % faster where predicted, up to 3.7 % slower where not; history/nvfp4.md
+# v50). Only down: gate_up's N is 2I, so where served widths split its tiles it is 4-8 ways. False: never
+# (what launch_ab compares)
+FIXUP_GROUPS = True
+FIXUP_PARTIAL_BYTES_PER_US = 1.25e5
+FIXUP_ARRIVAL_US = 2.8
+
+
+def with_fixup_groups(config, m: int, n: int, k: int, sms: int):
+    """``config`` (a W4A16 swap-AB tile of an nvfp4 op of M rows, N weight rows, K columns on ``sms``
+    SMs) with fixup_groups where its schedule splits every tile over K and fixup_groups_gain_us predicts
+    a gain (down only)."""
+    return _with_fixup_groups(config, m, n, k, sms, (FIXUP_GROUPS, FIXUP_PARTIAL_BYTES_PER_US, FIXUP_ARRIVAL_US))
+
+
+@functools.lru_cache(maxsize=4096)  # (eager decode asks it every call)
+def _with_fixup_groups(config, m, n, k, sms, constants):
+    """with_fixup_groups, computed (``constants``: the module's, in the cache key)."""
+    from .sm90.schedule import schedule
+
+    if not FIXUP_GROUPS or config.epilogue != "linear" or config.whole_tiles or config.cluster_k > 1:
+        return config
+    ctas, sk_tiles = schedule(config, m, n, k, sms)
+    tiles = cdiv(m, config.tile_m) * cdiv(n, config.tile_n)
+    if sk_tiles == tiles and ctas > tiles and fixup_groups_gain_us(ctas // tiles, 4 * config.tile_m * config.tile_n) > 0:
+        return dataclasses.replace(config, fixup_groups=True)  # (plan()'s split: ctas = tiles · split)
+    return config
+
+
+def fixup_groups_gain_us(split: int, partial_bytes: int) -> float:
+    """The predicted µs fixup_groups takes off a tile's fix-up over ``split`` CTAs (partials of ``partial_bytes``)."""
+    g = math.isqrt(split - 1) + 1  # ceil(sqrt(split)), as the kernel's
+    return (split - g - cdiv(split, g) - 1) * partial_bytes / FIXUP_PARTIAL_BYTES_PER_US - FIXUP_ARRIVAL_US
+
+
 def _nvfp4_share_tile(op: str, share: int, half_rows: bool = False) -> tuple:
     """The smallest of op's NVFP4_SWAP_TILES that holds ``share`` tokens (the largest past them all),
     of the 256-row tiles unless ``half_rows`` (the 128-row ones too)."""
@@ -370,4 +409,6 @@ def nvfp4_shipped(config_cls, variants) -> list:
           for v in variants for tile in tiles if tile[0] in NVFP4_RS_TOKENS]
     wide = [c for c in w4a16 if c.tile_major and c.tile_m == NVFP4_WIDE_TILE[0]]
     h_rs = [dataclasses.replace(c, h_rs_order=True) for c in rs + wide] if clusters else []
-    return w4a16 + rs + h_rs
+    # with_fixup_groups': down's tiles that stream-K splits
+    groups = [dataclasses.replace(c, fixup_groups=True) for c in w4a16 + rs if not clusters and not c.whole_tiles]
+    return w4a16 + rs + h_rs + groups

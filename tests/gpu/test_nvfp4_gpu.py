@@ -711,3 +711,27 @@ def test_narrow_down_at_97_to_128_rows(hidden, inter, m):
     y = torch.full((m, hidden), float("nan"), dtype=torch.bfloat16, device="cuda")
     kd.down(dcfg, hd, *nvfp4_layout.to_tile_major(wd, wsd), None, res, gsd, out=y, tile_major=True)
     assert_bf16_close(y, reference.down(hd, wd, wsd, None, gsd, residual=res), TOL)
+
+
+@pytest.mark.parametrize("hidden,inter,m", [(1024, 8192, 48), (1024, 8192, 128), (1024, 8192, 256), (2048, 8192, 64),
+                                           (3072, 8192, 128), (1536, 8960, 256), (1536, 8960, 64), (2560, 6912, 96)])
+def test_fixup_groups_against_the_reference(hidden, inter, m):
+    """D70: where plan() splits every tile of down over K 11-32 ways (here 32, 16, 16, 16, 11, 11, 22 and 13: groups
+    of 4-6, the last group short where sqrt does not divide), the dispatched config sums the partials in
+    two levels: y (with a residual) within bf16 rounding of the reference, poisoned first, and close to
+    the CTA-order sum's (another order of fp32 additions). The counters are back at zero afterwards
+    (conftest)."""
+    from swiglu_fused.kernels import nvfp4_layout
+    from swiglu_fused.kernels.sm90 import down as kd
+
+    h, w, ws, gs = down_operands(m, hidden, inter, seed=m + hidden + 7)
+    res = torch.randn(m, hidden, device="cuda").to(torch.bfloat16)
+    cfg = dispatch.down_config(h, w, ws, None, res, torch.bfloat16, True)
+    assert cfg.fixup_groups and cfg in dispatch.down_shipped()
+    wt, wst = nvfp4_layout.to_tile_major(w, ws)
+    y = {}
+    for groups in (True, False):
+        y[groups] = torch.full((m, hidden), float("nan"), dtype=torch.bfloat16, device="cuda")
+        kd.down(dataclasses.replace(cfg, fixup_groups=groups), h, wt, wst, None, res, gs, out=y[groups], tile_major=True)
+    assert_bf16_close(y[True], reference.down(h, w, ws, None, gs, residual=res), TOL)
+    assert rel_frobenius(y[True], y[False]) < 1e-2 * TOL

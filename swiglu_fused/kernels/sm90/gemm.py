@@ -221,7 +221,7 @@ class GemmKernel(ProducerMixin, MainloopMixin, Nvfp4Mixin, StreamKMixin, Epilogu
         mPart = cute.make_tensor(
             part_ptr, cute.make_layout((ctas * 2, values, consumers), stride=(values * consumers, consumers, 1))
         )
-        mCtr = cute.make_tensor(ctr_ptr, cute.make_layout(sk_tiles + 1))
+        mCtr = cute.make_tensor(ctr_ptr, cute.make_layout((2 * ctas if cfg.fixup_groups else sk_tiles) + 1))  # (counter_words)
         extra = {"cluster": [cfg.cluster_size, 1, 1]} if cfg.cluster_size > 1 else {}
         if cutlass.const_expr(cfg.ctas_per_sm > 0):
             extra["min_blocks_per_mp"] = cfg.ctas_per_sm

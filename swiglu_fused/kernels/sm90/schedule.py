@@ -254,7 +254,14 @@ def launch_plan(config: TileConfig, m: int, n: int, k: int, device, stream=None)
         return ctas, sk_tiles, None, None
     # per CTA two slots (its first and last tile) of the accumulator's fp32 values per consumer thread
     parts = torch.empty(ctas * 2 * config.acc_values * config.consumer_threads, dtype=torch.float32, device=device)
-    return ctas, sk_tiles, parts, stream_k_counters(device, sk_tiles + 1, stream)
+    return ctas, sk_tiles, parts, stream_k_counters(device, counter_words(config, ctas, sk_tiles), stream)
+
+
+def counter_words(config: TileConfig, ctas: int, sk_tiles: int) -> int:
+    """The stream-K counters a launch uses: one a stream-K tile (the fix-up's arrivals), or with
+    TileConfig.fixup_groups two a CTA (its groups' and its tiles' arrivals: stream_k._fixup_groups);
+    and one more."""
+    return (2 * ctas if config.fixup_groups else sk_tiles) + 1
 
 
 # The stream-K tile counters. Every launch leaves the counters it used at zero again (the last CTA

@@ -75,7 +75,10 @@ class StreamKMixin:
             c_first = sk_cta_of(s * k_tiles, nctas, sk_iters)
             c_last = sk_cta_of(s * k_tiles + k_tiles - 1, nctas, sk_iters)
             if c_first != c_last:
-                epi = self._fixup(acc, n_vals, row_a, m, s, c_first, c_last, sched, mPart, mCtr, storage, t)
+                if cutlass.const_expr(self.cfg.fixup_groups):
+                    epi = self._fixup_groups(acc, n_vals, row_a, m, s, c_first, c_last, sched, mPart, mCtr, storage, t)
+                else:
+                    epi = self._fixup(acc, n_vals, row_a, m, s, c_first, c_last, sched, mPart, mCtr, storage, t)
         return epi
 
     @cute.jit
@@ -110,6 +113,69 @@ class StreamKMixin:
                 self._partial(acc, n_vals, row_a < m, row_b < m, mPart, c * 2 + slot_c, t, True)
             if t == 0:
                 mCtr[s] = Int32(0)
+        return last
+
+    @cute.jit
+    def _fixup_groups(self, acc, n_vals: cutlass.Constexpr, row_a, m, s, c_first, c_last, sched: Schedule, mPart,
+                      mCtr, storage, t):
+        """_fixup in two levels (TileConfig.fixup_groups): the tile's n CTAs, ranked r = c - c_first, in
+        groups of g = ceil(sqrt(n)) ranks. The last of a group to arrive sums its group's partials in
+        CTA order into the slot of the group's first CTA; the last group to finish sums the group sums
+        in order. So the last CTA reads about 2·sqrt(n) partials, not n, at the cost of a second
+        arrival; the bits are the same whoever arrives last. Counter words (2 a CTA): a group's at
+        2 (c_first + its first rank), the tile's second level at 2 c_first + 1; a group of one CTA
+        arrives nowhere (in a hybrid schedule it may be the next tile's first CTA, whose word is
+        2 c_first of that tile). Memory order as _fixup, at both arrivals. Returns 1 on the CTA that
+        runs the epilogue."""
+        sFlag = storage.flag.get_tensor(cute.make_layout(4))
+        bar = pipeline.NamedBarrier(barrier_id=3, num_threads=128 * self.num_mma_wg)
+        row_b = row_a + 8
+        n = c_last - c_first + 1
+        r = sched.bidx - c_first
+        g = Int32(1)
+        while g * g < n:
+            g = g + 1
+        groups = (n + g - 1) // g
+        g0 = r // g * g
+        g1 = cutlass.min(g0 + g, n)
+        lead = c_first + g0
+        self._partial(acc, n_vals, row_a < m, row_b < m, mPart, sched.bidx * 2 + self._sk_slot(sched.bidx, s, sched),
+                      t, False)
+        grouped = Int32(1)
+        if g1 - g0 > 1:
+            grouped = self._arrive(mCtr, 2 * lead, g1 - g0, sFlag, bar, t)
+        last = Int32(0)
+        if grouped != 0:
+            if g1 - g0 > 1:
+                acc.fill(0.0)
+                for c in cutlass.range(lead, c_first + g1, unroll=self.cfg.fixup_unroll):
+                    self._partial(acc, n_vals, row_a < m, row_b < m, mPart, c * 2 + self._sk_slot(c, s, sched), t,
+                                  True)
+                self._partial(acc, n_vals, row_a < m, row_b < m, mPart, lead * 2 + self._sk_slot(lead, s, sched), t,
+                              False)
+            if self._arrive(mCtr, 2 * c_first + 1, groups, sFlag, bar, t) != 0:
+                last = Int32(1)
+                acc.fill(0.0)
+                for q in cutlass.range(groups, unroll=self.cfg.fixup_unroll):
+                    c = c_first + q * g
+                    self._partial(acc, n_vals, row_a < m, row_b < m, mPart, c * 2 + self._sk_slot(c, s, sched), t,
+                                  True)
+        return last
+
+    @cute.jit
+    def _arrive(self, mCtr, word, count, sFlag, bar, t):
+        """1 on the last of ``count`` arrivals at counter ``word`` (which it re-zeroes for the next
+        launch), 0 on the others: the CTA's stores before it are released to the last, whose loads
+        after it see them (_fixup's memory order)."""
+        bar.arrive_and_wait()
+        if t == 0:
+            sFlag[0] = cute.arch.atomic_add(mCtr.iterator + word, Int32(1), sem="acq_rel", scope="gpu")
+        bar.arrive_and_wait()
+        last = Int32(0)
+        if sFlag[0] == count - 1:
+            last = Int32(1)
+            if t == 0:
+                mCtr[word] = Int32(0)
         return last
 
     @cute.jit

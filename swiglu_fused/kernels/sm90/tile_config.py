@@ -185,6 +185,12 @@ class TileConfig:
     # (launch_ab --ab gate_up:fixup_unroll=4,down:fixup_unroll=4; history/mlp.md); nvfp4's down takes 4
     # on its 32-64-token tiles (DISPATCH D63)
     fixup_unroll: int = 1
+    # stream-K's fix-up in two levels (StreamKMixin._fixup_groups): the last CTA of each group of about
+    # sqrt(n) of a tile's n CTAs sums its group, the last group sums the group sums, so the last CTA reads
+    # ~2·sqrt(n) partials, not n, through its SM's one L2 port (~110 GB/s), for a second arrival (~1.5 µs).
+    # Where a tile is split 16-32 ways over K (nvfp4's down on a narrow H, partials of 49-131 KB) the
+    # serial sum was a third of the GEMM (DISPATCH D70). Deterministic too, with other bits (another order)
+    fixup_groups: bool = False
 
     # the epilogue and the bytes per element of the staged output (set by subclasses)
     epilogue = "gated"
@@ -204,6 +210,8 @@ class TileConfig:
             raise ValueError(f"{name}.tile_m = {TILE_M_WG3} is the bf16 mainloop's tile of 256 weight rows "
                              f"(no granules, clusters or tma_store); got {self}")
 
+        if self.fixup_groups and (self.cluster_k > 1 or self.whole_tiles):
+            raise ValueError(f"{name}.fixup_groups: only for stream-K tiles (not cluster_k > 1 nor whole tiles)")
         if self.fixup_unroll not in (1, 2, 4, 8):
             raise ValueError(f"{name}.fixup_unroll: expected 1, 2, 4 or 8 partials at a time, got {self.fixup_unroll}")
         if self.ctas_per_sm not in (0, 1, 2):
