@@ -187,9 +187,10 @@ class TileConfig:
     fixup_unroll: int = 1
     # stream-K's fix-up in two levels (StreamKMixin._fixup_groups): the last CTA of each group of about
     # sqrt(n) of a tile's n CTAs sums its group, the last group sums the group sums, so the last CTA reads
-    # ~2·sqrt(n) partials, not n, through its SM's one L2 port (~110 GB/s), for a second arrival (~1.5 µs).
+    # ~2·sqrt(n) partials, not n, through its SM's one L2 port (~125 GB/s), for a second arrival (~2.8 µs).
     # Where a tile is split 16-32 ways over K (nvfp4's down on a narrow H, partials of 49-131 KB) the
-    # serial sum was a third of the GEMM (DISPATCH D70). Deterministic too, with other bits (another order)
+    # serial sum was most of the GEMM (1024×8192 M = 128: ~20 of 31 µs; DISPATCH D70). Deterministic too,
+    # with other bits (another order of the fp32 additions)
     fixup_groups: bool = False
 
     # the epilogue and the bytes per element of the staged output (set by subclasses)
