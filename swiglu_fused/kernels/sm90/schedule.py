@@ -272,7 +272,7 @@ def counter_words(config: TileConfig, ctas: int, sk_tiles: int) -> int:
 # - Eager launches: one buffer a (device, stream).
 # - Launches captured into a CUDA graph: one buffer a (device, stream, capture), never used before,
 #   so zero when the capture takes it and after every replay (a graph may replay on any stream, and
-#   graphs may replay at once on two: none shares its buffer). 1 KB a capture, kept.
+#   graphs may replay at once on two: none shares its buffer). 2 KB a capture, kept.
 # Buffers are slices of slabs of driver memory (_driver_zeros) that no CUDA graph pool owns and
 # that are never freed: a tensor of torch's allocator made during a capture would have to die with
 # it (torch.compile's CUDA-graph trees refuse a live allocation in their pool that is not an output,
@@ -281,8 +281,9 @@ def counter_words(config: TileConfig, ctas: int, sk_tiles: int) -> int:
 # capture cannot allocate, so it takes a slice made ready by an eager launch; where none is left (a
 # capture before any eager launch), a launch gets a zeroed tensor of its own, as before.
 REUSE_COUNTERS = True  # False: a zeroed tensor a launch (what the A/B in benchmarks.launch_ab compares)
-COUNTER_WORDS = 256  # one buffer's size: sk_tiles + 1 ≤ SMs / 2 + 1 (plan)
-SLAB_BUFFERS = 1024  # buffers a driver allocation (1 MB)
+# one buffer's size: counter_words ≤ 2 · SMs + 1 (the hybrid's sk_tiles < 2 · SMs; fixup_groups' two words a CTA)
+COUNTER_WORDS = 512
+SLAB_BUFFERS = 1024  # buffers a driver allocation (2 MB)
 SPARE_BUFFERS = 256  # kept ready by eager launches for the captures after them (1 a capture and stream;
 #   vLLM captures a piece a layer after one warm-up of the whole model)
 _EAGER_COUNTERS: dict = {}  # (device index, raw stream) → int32 [COUNTER_WORDS], zero between launches
