@@ -1119,7 +1119,7 @@ def test_narrow_down_takes_the_128_row_tile_at_97_to_128_rows(monkeypatch):
 def test_down_sums_partials_in_groups_where_predicted_faster(monkeypatch):
     """D70: nvfp4's down sums its stream-K partials in two levels (TileConfig.fixup_groups) where plan() splits
     every tile over K and fixup_groups_gain_us predicts a gain: 1024×8192 (32 and 16 ways) and 2048×8192 at
-    M = 64-96 (16 ways, partials of 65-98 KB), not at 48 tokens there (49 KB: measured 1 % slower), nor
+    M = 48-96 (16 ways), not 3072×8192 at 48 tokens (11 ways, partials of 49 KB: measured level to 1 % slower), nor
     4096×14336 / 8192×3584 (8 and 4 ways), nor gate_up or whole tiles; the
     configs so picked are shipped (compile-checked), and FIXUP_GROUPS = False turns it off. The groups are
     ceil(sqrt(n)) CTAs, as the kernel counts them."""
@@ -1133,7 +1133,7 @@ def test_down_sums_partials_in_groups_where_predicted_faster(monkeypatch):
 
     for m in (48, 128, 256):
         assert pick("down", m, 1024, 8192).fixup_groups and pick("down", m, 1024, 8192) in dispatch.down_shipped()
-    assert pick("down", 64, 2048, 8192, residual=True).fixup_groups and not pick("down", 48, 2048, 8192).fixup_groups
+    assert pick("down", 48, 2048, 8192, residual=True).fixup_groups and not pick("down", 48, 3072, 8192).fixup_groups
     assert pick("down", 96, 2048, 8192, residual=True) in dispatch.down_shipped()
     assert not any(pick("down", m, h, i).fixup_groups for m in (48, 64, 128) for h, i in ((4096, 14336), (8192, 3584)))
     assert not pick("gate_up", 64, 7168, 8192, h_format="bf16").fixup_groups  # (gate_up at 8192×3584)
@@ -1141,4 +1141,4 @@ def test_down_sums_partials_in_groups_where_predicted_faster(monkeypatch):
     monkeypatch.setattr(dispatch_nvfp4, "FIXUP_GROUPS", False)
     assert not pick("down", 48, 1024, 8192).fixup_groups
     assert [math.isqrt(n - 1) + 1 for n in (2, 4, 5, 9, 11, 16, 17, 32)] == [2, 2, 3, 3, 4, 4, 5, 6]
-    assert dispatch_nvfp4.fixup_groups_gain_us(32, 4 * 48 * 256) > 0 > dispatch_nvfp4.fixup_groups_gain_us(16, 4 * 48 * 256)
+    assert dispatch_nvfp4.fixup_groups_gain_us(16, 4 * 48 * 256) > 0 > dispatch_nvfp4.fixup_groups_gain_us(13, 4 * 48 * 256)
