@@ -187,7 +187,7 @@ class TileConfig:
     fixup_unroll: int = 1
     # stream-K's fix-up in two levels (StreamKMixin._fixup_groups): the last CTA of each group of about
     # sqrt(n) of a tile's n CTAs sums its group, the last group sums the group sums, so the last CTA reads
-    # ~2·sqrt(n) partials, not n, through its SM's one L2 port (~125 GB/s), for a second arrival (~2.8 µs).
+    # ~2·sqrt(n) partials, not n, through its SM's one L2 port (~125 GB/s), for a second arrival (~1.8 µs).
     # Where a tile is split 16-32 ways over K (nvfp4's down on a narrow H, partials of 49-131 KB) the
     # serial sum was most of the GEMM (1024×8192 M = 128: ~20 of 31 µs; DISPATCH D70). Deterministic too,
     # with other bits (another order of the fp32 additions)
