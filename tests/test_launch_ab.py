@@ -83,3 +83,22 @@ def test_no_pdl_also_drops_gate_ups_late_trigger():
     plain = dataclasses.replace(late, **launch_ab.NO_PDL["warp_mma_gate_up"])
     assert not plain.pdl and not plain.late_trigger
     assert dataclasses.replace(dispatch_nvfp4.warp_mma_config("down", 1, 2048, 8192, True), **launch_ab.NO_PDL["warp_mma_down"])
+
+
+def test_outputs_are_compared_at_m_itself_not_an_eager_graph_bucket():
+    """The DIFFERS flag compares the variants with the module's eager graphs off (at M ≤ 64 a plain eager
+    call would replay a graph of a power-of-two bucket of rows, 48 as 64), and leaves them as they were."""
+    import torch
+    from swiglu_fused import eager_graphs
+
+    before = eager_graphs.ENABLED
+    seen = []
+
+    def variant(offset):
+        def forward(x):
+            seen.append(eager_graphs.ENABLED)
+            return x + offset
+        return forward
+    layer = {"shipped": variant(0), "set1": variant(0), "set2": variant(1)}
+    same = launch_ab.same_as_shipped(layer, ("shipped", "set1", "set2"), torch.ones(48, 8))
+    assert same == {"set1": True, "set2": False} and seen == [False] * 3 and eager_graphs.ENABLED == before
