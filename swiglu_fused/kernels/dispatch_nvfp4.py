@@ -134,7 +134,7 @@ def _nvfp4_narrow_down(tile, m, n, k, sms, constants):
 # in groups of g = ceil(sqrt(n)) it reads g + ceil(n / g) + 1 for a second arrival, FIXUP_ARRIVAL_US (its stores
 # drained, the atomic, two barriers). Fitted on the H200 to the MLP at 30 points (six narrow widths, M = 48-256,
 # n = 9-32, partials of 49-131 KB), then the arrival lowered from 2.8 to 1.8 µs once a grouped launch no longer paid
-# a memset for its counters (schedule.COUNTER_WORDS): 4-34 % faster where it fires, no measured point slower
+# a memset for its counters (schedule.COUNTER_WORDS): 1-34 % faster where it fires, no measured point slower
 # (history/nvfp4.md v50). Only down: gate_up's N is 2I, so where served widths split its tiles it is 4-8 ways.
 # False: never (what launch_ab compares)
 FIXUP_GROUPS = True
