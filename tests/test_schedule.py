@@ -1098,14 +1098,15 @@ def test_nvfp4_prefill_gate_up_on_cublas_where_predicted_faster(m, hidden, inter
 
 def test_narrow_down_takes_the_128_row_tile_at_97_to_128_rows(monkeypatch):
     """D69: nvfp4's down at 97-128 rows (one M tile of 112 or 128 tokens) runs D67's 224-token 128-row tile where
-    schedule.nvfp4_swap_us predicts it at most NVFP4_HALF_ROWS_DOWN_GAIN (0.8) of the one tile's time: narrow H,
-    whose few 256-row tiles split K many ways (2048×8192, 1024×8192, 2048×5632, 4096×2048: the MLP 3-42 % faster on
-    the H200), not 4096×14336 nor 3072×8192 (predicted 0.84-0.87; measured 4 % slower at M = 100); gate_up, and a
-    call without the SMs (a CPU tensor's config), as before."""
+    schedule.nvfp4_swap_us predicts it at most NVFP4_HALF_ROWS_DOWN_GAIN of the one tile's time: narrow H, whose few
+    256-row tiles split K many ways (2048×8192, 1024×8192, 2048×5632, 4096×2048: the MLP 3-42 % faster on the H200),
+    not 4096×14336 nor 3072×8192 (measured 4 % slower at M = 100); gate_up, and a call without the SMs (a CPU
+    tensor's config), as before. Since D71's fix-up model (gain 1.0) 2048×8192 at 97-105 rows takes the 112-token
+    tile (4 % faster than the 224-token one at M = 97 and 105), at 113-128 still the 224-token one (3 % faster)."""
     from swiglu_fused.kernels.sm90.tile_config import DownConfig
 
     tile = dispatch_nvfp4.nvfp4_tile_for
-    assert [tile(m, "down", True, (2048, 8192, 132))["tile_m"] for m in (96, 97, 128)] == [96, 224, 224]
+    assert [tile(m, "down", True, (2048, 8192, 132))["tile_m"] for m in (96, 97, 105, 113, 128)] == [96, 112, 112, 224, 224]
     assert tile(112, "down", True, (1024, 8192, 132))["tile_m"] == tile(100, "down", True, (4096, 2048, 132))["tile_m"] == 224
     assert tile(128, "down", True, (4096, 14336, 132))["tile_m"] == tile(128, "down", True, (3072, 8192, 132))["tile_m"] == 128
     assert tile(128, "gate_up", True, (16384, 2048, 132))["tile_m"] == tile(128, "down", True)["tile_m"] == 128
@@ -1114,6 +1115,10 @@ def test_narrow_down_takes_the_128_row_tile_at_97_to_128_rows(monkeypatch):
     assert cfg.nvfp4_half_rows and cfg.rs_decode and cfg in dispatch.down_shipped()
     monkeypatch.setattr(dispatch_nvfp4, "NVFP4_HALF_ROWS_DOWN_MIN_M", 129)
     assert tile(128, "down", True, (2048, 8192, 132))["tile_m"] == 128
+    monkeypatch.setattr(dispatch_nvfp4, "NVFP4_HALF_ROWS_DOWN_MIN_M", 97)
+    monkeypatch.setattr(g, "NVFP4_SPLIT_FIXUP", False)
+    monkeypatch.setattr(dispatch_nvfp4, "NVFP4_HALF_ROWS_DOWN_GAIN", 0.8)  # (D69 as it shipped)
+    assert tile(97, "down", True, (2048, 8192, 132))["tile_m"] == 224
 
 
 def test_down_sums_partials_in_groups_where_predicted_faster(monkeypatch):
@@ -1142,3 +1147,30 @@ def test_down_sums_partials_in_groups_where_predicted_faster(monkeypatch):
     assert not pick("down", 48, 1024, 8192).fixup_groups
     assert [math.isqrt(n - 1) + 1 for n in (2, 4, 5, 9, 11, 16, 17, 32)] == [2, 2, 3, 3, 4, 4, 5, 6]
     assert dispatch_nvfp4.fixup_groups_gain_us(16, 4 * 48 * 256) > 0 > dispatch_nvfp4.fixup_groups_gain_us(13, 4 * 48 * 256)
+
+
+def test_down_tiles_by_the_split_fixup_as_measured(monkeypatch):
+    """D71: schedule.nvfp4_swap_us prices plan()'s split of down's tiles as split_fixup_us (the partials' stores,
+    the arrival, the last CTA's reads in one or two levels), so that nvfp4_tiling picks what the H200 measured
+    faster (the MLP, launch_ab): at 161-185 rows two 96-token tiles, not one of 224 (2-7 %), 1024×8192 M = 489 four
+    of 256, 1536×8960 M = 777 seven of 112, 2048×8192 M = 753 four of 224 (2-6 %), and not 4096×14336 /
+    8192×3584 M = 153 on one 160-token tile (5 % slower than two of 80); gate_up keeps FIXUP_US; the picked configs
+    are shipped; NVFP4_SPLIT_FIXUP = False gives the picks before."""
+    from swiglu_fused.kernels.sm90.tile_config import DownConfig
+
+    def tokens(m, h, i, op="down"):
+        n, k = (h, i) if op == "down" else (2 * i, h)
+        return dispatch_nvfp4.nvfp4_tile_for(m, op, True, (n, k, 132))["tile_m"]
+
+    measured = {(177, 1024, 8192): 96, (169, 2048, 8192): 96, (177, 4096, 14336): 96, (489, 1024, 8192): 256,
+                (777, 1536, 8960): 112, (753, 2048, 8192): 224, (153, 4096, 14336): 80, (153, 8192, 3584): 80}
+    assert {key: tokens(*key) for key in measured} == measured
+    for m, h, i in measured:
+        cfg = DownConfig(mainloop=tile_config.NVFP4_MAINLOOP, tile_major=True,
+                         **dispatch_nvfp4.nvfp4_tile_for(m, "down", True, (h, i, 132)))
+        assert dispatch_nvfp4.with_fixup_groups(cfg, m, h, i, 132) in dispatch.down_shipped()
+    gate_up = [tokens(m, h, i, "gate_up") for m, h, i in ((145, 2560, 6912), (145, 3072, 8192), (273, 2048, 4096))]
+    assert g.split_fixup_us(16, 4 * 224 * 128, True, 128) < g.split_fixup_us(16, 4 * 224 * 128, False, 128)
+    monkeypatch.setattr(g, "NVFP4_SPLIT_FIXUP", False)
+    assert [tokens(m, h, i) for m, h, i in ((177, 1024, 8192), (489, 1024, 8192), (153, 4096, 14336))] == [224, 224, 80]
+    assert [tokens(m, h, i, "gate_up") for m, h, i in ((145, 2560, 6912), (145, 3072, 8192), (273, 2048, 4096))] == gate_up

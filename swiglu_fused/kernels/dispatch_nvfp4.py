@@ -45,9 +45,9 @@ NVFP4_SWAP_TILES = {  # (tokens, stages, decode buffers[, fixup_unroll])
 }
 # down at 97-128 rows (one M tile of 112 or 128 tokens): the 224-token 128-row tile where the model predicts it
 # at most NVFP4_HALF_ROWS_DOWN_GAIN of the one tile's time (narrow H: e.g. 2048×8192, whose 8 tiles of 256 rows
-# split K 16 ways; D69)
+# split K 16 ways; D69). 0.8 with the fix-up as FIXUP_US; 1.0 (no margin) since D71's refit of it
 NVFP4_HALF_ROWS_DOWN_MIN_M = 97
-NVFP4_HALF_ROWS_DOWN_GAIN = 0.8
+NVFP4_HALF_ROWS_DOWN_GAIN = 1.0
 # the ops whose 128-row tiles nvfp4_tiling weighs (launch_ab compares others: "dispatch_nvfp4.NVFP4_HALF_ROWS=('down',)")
 NVFP4_HALF_ROWS = ("gate_up", "down")
 # Up to NVFP4_EVEN_MAX rows one M tile, the smallest that holds them. Above, M tiles of equal size, each
@@ -110,7 +110,8 @@ def _nvfp4_narrow_down_tile(tile: tuple, m: int, n: int, k: int, sms: int) -> tu
 
     constants = (NVFP4_HALF_ROWS_DOWN_GAIN, tuple(NVFP4_SWAP_TILES["down"]), NVFP4_RS_TOKENS, NVFP4_FULL_REGS_TOKENS,
                  NVFP4_PREFETCH_TOKENS, sch.NVFP4_HALF_ROWS_BASE, sch.NVFP4_TILE_BASE, sch.NVFP4_ITER_US,
-                 sch.NVFP4_FIXUP_US, sch.NVFP4_HYBRID_MIN_GAIN, sch.NVFP4_HYBRID_TOKENS, sch.FIXUP_US)
+                 sch.NVFP4_FIXUP_US, sch.NVFP4_HYBRID_MIN_GAIN, sch.NVFP4_HYBRID_TOKENS, sch.FIXUP_US,
+                 _split_fixup_constants())
     return _nvfp4_narrow_down(tile, m, n, k, sms, constants)
 
 
@@ -124,29 +125,31 @@ def _nvfp4_narrow_down(tile, m, n, k, sms, constants):
 
     def us(t):
         cfg = DownConfig(mainloop=NVFP4_MAINLOOP, tile_major=True, **_nvfp4_rs(_nvfp4_tile(t), True))
-        return nvfp4_swap_us(cfg, m, n, k, sms)
+        return nvfp4_swap_us(with_fixup_groups(cfg, m, n, k, sms), m, n, k, sms)
 
     return half if us(half) <= NVFP4_HALF_ROWS_DOWN_GAIN * us(tile) else tile
 
 
-# down's stream-K fix-up in two levels (TileConfig.fixup_groups) where predicted faster (DISPATCH D70): the last
-# CTA of a tile split n ways over K reads the n partials through its SM's L2 port at FIXUP_PARTIAL_BYTES_PER_US;
-# in groups of g = ceil(sqrt(n)) it reads g + ceil(n / g) + 1 for a second arrival, FIXUP_ARRIVAL_US (its stores
-# drained, the atomic, two barriers). Fitted on the H200 to the MLP at 30 points (six narrow widths, M = 48-256,
-# n = 9-32, partials of 49-131 KB), then the arrival lowered from 2.8 to 1.8 µs once a grouped launch no longer paid
-# a memset for its counters (schedule.COUNTER_WORDS): 1-34 % faster where it fires, no measured point slower
-# (history/nvfp4.md v50). Only down: gate_up's N is 2I, so where served widths split its tiles it is 4-8 ways.
-# False: never (what launch_ab compares)
+# down's stream-K fix-up in two levels (TileConfig.fixup_groups) where schedule.split_fixup_us predicts it faster
+# (DISPATCH D70): g + ceil(n / g) + 1 partials' reads for a second arrival, not n. 1-34 % faster where it fires,
+# no measured point slower (history/nvfp4.md v50). Only down: gate_up's N is 2I, so where served widths split its
+# tiles it is 4-8 ways. False: never (what launch_ab compares)
 FIXUP_GROUPS = True
-FIXUP_PARTIAL_BYTES_PER_US = 1.25e5
-FIXUP_ARRIVAL_US = 1.8
 
 
 def with_fixup_groups(config, m: int, n: int, k: int, sms: int):
     """``config`` (a W4A16 swap-AB tile of an nvfp4 op of M rows, N weight rows, K columns on ``sms``
     SMs) with fixup_groups where its schedule splits every tile over K and fixup_groups_gain_us predicts
     a gain (down only)."""
-    return _with_fixup_groups(config, m, n, k, sms, (FIXUP_GROUPS, FIXUP_PARTIAL_BYTES_PER_US, FIXUP_ARRIVAL_US))
+    return _with_fixup_groups(config, m, n, k, sms, _split_fixup_constants())
+
+
+def _split_fixup_constants() -> tuple:
+    """What with_fixup_groups and schedule.nvfp4_swap_us read of the fix-up's model (for the callers' cache keys)."""
+    from .sm90 import schedule as sch
+
+    return (FIXUP_GROUPS, sch.NVFP4_SPLIT_FIXUP, sch.NVFP4_SPLIT_ARRIVAL_US, sch.FIXUP_PARTIAL_BYTES_PER_US,
+            sch.FIXUP_ARRIVAL_US, sch.NVFP4_PARTIAL_STORE_BYTES_PER_US, sch.NVFP4_SPLIT_FIXUP_EPILOGUES)
 
 
 @functools.lru_cache(maxsize=4096)  # (eager decode asks it every call)
@@ -165,8 +168,9 @@ def _with_fixup_groups(config, m, n, k, sms, constants):
 
 def fixup_groups_gain_us(split: int, partial_bytes: int) -> float:
     """The predicted µs fixup_groups takes off a tile's fix-up over ``split`` CTAs (partials of ``partial_bytes``)."""
-    g = math.isqrt(split - 1) + 1  # ceil(sqrt(split)), as the kernel's
-    return (split - g - cdiv(split, g) - 1) * partial_bytes / FIXUP_PARTIAL_BYTES_PER_US - FIXUP_ARRIVAL_US
+    from .sm90.schedule import split_fixup_us
+
+    return split_fixup_us(split, partial_bytes, False) - split_fixup_us(split, partial_bytes, True)
 
 
 def _nvfp4_share_tile(op: str, share: int, half_rows: bool = False) -> tuple:
@@ -187,7 +191,7 @@ def nvfp4_tiling(op: str, m: int, n: int, k: int, sms: int) -> tuple:
                  NVFP4_FULL_REGS_TOKENS, NVFP4_PREFETCH_TOKENS, NVFP4_HALF_ROWS, sch.NVFP4_HALF_ROWS_BASE,
                  sch.NVFP4_HALF_ROWS_GATE_UP_BASE,
                  sch.NVFP4_TILE_BASE, sch.NVFP4_SMEM_DECODE_COST, sch.NVFP4_ITER_US, sch.NVFP4_FIXUP_US,
-                 sch.NVFP4_HYBRID_MIN_GAIN, sch.NVFP4_HYBRID_TOKENS, sch.FIXUP_US)
+                 sch.NVFP4_HYBRID_MIN_GAIN, sch.NVFP4_HYBRID_TOKENS, sch.FIXUP_US, _split_fixup_constants())
     return _nvfp4_tiling(op, m, n, k, sms, constants)
 
 
@@ -207,7 +211,7 @@ def _nvfp4_tiling(op, m, n, k, sms, constants):
 
     def us(tile):
         cfg = cls(mainloop=NVFP4_MAINLOOP, tile_major=True, **_nvfp4_rs(_nvfp4_tile(tile), True), **kw)
-        return nvfp4_swap_us(cfg, m, n, k, sms)
+        return nvfp4_swap_us(with_fixup_groups(cfg, m, n, k, sms), m, n, k, sms)  # (down's as dispatched)
 
     return min(sorted(tiles), key=us)
 

@@ -695,12 +695,12 @@ def test_half_row_gate_up_tile_against_the_reference(hidden, inter, m, tokens):
     assert torch.equal(h_rs, nvfp4_layout.rs_k_order(h))
 
 
-@pytest.mark.parametrize("hidden,inter,m", [(2048, 8192, 97), (2048, 8192, 128), (1024, 8192, 112),
+@pytest.mark.parametrize("hidden,inter,m", [(2048, 8192, 113), (2048, 8192, 128), (1024, 8192, 112),
                                            (4096, 2048, 100), (4096, 14336, 128)])
 def test_narrow_down_at_97_to_128_rows(hidden, inter, m):
-    """D69: down at 97-128 rows runs the 224-token 128-row tile where the model predicts it at most 0.8 of the one
-    M tile's time (narrow H; not 4096×14336): y (with a residual) from the dispatched config within bf16
-    rounding of the reference, outputs poisoned first."""
+    """D69: down at 97-128 rows runs the 224-token 128-row tile where the model predicts it no slower than the one
+    M tile (narrow H; not 4096×14336; 2048×8192 from 113 rows since D71): y (with a residual) from the dispatched
+    config within bf16 rounding of the reference, outputs poisoned first."""
     from swiglu_fused.kernels import nvfp4_layout
     from swiglu_fused.kernels.sm90 import down as kd
 
@@ -708,6 +708,23 @@ def test_narrow_down_at_97_to_128_rows(hidden, inter, m):
     res = torch.randn(m, hidden, device="cuda").to(torch.bfloat16)
     dcfg = dispatch.down_config(hd, wd, wsd, None, res, torch.bfloat16, True)
     assert dcfg.nvfp4_half_rows == (hidden != 4096 or inter == 2048) and dcfg in dispatch.down_shipped()
+    y = torch.full((m, hidden), float("nan"), dtype=torch.bfloat16, device="cuda")
+    kd.down(dcfg, hd, *nvfp4_layout.to_tile_major(wd, wsd), None, res, gsd, out=y, tile_major=True)
+    assert_bf16_close(y, reference.down(hd, wd, wsd, None, gsd, residual=res), TOL)
+
+
+@pytest.mark.parametrize("hidden,inter,m,tokens", [(1024, 8192, 177, 96), (2048, 8192, 105, 112), (1024, 8192, 489, 256),
+                                                  (1536, 8960, 777, 112), (2048, 8192, 753, 224), (8192, 3584, 137, 80)])
+def test_down_tiles_of_the_split_fixup_model(hidden, inter, m, tokens):
+    """D71: the down tiles nvfp4_swap_us's refitted fix-up picks (several split over K, some summed in two levels):
+    y (with a residual) from the dispatched config within bf16 rounding of the reference, outputs poisoned first."""
+    from swiglu_fused.kernels import nvfp4_layout
+    from swiglu_fused.kernels.sm90 import down as kd
+
+    hd, wd, wsd, gsd = down_operands(m, hidden, inter, seed=m + 171)
+    res = torch.randn(m, hidden, device="cuda").to(torch.bfloat16)
+    dcfg = dispatch.down_config(hd, wd, wsd, None, res, torch.bfloat16, True)
+    assert dcfg.tile_m == tokens and dcfg in dispatch.down_shipped()
     y = torch.full((m, hidden), float("nan"), dtype=torch.bfloat16, device="cuda")
     kd.down(dcfg, hd, *nvfp4_layout.to_tile_major(wd, wsd), None, res, gsd, out=y, tile_major=True)
     assert_bf16_close(y, reference.down(hd, wd, wsd, None, gsd, residual=res), TOL)

@@ -4,6 +4,7 @@ kernel (Int32) and on the host (int, tests)."""
 
 from __future__ import annotations
 
+import math
 import threading
 
 import cutlass
@@ -58,6 +59,23 @@ NVFP4_ITER_US = 0.85  # a 128-token tile's k tile (64 columns) a CTA, in full wa
 NVFP4_FIXUP_US = 15.0  # what the hybrid's stream-K part costs over its even share of k tiles
 NVFP4_HYBRID_MIN_GAIN = 1.05
 NVFP4_HYBRID_TOKENS = (32, 48, 64, 80, 96, 112, 128, 144, 160)  # the swap-AB tiles (tokens) that run it (D61-D64)
+# plan()'s split of down's nvfp4 swap-AB tile over K, as nvfp4_swap_us prices it since DISPATCH D71 (split_fixup_us):
+# every CTA stores its fp32 partial, all at once through L2 (ctas · bytes at NVFP4_PARTIAL_STORE_BYTES_PER_US); the
+# last CTA of a tile split n ways arrives (NVFP4_SPLIT_ARRIVAL_US: its stores drained, the atomic, two barriers) and
+# reads the n partials through its SM's L2 port at FIXUP_PARTIAL_BYTES_PER_US; in two levels (TileConfig.fixup_groups,
+# D70) groups of g = ceil(sqrt(n)) make it g + ceil(n / g) + 1 reads for a second arrival, FIXUP_ARRIVAL_US.
+# The reads and arrivals fitted on the H200 to the MLP at 30 points (six narrow widths, M = 48-256, n = 9-32, partials
+# of 49-131 KB; history/nvfp4.md v50), the second arrival 1.8 µs once a grouped launch paid no memset for its
+# counters; the stores' rate to which tile runs faster at 44 points (D71, v51: 2.2e6-2.8e6 pick all 44 right; without
+# the stores 8 wrong, with FIXUP_US 21), the arrival cancels there. Only for the epilogues in
+# NVFP4_SPLIT_FIXUP_EPILOGUES: down's ("linear"); gate_up ("gated") keeps FIXUP_US (run 1 of v51: its picks moved by
+# D70's reads alone were 5-9 % slower). False: FIXUP_US for down too, groups or not (before D71; launch_ab compares)
+NVFP4_SPLIT_FIXUP = True
+NVFP4_SPLIT_FIXUP_EPILOGUES = ("linear",)
+NVFP4_SPLIT_ARRIVAL_US = 2.8
+NVFP4_PARTIAL_STORE_BYTES_PER_US = 2.5e6
+FIXUP_PARTIAL_BYTES_PER_US = 1.25e5
+FIXUP_ARRIVAL_US = 1.8
 # nvfp4_swap_us: a swap-AB tile's k tile costs as NVFP4_TILE_BASE + its tokens (fitted on the H200, the
 # MLP at 80-160 tokens in one M tile, 4096×14336 and 8192×3584 alike: the decode's share, as tokens of
 # MMA), a tile decoding into smem NVFP4_SMEM_DECODE_COST times one decoding into registers (gate_up's
@@ -226,8 +244,22 @@ def nvfp4_swap_us(config: TileConfig, m: int, n: int, k: int, sms: int) -> float
         return cdiv(tiles, ctas) * k_tiles * it
     if ctas > tiles:  # (plan(): every tile split over ctas / tiles CTAs)
         split = ctas // tiles
-        return cdiv(k_tiles, split) * it + FIXUP_US[0] + FIXUP_US[1] * split
+        if not NVFP4_SPLIT_FIXUP or config.epilogue not in NVFP4_SPLIT_FIXUP_EPILOGUES:
+            return cdiv(k_tiles, split) * it + FIXUP_US[0] + FIXUP_US[1] * split
+        partial = 4 * config.tile_m * config.tile_n
+        return cdiv(k_tiles, split) * it + split_fixup_us(split, partial, config.fixup_groups, ctas)
     return ((tiles - sk_tiles) // ctas * k_tiles + cdiv(sk_tiles * k_tiles, ctas)) * it + NVFP4_FIXUP_US
+
+
+def split_fixup_us(split: int, partial_bytes: int, groups: bool, ctas: int = 0) -> float:
+    """The predicted µs of the fix-up of a tile split ``split`` ways over K (fp32 partials of ``partial_bytes``)
+    by ``ctas`` CTAs in all, summed in one level or, where ``groups``, two (above)."""
+    stores = ctas * partial_bytes / NVFP4_PARTIAL_STORE_BYTES_PER_US
+    if not groups:
+        return NVFP4_SPLIT_ARRIVAL_US + stores + split * partial_bytes / FIXUP_PARTIAL_BYTES_PER_US
+    g = math.isqrt(split - 1) + 1  # ceil(sqrt(split)), as the kernel's
+    reads = g + cdiv(split, g) + 1
+    return NVFP4_SPLIT_ARRIVAL_US + stores + FIXUP_ARRIVAL_US + reads * partial_bytes / FIXUP_PARTIAL_BYTES_PER_US
 
 
 def _max_sk_grid_m(config: TileConfig) -> int:
