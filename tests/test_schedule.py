@@ -1149,14 +1149,15 @@ def test_down_sums_partials_in_groups_where_predicted_faster(monkeypatch):
     assert dispatch_nvfp4.fixup_groups_gain_us(16, 4 * 48 * 256) > 0 > dispatch_nvfp4.fixup_groups_gain_us(13, 4 * 48 * 256)
 
 
-def test_down_tiles_by_the_split_fixup_as_measured(monkeypatch):
-    """D71: schedule.nvfp4_swap_us prices plan()'s split of down's tiles as split_fixup_us (the partials' stores,
+def test_nvfp4_tiles_by_the_split_fixup_as_measured(monkeypatch):
+    """D71: schedule.nvfp4_swap_us prices plan()'s split of either op's tiles as split_fixup_us (the partials' stores,
     the arrival, the last CTA's reads in one or two levels), so that nvfp4_tiling picks what the H200 measured
     faster (the MLP, launch_ab): at 161-185 rows two 96-token tiles, not one of 224 (2-7 %), 1024×8192 M = 489 four
     of 256, 1536×8960 M = 777 seven of 112, 2048×8192 M = 753 four of 224 (2-6 %), and not 4096×14336 /
-    8192×3584 M = 153 on one 160-token tile (5 % slower than two of 80); gate_up keeps FIXUP_US; the picked configs
-    are shipped; NVFP4_SPLIT_FIXUP = False gives the picks before."""
-    from swiglu_fused.kernels.sm90.tile_config import DownConfig
+    8192×3584 M = 153 on one 160-token tile (5 % slower than two of 80); gate_up's at 2048×4096 M = 297 three of 112,
+    not two of 160 (9 % faster), at 3072×8192 M = 131 two of 80, not one of 144 (3.5 %); the picked configs are
+    shipped; NVFP4_SPLIT_FIXUP = False gives the picks before."""
+    from swiglu_fused.kernels.sm90.tile_config import DownConfig, GateUpConfig
 
     def tokens(m, h, i, op="down"):
         n, k = (h, i) if op == "down" else (2 * i, h)
@@ -1169,8 +1170,12 @@ def test_down_tiles_by_the_split_fixup_as_measured(monkeypatch):
         cfg = DownConfig(mainloop=tile_config.NVFP4_MAINLOOP, tile_major=True,
                          **dispatch_nvfp4.nvfp4_tile_for(m, "down", True, (h, i, 132)))
         assert dispatch_nvfp4.with_fixup_groups(cfg, m, h, i, 132) in dispatch.down_shipped()
-    gate_up = [tokens(m, h, i, "gate_up") for m, h, i in ((145, 2560, 6912), (145, 3072, 8192), (273, 2048, 4096))]
+    gate_up = ((297, 2048, 4096), (131, 3072, 8192), (145, 2560, 6912), (273, 2048, 4096))
+    assert [tokens(m, h, i, "gate_up") for m, h, i in gate_up] == [112, 80, 80, 96]
+    fields = dispatch_nvfp4.nvfp4_tile_for(297, "gate_up", True, (8192, 2048, 132))
+    assert GateUpConfig(mainloop=tile_config.NVFP4_MAINLOOP, tile_major=True, h_format="bf16",
+                        **fields) in dispatch.gate_up_shipped()
     assert g.split_fixup_us(16, 4 * 224 * 128, True, 128) < g.split_fixup_us(16, 4 * 224 * 128, False, 128)
     monkeypatch.setattr(g, "NVFP4_SPLIT_FIXUP", False)
     assert [tokens(m, h, i) for m, h, i in ((177, 1024, 8192), (489, 1024, 8192), (153, 4096, 14336))] == [224, 224, 80]
-    assert [tokens(m, h, i, "gate_up") for m, h, i in ((145, 2560, 6912), (145, 3072, 8192), (273, 2048, 4096))] == gate_up
+    assert [tokens(m, h, i, "gate_up") for m, h, i in gate_up] == [160, 144, 80, 96]

@@ -59,7 +59,7 @@ NVFP4_ITER_US = 0.85  # a 128-token tile's k tile (64 columns) a CTA, in full wa
 NVFP4_FIXUP_US = 15.0  # what the hybrid's stream-K part costs over its even share of k tiles
 NVFP4_HYBRID_MIN_GAIN = 1.05
 NVFP4_HYBRID_TOKENS = (32, 48, 64, 80, 96, 112, 128, 144, 160)  # the swap-AB tiles (tokens) that run it (D61-D64)
-# plan()'s split of down's nvfp4 swap-AB tile over K, as nvfp4_swap_us prices it since DISPATCH D71 (split_fixup_us):
+# plan()'s split of an nvfp4 swap-AB tile over K, as nvfp4_swap_us prices it since DISPATCH D71 (split_fixup_us):
 # every CTA stores its fp32 partial, all at once through L2 (ctas · bytes at NVFP4_PARTIAL_STORE_BYTES_PER_US); the
 # last CTA of a tile split n ways arrives (NVFP4_SPLIT_ARRIVAL_US: its stores drained, the atomic, two barriers) and
 # reads the n partials through its SM's L2 port at FIXUP_PARTIAL_BYTES_PER_US; in two levels (TileConfig.fixup_groups,
@@ -67,11 +67,12 @@ NVFP4_HYBRID_TOKENS = (32, 48, 64, 80, 96, 112, 128, 144, 160)  # the swap-AB ti
 # The reads and arrivals fitted on the H200 to the MLP at 30 points (six narrow widths, M = 48-256, n = 9-32, partials
 # of 49-131 KB; history/nvfp4.md v50), the second arrival 1.8 µs once a grouped launch paid no memset for its
 # counters; the stores' rate to which tile runs faster at 44 points (D71, v51: 2.2e6-2.8e6 pick all 44 right; without
-# the stores 8 wrong, with FIXUP_US 21), the arrival cancels there. Only for the epilogues in
-# NVFP4_SPLIT_FIXUP_EPILOGUES: down's ("linear"); gate_up ("gated") keeps FIXUP_US (run 1 of v51: its picks moved by
-# D70's reads alone were 5-9 % slower). False: FIXUP_US for down too, groups or not (before D71; launch_ab compares)
+# the stores 8 wrong, with FIXUP_US 21), the arrival cancels there. For the ops whose epilogues
+# NVFP4_SPLIT_FIXUP_EPILOGUES holds: down ("linear") and gate_up ("gated"; D70's reads alone had moved its picks to
+# slower tiles, 5-9 %; with the stores it moves 48 of 15744, 3-9 % faster where measured, v51 run 4). False: FIXUP_US
+# for both, groups or not (before D71; launch_ab compares)
 NVFP4_SPLIT_FIXUP = True
-NVFP4_SPLIT_FIXUP_EPILOGUES = ("linear",)
+NVFP4_SPLIT_FIXUP_EPILOGUES = ("linear", "gated")
 NVFP4_SPLIT_ARRIVAL_US = 2.8
 NVFP4_PARTIAL_STORE_BYTES_PER_US = 2.5e6
 FIXUP_PARTIAL_BYTES_PER_US = 1.25e5
