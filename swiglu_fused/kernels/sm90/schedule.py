@@ -256,11 +256,11 @@ def split_fixup_us(split: int, partial_bytes: int, groups: bool, ctas: int = 0) 
     """The predicted µs of the fix-up of a tile split ``split`` ways over K (fp32 partials of ``partial_bytes``)
     by ``ctas`` CTAs in all, summed in one level or, where ``groups``, two (above)."""
     stores = ctas * partial_bytes / NVFP4_PARTIAL_STORE_BYTES_PER_US
-    if not groups:
-        return NVFP4_SPLIT_ARRIVAL_US + stores + split * partial_bytes / FIXUP_PARTIAL_BYTES_PER_US
-    g = math.isqrt(split - 1) + 1  # ceil(sqrt(split)), as the kernel's
-    reads = g + cdiv(split, g) + 1
-    return NVFP4_SPLIT_ARRIVAL_US + stores + FIXUP_ARRIVAL_US + reads * partial_bytes / FIXUP_PARTIAL_BYTES_PER_US
+    reads, second_arrival = split, 0.0
+    if groups:
+        g = math.isqrt(split - 1) + 1  # ceil(sqrt(split)), as the kernel's
+        reads, second_arrival = g + cdiv(split, g) + 1, FIXUP_ARRIVAL_US
+    return NVFP4_SPLIT_ARRIVAL_US + stores + second_arrival + reads * partial_bytes / FIXUP_PARTIAL_BYTES_PER_US
 
 
 def _max_sk_grid_m(config: TileConfig) -> int:
