@@ -379,7 +379,6 @@ def test_nvfp4_configs_decode_buffers(monkeypatch):
             # (D65: ptxas keeps the 48-96-token tiles' register split; D66: the 64-160-token tiles prefetch)
             assert gcfg.ctas_per_sm == dcfg.ctas_per_sm == (1 if gcfg.rs_decode and 48 <= tokens <= 96 else 0), m
             assert gcfg.rs_prefetch == dcfg.rs_prefetch == (gcfg.rs_decode and tokens >= 64), m
-            assert gcfg.x_gather == (gcfg.rs_decode and dispatch_nvfp4.NVFP4_X_GATHER) and not dcfg.x_gather, m
             assert gcfg in dispatch.gate_up_shipped() and dcfg in dispatch.down_shipped()
             h_rs = dataclasses.replace(gcfg, h_rs_order=True)
             assert (h_rs in dispatch.gate_up_shipped()) == gcfg.rs_decode, m
@@ -399,14 +398,6 @@ def test_nvfp4_configs_decode_buffers(monkeypatch):
         gate_up.GateUpConfig(tile_m=128, stages=4, mainloop="bf16", h_format="bf16", h_rs_order=True)
     with pytest.raises(ValueError, match="rs_prefetch"):
         down.DownConfig(mainloop="nvfp4", swap_ab=True, tile_m=128, tile_major=True, rs_prefetch=True)
-    rs = dict(mainloop="nvfp4", swap_ab=True, tile_m=128, tile_major=True, decode_buffers=1, h_format="bf16")
-    gate_up.GateUpConfig(rs_decode=True, x_gather=True, **rs)
-    for bad in (dict(rs_decode=False), dict(rs_decode=True, pdl=True)):
-        with pytest.raises(ValueError, match="x_gather"):
-            gate_up.GateUpConfig(x_gather=True, **{**rs, **bad})
-    with pytest.raises(ValueError, match="x_gather"):
-        down.DownConfig(mainloop="nvfp4", swap_ab=True, tile_m=128, tile_major=True, decode_buffers=1, rs_decode=True,
-                        x_gather=True)
 
 
 def test_l2_hints_go_to_the_weight_loads():

@@ -79,10 +79,6 @@ NVFP4_FULL_REGS_TOKENS = (48, 64, 80, 96)
 # (TileConfig.rs_prefetch): the MLP 1.5-4 % faster at M = 96-128 and 2-8 % at 1024, level at 64, but the
 # 48-token tile 1.5-6 % slower (D66)
 NVFP4_PREFETCH_TOKENS = (64, 80, 96, 112, 128, 144, 160, *NVFP4_HALF_ROWS_TOKENS)
-# gate_up's rs_decode tiles gathering x into that k order themselves (TileConfig.x_gather: the producer
-# warpgroup's cp.async), instead of a copy of x a call in front of them. Built and compile-checked; False (the
-# copy) until measured on the GPU (history/nvfp4.md v52)
-NVFP4_X_GATHER = False
 
 
 def nvfp4_dequantizes(m: int) -> bool:
@@ -99,16 +95,11 @@ def nvfp4_tile_for(m: int, op: str = "gate_up", tile_major: bool = False,
     past NVFP4_EVEN_MAX rows nvfp4_tiling picks (D64) where the register-sourced decode runs (the
     144- and 160-token tiles decode into registers only: two smem buffers leave no room for 4 stages)."""
     if shape and NVFP4_TILE_MODEL and m > NVFP4_EVEN_MAX and NVFP4_RS and tile_major:
-        return _x_gather(op, _nvfp4_rs(_nvfp4_tile(nvfp4_tiling(op, m, *shape)), tile_major))
+        return _nvfp4_rs(_nvfp4_tile(nvfp4_tiling(op, m, *shape)), tile_major)
     tile = _nvfp4_share_tile(op, cdiv(m, cdiv(m, NVFP4_EVEN_MAX)))
     if shape and NVFP4_TILE_MODEL and NVFP4_RS and tile_major and op == "down" and m >= NVFP4_HALF_ROWS_DOWN_MIN_M:
         tile = _nvfp4_narrow_down_tile(tile, m, *shape)
-    return _x_gather(op, _nvfp4_rs(_nvfp4_tile(tile), tile_major))
-
-
-def _x_gather(op: str, fields: dict) -> dict:
-    """A tile's fields with x_gather where NVFP4_X_GATHER takes it: gate_up's rs_decode tiles."""
-    return {**fields, "x_gather": True} if NVFP4_X_GATHER and op == "gate_up" and fields.get("rs_decode") else fields
+    return _nvfp4_rs(_nvfp4_tile(tile), tile_major)
 
 
 def _nvfp4_narrow_down_tile(tile: tuple, m: int, n: int, k: int, sms: int) -> tuple:
@@ -423,8 +414,6 @@ def nvfp4_shipped(config_cls, variants) -> list:
           for v in variants for tile in tiles if tile[0] in NVFP4_RS_TOKENS]
     wide = [c for c in w4a16 if c.tile_major and c.tile_m == NVFP4_WIDE_TILE[0]]
     h_rs = [dataclasses.replace(c, h_rs_order=True) for c in rs + wide] if clusters else []
-    # gate_up's rs_decode tiles gathering x themselves (_x_gather), h in either order
-    gather = [dataclasses.replace(c, x_gather=True) for c in rs + h_rs if c.rs_decode] if clusters else []
     # with_fixup_groups': down's tiles that stream-K splits
     groups = [dataclasses.replace(c, fixup_groups=True) for c in w4a16 + rs if not clusters and not c.whole_tiles]
-    return w4a16 + rs + h_rs + gather + groups
+    return w4a16 + rs + h_rs + groups

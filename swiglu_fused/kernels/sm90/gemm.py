@@ -202,7 +202,7 @@ class GemmKernel(ProducerMixin, MainloopMixin, Nvfp4Mixin, StreamKMixin, Epilogu
             b_op, mB, cute.slice_(self._w_smem_layout(b_box), (None, None, 0)), (b_box, self._w_tile_cols()),
             num_multicast=cfg.cluster_m,
         )
-        tma_o, mO_tma = tma_a, mA  # (placeholders: the kernel reads them only with h_tma_store; x_gather: mA)
+        tma_o, mO_tma = tma_a, mA  # (placeholders: the kernel reads them only with h_tma_store)
         if cutlass.const_expr(self._prefetches_weights()):  # (no h TMA store with nvfp4)
             mO_tma = mB  # the raw weight, whose k tiles _prefetch_weights_early names by address
         if cutlass.const_expr(cfg.h_tma_store):
@@ -391,8 +391,6 @@ class GemmKernel(ProducerMixin, MainloopMixin, Nvfp4Mixin, StreamKMixin, Epilogu
             cute.arch.setmaxregister_decrease(self.producer_regs)
             if warp_idx == 0:
                 self._produce(mainloop, loads, sched, gmem, storage)
-            elif cutlass.const_expr(self.cfg.x_gather):  # the other three gather their rows of x
-                self._gather_segments(mainloop, sched, gmem, storage, warp_idx)
         else:
             # ---------------- consumer warpgroups: wgmma, promotion, epilogue
             cute.arch.setmaxregister_increase(self.consumer_regs)

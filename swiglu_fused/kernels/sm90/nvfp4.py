@@ -41,8 +41,7 @@ the wgmma's A layout holds rows g and g + 8 of each of its 64-row blocks; thread
 tile (words 2q and 2q + 1: one 8-byte shared load a row, one scale), pair j of word 2q + c going
 to k step j, column half c of its A fragment, and the wgmma reads A from those registers. k
 position 16j + 8c + 2q + e of the tile then holds column 16q + 8c + 2j + e, so the activations
-come in that order (nvfp4_layout.rs_k_order; the launchers copy x, or with TileConfig.x_gather gate_up's
-producer warpgroup gathers x into each stage so (_gather_x); gate_up writes h so). gate_up's
+come in that order (nvfp4_layout.rs_k_order; the launchers copy x, gate_up writes h so). gate_up's
 128-row tiles (TileConfig.half_row_pairs) decode a gate row as row g and its up row as g + 8
 (_pair_of, _rs_address), so that act(gate) · up pairs accumulator values in the thread. Per k
 tile: wait for the stage, decode, issue, wait for the chain (the other warpgroup's chain runs
@@ -65,9 +64,9 @@ import cutlass.cute as cute
 import cutlass.pipeline as pipeline
 from cutlass import Int32
 
-from .ptx import (DECODE_SHIFT, bulk_copy_g2s, bulk_prefetch_l2, cp_async_4, cp_async_arrive, cp_async_arrive_noinc,
-                  e2m1x2_to_bf16x2, e2m1x8_to_bf16x2x4, e4m3x2_to_bf16x2, e4m3x4_to_bf16x2, ld_shared_b32,
-                  ld_shared_v2, ld_shared_v4, prmt, st_shared_v4)
+from .ptx import (DECODE_SHIFT, bulk_copy_g2s, bulk_prefetch_l2, cp_async_4, cp_async_arrive, e2m1x2_to_bf16x2,
+                  e2m1x8_to_bf16x2x4, e4m3x2_to_bf16x2, e4m3x4_to_bf16x2, ld_shared_b32, ld_shared_v2, ld_shared_v4,
+                  prmt, st_shared_v4)
 from .tile_config import HALF_N
 
 # the decoded weight is the true one times 2^-UNSHIFT (ptx.e2m1x2_to_bf16x2): the accumulator is
@@ -154,45 +153,6 @@ class Nvfp4Mixin:
                 src = (mWS.iterator + cute.crd2idx((crd, kt), mWS.layout)).toint()
                 bulk_copy_g2s(dst, src, rows * 4, bar.toint())
                 dst += rows * 4
-
-    @cute.jit
-    def _gather_x(self, gmem, storage, tm, kt, warp, stage, bar):
-        """TileConfig.x_gather, producer warp ``warp`` (0-3), once the stage's slot is free: its rows 8i + 2·warp
-        + e (e = 0, 1) of M tile tm's k tile kt of x into the stage as the TMA box would land them in
-        nvfp4_layout.rs_k_order (128-byte rows, 16-byte chunk c of row r at chunk c ^ r % 8), by cp.async:
-        lane l copies word l of each row (from word 8q + 4c + j of the k tile, l = 8j + 4c + q), so a warp
-        instruction reads one 128-byte line and writes all 32 banks. Rows ≥ M read row M - 1 (their tokens'
-        outputs are never stored). Then each lane arrives on the stage's full barrier once its copies land
-        (its count holds the 128 producer threads: GemmKernel._prologue)."""
-        cfg = self.cfg
-        lane = cute.arch.lane_idx()
-        mX = gmem.mO_tma  # the raw activations (x_gather: GemmKernel.__call__)
-        row_bytes = cfg.tile_k * 2
-        col = kt * cfg.tile_k + 2 * (8 * (lane % 4) + 4 * (lane // 4 % 2) + lane // 8)
-        base = storage.sA.data_ptr().toint() + stage * (cfg.tile_m * row_bytes) + 4 * (lane % 4)
-        last = gmem.m - 1 - tm * cfg.tile_m
-        for e in cutlass.range_constexpr(2):
-            p = 2 * warp + e
-            dst = base + p * row_bytes + 16 * ((lane // 4) ^ p)
-            for i in cutlass.range_constexpr(cfg.tile_m // 8):
-                row = tm * cfg.tile_m + cutlass.min(8 * i + p, last)
-                cp_async_4(dst + 8 * i * row_bytes, (mX.iterator + cute.crd2idx((row, col), mX.layout)).toint())
-        cp_async_arrive_noinc(bar.toint())
-
-    @cute.jit
-    def _gather_segments(self, mainloop, sched, gmem, storage, warp):
-        """TileConfig.x_gather, producer warps 1-3: this CTA's k iterations in the producer warp's order
-        (GemmKernel._load_segments), each stage's rows of x gathered (_gather_x) once its slot is free."""
-        state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.cfg.stages)
-        cursor = Int32(0)
-        while cursor < sched.cursor_end:
-            tile, kb0, kb1 = self._segment(cursor, sched)
-            tm, _ = self._tile_mn(tile, sched.tiling)
-            cursor += kb1 - kb0
-            for kt in cutlass.range(kb0, kb1, unroll=1):
-                mainloop.sync_object_empty.wait(state.index, state.phase)
-                self._gather_x(gmem, storage, tm, kt, warp, state.index, mainloop.producer_get_barrier(state))
-                state.advance()
 
     @cute.jit
     def _prefetch_weights_early(self, sched, gmem, lane):

@@ -64,17 +64,13 @@ class ProducerMixin:
         )
         if cutlass.const_expr(cfg.nvfp4 and cfg.tile_major):  # + the bulk copy of the k tile's scale words
             stage_bytes += cfg.tile_n * 4
-        arrivals = 2 if cfg.smem_scales else 1
-        if cutlass.const_expr(cfg.x_gather):  # A arrives by the producer warpgroup's cp.async, not in bytes
-            stage_bytes -= cute.size_in_bytes(self.ab_dtype, cute.slice_(a_layout, (None, None, 0)))
-            arrivals += 128  # (each producer thread's arrival once its copies land: _gather_x)
         cl = cfg.cluster_m
         # a stage is free once every consumer warp of every CTA its weight tile was multicast to
         # has released it (lane r of each consumer warp arrives on CTA r's barrier)
         mainloop = pipeline.PipelineTmaAsync.create(
             barrier_storage=storage.mbar.data_ptr(),
             num_stages=cfg.stages,
-            producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, arrivals),
+            producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 2 if cfg.smem_scales else 1),
             consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, self.num_mma_wg * 4 * cl),
             tx_count=stage_bytes,
             cta_layout_vmnk=cute.make_layout((1, cl, 1, 1)),
@@ -238,10 +234,7 @@ class ProducerMixin:
                 bar = mainloop.producer_get_barrier(state)
                 if due:
                     self._load_w_scales(gmem, storage, tn, kt, lane, state.index, bar)
-                if cutlass.const_expr(self.cfg.x_gather):
-                    self._gather_x(gmem, storage, tm, kt, 0, state.index, bar)
-                else:
-                    cute.copy(tma_a, tAgA[(None, tm, kt)], tAsA[(None, state.index)], tma_bar_ptr=bar, **hint_a)
+                cute.copy(tma_a, tAgA[(None, tm, kt)], tAsA[(None, state.index)], tma_bar_ptr=bar, **hint_a)
                 if due:
                     self._load_b(loads, tn, kt, state.index, bar, hint_b)
                 if cutlass.const_expr(self.cfg.smem_scales):

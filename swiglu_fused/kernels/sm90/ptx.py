@@ -160,13 +160,6 @@ def cp_async_arrive(mbar: Int32, *, loc=None, ip=None) -> None:
 
 
 @dsl_user_op
-def cp_async_arrive_noinc(mbar: Int32, *, loc=None, ip=None) -> None:
-    """One arrival on the mbarrier's count, made once this thread's cp.async copies so far have landed
-    (the barrier's count includes it: unlike cp_async_arrive, no race with the phase's other arrivals)."""
-    _asm_volatile(None, [Int32(mbar).ir_value(loc=loc, ip=ip)], "cp.async.mbarrier.arrive.noinc.shared.b64 [$0];", "r")
-
-
-@dsl_user_op
 def bulk_copy_g2s(dst: Int32, src, nbytes: int, mbar: Int32, *, loc=None, ip=None) -> None:
     """One bulk copy (the TMA engine, no tensor map) of ``nbytes`` (a multiple of 16) from global
     address ``src`` (Int64, 16-byte aligned) to shared address ``dst``, completing its bytes on the

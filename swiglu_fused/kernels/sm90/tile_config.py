@@ -161,10 +161,6 @@ class TileConfig:
     # this k tile's chain runs, so that the decode after the wait is arithmetic only (the same bits;
     # the 64-160-token tiles, DISPATCH D66: 2-8 % faster at M = 1024, slower on the 48-token tile)
     rs_prefetch: bool = False
-    # rs_decode, gate_up: the producer warpgroup gathers x into rs_k_order itself, by cp.async of 4
-    # bytes a lane (a row of a k tile a warp instruction, its four warps a quarter of the rows each),
-    # instead of a copy of x a call in front of the kernel and a TMA box a stage (nvfp4.py's _gather_x)
-    x_gather: bool = False
     # the fp8 128-row tile with smem_scales, as whole tiles whose k tiles are a whole number of rings
     # of stages (check_k refuses other K): the k loop steps a ring at a time with its stages
     # unrolled, so every stage index, barrier and wgmma descriptor is a compile-time offset
@@ -275,10 +271,6 @@ class TileConfig:
                              f"decode_buffers = 1 (one register set) and without uniform_ab; got {self}")
         if self.rs_prefetch and not self.rs_decode:
             raise ValueError(f"{name}.rs_prefetch: only with rs_decode; got {self}")
-        if self.x_gather and not (self.rs_decode and self.epilogue == "gated" and not self.pdl
-                                  and self.cluster_m == self.cluster_k == 1):
-            raise ValueError(f"{name}.x_gather: only with rs_decode, in gate_up (the gated epilogue), without pdl "
-                             f"or clusters; got {self}")
         if self.l2_hint not in L2_HINTS:
             raise ValueError(f"{name}.l2_hint: expected one of {L2_HINTS}, got {self.l2_hint!r}")
         if self.dequantized and (self.mainloop != BF16_MAINLOOP or self.swap_ab or self.granules):
