@@ -379,6 +379,8 @@ def test_nvfp4_configs_decode_buffers(monkeypatch):
             # (D65: ptxas keeps the 48-96-token tiles' register split; D66: the 64-160-token tiles prefetch)
             assert gcfg.ctas_per_sm == dcfg.ctas_per_sm == (1 if gcfg.rs_decode and 48 <= tokens <= 96 else 0), m
             assert gcfg.rs_prefetch == dcfg.rs_prefetch == (gcfg.rs_decode and tokens >= 64), m
+            assert gcfg.x_permute == (gcfg.rs_decode and tokens in dispatch_nvfp4.NVFP4_X_PERMUTE_TOKENS), m
+            assert not dcfg.x_permute, m
             assert gcfg in dispatch.gate_up_shipped() and dcfg in dispatch.down_shipped()
             h_rs = dataclasses.replace(gcfg, h_rs_order=True)
             assert (h_rs in dispatch.gate_up_shipped()) == gcfg.rs_decode, m
@@ -398,6 +400,13 @@ def test_nvfp4_configs_decode_buffers(monkeypatch):
         gate_up.GateUpConfig(tile_m=128, stages=4, mainloop="bf16", h_format="bf16", h_rs_order=True)
     with pytest.raises(ValueError, match="rs_prefetch"):
         down.DownConfig(mainloop="nvfp4", swap_ab=True, tile_m=128, tile_major=True, rs_prefetch=True)
+    rs = dict(mainloop="nvfp4", swap_ab=True, tile_m=128, tile_major=True, decode_buffers=1, h_format="bf16")
+    assert gate_up.GateUpConfig(rs_decode=True, x_permute=True, pdl=True, **rs).x_permute
+    with pytest.raises(ValueError, match="x_permute"):
+        gate_up.GateUpConfig(x_permute=True, **{**rs, "rs_decode": False})
+    with pytest.raises(ValueError, match="x_permute"):
+        down.DownConfig(mainloop="nvfp4", swap_ab=True, tile_m=128, tile_major=True, decode_buffers=1, rs_decode=True,
+                        x_permute=True)
 
 
 def test_l2_hints_go_to_the_weight_loads():

@@ -79,6 +79,11 @@ NVFP4_FULL_REGS_TOKENS = (48, 64, 80, 96)
 # (TileConfig.rs_prefetch): the MLP 1.5-4 % faster at M = 96-128 and 2-8 % at 1024, level at 64, but the
 # 48-token tile 1.5-6 % slower (D66)
 NVFP4_PREFETCH_TOKENS = (64, 80, 96, 112, 128, 144, 160, *NVFP4_HALF_ROWS_TOKENS)
+# gate_up's rs_decode tiles of these token counts take x in its natural order by TMA and permute each stage
+# into that k order in shared memory (TileConfig.x_permute: producer warps 1-3), instead of a copy of x a
+# call in front of them: the MLP 1-4.5 % faster at 17-48 rows; from 64 tokens the permute's shared-memory
+# traffic beside the wgmma's reads of x costs more than the copy (DISPATCH D72; history/nvfp4.md v53)
+NVFP4_X_PERMUTE_TOKENS: tuple[int, ...] = (32, 48)
 
 
 def nvfp4_dequantizes(m: int) -> bool:
@@ -95,11 +100,17 @@ def nvfp4_tile_for(m: int, op: str = "gate_up", tile_major: bool = False,
     past NVFP4_EVEN_MAX rows nvfp4_tiling picks (D64) where the register-sourced decode runs (the
     144- and 160-token tiles decode into registers only: two smem buffers leave no room for 4 stages)."""
     if shape and NVFP4_TILE_MODEL and m > NVFP4_EVEN_MAX and NVFP4_RS and tile_major:
-        return _nvfp4_rs(_nvfp4_tile(nvfp4_tiling(op, m, *shape)), tile_major)
+        return _x_permute(op, _nvfp4_rs(_nvfp4_tile(nvfp4_tiling(op, m, *shape)), tile_major))
     tile = _nvfp4_share_tile(op, cdiv(m, cdiv(m, NVFP4_EVEN_MAX)))
     if shape and NVFP4_TILE_MODEL and NVFP4_RS and tile_major and op == "down" and m >= NVFP4_HALF_ROWS_DOWN_MIN_M:
         tile = _nvfp4_narrow_down_tile(tile, m, *shape)
-    return _nvfp4_rs(_nvfp4_tile(tile), tile_major)
+    return _x_permute(op, _nvfp4_rs(_nvfp4_tile(tile), tile_major))
+
+
+def _x_permute(op: str, fields: dict) -> dict:
+    """A tile's fields with x_permute where NVFP4_X_PERMUTE_TOKENS takes it: gate_up's rs_decode tiles."""
+    on = op == "gate_up" and fields.get("rs_decode") and fields["tile_m"] in NVFP4_X_PERMUTE_TOKENS
+    return {**fields, "x_permute": True} if on else fields
 
 
 def _nvfp4_narrow_down_tile(tile: tuple, m: int, n: int, k: int, sms: int) -> tuple:
@@ -414,6 +425,9 @@ def nvfp4_shipped(config_cls, variants) -> list:
           for v in variants for tile in tiles if tile[0] in NVFP4_RS_TOKENS]
     wide = [c for c in w4a16 if c.tile_major and c.tile_m == NVFP4_WIDE_TILE[0]]
     h_rs = [dataclasses.replace(c, h_rs_order=True) for c in rs + wide] if clusters else []
+    # gate_up's rs_decode tiles permuting x themselves (_x_permute), h in either order
+    permute = [dataclasses.replace(c, x_permute=True) for c in rs + h_rs
+               if c.rs_decode and c.tile_m in NVFP4_X_PERMUTE_TOKENS] if clusters else []
     # with_fixup_groups': down's tiles that stream-K splits
     groups = [dataclasses.replace(c, fixup_groups=True) for c in w4a16 + rs if not clusters and not c.whole_tiles]
-    return w4a16 + rs + h_rs + groups
+    return w4a16 + rs + h_rs + permute + groups

@@ -467,7 +467,7 @@ def test_32_and_48_token_tiles_as_dispatched(hidden, inter, m):
     want = reference.gate_up(x, w, ws, None, gs, interleave=128, act="silu", h_format="bf16")[0]
     torch.full((m, inter), float("nan"), dtype=torch.bfloat16, device="cuda")  # (freed: the poison)
     assert_bf16_close(ops.gate_up(x, wt, wst, None, gs, tile_major=True)[0], want, TOL)
-    packed = dict(tile_major=False, rs_decode=False, rs_prefetch=False, h_rs_order=False)  # (the packed order decodes into smem)
+    packed = dict(tile_major=False, rs_decode=False, rs_prefetch=False, h_rs_order=False, x_permute=False)  # (the packed order decodes into smem)
     h = _kernel_gate_up(dataclasses.replace(cfg, **packed, **dispatch_nvfp4.nvfp4_tile_for(m)), x, w, ws, gs)
     assert_bf16_close(h, want, TOL)
     assert torch.equal(h, _kernel_gate_up(dataclasses.replace(cfg, **packed, **dispatch_nvfp4.nvfp4_tile_for(64)), x, w, ws, gs))
@@ -693,6 +693,39 @@ def test_half_row_gate_up_tile_against_the_reference(hidden, inter, m, tokens):
     h_rs = torch.full((m, inter), float("nan"), dtype=torch.bfloat16, device="cuda")
     kg.gate_up(dataclasses.replace(half, h_rs_order=True), x, wt, wst, None, gs, out=(h_rs, None), tile_major=True)
     assert torch.equal(h_rs, nvfp4_layout.rs_k_order(h))
+
+
+@pytest.mark.parametrize("hidden,inter", [(4096, 14336), (8192, 3584), (2048, 8192), (5120, 13824)])
+@pytest.mark.parametrize("tokens", dispatch_nvfp4.NVFP4_X_PERMUTE_TOKENS)
+def test_gate_up_permuting_x_against_the_copy(hidden, inter, tokens):
+    """gate_up's rs_decode tiles taking x in natural order and permuting each stage into the k order in shared
+    memory (TileConfig.x_permute) at M of one partial M tile and of three and a part, as schedule() plans them
+    (whole tiles and stream-K splits): h bit for bit what the same tile makes of the copied x (the same sums in
+    the same order), in both h orders, and within bf16 rounding of the reference; outputs poisoned first."""
+    from swiglu_fused.kernels import nvfp4_layout
+    from swiglu_fused.kernels.sm90 import gate_up as kg
+    from swiglu_fused.kernels.sm90.tile_config import GateUpConfig
+
+    for m in (tokens - 5, 3 * tokens + 7):
+        act = "silu" if m % 2 else "gelu_tanh"
+        x, w, ws, gs = gate_up_operands(m, hidden, inter, seed=m + tokens + 11)
+        wt, wst = nvfp4_layout.to_tile_major(w, ws)
+        half_rows = tokens in dispatch_nvfp4.NVFP4_HALF_ROWS_TOKENS
+        tile = dispatch_nvfp4._nvfp4_rs(dispatch_nvfp4._nvfp4_tile(
+            dispatch_nvfp4._nvfp4_share_tile("gate_up", tokens, half_rows=half_rows)), True)
+        cfg = GateUpConfig(mainloop=dispatch_nvfp4.NVFP4_MAINLOOP, tile_major=True, act=act, h_format="bf16", **tile)
+        assert cfg.tile_m == tokens and cfg.rs_decode
+        h = {}
+        for permute in (False, True):
+            for rs in (False, True):
+                c = dataclasses.replace(cfg, x_permute=permute, h_rs_order=rs)
+                assert c in dispatch.gate_up_shipped(), c
+                h[permute, rs] = torch.full((m, inter), float("nan"), dtype=torch.bfloat16, device="cuda")
+                kg.gate_up(c, x, wt, wst, None, gs, out=(h[permute, rs], None), tile_major=True)
+        assert torch.equal(h[True, False], h[False, False]) and torch.equal(h[True, True], h[False, True])
+        assert torch.equal(h[True, True], nvfp4_layout.rs_k_order(h[True, False]))
+        assert_bf16_close(h[True, False],
+                          reference.gate_up(x, w, ws, None, gs, interleave=128, act=act, h_format="bf16")[0], TOL)
 
 
 @pytest.mark.parametrize("hidden,inter,m", [(2048, 8192, 113), (2048, 8192, 128), (1024, 8192, 112),

@@ -54,12 +54,13 @@ def gate_up(config: GateUpConfig, x, weight, weight_scale=None, x_scale=None, gl
     """Run the kernel (operands validated by ops.py). Returns (h, h_scale M-major or None);
     ``out`` = (h, h_scale) writes into given tensors (the tests poison them first; h_scale M-major);
     ``tile_major``: the nvfp4 weight's order (nvfp4_layout). A config with rs_decode reads x in
-    nvfp4_layout.rs_k_order: x is reordered here, a copy a call."""
+    nvfp4_layout.rs_k_order: x is reordered here, a copy a call, unless the kernel permutes each stage
+    of it (x_permute)."""
     import torch
 
     from . import compile_cache, k_order
 
-    if config.rs_decode:
+    if config.rs_decode and not config.x_permute:
         x = k_order.rs_order(x)
 
     m = x.shape[0]

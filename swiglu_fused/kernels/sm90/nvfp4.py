@@ -41,7 +41,8 @@ the wgmma's A layout holds rows g and g + 8 of each of its 64-row blocks; thread
 tile (words 2q and 2q + 1: one 8-byte shared load a row, one scale), pair j of word 2q + c going
 to k step j, column half c of its A fragment, and the wgmma reads A from those registers. k
 position 16j + 8c + 2q + e of the tile then holds column 16q + 8c + 2j + e, so the activations
-come in that order (nvfp4_layout.rs_k_order; the launchers copy x, gate_up writes h so). gate_up's
+come in that order (nvfp4_layout.rs_k_order; the launchers copy x, or with TileConfig.x_permute producer
+warps 1-3 permute each stage's x in shared memory, _permute_stages; gate_up writes h so). gate_up's
 128-row tiles (TileConfig.half_row_pairs) decode a gate row as row g and its up row as g + 8
 (_pair_of, _rs_address), so that act(gate) · up pairs accumulator values in the thread. Per k
 tile: wait for the stage, decode, issue, wait for the chain (the other warpgroup's chain runs
@@ -87,6 +88,7 @@ class DecodeOperands(NamedTuple):
     row: Any  # the weight row this thread decodes (one each: tile_n consumer threads); rs_decode: its first
     barrier: Any  # the named barrier its decode meets every k tile (pipeline.NamedBarrier; rs_decode: none)
     quad: Any = None  # rs_decode: t % 4, the scale group (8 bytes) of each of its rows' k tiles it decodes
+    x_ready: Any = None  # x_permute: the barriers a stage's x is in rs_k_order on (else the stage's full one)
 
 
 class Nvfp4Mixin:
@@ -104,7 +106,7 @@ class Nvfp4Mixin:
             if self.cfg.half_row_pairs:  # gate / up pair p: rows p and 64 + p (_rs_address)
                 row = self._pair_of(t)
             return DecodeOperands(storage.sB.data_ptr().toint(), None, storage.scl.data_ptr().toint(), gmem.mAS,
-                                  row, None, t % 4)
+                                  row, None, t % 4, storage.xready.data_ptr() if self.cfg.x_permute else None)
         if self.cfg.swap_ab:
             wg, lane = t // 128, t % 128
             row = 64 * (wg + wgs * (lane // 64)) + lane % 64
@@ -257,21 +259,21 @@ class Nvfp4Mixin:
         if cutlass.const_expr(self.cfg.rs_prefetch):  # tile kt + 1's words loaded while chain kt runs
             blocks = cute.size(frag, mode=[1])
             raw = cute.make_rmem_tensor(cute.make_layout(6 * blocks), Int32)
-            mainloop.consumer_wait(state)
+            self._wait_x(mainloop, state, dec)
             self._load_rs(dec, state.index, raw, blocks)
             for kt in cutlass.range(kb0, kb1, unroll=1):
                 self._decode_rs(dec, raw, frag, blocks)
                 self._issue_rs(mma, tW, state.index)
                 state.advance()
                 if kt + 1 < kb1:
-                    mainloop.consumer_wait(state)
+                    self._wait_x(mainloop, state, dec)
                     self._load_rs(dec, state.index, raw, blocks)
                 cute.nvgpu.warpgroup.wait_group(0)
                 mainloop.consumer_release(release)
                 release.advance()
         else:
             for kt in cutlass.range(kb0, kb1, unroll=1):
-                mainloop.consumer_wait(state)
+                self._wait_x(mainloop, state, dec)
                 self._decode_fragments(dec, state.index, frag)
                 self._issue_rs(mma, tW, state.index)
                 state.advance()
@@ -279,6 +281,60 @@ class Nvfp4Mixin:
                 mainloop.consumer_release(release)
                 release.advance()
         return state, release
+
+    def _wait_x(self, mainloop, state, dec: DecodeOperands):
+        """rs_decode: wait until stage ``state`` holds the k tile, its x in rs_k_order: the stage's full
+        barrier, or with x_permute the one _permute_stages arrives on after it (plain Python, inlined)."""
+        if dec.x_ready is None:
+            mainloop.consumer_wait(state)
+        else:
+            cute.arch.mbarrier_wait(dec.x_ready + state.index, state.phase)
+
+    @cute.jit
+    def _init_x_ready(self, storage):
+        """x_permute: the barriers of _permute_stages, one a stage, 96 arrivals (producer warps 1-3)."""
+        if cute.arch.thread_idx()[0] == 0:
+            for s in cutlass.range_constexpr(self.cfg.stages):
+                cute.arch.mbarrier_init(storage.xready.data_ptr() + s, 96)
+        cute.arch.mbarrier_init_fence()
+
+    @cute.jit
+    def _permute_stages(self, mainloop, sched, storage, w):
+        """x_permute, producer warp 1 + ``w`` (w = 0-2): for each of this CTA's k iterations in order, once
+        its stage is full (TMA: x in its natural order), its share of the stage's x put into
+        nvfp4_layout.rs_k_order (_permute_x), the writes fenced for the wgmma's async proxy, and an
+        arrival on the stage's x_ready barrier, which the consumers wait on instead of the full one."""
+        state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.cfg.stages)
+        base = storage.sA.data_ptr().toint()
+        ready = storage.xready.data_ptr()
+        lane = cute.arch.lane_idx()
+        for it in cutlass.range(sched.cursor_end, unroll=1):
+            mainloop.consumer_wait(state)
+            self._permute_x(base + state.index * (self.cfg.tile_m * self.cfg.tile_k * 2), lane, w)
+            cute.arch.fence_proxy("async.shared", space="cta")
+            cute.arch.mbarrier_arrive(ready + state.index)
+            state.advance()
+
+    @cute.jit
+    def _permute_x(self, stage_addr, lane, w):
+        """One stage's x (tile_m rows of 64 bf16 columns, 128-byte rows, 16-byte chunk n of row r at
+        chunk n ^ r % 8: the TMA box's 128-byte swizzle) from natural order into nvfp4_layout.rs_k_order,
+        in place. Pair 8q + 4c + j of a row (columns 16q + 8c + 2j + e) goes to pair 8j + 4c + q: natural
+        chunk 2q + c holds pairs j = 0-3 of it, destination chunk 2j + c takes pair j of each, so the
+        thread that owns row half c (four chunks, the same four before and after) loads them, transposes
+        the 4 × 4 words in its registers and stores them back. 32 rows a group of 16 rows × 2 halves,
+        the groups shared out over the three warps; a quarter warp takes 8 rows of one half (8 distinct
+        chunk columns: no bank conflict)."""
+        groups = self.cfg.tile_m // 16
+        c = lane // 8 % 2
+        swz = lane % 8  # = r % 8
+        for i in cutlass.range_constexpr((groups + 2) // 3):
+            g = w + 3 * i
+            if g < groups:
+                row = stage_addr + (16 * g + lane % 8 + 8 * (lane // 16)) * (self.cfg.tile_k * 2)
+                words = [ld_shared_v4(row + 16 * ((2 * q + c) ^ swz)) for q in range(4)]
+                for j in cutlass.range_constexpr(4):
+                    st_shared_v4(row + 16 * ((2 * j + c) ^ swz), words[0][j], words[1][j], words[2][j], words[3][j])
 
     def _load_rs(self, dec: DecodeOperands, stage, raw, blocks: int):
         """rs_prefetch: _decode_fragments' shared loads of stage ``stage`` into raw, registers carried

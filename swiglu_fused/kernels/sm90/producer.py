@@ -78,6 +78,8 @@ class ProducerMixin:
         )
         if cfg.cluster_k > 1:
             self._init_xbar(storage)
+        if cfg.x_permute:
+            self._init_x_ready(storage)
         # (a cluster-wide sync when the launch has clusters: the peer's barriers are initialized
         # before anyone signals them)
         pipeline_init_arrive(cluster_shape_mn=(cfg.cluster_size, 1), is_relaxed=True)

@@ -161,6 +161,12 @@ class TileConfig:
     # this k tile's chain runs, so that the decode after the wait is arithmetic only (the same bits;
     # the 64-160-token tiles, DISPATCH D66: 2-8 % faster at M = 1024, slower on the 48-token tile)
     rs_prefetch: bool = False
+    # rs_decode, gate_up: x comes by TMA in its natural order and producer warps 1-3 permute each stage
+    # into rs_k_order in shared memory (one thread a row's 64-byte half: four 16-byte loads, four
+    # stores, the 4 × 4 transpose of pairs in its registers) before the consumers read it, instead of
+    # a copy of x a call in front of the kernel (nvfp4.py's _permute_x; the 32- and 48-token tiles,
+    # DISPATCH D72: 1-4.5 % faster; from 64 tokens the stage's extra shared-memory traffic costs more)
+    x_permute: bool = False
     # the fp8 128-row tile with smem_scales, as whole tiles whose k tiles are a whole number of rings
     # of stages (check_k refuses other K): the k loop steps a ring at a time with its stages
     # unrolled, so every stage index, barrier and wgmma descriptor is a compile-time offset
@@ -271,6 +277,10 @@ class TileConfig:
                              f"decode_buffers = 1 (one register set) and without uniform_ab; got {self}")
         if self.rs_prefetch and not self.rs_decode:
             raise ValueError(f"{name}.rs_prefetch: only with rs_decode; got {self}")
+        if self.x_permute and not (self.rs_decode and self.epilogue == "gated"
+                                   and self.cluster_m == self.cluster_k == 1):
+            raise ValueError(f"{name}.x_permute: only with rs_decode, in gate_up (the gated epilogue), without "
+                             f"clusters; got {self}")
         if self.l2_hint not in L2_HINTS:
             raise ValueError(f"{name}.l2_hint: expected one of {L2_HINTS}, got {self.l2_hint!r}")
         if self.dequantized and (self.mainloop != BF16_MAINLOOP or self.swap_ab or self.granules):
