@@ -277,10 +277,10 @@ class TileConfig:
                              f"decode_buffers = 1 (one register set) and without uniform_ab; got {self}")
         if self.rs_prefetch and not self.rs_decode:
             raise ValueError(f"{name}.rs_prefetch: only with rs_decode; got {self}")
-        if self.x_permute and not (self.rs_decode and self.epilogue == "gated"
+        if self.x_permute and not (self.rs_decode and self.epilogue == "gated" and self.tile_m % 16 == 0
                                    and self.cluster_m == self.cluster_k == 1):
-            raise ValueError(f"{name}.x_permute: only with rs_decode, in gate_up (the gated epilogue), without "
-                             f"clusters; got {self}")
+            raise ValueError(f"{name}.x_permute: only with rs_decode, in gate_up (the gated epilogue), tile_m a "
+                             f"multiple of 16 (the permute's row groups), without clusters; got {self}")
         if self.l2_hint not in L2_HINTS:
             raise ValueError(f"{name}.l2_hint: expected one of {L2_HINTS}, got {self.l2_hint!r}")
         if self.dequantized and (self.mainloop != BF16_MAINLOOP or self.swap_ab or self.granules):
