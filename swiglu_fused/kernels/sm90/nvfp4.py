@@ -322,9 +322,9 @@ class Nvfp4Mixin:
         in place. Pair 8q + 4c + j of a row (columns 16q + 8c + 2j + e) goes to pair 8j + 4c + q: natural
         chunk 2q + c holds pairs j = 0-3 of it, destination chunk 2j + c takes pair j of each, so the
         thread that owns row half c (four chunks, the same four before and after) loads them, transposes
-        the 4 × 4 words in its registers and stores them back. 32 rows a group of 16 rows × 2 halves,
-        the groups shared out over the three warps; a quarter warp takes 8 rows of one half (8 distinct
-        chunk columns: no bank conflict)."""
+        the 4 × 4 words in its registers and stores them back. A warp takes a group of 16 rows × 2 halves
+        at a time (a lane each), the groups dealt out over the three warps; a quarter warp takes 8 rows of
+        one half (8 distinct chunk columns: no bank conflict)."""
         groups = self.cfg.tile_m // 16
         c = lane // 8 % 2
         swz = lane % 8  # = r % 8
