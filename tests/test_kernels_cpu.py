@@ -349,6 +349,25 @@ def test_stream_k_partials_hold_every_accumulator_value():
             assert cfg.tile_m == tokens and cfg.acc_values == 128
 
 
+def test_x_permute_takes_the_small_tiles_and_the_64_token_one_where_i_is_narrow():
+    """D72: gate_up's 32- and 48-token tiles permute x in shared memory at every width, the 64-token one where
+    gate_up has at most NVFP4_X_PERMUTE_64_MAX_TILES weight tiles (I ≤ 8192), the larger tiles and down never;
+    every config that can come out is compile-checked (shipped)."""
+    from swiglu_fused.kernels import dispatch_nvfp4 as dn
+    from swiglu_fused.kernels.sm90.tile_config import GateUpConfig
+
+    shipped = dispatch.gate_up_shipped()
+    for hidden, inter in ((4096, 14336), (8192, 3584), (2048, 8192), (5120, 13824), (8192, 2048)):
+        for m in (17, 33, 49, 64, 80, 128):
+            fields = dn.nvfp4_tile_for(m, "gate_up", True, (2 * inter, hidden, 132))
+            tokens = fields["tile_m"]
+            want = tokens in (32, 48) or (tokens == 64 and inter <= 8192)
+            assert fields.get("x_permute", False) == want, (hidden, inter, m)
+            assert not dn.nvfp4_tile_for(m, "down", True, (hidden, inter, 132)).get("x_permute"), (hidden, inter, m)
+            cfg = GateUpConfig(mainloop=dn.NVFP4_MAINLOOP, tile_major=True, act="silu", h_format="bf16", **fields)
+            assert cfg in shipped, cfg
+
+
 def test_nvfp4_configs_decode_buffers(monkeypatch):
     """The 16-48-token swap-AB tiles decode into one buffer (D30, D62, D63), the 64-128-token tiles into two
     (down's 80-128-token ones into one: D31, D64; down's 32-64-token tiles sum their partials four at a time: D63);

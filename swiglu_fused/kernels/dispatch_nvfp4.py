@@ -81,9 +81,12 @@ NVFP4_FULL_REGS_TOKENS = (48, 64, 80, 96)
 NVFP4_PREFETCH_TOKENS = (64, 80, 96, 112, 128, 144, 160, *NVFP4_HALF_ROWS_TOKENS)
 # gate_up's rs_decode tiles of these token counts take x in its natural order by TMA and permute each stage
 # into that k order in shared memory (TileConfig.x_permute: producer warps 1-3), instead of a copy of x a
-# call in front of them: the MLP 1-4.5 % faster at 17-48 rows; from 64 tokens the permute's shared-memory
+# call in front of them: the MLP 1-4.5 % faster at 17-48 rows; on larger tiles the permute's shared-memory
 # traffic beside the wgmma's reads of x costs more than the copy (DISPATCH D72; history/nvfp4.md v53)
 NVFP4_X_PERMUTE_TOKENS: tuple[int, ...] = (32, 48)
+# and the 64-token tile where gate_up has at most this many 256-row weight tiles (I ≤ 8192): 1.2-4 % faster at
+# 49-64 rows there, 0-3 % slower at I ≥ 13824 (a rule read off ten widths, D72; 0: never)
+NVFP4_X_PERMUTE_64_MAX_TILES = 64
 
 
 def nvfp4_dequantizes(m: int) -> bool:
@@ -100,17 +103,25 @@ def nvfp4_tile_for(m: int, op: str = "gate_up", tile_major: bool = False,
     past NVFP4_EVEN_MAX rows nvfp4_tiling picks (D64) where the register-sourced decode runs (the
     144- and 160-token tiles decode into registers only: two smem buffers leave no room for 4 stages)."""
     if shape and NVFP4_TILE_MODEL and m > NVFP4_EVEN_MAX and NVFP4_RS and tile_major:
-        return _x_permute(op, _nvfp4_rs(_nvfp4_tile(nvfp4_tiling(op, m, *shape)), tile_major))
+        return _x_permute(op, _nvfp4_rs(_nvfp4_tile(nvfp4_tiling(op, m, *shape)), tile_major), shape)
     tile = _nvfp4_share_tile(op, cdiv(m, cdiv(m, NVFP4_EVEN_MAX)))
     if shape and NVFP4_TILE_MODEL and NVFP4_RS and tile_major and op == "down" and m >= NVFP4_HALF_ROWS_DOWN_MIN_M:
         tile = _nvfp4_narrow_down_tile(tile, m, *shape)
-    return _x_permute(op, _nvfp4_rs(_nvfp4_tile(tile), tile_major))
+    return _x_permute(op, _nvfp4_rs(_nvfp4_tile(tile), tile_major), shape)
 
 
-def _x_permute(op: str, fields: dict) -> dict:
-    """A tile's fields with x_permute where NVFP4_X_PERMUTE_TOKENS takes it: gate_up's rs_decode tiles."""
-    on = op == "gate_up" and fields.get("rs_decode") and fields["tile_m"] in NVFP4_X_PERMUTE_TOKENS
+def _x_permute(op: str, fields: dict, shape: tuple | None) -> dict:
+    """A tile's fields with x_permute where NVFP4_X_PERMUTE_TOKENS or NVFP4_X_PERMUTE_64_MAX_TILES takes it:
+    gate_up's rs_decode tiles (``shape``: nvfp4_tile_for's)."""
+    tokens = fields["tile_m"]
+    few_tiles = tokens == 64 and shape is not None and shape[0] // 256 <= NVFP4_X_PERMUTE_64_MAX_TILES
+    on = op == "gate_up" and fields.get("rs_decode") and (tokens in NVFP4_X_PERMUTE_TOKENS or few_tiles)
     return {**fields, "x_permute": True} if on else fields
+
+
+def x_permute_tokens() -> tuple[int, ...]:
+    """The rs_decode tiles' token counts that _x_permute can give x_permute (what nvfp4_shipped compiles)."""
+    return NVFP4_X_PERMUTE_TOKENS + ((64,) if NVFP4_X_PERMUTE_64_MAX_TILES else ())
 
 
 def _nvfp4_narrow_down_tile(tile: tuple, m: int, n: int, k: int, sms: int) -> tuple:
@@ -427,7 +438,7 @@ def nvfp4_shipped(config_cls, variants) -> list:
     h_rs = [dataclasses.replace(c, h_rs_order=True) for c in rs + wide] if clusters else []
     # gate_up's rs_decode tiles permuting x themselves (_x_permute), h in either order
     permute = [dataclasses.replace(c, x_permute=True) for c in rs + h_rs
-               if c.rs_decode and c.tile_m in NVFP4_X_PERMUTE_TOKENS] if clusters else []
+               if c.rs_decode and c.tile_m in x_permute_tokens()] if clusters else []
     # with_fixup_groups': down's tiles that stream-K splits
     groups = [dataclasses.replace(c, fixup_groups=True) for c in w4a16 + rs if not clusters and not c.whole_tiles]
     return w4a16 + rs + h_rs + permute + groups

@@ -696,7 +696,7 @@ def test_half_row_gate_up_tile_against_the_reference(hidden, inter, m, tokens):
 
 
 @pytest.mark.parametrize("hidden,inter", [(4096, 14336), (8192, 3584), (2048, 8192), (5120, 13824)])
-@pytest.mark.parametrize("tokens", dispatch_nvfp4.NVFP4_X_PERMUTE_TOKENS)
+@pytest.mark.parametrize("tokens", dispatch_nvfp4.x_permute_tokens())
 def test_gate_up_permuting_x_against_the_copy(hidden, inter, tokens):
     """gate_up's rs_decode tiles taking x in natural order and permuting each stage into the k order in shared
     memory (TileConfig.x_permute) at M of one partial M tile and of three and a part, as schedule() plans them

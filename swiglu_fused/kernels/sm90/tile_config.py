@@ -164,8 +164,9 @@ class TileConfig:
     # rs_decode, gate_up: x comes by TMA in its natural order and producer warps 1-3 permute each stage
     # into rs_k_order in shared memory (one thread a row's 64-byte half: four 16-byte loads, four
     # stores, the 4 × 4 transpose of pairs in its registers) before the consumers read it, instead of
-    # a copy of x a call in front of the kernel (nvfp4.py's _permute_x; the 32- and 48-token tiles,
-    # DISPATCH D72: 1-4.5 % faster; from 64 tokens the stage's extra shared-memory traffic costs more)
+    # a copy of x a call in front of the kernel (nvfp4.py's _permute_x; the 32- and 48-token tiles and
+    # the 64-token one where I ≤ 8192, DISPATCH D72: 1-4.5 % faster; on larger tiles the stage's extra
+    # shared-memory traffic costs more)
     x_permute: bool = False
     # the fp8 128-row tile with smem_scales, as whole tiles whose k tiles are a whole number of rings
     # of stages (check_k refuses other K): the k loop steps a ring at a time with its stages
