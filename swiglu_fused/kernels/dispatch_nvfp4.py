@@ -114,7 +114,7 @@ def _x_permute(op: str, fields: dict, shape: tuple | None) -> dict:
     """A tile's fields with x_permute where NVFP4_X_PERMUTE_TOKENS or NVFP4_X_PERMUTE_64_MAX_TILES takes it:
     gate_up's rs_decode tiles (``shape``: nvfp4_tile_for's)."""
     tokens = fields["tile_m"]
-    few_tiles = tokens == 64 and shape is not None and shape[0] // 256 <= NVFP4_X_PERMUTE_64_MAX_TILES
+    few_tiles = tokens == 64 and shape is not None and shape[0] // fields["tile_n"] <= NVFP4_X_PERMUTE_64_MAX_TILES
     on = op == "gate_up" and fields.get("rs_decode") and (tokens in NVFP4_X_PERMUTE_TOKENS or few_tiles)
     return {**fields, "x_permute": True} if on else fields
 

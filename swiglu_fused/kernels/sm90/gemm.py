@@ -270,7 +270,7 @@ class GemmKernel(ProducerMixin, MainloopMixin, Nvfp4Mixin, StreamKMixin, Epilogu
         }
         if cfg.decode_elems:  # the bf16 k tiles the weight is decoded into (nvfp4.py; not rs_decode)
             fields["sD"] = Align[MemRange[cutlass.BFloat16, cfg.decode_elems], 1024]
-        if cfg.x_permute:  # a stage's x is in rs_k_order (nvfp4.py's _permute_x: 96 arrivals)
+        if cfg.x_permute:  # a stage's x is in rs_k_order (nvfp4.py's _permute_stages arrives)
             fields["xready"] = MemRange[cutlass.Int64, cfg.stages]
         return cute.struct(type("SharedStorage", (), {"__annotations__": fields}))
 
@@ -393,7 +393,7 @@ class GemmKernel(ProducerMixin, MainloopMixin, Nvfp4Mixin, StreamKMixin, Epilogu
             cute.arch.setmaxregister_decrease(self.producer_regs)
             if warp_idx == 0:
                 self._produce(mainloop, loads, sched, gmem, storage)
-            elif cutlass.const_expr(self.cfg.x_permute):  # the other three put each stage's x in the k order
+            elif cutlass.const_expr(self.cfg.x_permute):  # warps 1-3 (nvfp4.X_PERMUTE_WARPS) put x in the k order
                 self._permute_stages(mainloop, sched, storage, warp_idx - 1)
         else:
             # ---------------- consumer warpgroups: wgmma, promotion, epilogue

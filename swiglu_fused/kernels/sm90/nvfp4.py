@@ -65,6 +65,7 @@ import cutlass.cute as cute
 import cutlass.pipeline as pipeline
 from cutlass import Int32
 
+from ...quant import cdiv
 from .ptx import (DECODE_SHIFT, bulk_copy_g2s, bulk_prefetch_l2, cp_async_4, cp_async_arrive, e2m1x2_to_bf16x2,
                   e2m1x8_to_bf16x2x4, e4m3x2_to_bf16x2, e4m3x4_to_bf16x2, ld_shared_b32, ld_shared_v2, ld_shared_v4,
                   prmt, st_shared_v4)
@@ -76,6 +77,7 @@ UNSHIFT = 126 - DECODE_SHIFT
 
 DECODE_BARRIER = 6  # named barrier id, 7 too (1, 2: epilogue; 3: stream-K; 4, 5: split_n)
 PDL_PREFETCH_STAGES = 2  # TileConfig.pdl: k tiles prefetched into L2 before the wait, in stages (a guess)
+X_PERMUTE_WARPS = 3  # TileConfig.x_permute: producer warps 1-3 permute x (warp 0 issues the TMA loads)
 
 
 class DecodeOperands(NamedTuple):
@@ -292,16 +294,16 @@ class Nvfp4Mixin:
 
     @cute.jit
     def _init_x_ready(self, storage):
-        """x_permute: the barriers of _permute_stages, one a stage, 96 arrivals (producer warps 1-3)."""
+        """x_permute: the barriers of _permute_stages, one a stage, an arrival a permuting thread."""
         if cute.arch.thread_idx()[0] == 0:
             for s in cutlass.range_constexpr(self.cfg.stages):
-                cute.arch.mbarrier_init(storage.xready.data_ptr() + s, 96)
+                cute.arch.mbarrier_init(storage.xready.data_ptr() + s, 32 * X_PERMUTE_WARPS)
         cute.arch.mbarrier_init_fence()
 
     @cute.jit
     def _permute_stages(self, mainloop, sched, storage, w):
-        """x_permute, producer warp 1 + ``w`` (w = 0-2): for each of this CTA's k iterations in order, once
-        its stage is full (TMA: x in its natural order), its share of the stage's x put into
+        """x_permute, producer warp 1 + ``w`` (w < X_PERMUTE_WARPS): for each of this CTA's k iterations in
+        order, once its stage is full (TMA: x in its natural order), its share of the stage's x put into
         nvfp4_layout.rs_k_order (_permute_x), the writes fenced for the wgmma's async proxy, and an
         arrival on the stage's x_ready barrier, which the consumers wait on instead of the full one."""
         state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.cfg.stages)
@@ -310,7 +312,7 @@ class Nvfp4Mixin:
         lane = cute.arch.lane_idx()
         for it in cutlass.range(sched.cursor_end, unroll=1):
             mainloop.consumer_wait(state)
-            self._permute_x(base + state.index * (self.cfg.tile_m * self.cfg.tile_k * 2), lane, w)
+            self._permute_x(base + state.index * (self.cfg.tile_m * self.cfg.tile_k * self.cfg.elem_bytes), lane, w)
             cute.arch.fence_proxy("async.shared", space="cta")
             cute.arch.mbarrier_arrive(ready + state.index)
             state.advance()
@@ -323,15 +325,15 @@ class Nvfp4Mixin:
         chunk 2q + c holds pairs j = 0-3 of it, destination chunk 2j + c takes pair j of each, so the
         thread that owns row half c (four chunks, the same four before and after) loads them, transposes
         the 4 × 4 words in its registers and stores them back. A warp takes a group of 16 rows × 2 halves
-        at a time (a lane each), the groups dealt out over the three warps; a quarter warp takes 8 rows of
-        one half (8 distinct chunk columns: no bank conflict)."""
+        at a time (a lane each), the groups dealt out over the X_PERMUTE_WARPS warps; a quarter warp takes 8
+        rows of one half (8 distinct chunk columns: no bank conflict)."""
         groups = self.cfg.tile_m // 16
         c = lane // 8 % 2
         swz = lane % 8  # = r % 8
-        for i in cutlass.range_constexpr((groups + 2) // 3):
-            g = w + 3 * i
+        for i in cutlass.range_constexpr(cdiv(groups, X_PERMUTE_WARPS)):
+            g = w + X_PERMUTE_WARPS * i
             if g < groups:
-                row = stage_addr + (16 * g + lane % 8 + 8 * (lane // 16)) * (self.cfg.tile_k * 2)
+                row = stage_addr + (16 * g + lane % 8 + 8 * (lane // 16)) * (self.cfg.tile_k * self.cfg.elem_bytes)
                 words = [ld_shared_v4(row + 16 * ((2 * q + c) ^ swz)) for q in range(4)]
                 for j in cutlass.range_constexpr(4):
                     st_shared_v4(row + 16 * ((2 * j + c) ^ swz), words[0][j], words[1][j], words[2][j], words[3][j])
