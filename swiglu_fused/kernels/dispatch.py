@@ -379,9 +379,10 @@ def wg3_applies(m: int, n: int, sms: int) -> bool:
 
 def wg3_on(device: torch.device, m: int, n: int) -> bool:
     """wg3_applies with the SMs of ``device`` (a CPU tensor's config keeps the 128-row tile)."""
-    from .sm90.schedule import sm_count
+    from .sm90.schedule import planned_sms
 
-    return device.type == "cuda" and wg3_applies(m, n, sm_count(device))
+    sms = planned_sms(device)
+    return sms is not None and wg3_applies(m, n, sms)
 
 
 def cluster_m_for(m: int, tile_m: int, tile_n: int) -> int:
@@ -549,11 +550,11 @@ def with_static_stages(config, m: int, n: int, k: int, device):
     stream-K, or K does not fit, ``config`` as it is)."""
     if not STATIC_STAGES or not config.smem_scales or k % (config.stages * config.tile_k):
         return config
-    if config.cluster_m == 1 and device.type == "cuda":
-        from .sm90.schedule import schedule, sm_count
+    from .sm90.schedule import planned_sms, schedule
 
-        if schedule(config, m, n, k, sm_count(device))[1]:
-            return config
+    sms = planned_sms(device) if config.cluster_m == 1 else None
+    if sms and schedule(config, m, n, k, sms)[1]:
+        return config
     return dataclasses.replace(config, static_stages=True)
 
 
@@ -991,11 +992,10 @@ def down_config(h, weight, weight_scale, h_scale, residual, out_dtype, tile_majo
                      l2_hint=down_l2_hint(tile_m, swap, mainloop), pdl=pdl_applies(h.shape[0], mainloop),
                      **down_row_tile_fields(tile_m, swap, mainloop))
     cfg = with_static_stages(cfg, h.shape[0], weight.shape[0], h.shape[1], h.device)
-    if h.is_cuda:
-        from .sm90.schedule import sm_count
+    from .sm90.schedule import planned_sms
 
-        return with_down_cluster_k(cfg, h.shape[0], weight.shape[0], h.shape[1], sm_count(h.device))
-    return cfg
+    sms = planned_sms(h.device)
+    return with_down_cluster_k(cfg, h.shape[0], weight.shape[0], h.shape[1], sms) if sms else cfg
 
 
 def down_shipped() -> list:

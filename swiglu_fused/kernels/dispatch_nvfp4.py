@@ -417,9 +417,10 @@ def _nvfp4_tile(tile: tuple[int, ...]) -> dict:
 
 def call_shape(device: torch.device, n: int, k: int) -> tuple[int, int, int] | None:
     """nvfp4_tile_for's ``shape`` for a call on ``device`` (None on the CPU: no SMs to count)."""
-    from .sm90.schedule import sm_count
+    from .sm90.schedule import planned_sms
 
-    return (n, k, sm_count(device)) if device.type == "cuda" else None
+    sms = planned_sms(device)
+    return (n, k, sms) if sms else None
 
 
 def nvfp4_shipped(config_cls, variants) -> list:

@@ -8,6 +8,7 @@ import torch
 
 from swiglu_fused import quant
 from swiglu_fused.kernels import dispatch, ops, reference
+from . import premises
 from .tolerance import FP8, assert_bf16_close, assert_fp8_group_close
 
 pytest.importorskip("cutlass")
@@ -271,67 +272,52 @@ def test_hybrid_past_one_wave(monkeypatch, waves, mainloop, h_format):
     assert_matches_reference(*outs[0], args, "silu", h_format, mainloop)
 
 
-@pytest.mark.parametrize("mainloop,h_format", [("bf16", "bf16"), ("fp8_block128", "fp8_group128")])
+@pytest.mark.parametrize(premises.hybrid_at_8192x3584.names, premises.hybrid_at_8192x3584.cases)
 def test_dispatched_hybrid_at_8192x3584(mainloop, h_format):
     """D48 as dispatched: 8192×3584 at M = 600 on 132 SMs takes the 128 × 256 tile in the hybrid split
     (all 140 tiles stream-K over the SMs; fp8 without the static k loop, whose tiles run whole), and
     h is the reference's."""
-    from swiglu_fused.kernels.sm90 import gate_up as k, schedule
+    from swiglu_fused.kernels.sm90 import schedule
 
     hidden, inter, m = 8192, 3584, 600
     sms = schedule.sm_count(torch.device("cuda"))
-    if sms != 132:
+    if sms != premises.SMS:
         pytest.skip(f"the rule's shape is one just past a wave of 132 SMs; this GPU has {sms}")
+    cfg = premises.hybrid_at_8192x3584(mainloop, h_format)
     args = make_operands(m, hidden, inter, mainloop, seed=m)
-    cfg = k.select_config(args["x"], args["weight"], args.get("weight_scale"), args.get("x_scale"),
-                          act="silu", h_format=h_format)
-    assert (cfg.tile_m, cfg.tile_n, cfg.static_stages, cfg.cluster_m) == (128, 256, False, 1)
-    assert schedule.schedule(cfg, m, 2 * inter, hidden, sms) == (132, 140)
     h, hs = run_kernel(cfg, args)
     assert_matches_reference(h, hs, args, "silu", h_format, mainloop)
 
 
-@pytest.mark.parametrize("h_format", ["fp8_group128", "bf16"])
-@pytest.mark.parametrize("hidden,inter,m", [(8192, 2048, 65), (8192, 2048, 128), (16384, 2048, 100),
-                                            (12288, 2560, 128), (8192, 2048, 200), (12288, 2560, 192),
-                                            (8192, 3584, 96)])
+@pytest.mark.parametrize(premises.split_n_stream_k.names, premises.split_n_stream_k.cases)
 def test_dispatched_split_n_stream_k(hidden, inter, m, h_format):
     """D57 as dispatched: fp8's split_n 64-row tile at narrow widths and 64 < M ≤ 256 on 132 SMs runs
     in plan()'s stream-K (its fix-up compiled in: split_n_sk), and h is the reference's (poisoned
     before the run); 8192×3584 M = 96 at a predicted gain below SK_MIN_GAIN (D59)."""
-    from swiglu_fused.kernels.sm90 import gate_up as k, schedule
+    from swiglu_fused.kernels.sm90 import schedule
 
     sms = schedule.sm_count(torch.device("cuda"))
-    if sms != 132:
+    if sms != premises.SMS:
         pytest.skip(f"the rule's shapes are ones measured on 132 SMs; this GPU has {sms}")
+    cfg = premises.split_n_stream_k(hidden, inter, m, h_format)
     args = make_operands(m, hidden, inter, "fp8_block128", seed=m + hidden)
-    cfg = k.select_config(args["x"], args["weight"], args["weight_scale"], args["x_scale"], act="silu",
-                          h_format=h_format)
-    assert (cfg.tile_m, cfg.split_n, cfg.split_n_sk) == (64, True, True)
-    ctas, sk_tiles = schedule.schedule(cfg, m, 2 * inter, hidden, sms)
-    assert sk_tiles == -(-m // 64) * 2 * inter // 256 and ctas > sk_tiles
     h, hs = run_kernel(cfg, args)
     assert_matches_reference(h, hs, args, "silu", h_format)
 
 
-@pytest.mark.parametrize("h_format", ["fp8_group128", "bf16"])
-@pytest.mark.parametrize("m", [200, 256])
+@pytest.mark.parametrize(premises.row_128_stream_k_on_a_long_k.names, premises.row_128_stream_k_on_a_long_k.cases)
 def test_dispatched_128_row_stream_k_on_a_long_k(m, h_format):
     """D56 as dispatched: fp8 16384×2560 at M = 193-256 on 132 SMs takes the 128 × 256 tile in stream-K
     (40 tiles, each split 3 ways) instead of the 64-row tile (whole tiles: plan() does not split its 80),
     and h is the reference's (poisoned before the run)."""
-    from swiglu_fused.kernels.sm90 import gate_up as k, schedule
+    from swiglu_fused.kernels.sm90 import schedule
 
     hidden, inter = 16384, 2560
     sms = schedule.sm_count(torch.device("cuda"))
-    if sms != 132:
+    if sms != premises.SMS:
         pytest.skip(f"the rule's shape is one measured on 132 SMs; this GPU has {sms}")
+    cfg = premises.row_128_stream_k_on_a_long_k(m, h_format)
     args = make_operands(m, hidden, inter, "fp8_block128", seed=m)
-    cfg = k.select_config(args["x"], args["weight"], args["weight_scale"], args["x_scale"], act="silu",
-                          h_format=h_format)
-    assert (cfg.tile_m, cfg.split_n, cfg.swap_ab, cfg.static_stages) == (128, False, False, False)
-    ctas, sk_tiles = schedule.schedule(cfg, m, 2 * inter, hidden, sms)
-    assert sk_tiles == 40 and ctas > sk_tiles
     h, hs = run_kernel(cfg, args)
     assert_matches_reference(h, hs, args, "silu", h_format)
 
@@ -605,21 +591,15 @@ def test_split_n_64_row_tile(hidden, inter, m, act, h_format, deep, monkeypatch)
         assert torch.equal(hs, hs1)
 
 
-@pytest.mark.parametrize("mainloop,h_format", [("fp8_block128", "fp8_group128"), ("bf16", "bf16"),
-                                               ("bf16", "fp8_group128")])
-@pytest.mark.parametrize("hidden,inter,m", [(1536, 8960, 160), (4096, 6144, 272), (8192, 2048, 2080)])
+@pytest.mark.parametrize(premises.row_64_tile_over_several_rounds.names, premises.row_64_tile_over_several_rounds.cases)
 def test_64_row_tile_over_several_rounds(hidden, inter, m, mainloop, h_format):
     """D42, D43: where the rounds rule takes the 64-row tile above one wave (several M tiles on each
     weight tile, several rounds of waves), the dispatched config is that tile and h is the reference's."""
-    from swiglu_fused.kernels.sm90 import gate_up as k
-
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    if dispatch.gate_up_tile_for(m, 2 * inter, sms, mainloop, h_format, k=hidden)[0] != 64:
-        pytest.skip(f"the rounds rule does not take the 64-row tile here on {sms} SMs")
+    if sms != premises.SMS:
+        pytest.skip(f"the rounds rule's cases are for 132 SMs; this GPU has {sms}")
+    cfg = premises.row_64_tile_over_several_rounds(hidden, inter, m, mainloop, h_format)
     args = make_operands(m, hidden, inter, mainloop, seed=zlib.crc32(repr((mainloop, h_format, m, inter)).encode()))
-    cfg = k.select_config(args["x"], args["weight"], args.get("weight_scale"), args.get("x_scale"), act="silu",
-                          h_format=h_format)
-    assert cfg.tile_m == 64 and not cfg.swap_ab
     h, hs = run_kernel(cfg, args)
     assert_matches_reference(h, hs, args, "silu", h_format, mainloop)
 

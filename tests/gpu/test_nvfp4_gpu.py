@@ -11,6 +11,7 @@ from swiglu_fused import FusedSwiGLUMLP, quant
 from swiglu_fused.kernels import dispatch, dispatch_nvfp4, ops, reference
 from swiglu_fused.linear import PackedLinear
 
+from . import premises
 from .tolerance import assert_bf16_close, rel_frobenius
 
 pytest.importorskip("cutlass")
@@ -21,6 +22,12 @@ M_ISSUE = [1, 3, 16, 64, 100, 1024, 4096]
 SHAPES = [(4096, 14336), (8192, 3584), (576, 1536), (2048, 8192)]
 ACTS = ["silu", "gelu_tanh"]
 TOL = 5e-3  # h and y within bf16 rounding of the reference (relative Frobenius)
+
+
+def _sms() -> int:
+    from swiglu_fused.kernels.sm90 import schedule
+
+    return schedule.sm_count(torch.device("cuda"))
 
 
 def _nvfp4(w: torch.Tensor):
@@ -258,7 +265,7 @@ def test_module_holds_the_tile_major_order_and_computes_what_the_packed_one_does
     assert mlp.down_proj.weight_packed.device.type == "cuda"
 
 
-@pytest.mark.parametrize("m", [300, 512, 1000])
+@pytest.mark.parametrize(premises.nvfp4_128_token_tiles.names, premises.nvfp4_128_token_tiles.cases)
 def test_128_token_tile_across_m_tiles_and_k_shares(m):
     """The 128-token swap-AB tile (DISPATCH D31) over several M tiles (at M = 300 three of 112 tokens:
     D64's equal M tiles without its model), stream-K split past 2 M tiles
@@ -267,29 +274,20 @@ def test_128_token_tile_across_m_tiles_and_k_shares(m):
     from swiglu_fused.kernels import nvfp4_layout
     from swiglu_fused.kernels.sm90 import down as kd
     from swiglu_fused.kernels.sm90 import gate_up as kg
-    from swiglu_fused.kernels.sm90 import schedule
 
+    cfg, dcfg = premises.nvfp4_128_token_tiles(m, sms=_sms())  # (not D64's pick)
     x, w, ws, gs = gate_up_operands(m, 4096, 14336, seed=m)
-    cfg = dispatch.gate_up_config(x, w, ws, None, act="silu", h_format="bf16", tile_major=True)
-    cfg = dataclasses.replace(cfg, **dispatch_nvfp4.nvfp4_tile_for(m, tile_major=True))  # (not D64's pick)
-    tokens = 112 if m == 300 else 128
-    assert cfg.swap_ab and cfg.tile_m == tokens
     h = torch.full((m, 14336), float("nan"), dtype=torch.bfloat16, device="cuda")
     kg.gate_up(cfg, x, *nvfp4_layout.to_tile_major(w, ws), None, gs, out=(h, None), tile_major=True)
     assert_bf16_close(h, reference.gate_up(x, w, ws, None, gs, interleave=128, act="silu", h_format="bf16")[0], TOL)
     hd, wd, wsd, gsd = down_operands(m, 4096, 14336, seed=m)
     res = torch.randn(m, 4096, device="cuda").to(torch.bfloat16)
-    dcfg = dispatch.down_config(hd, wd, wsd, None, res, torch.bfloat16, True)
-    dcfg = dataclasses.replace(dcfg, **dispatch_nvfp4.nvfp4_tile_for(m, "down", tile_major=True))  # (not D64's pick)
-    assert dcfg.swap_ab and dcfg.tile_m == tokens
-    assert (schedule.schedule(dcfg, m, 4096, 14336, 132)[1] > 0) == (m < 1000)  # (3, 4 M tiles split; on 132 SMs)
     y = torch.full((m, 4096), float("nan"), dtype=torch.bfloat16, device="cuda")
     kd.down(dcfg, hd, *nvfp4_layout.to_tile_major(wd, wsd), None, res, gsd, out=y, tile_major=True)
     assert_bf16_close(y, reference.down(hd, wd, wsd, None, gsd, residual=res), TOL)
 
 
-@pytest.mark.parametrize("hidden,inter,m,rs", [(8192, 3584, 1024, True), (8192, 3584, 1000, False),
-                                              (4096, 14336, 768, True), (4096, 14336, 300, True)])
+@pytest.mark.parametrize(premises.nvfp4_hybrid_tiles.names, premises.nvfp4_hybrid_tiles.cases)
 def test_hybrid_stream_k_past_a_partial_wave(hidden, inter, m, rs):
     """D46: the 128-token tiles' whole waves, then the last full and the partial wave stream-K over
     all SMs (schedule.nvfp4_hybrid_sk), with the register-sourced decode and without it: h and y (down
@@ -302,15 +300,10 @@ def test_hybrid_stream_k_past_a_partial_wave(hidden, inter, m, rs):
     from swiglu_fused.kernels.sm90 import gate_up as kg
     from swiglu_fused.kernels.sm90 import schedule
 
+    cfg, dcfg = premises.nvfp4_hybrid_tiles(hidden, inter, m, rs, sms=_sms())
     x, w, ws, gs = gate_up_operands(m, hidden, inter, seed=m + 11)
-    cfg = dispatch.gate_up_config(x, w, ws, None, act="silu", h_format="bf16", tile_major=True)
-    cfg = dataclasses.replace(cfg, **dispatch_nvfp4._nvfp4_rs(dispatch_nvfp4.nvfp4_tile_for(m, tile_major=True), True, rs))
     hd, wd, wsd, gsd = down_operands(m, hidden, inter, seed=m + 12)
     res = torch.randn(m, hidden, device="cuda").to(torch.bfloat16)
-    dcfg = dispatch.down_config(hd, wd, wsd, None, res, torch.bfloat16, True)
-    dcfg = dataclasses.replace(dcfg, **dispatch_nvfp4._nvfp4_rs(dispatch_nvfp4.nvfp4_tile_for(m, "down", tile_major=True), True, rs))
-    sms = torch.cuda.get_device_properties(0).multi_processor_count
-    assert schedule.schedule(cfg, m, 2 * inter, hidden, sms)[1] > 0 or sms != 132
     wt, wst = nvfp4_layout.to_tile_major(w, ws)
     wdt, wsdt = nvfp4_layout.to_tile_major(wd, wsd)
     h, y = {}, {}
@@ -416,7 +409,7 @@ def test_k_order_kernel_is_rs_k_order(m, k):
     assert torch.equal(k_order.k_order(want), x[:, 64:].contiguous())  # (its own inverse)
 
 
-@pytest.mark.parametrize("m", [24, 48, 64])
+@pytest.mark.parametrize(premises.nvfp4_64_token_tile_past_a_wave.names, premises.nvfp4_64_token_tile_past_a_wave.cases)
 def test_64_token_tile_past_a_partial_wave_as_dispatched(m, monkeypatch):
     """D61: the 64-token tile (at M = 24 / 48 the 32- / 48-token one, D62, D63) past one wave
     (2048×17408: 136 tiles on 132 SMs) runs D46's hybrid stream-K, as ops.gate_up dispatches it on the
@@ -427,14 +420,12 @@ def test_64_token_tile_past_a_partial_wave_as_dispatched(m, monkeypatch):
     from swiglu_fused.kernels import nvfp4_layout
     from swiglu_fused.kernels.sm90 import schedule
 
-    if schedule.sm_count(torch.device("cuda")) != 132:
+    if _sms() != premises.SMS:
         pytest.skip("the tile counts are for 132 SMs")
     monkeypatch.setattr(dispatch_nvfp4, "WARP_MMA_M", {"gate_up": 16, "down": 16})
     hidden, inter = 2048, 17408
+    premises.nvfp4_64_token_tile_past_a_wave(m)  # (ops.gate_up below dispatches it)
     x, w, ws, gs = gate_up_operands(m, hidden, inter, seed=m + 61)
-    cfg = dispatch.gate_up_config(x, w, ws, None, act="silu", h_format="bf16", tile_major=True)
-    assert cfg.swap_ab and cfg.tile_m == (32 if m <= 32 else 48 if m <= 48 else 64)  # (D62, D63)
-    assert schedule.schedule(cfg, m, 2 * inter, hidden, 132) == (132, 136)
     wt, wst = nvfp4_layout.to_tile_major(w, ws)
     want = reference.gate_up(x, w, ws, None, gs, interleave=128, act="silu", h_format="bf16")[0]
     h = {}
@@ -447,8 +438,7 @@ def test_64_token_tile_past_a_partial_wave_as_dispatched(m, monkeypatch):
     assert rel_frobenius(h[True], h[False]) < 1e-3
 
 
-@pytest.mark.parametrize("hidden,inter", [(4096, 14336), (8192, 3584)])
-@pytest.mark.parametrize("m", [17, 32, 33, 48])
+@pytest.mark.parametrize(premises.nvfp4_32_and_48_token_tiles.names, premises.nvfp4_32_and_48_token_tiles.cases)
 def test_32_and_48_token_tiles_as_dispatched(hidden, inter, m):
     """D62, D63: 17-32 rows where the MLP's H and I exceed WARP_MMA_32_MAX_SIDE run the 32-token wgmma
     tile (register-sourced decode on the tile-major weight), not the warp-MMA kernel, and 33-48 rows the
@@ -459,11 +449,10 @@ def test_32_and_48_token_tiles_as_dispatched(hidden, inter, m):
     from swiglu_fused.kernels.sm90 import down as kd
 
     tokens = 32 if m <= 32 else 48
+    cfg, dcfg = premises.nvfp4_32_and_48_token_tiles(hidden, inter, m, sms=_sms())
 
     x, w, ws, gs = gate_up_operands(m, hidden, inter, seed=m + 41)
     wt, wst = nvfp4_layout.to_tile_major(w, ws)
-    cfg = dispatch.gate_up_config(x, w, ws, None, act="silu", h_format="bf16", tile_major=True)
-    assert cfg.tile_m == tokens and cfg.rs_decode and dispatch_nvfp4.warp_mma_config("gate_up", m, 2 * inter, hidden, True) is None
     want = reference.gate_up(x, w, ws, None, gs, interleave=128, act="silu", h_format="bf16")[0]
     torch.full((m, inter), float("nan"), dtype=torch.bfloat16, device="cuda")  # (freed: the poison)
     assert_bf16_close(ops.gate_up(x, wt, wst, None, gs, tile_major=True)[0], want, TOL)
@@ -474,9 +463,6 @@ def test_32_and_48_token_tiles_as_dispatched(hidden, inter, m):
 
     hd, wd, wsd, gsd = down_operands(m, hidden, inter, seed=m + 43)
     res = torch.randn(m, hidden, device="cuda").to(torch.bfloat16)
-    dcfg = dispatch.down_config(hd, wd, wsd, None, res, torch.bfloat16, True)
-    assert dcfg.tile_m == tokens and dcfg.rs_decode and dcfg.fixup_unroll == 4
-    assert dispatch_nvfp4.warp_mma_config("down", m, hidden, inter, True) is None
     want = reference.down(hd, wd, wsd, None, gsd, residual=res)
     wdt, wsdt = nvfp4_layout.to_tile_major(wd, wsd)
     torch.full((m, hidden), float("nan"), dtype=torch.bfloat16, device="cuda")
@@ -539,8 +525,8 @@ def test_80_to_160_token_tiles_against_the_128_token_tile(hidden, inter, tokens,
 
 
 
-@pytest.mark.parametrize("hidden,inter,m", [(8192, 3584, 700), (8192, 3584, 300), (4096, 14336, 450),
-                                           (5120, 13824, 300)])
+@pytest.mark.parametrize(premises.nvfp4_144_and_160_token_tiles_split.names,
+                         premises.nvfp4_144_and_160_token_tiles_split.cases)
 def test_144_and_160_token_tiles_in_stream_k(hidden, inter, m):
     """The 144- and 160-token tiles (DISPATCH D64) as dispatched where schedule() splits some of their
     tiles over K: each thread's stream-K partials are its 144 or 160 accumulator values
@@ -550,16 +536,11 @@ def test_144_and_160_token_tiles_in_stream_k(hidden, inter, m):
     from swiglu_fused.kernels import nvfp4_layout
     from swiglu_fused.kernels.sm90 import down as kd
     from swiglu_fused.kernels.sm90 import gate_up as kg
-    from swiglu_fused.kernels.sm90 import schedule
 
+    cfg, dcfg = premises.nvfp4_144_and_160_token_tiles_split(hidden, inter, m, sms=_sms())
     x, w, ws, gs = gate_up_operands(m, hidden, inter, seed=m + 91)
-    cfg = dispatch.gate_up_config(x, w, ws, None, act="silu", h_format="bf16", tile_major=True)
     hd, wd, wsd, gsd = down_operands(m, hidden, inter, seed=m + 93)
     res = torch.randn(m, hidden, device="cuda").to(torch.bfloat16)
-    dcfg = dispatch.down_config(hd, wd, wsd, None, res, torch.bfloat16, True)
-    sms = torch.cuda.get_device_properties(0).multi_processor_count
-    assert cfg.tile_m in (144, 160) and cfg.acc_values == cfg.tile_m
-    assert schedule.schedule(cfg, m, 2 * inter, hidden, sms)[1] > 0
     h = torch.full((m, inter), float("nan"), dtype=torch.bfloat16, device="cuda")
     kg.gate_up(cfg, x, *nvfp4_layout.to_tile_major(w, ws), None, gs, out=(h, None), tile_major=True)
     assert_bf16_close(h, reference.gate_up(x, w, ws, None, gs, interleave=128, act="silu", h_format="bf16")[0], TOL)
@@ -728,8 +709,7 @@ def test_gate_up_permuting_x_against_the_copy(hidden, inter, tokens):
                           reference.gate_up(x, w, ws, None, gs, interleave=128, act=act, h_format="bf16")[0], TOL)
 
 
-@pytest.mark.parametrize("hidden,inter,m", [(2048, 8192, 113), (2048, 8192, 128), (1024, 8192, 112),
-                                           (4096, 2048, 100), (4096, 14336, 128)])
+@pytest.mark.parametrize(premises.nvfp4_narrow_down.names, premises.nvfp4_narrow_down.cases)
 def test_narrow_down_at_97_to_128_rows(hidden, inter, m):
     """D69: down at 97-128 rows runs the 224-token 128-row tile where the model predicts it no slower than the one
     M tile (narrow H; not 4096×14336; 2048×8192 from 113 rows since D71): y (with a residual) from the dispatched
@@ -737,34 +717,32 @@ def test_narrow_down_at_97_to_128_rows(hidden, inter, m):
     from swiglu_fused.kernels import nvfp4_layout
     from swiglu_fused.kernels.sm90 import down as kd
 
+    dcfg = premises.nvfp4_narrow_down(hidden, inter, m, sms=_sms())
     hd, wd, wsd, gsd = down_operands(m, hidden, inter, seed=m + 131)
     res = torch.randn(m, hidden, device="cuda").to(torch.bfloat16)
-    dcfg = dispatch.down_config(hd, wd, wsd, None, res, torch.bfloat16, True)
-    assert dcfg.nvfp4_half_rows == (hidden != 4096 or inter == 2048) and dcfg in dispatch.down_shipped()
     y = torch.full((m, hidden), float("nan"), dtype=torch.bfloat16, device="cuda")
     kd.down(dcfg, hd, *nvfp4_layout.to_tile_major(wd, wsd), None, res, gsd, out=y, tile_major=True)
     assert_bf16_close(y, reference.down(hd, wd, wsd, None, gsd, residual=res), TOL)
 
 
-@pytest.mark.parametrize("hidden,inter,m,tokens", [(1024, 8192, 177, 96), (2048, 8192, 105, 112), (1024, 8192, 489, 256),
-                                                  (1536, 8960, 777, 112), (2048, 8192, 753, 224), (8192, 3584, 137, 80)])
+@pytest.mark.parametrize(premises.nvfp4_down_tiles_of_the_fixup_model.names,
+                         premises.nvfp4_down_tiles_of_the_fixup_model.cases)
 def test_down_tiles_of_the_split_fixup_model(hidden, inter, m, tokens):
     """D71: the down tiles nvfp4_swap_us's refitted fix-up picks (several split over K, some summed in two levels):
     y (with a residual) from the dispatched config within bf16 rounding of the reference, outputs poisoned first."""
     from swiglu_fused.kernels import nvfp4_layout
     from swiglu_fused.kernels.sm90 import down as kd
 
+    dcfg = premises.nvfp4_down_tiles_of_the_fixup_model(hidden, inter, m, tokens, sms=_sms())
     hd, wd, wsd, gsd = down_operands(m, hidden, inter, seed=m + 171)
     res = torch.randn(m, hidden, device="cuda").to(torch.bfloat16)
-    dcfg = dispatch.down_config(hd, wd, wsd, None, res, torch.bfloat16, True)
-    assert dcfg.tile_m == tokens and dcfg in dispatch.down_shipped()
     y = torch.full((m, hidden), float("nan"), dtype=torch.bfloat16, device="cuda")
     kd.down(dcfg, hd, *nvfp4_layout.to_tile_major(wd, wsd), None, res, gsd, out=y, tile_major=True)
     assert_bf16_close(y, reference.down(hd, wd, wsd, None, gsd, residual=res), TOL)
 
 
-@pytest.mark.parametrize("hidden,inter,m,tokens", [(2048, 4096, 297, 112), (2048, 4096, 313, 112), (3072, 8192, 131, 80),
-                                                  (3072, 8192, 144, 80)])
+@pytest.mark.parametrize(premises.nvfp4_gate_up_tiles_of_the_fixup_model.names,
+                         premises.nvfp4_gate_up_tiles_of_the_fixup_model.cases)
 def test_gate_up_tiles_of_the_split_fixup_model(hidden, inter, m, tokens):
     """D71 for gate_up: the tiles nvfp4_swap_us's refitted fix-up picks where gate_up's pick moved (three 112-token
     tiles, not two of 160; two of 80, not one of 144), split over K as schedule() plans them: h from the dispatched
@@ -772,16 +750,14 @@ def test_gate_up_tiles_of_the_split_fixup_model(hidden, inter, m, tokens):
     from swiglu_fused.kernels import nvfp4_layout
     from swiglu_fused.kernels.sm90 import gate_up as kg
 
+    cfg = premises.nvfp4_gate_up_tiles_of_the_fixup_model(hidden, inter, m, tokens, sms=_sms())
     x, w, ws, gs = gate_up_operands(m, hidden, inter, seed=m + 173)
-    cfg = dispatch.gate_up_config(x, w, ws, None, act="silu", h_format="bf16", tile_major=True)
-    assert cfg.tile_m == tokens and cfg in dispatch.gate_up_shipped()
     h = torch.full((m, inter), float("nan"), dtype=torch.bfloat16, device="cuda")
     kg.gate_up(cfg, x, *nvfp4_layout.to_tile_major(w, ws), None, gs, out=(h, None), tile_major=True)
     assert_bf16_close(h, reference.gate_up(x, w, ws, None, gs, interleave=128, act="silu", h_format="bf16")[0], TOL)
 
 
-@pytest.mark.parametrize("hidden,inter,m", [(1024, 8192, 48), (1024, 8192, 128), (1024, 8192, 256), (2048, 8192, 64),
-                                           (3072, 8192, 128), (1536, 8960, 256), (1536, 8960, 64), (2560, 6912, 96)])
+@pytest.mark.parametrize(premises.nvfp4_fixup_groups.names, premises.nvfp4_fixup_groups.cases)
 def test_fixup_groups_against_the_reference(hidden, inter, m):
     """D70: where plan() splits every tile of down over K 11-32 ways (here 32, 16, 16, 16, 11, 11, 22 and 13: groups
     of 4-6, the last group short where sqrt does not divide), the dispatched config sums the partials in
@@ -791,10 +767,9 @@ def test_fixup_groups_against_the_reference(hidden, inter, m):
     from swiglu_fused.kernels import nvfp4_layout
     from swiglu_fused.kernels.sm90 import down as kd
 
+    cfg = premises.nvfp4_fixup_groups(hidden, inter, m, sms=_sms())
     h, w, ws, gs = down_operands(m, hidden, inter, seed=m + hidden + 7)
     res = torch.randn(m, hidden, device="cuda").to(torch.bfloat16)
-    cfg = dispatch.down_config(h, w, ws, None, res, torch.bfloat16, True)
-    assert cfg.fixup_groups and cfg in dispatch.down_shipped()
     wt, wst = nvfp4_layout.to_tile_major(w, ws)
     y = {}
     for groups in (True, False):

@@ -422,3 +422,10 @@ def sm_count(device) -> int:
     if idx not in _SM_COUNT:
         _SM_COUNT[idx] = torch.cuda.get_device_properties(idx).multi_processor_count
     return _SM_COUNT[idx]
+
+
+def planned_sms(device) -> int | None:
+    """The SMs a config for tensors on ``device`` is planned for: its GPU's (sm_count); None off a GPU (a
+    CPU tensor's config: no SMs to count). Every config choice that depends on the device asks here, so
+    that tests can plan meta tensors as on a GPU of a given size (tests/gpu/premises.py)."""
+    return sm_count(device) if device.type == "cuda" else None
