@@ -221,3 +221,23 @@ def row_64_tile_over_several_rounds(hidden, inter, m, mainloop, h_format, sms=SM
     cfg = gate_up_config(mainloop, m, hidden, inter, h_format=h_format, sms=sms)
     assert cfg.tile_m == 64 and not cfg.swap_ab
     return cfg
+
+
+@premise("hidden,inter,m,mainloop,h_format", [(h, i, m, ml, f) for h, i, m in [(576, 3584, 4100), (2048, 8192, 4097)]
+                                             for ml, f in [("fp8_block128", "fp8_group128"), ("fp8_block128", "bf16"),
+                                                           ("bf16", "bf16"), ("bf16", "fp8_group128")]])
+def cluster_pairs_at_a_ragged_m(hidden, inter, m, mainloop, h_format, sms=SMS):
+    """From M = 4096 the 128-row tile in cluster pairs (dispatch.cluster_m_for; bf16 where it keeps that tile,
+    dispatch.wg3_applies). Returns the gate_up config."""
+    cfg = gate_up_config(mainloop, m, hidden, inter, h_format=h_format, sms=sms)
+    assert cfg.cluster_m == 2
+    return cfg
+
+
+@premise("m", [600])
+def bf16_on_cublas_at_8192x3584(m, sms=SMS):
+    """D53: bf16 gate_up at 8192×3584 just past a wave (M = 600) runs cuBLAS's GEMM on 132 SMs. Returns
+    whether the rule fires for ``sms``."""
+    fires = dispatch.bf16_gate_up_on_cublas(gate_up_config("bf16", m, 8192, 3584, sms=sms), m, 2 * 3584, 8192, sms)
+    assert fires or sms != SMS
+    return fires

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from swiglu_fused.kernels import cublas, dispatch, ops, reference
+from . import premises
 from .test_gate_up_gpu import make_operands
 from .test_layer_gpu import _mlp, _reference
 from .tolerance import assert_bf16_close, rel_frobenius
@@ -63,11 +64,9 @@ def test_ops_gate_up_on_cublas(monkeypatch, m, hidden, inter, act):
 def test_dispatch_takes_cublas_at_8192x3584_just_past_a_wave():
     """D53's rule on this GPU's SMs: where it fires, ops.gate_up runs cuBLAS's GEMM (not the fused
     kernel) and the result is the reference's within tolerance; fp8 h and the fp8 mainloop never."""
-    args = make_operands(600, 8192, 3584, "bf16", seed=3)
-    cfg = dispatch.gate_up_config(args["x"], args["weight"], None, None, act="silu", h_format="bf16")
-    sms = torch.cuda.get_device_properties(0).multi_processor_count
-    if not dispatch.bf16_gate_up_on_cublas(cfg, 600, 7168, 8192, sms):
+    if not premises.bf16_on_cublas_at_8192x3584(600, sms=torch.cuda.get_device_properties(0).multi_processor_count):
         pytest.skip("the rule does not fire on this GPU's SM count")
+    args = make_operands(600, 8192, 3584, "bf16", seed=3)
     calls = []
     real = cublas.gate_up_gemm
     try:

@@ -337,19 +337,14 @@ def test_cluster_pairs_with_a_padding_m_tile(hidden, inter, m, h_format):
     assert_matches_reference(h, hs, args, "silu", h_format)
 
 
-@pytest.mark.parametrize("mainloop,h_format", [("fp8_block128", "fp8_group128"), ("fp8_block128", "bf16"),
-                                               ("bf16", "bf16"), ("bf16", "fp8_group128")])
-@pytest.mark.parametrize("hidden,inter,m", [(576, 3584, 4100), (2048, 8192, 4097)])
+@pytest.mark.parametrize(premises.cluster_pairs_at_a_ragged_m.names, premises.cluster_pairs_at_a_ragged_m.cases)
 def test_dispatched_cluster_pairs_at_a_ragged_m(hidden, inter, m, mainloop, h_format):
     """From M = 4096 on the 128-row tile runs in cluster pairs (dispatch.cluster_m_for); with 33
     M tiles the last pair's second tile lies wholly past M. (Shapes where bf16 keeps the 128-row
     tile: dispatch.wg3_applies.)"""
-    from swiglu_fused.kernels.sm90 import gate_up as k
-
+    cfg = premises.cluster_pairs_at_a_ragged_m(hidden, inter, m, mainloop, h_format,
+                                               sms=torch.cuda.get_device_properties(0).multi_processor_count)
     args = make_operands(m, hidden, inter, mainloop, seed=m + hidden)
-    cfg = k.select_config(args["x"], args["weight"], args.get("weight_scale"), args.get("x_scale"),
-                          act="silu", h_format=h_format)
-    assert cfg.cluster_m == 2
     h, hs = run_kernel(cfg, args)
     assert_matches_reference(h, hs, args, "silu", h_format, mainloop)
 
