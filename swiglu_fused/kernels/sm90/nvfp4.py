@@ -312,7 +312,7 @@ class Nvfp4Mixin:
         lane = cute.arch.lane_idx()
         for it in cutlass.range(sched.cursor_end, unroll=1):
             mainloop.consumer_wait(state)
-            self._permute_x(base + state.index * (self.cfg.tile_m * self.cfg.tile_k * self.cfg.elem_bytes), lane, w)
+            self._permute_x(base + state.index * self.cfg.x_stage_bytes, lane, w)
             cute.arch.fence_proxy("async.shared", space="cta")
             cute.arch.mbarrier_arrive(ready + state.index)
             state.advance()
@@ -333,7 +333,7 @@ class Nvfp4Mixin:
         for i in cutlass.range_constexpr(cdiv(groups, X_PERMUTE_WARPS)):
             g = w + X_PERMUTE_WARPS * i
             if g < groups:
-                row = stage_addr + (16 * g + lane % 8 + 8 * (lane // 16)) * (self.cfg.tile_k * self.cfg.elem_bytes)
+                row = stage_addr + (16 * g + lane % 8 + 8 * (lane // 16)) * self.cfg.x_row_bytes
                 words = [ld_shared_v4(row + 16 * ((2 * q + c) ^ swz)) for q in range(4)]
                 for j in cutlass.range_constexpr(4):
                     st_shared_v4(row + 16 * ((2 * j + c) ^ swz), words[0][j], words[1][j], words[2][j], words[3][j])

@@ -291,7 +291,7 @@ class TileConfig:
             raise ValueError(f"{name}.promote_k: expected 32, 64 or 128, got {self.promote_k}")
         if self.epilogue not in activations_and_h.EPILOGUES:
             raise ValueError(f"{name}.epilogue: expected one of {activations_and_h.EPILOGUES}, got {self.epilogue!r}")
-        stage_bytes = self.tile_m * self.tile_k * self.elem_bytes + self.w_stage_bytes
+        stage_bytes = self.x_stage_bytes + self.w_stage_bytes
         # output staging + the swap-AB amax exchange + the cluster_k accumulator + nvfp4's decoded
         # weight buffers + mbarriers (16 B a stage; 64 reserved)
         fixed = (self.out_stage_bytes + 4 * self.red_words + 4 * self.xacc_words + 4 * self.scale_words
@@ -447,6 +447,16 @@ class TileConfig:
     def elem_bytes(self) -> int:
         """Bytes per element of A (and of the weight, but for nvfp4's packed one: w_stage_bytes)."""
         return 1 if self.fp8 else 2
+
+    @property
+    def x_row_bytes(self) -> int:
+        """Bytes of one row of A's k tile in smem (128: the TMA box's 128-byte swizzle)."""
+        return self.tile_k * self.elem_bytes
+
+    @property
+    def x_stage_bytes(self) -> int:
+        """Bytes of one k tile of A (x, or h for down) in smem."""
+        return self.tile_m * self.x_row_bytes
 
     @property
     def w_stage_bytes(self) -> int:
