@@ -426,6 +426,7 @@ def sm_count(device) -> int:
 
 def planned_sms(device) -> int | None:
     """The SMs a config for tensors on ``device`` is planned for: its GPU's (sm_count); None off a GPU (a
-    CPU tensor's config: no SMs to count). Every config choice that depends on the device asks here, so
-    that tests can plan meta tensors as on a GPU of a given size (tests/gpu/premises.py)."""
+    CPU tensor's config: no SMs to count). The config choices that differ on and off a GPU (nvfp4's
+    tiling, the wg3 tile, the static k loop, down's K clusters) ask here, the others sm_count: replacing
+    the two, tests plan meta tensors as on a GPU of a given size (tests/gpu/premises.py)."""
     return sm_count(device) if device.type == "cuda" else None
