@@ -721,7 +721,8 @@ def _nvfp4_down_config(h, weight, weight_scale, residual, tile_major: bool):
     shape = dispatch_nvfp4.call_shape(h.device, weight.shape[0], h.shape[1])
     cfg = DownConfig(mainloop=NVFP4_MAINLOOP, residual=residual is not None, tile_major=tile_major,
                      **dispatch_nvfp4.nvfp4_tile_for(h.shape[0], "down", tile_major=tile_major, shape=shape))
-    return dispatch_nvfp4.with_fixup_groups(cfg, h.shape[0], *shape) if shape else cfg
+    cfg = dispatch_nvfp4.with_fixup_groups(cfg, h.shape[0], *shape) if shape else cfg
+    return dispatch_nvfp4.with_half_rows_down(cfg, h.shape[0])
 
 
 def _nvfp4_prefill_shipped(config_cls, variants) -> list:

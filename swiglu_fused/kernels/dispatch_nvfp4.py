@@ -48,6 +48,12 @@ NVFP4_SWAP_TILES = {  # (tokens, stages, decode buffers[, fixup_unroll])
 # split K 16 ways; D69). 0.8 with the fix-up as FIXUP_US; 1.0 (no margin) since D71's refit of it
 NVFP4_HALF_ROWS_DOWN_MIN_M = 97
 NVFP4_HALF_ROWS_DOWN_GAIN = 1.0
+# down's register-sourced tiles of these token counts run on 128 weight rows (TileConfig.nvfp4_half_rows) as
+# dispatched otherwise: twice the weight tiles split K half as many ways, one 64-row block a warpgroup. The MLP
+# 2-20 % faster at 33-128 rows at seven widths (8192×3584 M = 64 44.1 → 42.3 µs, 4096×14336 61.9 → 58.7,
+# 1024×8192 32.1 → 26.6), the 32-token tile 2-5 % slower at 4096×14336 and wider; one M tile only (to
+# NVFP4_EVEN_MAX rows: several M tiles not measured; D73, history/nvfp4.md v56)
+NVFP4_HALF_ROWS_DOWN_RS = (48, 64, 80, 96, 112, 128)
 # the ops whose 128-row tiles nvfp4_tiling weighs (launch_ab compares others: "dispatch_nvfp4.NVFP4_HALF_ROWS=('down',)")
 NVFP4_HALF_ROWS = ("gate_up", "down")
 # Up to NVFP4_EVEN_MAX rows one M tile, the smallest that holds them. Above, M tiles of equal size, each
@@ -185,6 +191,15 @@ def _with_fixup_groups(config, m, n, k, sms, constants):
     tiles = cdiv(m, config.tile_m) * cdiv(n, config.tile_n)
     if sk_tiles == tiles and ctas > tiles and fixup_groups_gain_us(ctas // tiles, 4 * config.tile_m * config.tile_n) > 0:
         return dataclasses.replace(config, fixup_groups=True)  # (plan()'s split: ctas = tiles · split)
+    return config
+
+
+def with_half_rows_down(config, m: int):
+    """``config`` (a dispatched W4A16 down tile of M rows) on 128 weight rows where NVFP4_HALF_ROWS_DOWN_RS takes
+    it: one M tile (to NVFP4_EVEN_MAX rows; several M tiles not measured)."""
+    if (config.rs_decode and config.tile_m in NVFP4_HALF_ROWS_DOWN_RS and not config.nvfp4_half_rows
+            and m <= NVFP4_EVEN_MAX):
+        return dataclasses.replace(config, tile_n=formats.FP8_BLOCK)  # (tile_config.HALF_N)
     return config
 
 
@@ -442,4 +457,6 @@ def nvfp4_shipped(config_cls, variants) -> list:
                if c.rs_decode and c.tile_m in x_permute_tokens()] if clusters else []
     # with_fixup_groups': down's tiles that stream-K splits
     groups = [dataclasses.replace(c, fixup_groups=True) for c in w4a16 + rs if not clusters and not c.whole_tiles]
-    return w4a16 + rs + h_rs + permute + groups
+    # with_half_rows_down's
+    half = [with_half_rows_down(c, c.tile_m) for c in rs + groups if not clusters and c.rs_decode and c.tile_m in NVFP4_HALF_ROWS_DOWN_RS]
+    return w4a16 + rs + h_rs + permute + groups + half

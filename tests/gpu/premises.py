@@ -140,10 +140,11 @@ def nvfp4_144_and_160_token_tiles_split(hidden, inter, m, sms=SMS):
 @premise("hidden,inter,m", [(2048, 8192, 113), (2048, 8192, 128), (1024, 8192, 112), (4096, 2048, 100),
                             (4096, 14336, 128)])
 def nvfp4_narrow_down(hidden, inter, m, sms=SMS):
-    """D69: down at 97-128 rows on the 224-token 128-row tile where H is narrow (not at 4096×14336).
-    Returns the down config."""
+    """D69: down at 97-128 rows on the 224-token 128-row tile where H is narrow (not at 4096×14336, whose one
+    M tile of 128 tokens runs on 128 rows too since D73). Returns the down config."""
     dcfg = nvfp4_down_config(m, hidden, inter, sms=sms)
-    assert dcfg.nvfp4_half_rows == (hidden != 4096 or inter == 2048) and dcfg in dispatch.down_shipped()
+    assert (dcfg.tile_m == 224) == (hidden != 4096 or inter == 2048) and dcfg.nvfp4_half_rows
+    assert dcfg in dispatch.down_shipped()
     return dcfg
 
 
