@@ -197,8 +197,12 @@ def _with_fixup_groups(config, m, n, k, sms, constants):
 def with_half_rows_down(config, m: int):
     """``config`` (a dispatched W4A16 down tile of M rows) on 128 weight rows where NVFP4_HALF_ROWS_DOWN_RS takes
     it: one M tile (to NVFP4_EVEN_MAX rows; several M tiles not measured)."""
-    if (config.rs_decode and config.tile_m in NVFP4_HALF_ROWS_DOWN_RS and not config.nvfp4_half_rows
-            and m <= NVFP4_EVEN_MAX):
+    return _on_half_rows_down(config) if m <= NVFP4_EVEN_MAX else config
+
+
+def _on_half_rows_down(config):
+    """``config`` on 128 weight rows if it is a register-sourced tile of NVFP4_HALF_ROWS_DOWN_RS tokens on 256."""
+    if config.rs_decode and config.tile_m in NVFP4_HALF_ROWS_DOWN_RS and not config.nvfp4_half_rows:
         return dataclasses.replace(config, tile_n=formats.FP8_BLOCK)  # (tile_config.HALF_N)
     return config
 
@@ -458,5 +462,5 @@ def nvfp4_shipped(config_cls, variants) -> list:
     # with_fixup_groups': down's tiles that stream-K splits
     groups = [dataclasses.replace(c, fixup_groups=True) for c in w4a16 + rs if not clusters and not c.whole_tiles]
     # with_half_rows_down's
-    half = [with_half_rows_down(c, c.tile_m) for c in rs + groups if not clusters and c.rs_decode and c.tile_m in NVFP4_HALF_ROWS_DOWN_RS]
+    half = [h for c in rs + groups if not clusters and (h := _on_half_rows_down(c)) != c]
     return w4a16 + rs + h_rs + permute + groups + half
